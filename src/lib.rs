@@ -1,0 +1,1 @@
+//! Examples and device tests live in this package.
