@@ -1,0 +1,521 @@
+//! Owned handles on registered memory: what work requests carry.
+//!
+//! * [`LocalBuffer`]: exclusive ownership of a range of a region no peer may
+//!   write. Reads and writes as `&[u8]`/`&mut [u8]` while you hold it;
+//!   posting it in a work request *moves* it there, and the completion hands
+//!   it back. While it is posted no reference to it can exist.
+//! * [`SharedBuffer`]: exclusive handle on a range of a region a peer may
+//!   write (remote write / atomic). Never a plain slice: copies, volatile and
+//!   atomic accessors only (or an `unsafe` view with its contract).
+//! * [`FrozenBuffer`]: a read-only, cloneable view of a former
+//!   [`LocalBuffer`]; the device only reads it, so it may be posted in many
+//!   send/write requests at once (e.g. unsignaled sends) and read meanwhile.
+//! * [`RemoteMemory`]: a peer's address range and key (plain data).
+
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::error::{Error, Result};
+use crate::memory_region::{MemoryRegion, MrInner};
+
+/// A remote key (`rkey`): lets a peer access a memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteKey(pub u32);
+
+/// A peer's memory: address, length and remote key, as exchanged out of band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteMemory {
+    /// Start address in the peer's address space (its `ibv_mr` addr).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The peer's remote key.
+    pub rkey: RemoteKey,
+}
+
+impl RemoteMemory {
+    /// A sub-range, `None` when out of bounds.
+    pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteMemory> {
+        (offset.checked_add(len)? <= self.len).then_some(RemoteMemory {
+            addr: self.addr + offset,
+            len,
+            rkey: self.rkey,
+        })
+    }
+
+    /// Wire form: addr (8 bytes), len (8), rkey (4), big-endian.
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.0.to_be_bytes());
+        b
+    }
+
+    /// Parses [`RemoteMemory::to_bytes`].
+    pub fn from_bytes(b: &[u8; 20]) -> RemoteMemory {
+        RemoteMemory {
+            addr: u64::from_be_bytes(b[..8].try_into().unwrap()),
+            len: u64::from_be_bytes(b[8..16].try_into().unwrap()),
+            rkey: RemoteKey(u32::from_be_bytes(b[16..].try_into().unwrap())),
+        }
+    }
+}
+
+/// A range of a registered region, owned by exactly one handle.
+pub(crate) struct Region {
+    pub(crate) mr: Arc<MrInner>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the range is exclusively owned by its handle (or shared read-only
+// by FrozenBuffer); MrInner is Send + Sync.
+unsafe impl Send for Region {}
+// SAFETY: as above; `&Region` allows only reads of plain data.
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub(crate) fn whole(mr: Arc<MrInner>) -> Region {
+        let (ptr, len) = (mr.ptr, mr.len);
+        Region { mr, ptr, len }
+    }
+
+    fn split_at(self, mid: usize) -> (Region, Region) {
+        assert!(mid <= self.len, "split point {mid} beyond length {}", self.len);
+        // SAFETY: `mid <= len`, so the pointer stays inside (or one past) the range.
+        let tail = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(mid)) };
+        (
+            Region {
+                mr: self.mr.clone(),
+                ptr: self.ptr,
+                len: mid,
+            },
+            Region {
+                mr: self.mr,
+                ptr: tail,
+                len: self.len - mid,
+            },
+        )
+    }
+
+    fn unsplit(self, next: Region) -> std::result::Result<Region, (Region, Region)> {
+        if Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr() {
+            Ok(Region {
+                mr: self.mr,
+                ptr: self.ptr,
+                len: self.len + next.len,
+            })
+        } else {
+            Err((self, next))
+        }
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
+        let length = u32::try_from(self.len).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "a scatter/gather entry holds at most 4 GiB - 1 bytes, this buffer has {}",
+                self.len
+            ))
+        })?;
+        Ok(sys::ibv_sge {
+            addr: self.addr(),
+            length,
+            lkey: self.mr.lkey,
+        })
+    }
+}
+
+macro_rules! region_common {
+    ($ty:ident) => {
+        impl $ty {
+            pub(crate) fn from_region(region: Region) -> Self {
+                $ty { region }
+            }
+            #[allow(dead_code)]
+            pub(crate) fn region_mut(&mut self) -> &mut Region {
+                &mut self.region
+            }
+            pub(crate) fn region(&self) -> &Region {
+                &self.region
+            }
+            /// Length in bytes.
+            pub fn len(&self) -> usize {
+                self.region.len
+            }
+            /// Whether the buffer is empty.
+            pub fn is_empty(&self) -> bool {
+                self.region.len == 0
+            }
+            /// Device address of the first byte.
+            pub fn addr(&self) -> u64 {
+                self.region.addr()
+            }
+            /// Local key of its region.
+            pub fn lkey(&self) -> u32 {
+                self.region.mr.lkey
+            }
+            /// The memory region it belongs to (keys only).
+            pub fn memory_region(&self) -> MemoryRegion {
+                MemoryRegion {
+                    inner: self.region.mr.clone(),
+                }
+            }
+            /// Splits into `[0, mid)` and `[mid, len)`, each exclusively owned.
+            ///
+            /// # Panics
+            /// When `mid > len` (like `slice::split_at`).
+            pub fn split_at(self, mid: usize) -> (Self, Self) {
+                let (a, b) = self.region.split_at(mid);
+                ($ty { region: a }, $ty { region: b })
+            }
+            /// Joins two adjacent pieces of the same region (`self` first);
+            /// gives both back when they are not adjacent.
+            pub fn unsplit(self, next: Self) -> std::result::Result<Self, (Self, Self)> {
+                match self.region.unsplit(next.region) {
+                    Ok(r) => Ok($ty { region: r }),
+                    Err((a, b)) => Err(($ty { region: a }, $ty { region: b })),
+                }
+            }
+            pub(crate) fn truncate_to(&mut self, len: usize) {
+                self.region.len = self.region.len.min(len);
+            }
+        }
+    };
+}
+
+/// Exclusive ownership of registered memory that no peer may write.
+///
+/// Dereferences to `[u8]`. To use it in a work request, move it in; the
+/// completion returns it. See the [module docs](self).
+pub struct LocalBuffer {
+    region: Region,
+}
+region_common!(LocalBuffer);
+
+impl Deref for LocalBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: this handle exclusively owns the range (posting moves it
+        // away, so the device is not writing it now) and no peer may write
+        // the region (register() refuses remote write/atomic rights).
+        unsafe { std::slice::from_raw_parts(self.region.ptr.as_ptr(), self.region.len) }
+    }
+}
+
+impl DerefMut for LocalBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.region.ptr.as_ptr(), self.region.len) }
+    }
+}
+
+impl LocalBuffer {
+    /// Makes the buffer read-only and cloneable, so it can be posted in many
+    /// send/RDMA-write requests at once.
+    pub fn freeze(self) -> FrozenBuffer {
+        FrozenBuffer {
+            region: Arc::new(self.region),
+        }
+    }
+}
+
+impl std::fmt::Debug for LocalBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// A read-only, cloneable registered buffer (see [`LocalBuffer::freeze`]).
+///
+/// Only the device *reads* it (send, RDMA write source), so any number of
+/// clones may be posted and read through `&[u8]` at the same time.
+#[derive(Clone)]
+pub struct FrozenBuffer {
+    region: Arc<Region>,
+}
+
+impl FrozenBuffer {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.len == 0
+    }
+    /// Device address.
+    pub fn addr(&self) -> u64 {
+        self.region.addr()
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.region.mr.lkey
+    }
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+    /// Gets the writable buffer back when no other clone exists — in
+    /// particular when no posted work request still holds one.
+    pub fn try_unfreeze(self) -> std::result::Result<LocalBuffer, FrozenBuffer> {
+        Arc::try_unwrap(self.region)
+            .map(|region| LocalBuffer { region })
+            .map_err(|region| FrozenBuffer { region })
+    }
+}
+
+impl Deref for FrozenBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: nothing writes a frozen range: no `&mut` exists (the
+        // LocalBuffer was consumed), it may only be posted where the device
+        // reads (send, RDMA write source), and no peer may write its region.
+        unsafe { std::slice::from_raw_parts(self.region.ptr.as_ptr(), self.region.len) }
+    }
+}
+
+impl std::fmt::Debug for FrozenBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrozenBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Exclusive handle on registered memory that peers may write.
+///
+/// Never exposes `&[u8]`: a peer's RDMA write could change the bytes behind
+/// a Rust reference. Use [`SharedBuffer::copy_to_slice`],
+/// [`SharedBuffer::copy_from_slice`] (volatile copies),
+/// [`SharedBuffer::atomic_u64`], or the `unsafe` [`SharedBuffer::as_slice`].
+pub struct SharedBuffer {
+    region: Region,
+}
+region_common!(SharedBuffer);
+
+impl SharedBuffer {
+    /// What a peer needs to access this range (`None` if the region has no
+    /// remote rights).
+    pub fn remote(&self) -> Option<RemoteMemory> {
+        Some(RemoteMemory {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.memory_region().rkey()?,
+        })
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => {
+                // SAFETY: `offset <= len`, inside the owned range.
+                Ok(unsafe { self.region.ptr.as_ptr().add(offset) })
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}..{offset}+{len} outside a {}-byte buffer",
+                self.len()
+            ))),
+        }
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out, with volatile
+    /// reads (a peer may be writing concurrently; the copy is not atomic).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = self.check(offset, dst.len())?;
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked); volatile because the device or a
+            // peer may write the memory at any time.
+            *d = unsafe { src.add(i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// Copies `src` in at `offset` with volatile writes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        let dst = self.check(offset, src.len())?;
+        for (i, s) in src.iter().enumerate() {
+            // SAFETY: in bounds (checked); `&mut self` means no local work
+            // request holds this range; volatile as above.
+            unsafe { dst.add(i).write_volatile(*s) };
+        }
+        Ok(())
+    }
+
+    /// The 8 bytes at `offset` as an `AtomicU64` (what RDMA atomics operate
+    /// on; a peer's CAS/FAA are atomic with respect to the CPU only when the
+    /// device reports `AtomicCap::Glob`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `offset` is in bounds and the address
+    /// 8-byte aligned.
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        let p = self.check(offset, 8)?;
+        if p as usize % 8 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "atomic access at {p:p} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: in bounds, aligned, and AtomicU64 is an UnsafeCell, so
+        // concurrent writes by the device do not violate aliasing rules.
+        Ok(unsafe { &*(p as *const AtomicU64) })
+    }
+
+    /// A plain slice of the memory.
+    ///
+    /// # Safety
+    /// The caller must ensure that, for as long as the slice lives:
+    /// * no peer writes the range (e.g. the application protocol guarantees
+    ///   that peers have finished and will not write until told to), and
+    /// * no local work request writes it (it cannot: this handle is not posted).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.region.ptr.as_ptr(), self.region.len) }
+    }
+
+    /// A mutable slice of the memory.
+    ///
+    /// # Safety
+    /// As [`SharedBuffer::as_slice`]: no peer may read or write the range
+    /// while the slice lives.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.region.ptr.as_ptr(), self.region.len) }
+    }
+
+    /// Copies the whole buffer into a new `Vec`.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.copy_to_slice(0, &mut v).expect("in bounds");
+        v
+    }
+}
+
+impl std::fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Any owned buffer a work request can carry.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Buf {
+    /// A [`LocalBuffer`].
+    Local(LocalBuffer),
+    /// A [`SharedBuffer`].
+    Shared(SharedBuffer),
+    /// A [`FrozenBuffer`] (only where the device reads).
+    Frozen(FrozenBuffer),
+}
+
+impl Buf {
+    pub(crate) fn region(&self) -> &Region {
+        match self {
+            Buf::Local(b) => b.region(),
+            Buf::Shared(b) => b.region(),
+            Buf::Frozen(b) => b.region(),
+        }
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region().len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The local buffer, if it is one.
+    pub fn into_local(self) -> Option<LocalBuffer> {
+        match self {
+            Buf::Local(b) => Some(b),
+            _ => None,
+        }
+    }
+    /// The shared buffer, if it is one.
+    pub fn into_shared(self) -> Option<SharedBuffer> {
+        match self {
+            Buf::Shared(b) => Some(b),
+            _ => None,
+        }
+    }
+    /// The frozen buffer, if it is one.
+    pub fn into_frozen(self) -> Option<FrozenBuffer> {
+        match self {
+            Buf::Frozen(b) => Some(b),
+            _ => None,
+        }
+    }
+    /// Copies `dst.len()` bytes from `offset` (volatile for shared memory).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when out of bounds.
+    pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let bytes: &[u8] = match self {
+            Buf::Local(b) => b,
+            Buf::Frozen(b) => b,
+            Buf::Shared(b) => return b.copy_to_slice(offset, dst),
+        };
+        let src = offset
+            .checked_add(dst.len())
+            .and_then(|end| bytes.get(offset..end))
+            .ok_or_else(|| Error::InvalidArgument("range outside the buffer".into()))?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl From<LocalBuffer> for Buf {
+    fn from(b: LocalBuffer) -> Buf {
+        Buf::Local(b)
+    }
+}
+impl From<SharedBuffer> for Buf {
+    fn from(b: SharedBuffer) -> Buf {
+        Buf::Shared(b)
+    }
+}
+impl From<FrozenBuffer> for Buf {
+    fn from(b: FrozenBuffer) -> Buf {
+        Buf::Frozen(b)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::LocalBuffer {}
+    impl Sealed for super::SharedBuffer {}
+    impl Sealed for super::FrozenBuffer {}
+}
+
+/// Buffers the device may *write*: receive buffers, RDMA read and atomic
+/// result buffers. Exclusive ones only ([`LocalBuffer`], [`SharedBuffer`]);
+/// a [`FrozenBuffer`] is not, because clones of it may be read meanwhile.
+pub trait DeviceWritable: Into<Buf> + sealed::Sealed {}
+impl DeviceWritable for LocalBuffer {}
+impl DeviceWritable for SharedBuffer {}
+
+/// Buffers the device may *read*: send and RDMA write sources.
+pub trait DeviceReadable: Into<Buf> + sealed::Sealed {}
+impl DeviceReadable for LocalBuffer {}
+impl DeviceReadable for SharedBuffer {}
+impl DeviceReadable for FrozenBuffer {}

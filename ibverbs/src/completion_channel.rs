@@ -1,0 +1,168 @@
+//! Completion channels: sleep until a CQ has a completion.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+
+use ibverbs_sys as sys;
+
+use crate::completion_queue::{CompletionQueue, CqInner};
+use crate::context::set_nonblocking;
+use crate::error::{ret_errno, ret_ptr, Result};
+use crate::Context;
+
+struct CqEntry {
+    raw: usize,
+    cq: Weak<CqInner>,
+}
+
+pub(crate) struct ChannelInner {
+    ch: NonNull<sys::ibv_comp_channel>,
+    _ctx: Context,
+    cqs: Mutex<Vec<CqEntry>>,
+}
+
+// SAFETY: channel verbs are thread-safe; the CQ map is behind a Mutex.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChannelInner {}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: last reference: every CQ using it holds a clone.
+        unsafe { sys::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+    }
+}
+
+/// A completion event channel (`struct ibv_comp_channel`): a file
+/// descriptor that becomes readable when an armed CQ gets a completion.
+///
+/// Use it with `poll(2)`/epoll/an async runtime through [`AsFd`], then
+/// [`CompletionChannel::get_event`], re-arm with
+/// [`CompletionQueue::req_notify`] and poll the CQ. Events are acknowledged
+/// for you (in batches, and all of them before the CQ is destroyed).
+///
+/// # References
+/// `ibv_create_comp_channel(3)`, `ibv_get_cq_event(3)`
+#[derive(Clone)]
+pub struct CompletionChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl CompletionChannel {
+    /// Creates a channel.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_comp_channel`.
+    #[doc(alias = "ibv_create_comp_channel")]
+    pub fn new(ctx: &Context) -> Result<CompletionChannel> {
+        // SAFETY: live context; destroyed in ChannelInner's Drop.
+        let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = ret_ptr("ibv_create_comp_channel", ch)?;
+        Ok(CompletionChannel {
+            inner: Arc::new(ChannelInner {
+                ch,
+                _ctx: ctx.clone(),
+                cqs: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The raw channel pointer.
+    pub fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
+        self.inner.ch.as_ptr()
+    }
+
+    pub(crate) fn remember_cq(&self, cq: &Arc<CqInner>) {
+        let mut v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|e| e.cq.strong_count() > 0);
+        v.push(CqEntry {
+            raw: cq.cq.as_ptr() as usize,
+            cq: Arc::downgrade(cq),
+        });
+    }
+
+    pub(crate) fn forget_cq(&self, raw: *mut sys::ibv_cq) {
+        let mut v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|e| e.raw != raw as usize);
+    }
+
+    /// Waits for the next completion event and returns the CQ it is for
+    /// (blocks unless the channel is non-blocking). The event is counted for
+    /// acknowledgement; re-arm the CQ before polling it to not miss one.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_get_cq_event`
+    /// (`EAGAIN` when non-blocking and no event is pending).
+    ///
+    /// # References
+    /// `ibv_get_cq_event(3)`
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn get_event(&self) -> Result<Option<CompletionQueue>> {
+        let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+        let mut cq_ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: live channel; out-pointers are valid.
+        let rc = unsafe { sys::ibv_get_cq_event(self.as_ptr(), &mut cq, &mut cq_ctx) };
+        ret_errno("ibv_get_cq_event", rc)?;
+        let found = {
+            let v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter()
+                .find(|e| e.raw == cq as usize)
+                .and_then(|e| e.cq.upgrade())
+        };
+        match found {
+            Some(inner) => {
+                inner.add_unacked();
+                Ok(Some(CompletionQueue { inner }))
+            }
+            None => {
+                // The CQ is being destroyed and its destroy waits for this
+                // ack; the pointer stays valid until then.
+                // SAFETY: `cq` was just reported by the channel and is not
+                // destroyed before all its events are acked.
+                unsafe { sys::ibv_ack_cq_events(cq, 1) };
+                Ok(None)
+            }
+        }
+    }
+
+    /// Makes [`CompletionChannel::get_event`] non-blocking (or blocking).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `fcntl`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        set_nonblocking(self.as_raw_fd(), nonblocking)
+    }
+}
+
+impl Context {
+    /// Creates a completion channel; see [`CompletionChannel::new`].
+    ///
+    /// # Errors
+    /// As [`CompletionChannel::new`].
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new(self)
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: `fd` is an immutable field of the live channel.
+        unsafe { (*self.as_ptr()).fd }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open while the channel lives.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl std::fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}

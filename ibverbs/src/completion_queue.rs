@@ -1,0 +1,419 @@
+//! Completion queues and polling.
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ibverbs_sys as sys;
+
+use crate::buffer::Buf;
+use crate::error::{ret_count, ret_errno, ret_ptr, Result};
+use crate::gid::Gid;
+use crate::work_completion::WorkCompletion;
+use crate::wq_table::{Payload, Retire, SgList, WqTable};
+use crate::{CompletionChannel, Context};
+
+/// CQ events are acknowledged in batches of this size (acking takes a lock
+/// in libibverbs); the rest are acknowledged before the CQ is destroyed.
+const ACK_BATCH: u32 = 64;
+
+pub(crate) struct CqInner {
+    pub(crate) cq: NonNull<sys::ibv_cq>,
+    ctx: Context,
+    pub(crate) channel: Option<CompletionChannel>,
+    tables: Mutex<Vec<Arc<dyn Retire>>>,
+    unacked: AtomicU32,
+    cqe: u32,
+}
+
+// SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
+// the provider's CQ lock); the table registry is behind a Mutex.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl CqInner {
+    pub(crate) fn add_unacked(&self) {
+        let n = self.unacked.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= ACK_BATCH {
+            let n = self.unacked.swap(0, Ordering::AcqRel);
+            if n > 0 {
+                // SAFETY: live CQ; `n` events were received and not yet acked.
+                unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), n) };
+            }
+        }
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let n = self.unacked.swap(0, Ordering::AcqRel);
+        if n > 0 {
+            // SAFETY: every received event must be acked before destroy
+            // (ibv_destroy_cq(3) would block forever otherwise).
+            unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), n) };
+        }
+        if let Some(ch) = &self.channel {
+            ch.forget_cq(self.cq.as_ptr());
+        }
+        // SAFETY: last reference: every QP using this CQ holds a clone, so
+        // all are destroyed. Errors cannot be reported from Drop.
+        unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        let _ = &self.ctx;
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+///
+/// Cheap to clone. [`CompletionQueue::poll`] returns [`Completion`]s that
+/// hand back the buffers of the completed work requests.
+///
+/// # References
+/// `ibv_create_cq(3)`, `ibv_poll_cq(3)`
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+/// Builder for a [`CompletionQueue`].
+#[derive(Debug)]
+#[must_use]
+pub struct CompletionQueueBuilder<'a> {
+    ctx: &'a Context,
+    cqe: u32,
+    channel: Option<&'a CompletionChannel>,
+    comp_vector: i32,
+}
+
+impl<'a> CompletionQueueBuilder<'a> {
+    /// Delivers completion events to `channel` (see [`CompletionQueue::req_notify`]).
+    pub fn channel(mut self, channel: &'a CompletionChannel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+    /// Completion vector (interrupt) to use; 0 by default.
+    pub fn comp_vector(mut self, v: i32) -> Self {
+        self.comp_vector = v;
+        self
+    }
+    /// Creates the CQ.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_cq` (e.g.
+    /// `EINVAL` when `cqe` exceeds the device's `max_cqe`).
+    ///
+    /// # References
+    /// `ibv_create_cq(3)`
+    #[doc(alias = "ibv_create_cq")]
+    pub fn build(self) -> Result<CompletionQueue> {
+        let ch = self.channel.map_or(std::ptr::null_mut(), |c| c.as_ptr());
+        // SAFETY: live context and channel; the CQ is destroyed in CqInner's Drop.
+        let cq = unsafe {
+            sys::ibv_create_cq(
+                self.ctx.as_ptr(),
+                self.cqe as i32,
+                std::ptr::null_mut(),
+                ch,
+                self.comp_vector,
+            )
+        };
+        let cq = ret_ptr("ibv_create_cq", cq)?;
+        // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
+        let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
+        let inner = Arc::new(CqInner {
+            cq,
+            ctx: self.ctx.clone(),
+            channel: self.channel.cloned(),
+            tables: Mutex::new(Vec::new()),
+            unacked: AtomicU32::new(0),
+            cqe,
+        });
+        if let Some(ch) = self.channel {
+            ch.remember_cq(&inner);
+        }
+        Ok(CompletionQueue { inner })
+    }
+}
+
+impl CompletionQueue {
+    /// Starts building a CQ with room for at least `cqe` completions.
+    pub fn builder(ctx: &Context, cqe: u32) -> CompletionQueueBuilder<'_> {
+        CompletionQueueBuilder {
+            ctx,
+            cqe,
+            channel: None,
+            comp_vector: 0,
+        }
+    }
+
+    /// Actual capacity (may exceed the requested size).
+    pub fn capacity(&self) -> u32 {
+        self.inner.cqe
+    }
+
+    /// The raw CQ pointer, valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut sys::ibv_cq {
+        self.inner.cq.as_ptr()
+    }
+
+    /// The channel it reports events to.
+    pub fn channel(&self) -> Option<&CompletionChannel> {
+        self.inner.channel.as_ref()
+    }
+
+    pub(crate) fn register(&self, table: Arc<dyn Retire>) {
+        let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if !t.iter().any(|x| x.id() == table.id()) {
+            t.push(table);
+        }
+    }
+
+    pub(crate) fn unregister(&self, id: u32) {
+        let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        t.retain(|x| x.id() != id);
+    }
+
+    /// Polls up to `out`'s free capacity of completions into `out`, handing
+    /// back each completed request's buffers. Returns how many were added.
+    /// Does not allocate.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll(&self, out: &mut Completions) -> Result<usize> {
+        let room = out.capacity - out.items.len();
+        if room == 0 {
+            return Ok(0);
+        }
+        let raw = &mut out.raw[..room];
+        // SAFETY: live CQ; `raw` has `room` writable entries.
+        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), room as i32, raw.as_mut_ptr()) };
+        let n = ret_count("ibv_poll_cq", n)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        for wc in &raw[..n] {
+            let wc = WorkCompletion { raw: *wc };
+            let mut c = Completion {
+                wc,
+                wr_id: wc.raw.wr_id,
+                payload: None,
+            };
+            if let Some((id, tag)) = WqTable::<()>::decode(wc.raw.wr_id) {
+                if let Some(t) = tables.iter().find(|t| t.id() == id) {
+                    if let Some(r) = t.retire(tag) {
+                        c.wr_id = r.user_wr_id;
+                        c.payload = Some(r.payload);
+                    }
+                }
+            }
+            out.items.push_back(c);
+        }
+        Ok(n)
+    }
+
+    /// Polls raw work completions, bypassing the buffer bookkeeping: for
+    /// requests posted through the `unsafe` raw path. Completions of safely
+    /// posted requests consumed here keep their buffers until the QP is
+    /// destroyed (no unsoundness, but their slots stay occupied).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
+        // and `out` has `len` writable entries.
+        let n = unsafe {
+            sys::ibv_poll_cq(
+                self.as_ptr(),
+                out.len().min(i32::MAX as usize) as i32,
+                out.as_mut_ptr().cast(),
+            )
+        };
+        ret_count("ibv_poll_cq", n)
+    }
+
+    /// Requests a completion event on the CQ's channel for the next
+    /// completion (or, with `solicited_only`, the next solicited or error
+    /// completion). Re-arm after every event.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_req_notify_cq`.
+    ///
+    /// # References
+    /// `ibv_req_notify_cq(3)`
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // SAFETY: live CQ.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.as_ptr(), i32::from(solicited_only)) };
+        ret_errno("ibv_req_notify_cq", rc)
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+}
+
+impl Context {
+    /// Starts building a completion queue; see [`CompletionQueue::builder`].
+    pub fn create_cq(&self, cqe: u32) -> CompletionQueueBuilder<'_> {
+        CompletionQueue::builder(self, cqe)
+    }
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// Caller-provided storage for polled completions (allocated once, reused).
+pub struct Completions {
+    raw: Box<[sys::ibv_wc]>,
+    items: VecDeque<Completion>,
+    capacity: usize,
+}
+
+impl Completions {
+    /// Room for `capacity` completions (at least 1).
+    pub fn with_capacity(capacity: usize) -> Completions {
+        let capacity = capacity.max(1);
+        Completions {
+            raw: vec![sys::ibv_wc::default(); capacity].into_boxed_slice(),
+            items: VecDeque::with_capacity(capacity),
+            capacity,
+        }
+    }
+    /// Completions held.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+    /// Takes the oldest completion.
+    pub fn pop(&mut self) -> Option<Completion> {
+        self.items.pop_front()
+    }
+    /// Takes all held completions, oldest first.
+    pub fn drain(&mut self) -> impl Iterator<Item = Completion> + '_ {
+        self.items.drain(..)
+    }
+    /// Looks at the held completions.
+    pub fn iter(&self) -> impl Iterator<Item = &Completion> {
+        self.items.iter()
+    }
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.items.iter()).finish()
+    }
+}
+
+/// A work completion together with the buffers its request owned.
+///
+/// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
+/// immediate data, source QP, ….
+pub struct Completion {
+    wc: WorkCompletion,
+    wr_id: u64,
+    payload: Option<Payload>,
+}
+
+impl std::ops::Deref for Completion {
+    type Target = WorkCompletion;
+    fn deref(&self) -> &WorkCompletion {
+        &self.wc
+    }
+}
+
+impl Completion {
+    /// The `wr_id` given when posting.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    /// The raw work completion.
+    pub fn wc(&self) -> &WorkCompletion {
+        &self.wc
+    }
+    /// Whether no posted request matched (raw-path requests, or a stale
+    /// completion of a destroyed queue pair).
+    pub fn is_orphan(&self) -> bool {
+        self.payload.is_none()
+    }
+    /// Takes the scatter/gather list back.
+    pub fn take_buffers(&mut self) -> SgList {
+        self.payload
+            .as_mut()
+            .map(|p| std::mem::take(&mut p.sg))
+            .unwrap_or_default()
+    }
+    /// Takes the (first) buffer back.
+    pub fn take_buf(&mut self) -> Option<Buf> {
+        match self.take_buffers() {
+            SgList::Empty => None,
+            SgList::One(b) => Some(b),
+            SgList::Many(mut v) => (!v.is_empty()).then(|| v.swap_remove(0)),
+        }
+    }
+    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer).
+    pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+        self.take_buf().and_then(Buf::into_local)
+    }
+    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer).
+    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
+        self.take_buf().and_then(Buf::into_shared)
+    }
+    /// For a UD receive with a GRH: the sender's GID (bytes 8..24 of the
+    /// 40-byte GRH at the start of the receive buffer).
+    pub fn source_gid(&self) -> Option<Gid> {
+        if !self.wc.has_grh() {
+            return None;
+        }
+        let p = self.payload.as_ref()?;
+        let first = p.sg.iter().next()?;
+        let mut gid = [0u8; 16];
+        first.copy_to_slice(8, &mut gid).ok()?;
+        Some(Gid(gid))
+    }
+    /// `Ok(())` on success, else [`Error::WorkCompletion`](crate::Error::WorkCompletion)
+    /// with the caller's `wr_id`.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion).
+    pub fn result(&self) -> Result<()> {
+        self.wc.result().map_err(|e| match e {
+            crate::Error::WorkCompletion {
+                status, vendor_err, ..
+            } => crate::Error::WorkCompletion {
+                status,
+                wr_id: self.wr_id,
+                vendor_err,
+            },
+            e => e,
+        })
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("wr_id", &self.wr_id)
+            .field("status", &self.wc.status())
+            .field("opcode", &self.wc.opcode())
+            .field("byte_len", &self.wc.byte_len())
+            .field("imm_data", &self.wc.imm_data())
+            .field("buffers", &self.payload.as_ref().map(|p| p.sg.len()))
+            .finish()
+    }
+}

@@ -1,0 +1,524 @@
+//! An open device: queries (device, ports, GIDs), async events, and the
+//! factory for every other verbs object.
+
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::error::{ret_errno, Error, Result};
+use crate::gid::{Gid, GidEntry, GidIndex, GidType};
+use crate::port::{LinkLayer, PortAttr, PortNumber, PortState};
+
+pub(crate) struct ContextInner {
+    pub(crate) ctx: NonNull<sys::ibv_context>,
+    name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; every verb on a
+// context is thread-safe (rdma-core's threading model, ibv_open_device(3)).
+unsafe impl Send for ContextInner {}
+// SAFETY: as above; shared use from several threads is allowed.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: last reference: every child object holds a `Context` clone,
+        // so all of them are already destroyed. Errors cannot be reported
+        // from Drop and the context is gone either way.
+        unsafe { sys::ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// An open RDMA device (`struct ibv_context`).
+///
+/// Cheap to clone (an `Arc`); every object created from it keeps it open, so
+/// objects may be dropped in any order.
+///
+/// # References
+/// `ibv_open_device(3)`
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl Context {
+    pub(crate) fn from_raw(ctx: NonNull<sys::ibv_context>, name: String) -> Context {
+        Context {
+            inner: Arc::new(ContextInner { ctx, name }),
+        }
+    }
+
+    /// The device name (`rxe0`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The raw context pointer, valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut sys::ibv_context {
+        self.inner.ctx.as_ptr()
+    }
+
+    /// Device attributes.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_device`.
+    ///
+    /// # References
+    /// `ibv_query_device(3)`
+    #[doc(alias = "ibv_query_device")]
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<sys::ibv_device_attr>::zeroed();
+        // SAFETY: live context; `attr` is valid for writes.
+        let rc = unsafe { sys::ibv_query_device(self.as_ptr(), attr.as_mut_ptr()) };
+        ret_errno("ibv_query_device", rc)?;
+        // SAFETY: initialised by the successful call (and zeroed before).
+        Ok(DeviceAttr {
+            raw: unsafe { attr.assume_init() },
+        })
+    }
+
+    /// Port attributes (the real `ibv_query_port`, extended fields included).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_port` (e.g. `EINVAL` for a port the
+    /// device does not have).
+    ///
+    /// # References
+    /// `ibv_query_port(3)`
+    #[doc(alias = "ibv_query_port")]
+    pub fn query_port(&self, port: PortNumber) -> Result<PortAttr> {
+        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: live context; `attr` is valid for writes.
+        let rc = unsafe { sys::ibv_query_port(self.as_ptr(), port.0, attr.as_mut_ptr()) };
+        ret_errno("ibv_query_port", rc)?;
+        Ok(PortAttr {
+            // SAFETY: zeroed then filled by the successful call.
+            raw: unsafe { attr.assume_init() },
+            port,
+        })
+    }
+
+    /// The device's port numbers (`1..=phys_port_cnt`).
+    ///
+    /// # Errors
+    /// As [`Context::query_device`].
+    pub fn ports(&self) -> Result<impl Iterator<Item = PortNumber>> {
+        let n = self.query_device()?.phys_port_cnt();
+        Ok((1..=n).map(PortNumber))
+    }
+
+    /// The first port whose state is ACTIVE.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when no port is active; query errors otherwise.
+    pub fn active_port(&self) -> Result<PortNumber> {
+        for port in self.ports()? {
+            if self.query_port(port)?.state() == PortState::Active {
+                return Ok(port);
+            }
+        }
+        Err(Error::NoDevice(format!(
+            ": {} has no active port",
+            self.name()
+        )))
+    }
+
+    /// One GID.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_gid`.
+    ///
+    /// # References
+    /// `ibv_query_gid(3)`
+    #[doc(alias = "ibv_query_gid")]
+    pub fn query_gid(&self, port: PortNumber, index: GidIndex) -> Result<Gid> {
+        let mut gid = sys::ibv_gid { raw: [0; 16] };
+        // SAFETY: live context; `gid` is valid for writes.
+        let rc = unsafe { sys::ibv_query_gid(self.as_ptr(), port.0, index.0.into(), &mut gid) };
+        ret_errno("ibv_query_gid", rc)?;
+        Ok(Gid::from_raw(&gid))
+    }
+
+    /// One GID table entry with its type and network device.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_gid_ex` (`ENODATA` for an empty slot).
+    ///
+    /// # References
+    /// `ibv_query_gid_ex(3)`
+    #[doc(alias = "ibv_query_gid_ex")]
+    pub fn query_gid_entry(&self, port: PortNumber, index: GidIndex) -> Result<GidEntry> {
+        let mut entry = MaybeUninit::<sys::ibv_gid_entry>::zeroed();
+        // SAFETY: live context; `entry` valid for writes of its size.
+        let rc = unsafe {
+            sys::ibv_query_gid_ex(
+                self.as_ptr(),
+                port.0.into(),
+                index.0.into(),
+                entry.as_mut_ptr(),
+                0,
+            )
+        };
+        ret_errno("ibv_query_gid_ex", rc)?;
+        // SAFETY: zeroed, then filled by the successful call.
+        Ok(GidEntry::from_raw(unsafe { &entry.assume_init() }))
+    }
+
+    /// Every valid GID table entry of every port.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_gid_table`.
+    ///
+    /// # References
+    /// `ibv_query_gid_table(3)`
+    #[doc(alias = "ibv_query_gid_table")]
+    pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
+        let mut max = 0usize;
+        for port in self.ports()? {
+            max += self.query_port(port)?.gid_table_len() as usize;
+        }
+        let mut entries: Vec<sys::ibv_gid_entry> = vec![Default::default(); max.max(1)];
+        // SAFETY: `entries` holds `len` writable entries of the size passed.
+        let n = unsafe {
+            sys::ibv_query_gid_table(self.as_ptr(), entries.as_mut_ptr(), entries.len(), 0)
+        };
+        if n < 0 {
+            return Err(Error::from_errno("ibv_query_gid_table", (-n) as i32));
+        }
+        Ok(entries[..n as usize].iter().map(GidEntry::from_raw).collect())
+    }
+
+    /// The GID index to use on `port`: on Ethernet the first RoCE v2 entry
+    /// with an IPv4-mapped address (what `-g`/`-x` usually select by hand),
+    /// else the first RoCE v2, else index 0.
+    ///
+    /// # Errors
+    /// As [`Context::gid_table`].
+    pub fn default_gid_index(&self, port: PortNumber) -> Result<GidIndex> {
+        if self.query_port(port)?.link_layer() != LinkLayer::Ethernet {
+            return Ok(GidIndex(0));
+        }
+        let table: Vec<_> = self
+            .gid_table()?
+            .into_iter()
+            .filter(|e| e.port == port)
+            .collect();
+        let pick = table
+            .iter()
+            .find(|e| e.gid_type == GidType::RoceV2 && e.gid.to_ipv4_mapped().is_some())
+            .or_else(|| table.iter().find(|e| e.gid_type == GidType::RoceV2))
+            .map(|e| e.index)
+            .unwrap_or(GidIndex(0));
+        Ok(pick)
+    }
+
+    /// Waits for the next asynchronous event (port changes, QP/CQ/SRQ
+    /// errors, last-WQE-reached …). Blocks unless the async fd was set
+    /// non-blocking; the event is acknowledged when the value is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_get_async_event` (`EAGAIN` when non-blocking
+    /// and nothing is pending).
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`
+    #[doc(alias = "ibv_get_async_event")]
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
+        // SAFETY: live context; `ev` valid for writes.
+        let rc = unsafe { sys::ibv_get_async_event(self.as_ptr(), ev.as_mut_ptr()) };
+        ret_errno("ibv_get_async_event", rc)?;
+        Ok(AsyncEvent {
+            // SAFETY: filled by the successful call.
+            raw: unsafe { ev.assume_init() },
+            _ctx: self.clone(),
+        })
+    }
+
+    /// Makes [`Context::get_async_event`] non-blocking (or blocking again).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `fcntl`.
+    pub fn set_async_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        set_nonblocking(self.as_raw_fd(), nonblocking)
+    }
+}
+
+pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<()> {
+    // SAFETY: fcntl on an fd owned by a live verbs object.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Error::last_os("fcntl"));
+    }
+    let flags = if nonblocking {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
+        return Err(Error::last_os("fcntl"));
+    }
+    Ok(())
+}
+
+impl AsRawFd for Context {
+    /// The async event fd (poll it for readability before
+    /// [`Context::get_async_event`]).
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: `async_fd` is an immutable field of the live context.
+        unsafe { (*self.as_ptr()).async_fd }
+    }
+}
+
+impl AsFd for Context {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd is open while the context is.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("name", &self.name()).finish()
+    }
+}
+
+/// Device attributes.
+///
+/// # References
+/// `ibv_query_device(3)`
+#[derive(Clone, Copy)]
+pub struct DeviceAttr {
+    raw: sys::ibv_device_attr,
+}
+
+macro_rules! attr_getters {
+    ($( $(#[$m:meta])* $name:ident : $ty:ty ),* $(,)?) => {$(
+        $(#[$m])*
+        pub fn $name(&self) -> $ty { self.raw.$name as $ty }
+    )*};
+}
+
+impl DeviceAttr {
+    attr_getters! {
+        /// Node GUID (network byte order, as reported).
+        node_guid: u64,
+        /// System image GUID.
+        sys_image_guid: u64,
+        /// Largest memory region.
+        max_mr_size: u64,
+        /// Supported page sizes.
+        page_size_cap: u64,
+        /// IEEE vendor id.
+        vendor_id: u32,
+        /// Vendor part id.
+        vendor_part_id: u32,
+        /// Hardware version.
+        hw_ver: u32,
+        /// Max queue pairs.
+        max_qp: u32,
+        /// Max work requests per queue.
+        max_qp_wr: u32,
+        /// Capability flags (`IBV_DEVICE_*`).
+        device_cap_flags: u32,
+        /// Max scatter/gather entries per send/recv WR.
+        max_sge: u32,
+        /// Max scatter/gather entries per RDMA read WR.
+        max_sge_rd: u32,
+        /// Max completion queues.
+        max_cq: u32,
+        /// Max entries per completion queue.
+        max_cqe: u32,
+        /// Max memory regions.
+        max_mr: u32,
+        /// Max protection domains.
+        max_pd: u32,
+        /// Max outstanding RDMA reads/atomics per QP as target.
+        max_qp_rd_atom: u32,
+        /// Max outstanding RDMA reads/atomics per QP as initiator.
+        max_qp_init_rd_atom: u32,
+        /// Max memory windows.
+        max_mw: u32,
+        /// Max address handles.
+        max_ah: u32,
+        /// Max shared receive queues.
+        max_srq: u32,
+        /// Max work requests per SRQ.
+        max_srq_wr: u32,
+        /// Max SGEs per SRQ work request.
+        max_srq_sge: u32,
+        /// Max P_Keys.
+        max_pkeys: u16,
+        /// Local CA ack delay.
+        local_ca_ack_delay: u8,
+        /// Number of physical ports.
+        phys_port_cnt: u8,
+    }
+
+    /// The firmware version string.
+    pub fn fw_ver(&self) -> String {
+        let bytes: Vec<u8> = self
+            .raw
+            .fw_ver
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Atomic operation support.
+    pub fn atomic_cap(&self) -> AtomicCap {
+        AtomicCap::from_raw(self.raw.atomic_cap)
+    }
+
+    /// The raw C struct.
+    pub fn as_raw(&self) -> &sys::ibv_device_attr {
+        &self.raw
+    }
+}
+
+impl std::fmt::Debug for DeviceAttr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAttr")
+            .field("fw_ver", &self.fw_ver())
+            .field("vendor_id", &format_args!("{:#x}", self.vendor_id()))
+            .field("max_qp", &self.max_qp())
+            .field("max_qp_wr", &self.max_qp_wr())
+            .field("max_sge", &self.max_sge())
+            .field("max_cqe", &self.max_cqe())
+            .field("atomic_cap", &self.atomic_cap())
+            .field("phys_port_cnt", &self.phys_port_cnt())
+            .finish_non_exhaustive()
+    }
+}
+
+crate::port::device_enum! {
+    /// Which atomic operations the device supports, and how atomically.
+    AtomicCap {
+        /// No atomics.
+        None = sys::IBV_ATOMIC_NONE,
+        /// Atomic among this device's operations only.
+        Hca = sys::IBV_ATOMIC_HCA,
+        /// Atomic also with respect to the CPU and other devices.
+        Glob = sys::IBV_ATOMIC_GLOB,
+    }
+}
+
+crate::port::device_enum! {
+    /// The kind of an asynchronous event.
+    AsyncEventType {
+        /// CQ overrun or error.
+        CqErr = sys::IBV_EVENT_CQ_ERR,
+        /// QP fatal error.
+        QpFatal = sys::IBV_EVENT_QP_FATAL,
+        /// Invalid request on a QP.
+        QpReqErr = sys::IBV_EVENT_QP_REQ_ERR,
+        /// Local access violation on a QP.
+        QpAccessErr = sys::IBV_EVENT_QP_ACCESS_ERR,
+        /// Communication established on a QP.
+        CommEst = sys::IBV_EVENT_COMM_EST,
+        /// Send queue drained.
+        SqDrained = sys::IBV_EVENT_SQ_DRAINED,
+        /// Path migrated.
+        PathMig = sys::IBV_EVENT_PATH_MIG,
+        /// Path migration failed.
+        PathMigErr = sys::IBV_EVENT_PATH_MIG_ERR,
+        /// Device fatal error.
+        DeviceFatal = sys::IBV_EVENT_DEVICE_FATAL,
+        /// Port became active.
+        PortActive = sys::IBV_EVENT_PORT_ACTIVE,
+        /// Port went down.
+        PortErr = sys::IBV_EVENT_PORT_ERR,
+        /// LID changed.
+        LidChange = sys::IBV_EVENT_LID_CHANGE,
+        /// P_Key table changed.
+        PkeyChange = sys::IBV_EVENT_PKEY_CHANGE,
+        /// SM changed.
+        SmChange = sys::IBV_EVENT_SM_CHANGE,
+        /// SRQ error.
+        SrqErr = sys::IBV_EVENT_SRQ_ERR,
+        /// SRQ fill below its limit.
+        SrqLimitReached = sys::IBV_EVENT_SRQ_LIMIT_REACHED,
+        /// Last WQE reached on a QP attached to an SRQ.
+        QpLastWqeReached = sys::IBV_EVENT_QP_LAST_WQE_REACHED,
+        /// Client re-register request.
+        ClientReregister = sys::IBV_EVENT_CLIENT_REREGISTER,
+        /// GID table changed.
+        GidChange = sys::IBV_EVENT_GID_CHANGE,
+        /// WQ fatal error.
+        WqFatal = sys::IBV_EVENT_WQ_FATAL,
+    }
+}
+
+/// An asynchronous event; acknowledged (`ibv_ack_async_event`) on drop.
+pub struct AsyncEvent {
+    raw: sys::ibv_async_event,
+    _ctx: Context,
+}
+
+// SAFETY: the event holds plain data and a context handle; acking it from
+// another thread is allowed.
+unsafe impl Send for AsyncEvent {}
+
+impl AsyncEvent {
+    /// The event type.
+    pub fn event_type(&self) -> AsyncEventType {
+        AsyncEventType::from_raw(self.raw.event_type)
+    }
+
+    /// The port, for port events.
+    pub fn port(&self) -> Option<PortNumber> {
+        use AsyncEventType::*;
+        match self.event_type() {
+            PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
+            | GidChange => {
+                // SAFETY: for port events the union holds `port_num`.
+                Some(PortNumber(unsafe { self.raw.element.port_num } as u8))
+            }
+            _ => None,
+        }
+    }
+
+    /// The QP number, for QP events.
+    pub fn qp_num(&self) -> Option<u32> {
+        use AsyncEventType::*;
+        match self.event_type() {
+            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr
+            | QpLastWqeReached => {
+                // SAFETY: for QP events the union holds a QP that stays valid
+                // until the event is acked (ibv_get_async_event(3)).
+                let qp = unsafe { self.raw.element.qp };
+                // SAFETY: as above.
+                (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
+            }
+            _ => None,
+        }
+    }
+
+    /// The raw event.
+    pub fn as_raw(&self) -> &sys::ibv_async_event {
+        &self.raw
+    }
+}
+
+impl Drop for AsyncEvent {
+    fn drop(&mut self) {
+        // SAFETY: acked exactly once; the context is alive (`_ctx`).
+        unsafe { sys::ibv_ack_async_event(&mut self.raw) };
+    }
+}
+
+impl std::fmt::Debug for AsyncEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEvent")
+            .field("type", &self.event_type())
+            .field("port", &self.port())
+            .field("qp_num", &self.qp_num())
+            .finish()
+    }
+}

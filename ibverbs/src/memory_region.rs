@@ -1,0 +1,403 @@
+//! Memory registration: access flags, owned storage, and the registered
+//! region handle.
+//!
+//! Registration *consumes* the storage: from then on the memory is reachable
+//! only through the buffer handles of [`crate::buffer`], which is how the
+//! crate guarantees that the device never touches freed, moved or aliased
+//! memory.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::buffer::{LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
+use crate::error::{ret_ptr, Error, Result};
+use crate::ProtectionDomain;
+
+bitflags::bitflags! {
+    /// Memory access rights (`IBV_ACCESS_*`).
+    ///
+    /// The default is least privilege: [`AccessFlags::LOCAL_WRITE`] only.
+    /// Remote read, write and atomic access are explicit opt-ins.
+    ///
+    /// # References
+    /// `ibv_reg_mr(3)`
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The local device may write (receives, RDMA read results, atomics).
+        const LOCAL_WRITE = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        /// Peers may RDMA-write (requires `LOCAL_WRITE`).
+        const REMOTE_WRITE = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        /// Peers may RDMA-read.
+        const REMOTE_READ = sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        /// Peers may perform atomics (requires `LOCAL_WRITE`).
+        const REMOTE_ATOMIC = sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        /// Memory windows may be bound.
+        const MW_BIND = sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+        /// Zero-based virtual addresses.
+        const ZERO_BASED = sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
+        /// On-demand paging.
+        const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+        /// Huge-page hint.
+        const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
+        /// Relaxed ordering (optional: ignored by devices without it).
+        const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+    }
+}
+
+impl Default for AccessFlags {
+    fn default() -> Self {
+        AccessFlags::LOCAL_WRITE
+    }
+}
+
+impl AccessFlags {
+    /// Whether a peer may change the memory (remote write or atomic).
+    pub fn remote_writable(self) -> bool {
+        self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+    }
+}
+
+/// Memory that can be registered: it stays at one address for as long as the
+/// value lives (even when the value is moved) and is only reached through it.
+///
+/// # Safety
+/// Implementors guarantee that `as_mut_ptr()` returns a pointer valid for
+/// reads and writes of `len()` bytes that does not change while the value
+/// lives, and that dropping the value is the only thing that frees it.
+pub unsafe trait Storage: Send + Sync + 'static {
+    /// Start of the memory.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and the
+// crate never grows it after registration (it is only held, never touched).
+unsafe impl Storage for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: a boxed slice's heap memory is fixed for its lifetime.
+unsafe impl Storage for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        (**self).as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+}
+
+// SAFETY: a mapping stays at its address until it is unmapped on drop.
+unsafe impl Storage for memmap2::MmapMut {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        std::ops::DerefMut::deref_mut(self).as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        std::ops::Deref::deref(self).len()
+    }
+}
+
+/// Page-aligned anonymous memory, optionally backed by huge pages.
+pub struct AnonymousMemory {
+    map: memmap2::MmapMut,
+    huge: bool,
+}
+
+impl AnonymousMemory {
+    /// Maps `len` zeroed bytes, page-aligned.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `mmap`.
+    pub fn new(len: usize) -> Result<Self> {
+        let map = memmap2::MmapOptions::new()
+            .len(len.max(1))
+            .map_anon()
+            .map_err(|source| Error::Verb {
+                verb: "mmap",
+                source,
+            })?;
+        Ok(AnonymousMemory { map, huge: false })
+    }
+
+    /// Maps `len` bytes backed by huge pages when the system has them
+    /// reserved (`/proc/sys/vm/nr_hugepages`); otherwise falls back to
+    /// normal pages. [`AnonymousMemory::is_huge`] says which happened.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `mmap` when even the fallback fails.
+    pub fn huge_or_normal(len: usize) -> Result<Self> {
+        let huge_len = len.max(1).next_multiple_of(2 << 20);
+        match memmap2::MmapOptions::new()
+            .len(huge_len)
+            .huge(None)
+            .map_anon()
+        {
+            Ok(map) => Ok(AnonymousMemory { map, huge: true }),
+            Err(_) => Self::new(len),
+        }
+    }
+
+    /// Whether huge pages back the memory.
+    pub fn is_huge(&self) -> bool {
+        self.huge
+    }
+}
+
+// SAFETY: see `MmapMut`.
+unsafe impl Storage for AnonymousMemory {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+pub(crate) struct MrInner {
+    pub(crate) mr: NonNull<sys::ibv_mr>,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) ptr: NonNull<u8>,
+    pub(crate) len: usize,
+    pub(crate) access: AccessFlags,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    huge: bool,
+    // Dropped after `ibv_dereg_mr` ran in `Drop::drop`.
+    _storage: Box<dyn Storage>,
+}
+
+// SAFETY: the MR is only passed to thread-safe verbs; the storage is Send +
+// Sync and reached only through buffer handles that enforce exclusivity.
+unsafe impl Send for MrInner {}
+// SAFETY: as above.
+unsafe impl Sync for MrInner {}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // SAFETY: last reference: every buffer and posted work request holds
+        // an `Arc<MrInner>`, so no work request references the MR. The
+        // storage is freed only after deregistration (field drop order).
+        // A failure (EBUSY while a memory window is bound) cannot be reported
+        // from Drop and must not panic.
+        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`): keys and addresses only.
+///
+/// The memory itself is reached through the buffer that registration
+/// returned ([`LocalBuffer`] or [`SharedBuffer`]). This handle is cheap to
+/// clone and keeps the registration alive.
+///
+/// # References
+/// `ibv_reg_mr(3)`
+#[derive(Clone)]
+pub struct MemoryRegion {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+impl MemoryRegion {
+    /// Local key (`lkey`).
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+    /// Remote key, when the region allows any remote access.
+    pub fn rkey(&self) -> Option<RemoteKey> {
+        self.inner
+            .access
+            .intersects(
+                AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+            )
+            .then_some(RemoteKey(self.inner.rkey))
+    }
+    /// Start address of the region.
+    pub fn addr(&self) -> u64 {
+        self.inner.ptr.as_ptr() as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    /// Access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+    /// Whether huge pages back the memory.
+    pub fn is_huge(&self) -> bool {
+        self.inner.huge
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+    /// What a peer needs to access the whole region (send it out of band).
+    /// `None` without remote access rights.
+    pub fn remote(&self) -> Option<RemoteMemory> {
+        Some(RemoteMemory {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.rkey()?,
+        })
+    }
+    /// The raw MR pointer, valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut sys::ibv_mr {
+        self.inner.mr.as_ptr()
+    }
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("access", &self.access())
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    fn reg_mr(&self, mut storage: Box<dyn Storage>, access: AccessFlags) -> Result<Arc<MrInner>> {
+        if access.remote_writable() && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr(3))".into(),
+            ));
+        }
+        let len = storage.len();
+        let huge = false;
+        let ptr = NonNull::new(storage.as_mut_ptr())
+            .ok_or_else(|| Error::InvalidArgument("storage returned a NULL pointer".into()))?;
+        // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
+        // (and unmoved) by the returned MrInner until after deregistration.
+        let mr = unsafe {
+            sys::ibv_reg_mr(self.as_ptr(), ptr.as_ptr().cast(), len, access.bits() as i32)
+        };
+        let mr = ret_ptr("ibv_reg_mr", mr)?;
+        // SAFETY: the MR is valid; its keys are immutable.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
+        Ok(Arc::new(MrInner {
+            mr,
+            pd: self.clone(),
+            ptr,
+            len,
+            access,
+            lkey,
+            rkey,
+            huge,
+            _storage: storage,
+        }))
+    }
+
+    /// Registers `storage` for local use and returns exclusive ownership of
+    /// its memory as a [`LocalBuffer`].
+    ///
+    /// `access` may include `REMOTE_READ` but not `REMOTE_WRITE` or
+    /// `REMOTE_ATOMIC`: memory a peer may change is never handed out as a
+    /// slice; use [`ProtectionDomain::register_shared`] for it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for remote write/atomic rights;
+    /// [`Error::Verb`] naming `ibv_reg_mr`.
+    ///
+    /// # References
+    /// `ibv_reg_mr(3)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn main() -> ibverbs::Result<()> {
+    /// let ctx = ibverbs::open_device("rxe0")?;
+    /// let pd = ctx.alloc_pd()?;
+    /// let mut buf = pd.register(vec![0u8; 4096], ibverbs::AccessFlags::LOCAL_WRITE)?;
+    /// buf[..5].copy_from_slice(b"hello");
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register<S: Storage>(&self, storage: S, access: AccessFlags) -> Result<LocalBuffer> {
+        if access.remote_writable() {
+            return Err(Error::InvalidArgument(
+                "memory with REMOTE_WRITE or REMOTE_ATOMIC must be registered with \
+                 register_shared: a peer could change it behind a Rust reference"
+                    .into(),
+            ));
+        }
+        let mr = self.reg_mr(Box::new(storage), access)?;
+        Ok(LocalBuffer::from_region(Region::whole(mr)))
+    }
+
+    /// Registers `storage` for access by peers (any `access`), returning a
+    /// [`SharedBuffer`]: memory that is read and written only by copies,
+    /// volatile or atomic accessors, never through `&[u8]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for remote write/atomic without
+    /// `LOCAL_WRITE`; [`Error::Verb`] naming `ibv_reg_mr`.
+    ///
+    /// # References
+    /// `ibv_reg_mr(3)`
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register_shared<S: Storage>(
+        &self,
+        storage: S,
+        access: AccessFlags,
+    ) -> Result<SharedBuffer> {
+        let mr = self.reg_mr(Box::new(storage), access)?;
+        Ok(SharedBuffer::from_region(Region::whole(mr)))
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes and registers them for
+    /// local use.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::register`] and [`AnonymousMemory::new`].
+    pub fn alloc(&self, len: usize, access: AccessFlags) -> Result<LocalBuffer> {
+        let mem = AnonymousMemory::new(len)?;
+        let mut buf = self.register(mem, access)?;
+        buf.truncate_to(len);
+        Ok(buf)
+    }
+
+    /// Like [`ProtectionDomain::alloc`], for memory peers may access.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::register_shared`].
+    pub fn alloc_shared(&self, len: usize, access: AccessFlags) -> Result<SharedBuffer> {
+        let mem = AnonymousMemory::new(len)?;
+        let mut buf = self.register_shared(mem, access)?;
+        buf.truncate_to(len);
+        Ok(buf)
+    }
+
+    /// Allocates `len` bytes on huge pages when available (else normal
+    /// pages; see [`MemoryRegion::is_huge`]) and registers them.
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::register`].
+    pub fn alloc_huge(&self, len: usize, access: AccessFlags) -> Result<LocalBuffer> {
+        let mem = AnonymousMemory::huge_or_normal(len)?;
+        let huge = mem.is_huge();
+        let mut buf = self.register(mem, access)?;
+        if huge {
+            // SAFETY-free bookkeeping: only this buffer knows the MR yet.
+            if let Some(inner) = Arc::get_mut(&mut buf.region_mut().mr) {
+                inner.huge = true;
+            }
+        }
+        buf.truncate_to(len);
+        Ok(buf)
+    }
+}

@@ -1,0 +1,168 @@
+//! Creating queue pairs.
+
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::error::{ret_ptr, Error, Result};
+use crate::queue_pair::{QpCaps, QpType, QueuePair};
+use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
+
+/// Builder for a [`QueuePair`]: required parts in [`QueuePair::builder`],
+/// optional ones as setters named after the `ibv_qp_init_attr` fields.
+///
+/// # References
+/// `ibv_create_qp(3)`
+#[derive(Debug)]
+#[must_use]
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    qp_type: QpType,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    srq: Option<&'a SharedReceiveQueue>,
+    cap: sys::ibv_qp_cap,
+    sq_sig_all: bool,
+}
+
+impl<'a> QueuePairBuilder<'a> {
+    /// Send queue depth (default 64).
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.cap.max_send_wr = n;
+        self
+    }
+    /// Receive queue depth (default 64; ignored with an SRQ).
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.cap.max_recv_wr = n;
+        self
+    }
+    /// Scatter/gather entries per send request (default 1).
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.cap.max_send_sge = n;
+        self
+    }
+    /// Scatter/gather entries per receive request (default 1).
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.cap.max_recv_sge = n;
+        self
+    }
+    /// Largest inline send in bytes (default 0).
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.cap.max_inline_data = n;
+        self
+    }
+    /// Receive through a shared receive queue.
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+    /// Signal every send request, whatever its own flag says.
+    pub fn sq_sig_all(mut self, on: bool) -> Self {
+        self.sq_sig_all = on;
+        self
+    }
+
+    /// Creates the queue pair (in the RESET state).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another
+    /// device or PD; [`Error::Unsupported`] for transport types this API
+    /// does not drive; [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
+    /// when a capacity exceeds the device's limits).
+    #[doc(alias = "ibv_create_qp")]
+    pub fn build(self) -> Result<QueuePair> {
+        if !matches!(self.qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
+            return Err(Error::Unsupported(format!(
+                "queue pair type {:?} (RC, UC and UD are supported)",
+                self.qp_type
+            )));
+        }
+        let ctx = &self.pd.inner.ctx.inner;
+        for cq in [self.send_cq, self.recv_cq] {
+            if !Arc::ptr_eq(&cq.context().inner, ctx) {
+                return Err(Error::InvalidArgument(
+                    "completion queue of another device context".into(),
+                ));
+            }
+        }
+        if let Some(srq) = self.srq {
+            if !Arc::ptr_eq(&srq.pd().inner, &self.pd.inner) {
+                return Err(Error::InvalidArgument(
+                    "shared receive queue of another protection domain".into(),
+                ));
+            }
+        }
+        let mut cap = self.cap;
+        if self.srq.is_some() {
+            cap.max_recv_wr = 0;
+            cap.max_recv_sge = 0;
+        }
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: self.send_cq.as_ptr(),
+            recv_cq: self.recv_cq.as_ptr(),
+            srq: self.srq.map_or(std::ptr::null_mut(), |s| s.as_ptr()),
+            cap,
+            qp_type: self.qp_type.as_raw(),
+            sq_sig_all: i32::from(self.sq_sig_all),
+        };
+        // SAFETY: live PD, CQs and SRQ (kept alive by the QueuePair);
+        // `attr` is valid; the QP is destroyed by QpInner.
+        let qp = unsafe { sys::ibv_create_qp(self.pd.as_ptr(), &mut attr) };
+        let qp = ret_ptr("ibv_create_qp", qp)?;
+        // ibv_create_qp writes the actual capacities back into `attr.cap`.
+        let mut caps = QpCaps::from_raw(&attr.cap);
+        // Never account for more than was granted, nor less than asked
+        // when the provider reports 0 for an unchanged field.
+        caps.max_send_wr = caps.max_send_wr.max(cap.max_send_wr.min(1));
+        Ok(QueuePair::from_created(
+            qp,
+            self.pd.clone(),
+            self.send_cq.clone(),
+            self.recv_cq.clone(),
+            self.srq.cloned(),
+            self.qp_type,
+            caps,
+            self.sq_sig_all,
+        ))
+    }
+}
+
+impl QueuePair {
+    /// Starts building a queue pair of `qp_type` on `pd` with its send and
+    /// receive completion queues (which may be the same).
+    pub fn builder<'a>(
+        pd: &'a ProtectionDomain,
+        qp_type: QpType,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> QueuePairBuilder<'a> {
+        QueuePairBuilder {
+            pd,
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: sys::ibv_qp_cap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        }
+    }
+}
+
+impl ProtectionDomain {
+    /// Starts building a queue pair; see [`QueuePair::builder`].
+    pub fn create_qp<'a>(
+        &'a self,
+        qp_type: QpType,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> QueuePairBuilder<'a> {
+        QueuePair::builder(self, qp_type, send_cq, recv_cq)
+    }
+}

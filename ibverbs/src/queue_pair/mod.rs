@@ -1,0 +1,287 @@
+//! Queue pairs: creation ([`QueuePairBuilder`]), state changes
+//! ([`QpAttr`], [`QueuePair::modify`], connect helpers) and posting
+//! ([`SendRequest`], [`RecvRequest`]).
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::port::device_enum;
+use crate::wq_table::{Mode, WqTable};
+use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
+
+mod attr;
+mod builder;
+mod connect;
+mod post;
+
+pub use attr::*;
+pub use builder::*;
+pub use connect::*;
+pub use post::*;
+
+device_enum! {
+    /// Transport service type of a queue pair.
+    QpType {
+        /// Reliable connected.
+        Rc = sys::IBV_QPT_RC,
+        /// Unreliable connected.
+        Uc = sys::IBV_QPT_UC,
+        /// Unreliable datagram.
+        Ud = sys::IBV_QPT_UD,
+        /// Raw packet.
+        RawPacket = sys::IBV_QPT_RAW_PACKET,
+        /// XRC send.
+        XrcSend = sys::IBV_QPT_XRC_SEND,
+        /// XRC receive.
+        XrcRecv = sys::IBV_QPT_XRC_RECV,
+        /// Driver-specific.
+        Driver = sys::IBV_QPT_DRIVER,
+    }
+}
+
+/// The capacities a queue pair actually got (may exceed what was asked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (0 with an SRQ).
+    pub max_recv_wr: u32,
+    /// SGEs per send request.
+    pub max_send_sge: u32,
+    /// SGEs per receive request.
+    pub max_recv_sge: u32,
+    /// Largest inline send.
+    pub max_inline_data: u32,
+}
+
+impl QpCaps {
+    pub(crate) fn from_raw(c: &sys::ibv_qp_cap) -> QpCaps {
+        QpCaps {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        }
+    }
+}
+
+pub(crate) struct QpInner {
+    pub(crate) qp: NonNull<sys::ibv_qp>,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
+    pub(crate) srq: Option<SharedReceiveQueue>,
+    pub(crate) qp_type: QpType,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) send: Arc<WqTable<post::SendScratch>>,
+    pub(crate) recv: Option<Arc<WqTable<post::RecvScratch>>>,
+    destroyed: bool,
+}
+
+// SAFETY: QP verbs (post, modify, query, destroy) are thread-safe in
+// libibverbs; the in-flight tables are behind Mutexes.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl QpInner {
+    fn teardown(&mut self) -> crate::Result<()> {
+        // Stop the device from processing anything more: to ERR (flushes
+        // outstanding requests), then destroy. After ibv_destroy_qp returns
+        // the device no longer accesses the QP's work requests, so only then
+        // are their buffers released.
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: live QP; failure (e.g. already in ERR or RESET) is harmless.
+        unsafe {
+            sys::ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        // SAFETY: live QP, destroyed exactly once (callers guarantee it).
+        let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        let result = crate::error::ret_errno("ibv_destroy_qp", rc);
+        self.send_cq.unregister(self.send.id);
+        drop(self.send.lock().take_all());
+        if let Some(recv) = &self.recv {
+            self.recv_cq.unregister(recv.id);
+            drop(recv.lock().take_all());
+        }
+        result
+    }
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // Errors cannot be reported from Drop; `QueuePair::close` reports them.
+        if !self.destroyed {
+            let _ = self.teardown();
+        }
+    }
+}
+
+/// A queue pair (`struct ibv_qp`) of type RC, UC or UD.
+///
+/// Cheap to clone. It keeps its PD, CQs and SRQ alive; work requests posted
+/// through the safe API own their buffers until their completion is polled
+/// (or until the QP is destroyed, after the device stopped using them).
+///
+/// # References
+/// `ibv_create_qp(3)`, `ibv_modify_qp(3)`, `ibv_post_send(3)`, `ibv_post_recv(3)`
+#[derive(Clone)]
+pub struct QueuePair {
+    pub(crate) inner: Arc<QpInner>,
+}
+
+impl QueuePair {
+    /// Wraps a freshly created QP: sets up the in-flight tables and
+    /// registers them with the CQs.
+    pub(crate) fn from_created(
+        qp: NonNull<sys::ibv_qp>,
+        pd: ProtectionDomain,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        srq: Option<SharedReceiveQueue>,
+        qp_type: QpType,
+        caps: QpCaps,
+        sq_sig_all: bool,
+    ) -> QueuePair {
+        let send = WqTable::new(
+            Mode::Ring,
+            caps.max_send_wr.max(1),
+            "send queue",
+            post::SendScratch::new(caps.max_send_wr.max(1), caps.max_send_sge.max(1)),
+        );
+        send_cq.register(send.clone());
+        let recv = if let Some(srq) = &srq {
+            srq.attach_cq(&recv_cq);
+            None
+        } else {
+            let t = WqTable::new(
+                Mode::Ring,
+                caps.max_recv_wr.max(1),
+                "receive queue",
+                post::RecvScratch::new(caps.max_recv_wr.max(1), caps.max_recv_sge.max(1)),
+            );
+            recv_cq.register(t.clone());
+            Some(t)
+        };
+        QueuePair {
+            inner: Arc::new(QpInner {
+                qp,
+                pd,
+                send_cq,
+                recv_cq,
+                srq,
+                qp_type,
+                caps,
+                sq_sig_all,
+                send,
+                recv,
+                destroyed: false,
+            }),
+        }
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> QpNumber {
+        // SAFETY: `qp_num` is an immutable field of the live QP.
+        QpNumber(unsafe { (*self.as_ptr()).qp_num })
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    /// The capacities the QP got.
+    pub fn caps(&self) -> QpCaps {
+        self.inner.caps
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
+    /// The send completion queue.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.inner.send_cq
+    }
+
+    /// The receive completion queue.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.inner.recv_cq
+    }
+
+    /// The shared receive queue, if any.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue> {
+        self.inner.srq.as_ref()
+    }
+
+    /// Outstanding safe-path requests on the send queue.
+    pub fn send_outstanding(&self) -> u32 {
+        let t = &self.inner.send;
+        t.lock().outstanding(t.mode(), t.capacity())
+    }
+
+    /// Outstanding safe-path requests on the receive queue (0 with an SRQ).
+    pub fn recv_outstanding(&self) -> u32 {
+        self.inner
+            .recv
+            .as_ref()
+            .map_or(0, |t| t.lock().outstanding(t.mode(), t.capacity()))
+    }
+
+    /// The raw QP pointer, valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut sys::ibv_qp {
+        self.inner.qp.as_ptr()
+    }
+
+    /// Destroys the QP now if this is the last handle, reporting a teardown
+    /// error (`Ok(false)` when other handles still exist). Outstanding
+    /// requests are flushed and their buffers released after the device
+    /// stopped using them.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_destroy_qp`.
+    #[doc(alias = "ibv_destroy_qp")]
+    pub fn close(self) -> crate::Result<bool> {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                let r = inner.teardown();
+                inner.destroyed = true;
+                r.map(|()| true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &self.qp_num())
+            .field("qp_type", &self.qp_type())
+            .field("caps", &self.caps())
+            .finish()
+    }
+}
+
+/// A queue pair number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QpNumber(pub u32);
+
+impl std::fmt::Display for QpNumber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#08x}", self.0)
+    }
+}

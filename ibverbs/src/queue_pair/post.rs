@@ -1,0 +1,806 @@
+//! Posting work requests: the owned-buffer safe path and the raw path.
+
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
+use crate::error::{Error, Result};
+use crate::memory_region::AccessFlags;
+use crate::wq_table::{Payload, SgList, WqTable};
+use crate::{AddressHandle, QpNumber, QpType, QueuePair};
+
+/// Scratch space for building C send requests without allocating.
+pub(crate) struct SendScratch {
+    wrs: Vec<sys::ibv_send_wr>,
+    sges: Vec<sys::ibv_sge>,
+    tags: Vec<u32>,
+    max_sge: usize,
+}
+
+// SAFETY: the raw pointers inside are rebuilt on every post and only used
+// while the owning table's Mutex is held.
+unsafe impl Send for SendScratch {}
+
+impl SendScratch {
+    pub(crate) fn new(depth: u32, max_sge: u32) -> SendScratch {
+        let (depth, max_sge) = (depth as usize, max_sge.max(1) as usize);
+        SendScratch {
+            wrs: vec![sys::ibv_send_wr::default(); depth],
+            sges: vec![sys::ibv_sge::default(); depth * max_sge],
+            tags: vec![0; depth],
+            max_sge,
+        }
+    }
+}
+
+/// Scratch space for building C receive requests without allocating.
+pub(crate) struct RecvScratch {
+    wrs: Vec<sys::ibv_recv_wr>,
+    sges: Vec<sys::ibv_sge>,
+    tags: Vec<u32>,
+    max_sge: usize,
+}
+
+// SAFETY: as for SendScratch.
+unsafe impl Send for RecvScratch {}
+
+impl RecvScratch {
+    pub(crate) fn new(depth: u32, max_sge: u32) -> RecvScratch {
+        let (depth, max_sge) = (depth as usize, max_sge.max(1) as usize);
+        RecvScratch {
+            wrs: vec![sys::ibv_recv_wr::default(); depth],
+            sges: vec![sys::ibv_sge::default(); depth * max_sge],
+            tags: vec![0; depth],
+            max_sge,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Send,
+    Write(RemoteMemory),
+    Read(RemoteMemory),
+    CompareSwap {
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteMemory,
+        add: u64,
+    },
+}
+
+impl Op {
+    fn device_writes_local(&self) -> bool {
+        matches!(
+            self,
+            Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }
+        )
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Send => "send",
+            Op::Write(_) => "RDMA write",
+            Op::Read(_) => "RDMA read",
+            Op::CompareSwap { .. } => "atomic compare-and-swap",
+            Op::FetchAdd { .. } => "atomic fetch-and-add",
+        }
+    }
+}
+
+/// Where a UD send goes.
+#[derive(Debug, Clone)]
+struct UdDest {
+    ah: AddressHandle,
+    qpn: QpNumber,
+    qkey: u32,
+}
+
+/// A send-queue work request that owns its buffers.
+///
+/// Build it with one of the constructors, adjust with the setters, and post
+/// it with [`QueuePair::post_send`]. The buffers come back in the
+/// [`Completion`](crate::Completion). Requests are signaled by default.
+///
+/// # References
+/// `ibv_post_send(3)`
+#[derive(Debug)]
+#[must_use = "a work request does nothing until posted"]
+pub struct SendRequest<'a> {
+    wr_id: u64,
+    op: Op,
+    sg: SgList,
+    inline: Option<&'a [u8]>,
+    flags: u32,
+    imm: Option<u32>,
+    ud: Option<UdDest>,
+}
+
+impl<'a> SendRequest<'a> {
+    fn new(op: Op, sg: SgList) -> Self {
+        SendRequest {
+            wr_id: 0,
+            op,
+            sg,
+            inline: None,
+            flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            imm: None,
+            ud: None,
+        }
+    }
+
+    /// A send of `buf` (`IBV_WR_SEND`).
+    pub fn send(buf: impl DeviceReadable) -> Self {
+        Self::new(Op::Send, SgList::One(buf.into()))
+    }
+
+    /// A send gathering several buffers in order.
+    pub fn send_sgl(bufs: Vec<Buf>) -> Self {
+        Self::new(Op::Send, SgList::Many(bufs))
+    }
+
+    /// A send of `data` copied inline into the work request
+    /// (`IBV_SEND_INLINE`): the bytes are copied before `post_send` returns,
+    /// so `data` needs no registration and is free again right after.
+    pub fn send_inline(data: &'a [u8]) -> Self {
+        let mut r = Self::new(Op::Send, SgList::Empty);
+        r.inline = Some(data);
+        r
+    }
+
+    /// An RDMA write of `buf` to the peer's `remote` memory.
+    pub fn write(buf: impl DeviceReadable, remote: RemoteMemory) -> Self {
+        Self::new(Op::Write(remote), SgList::One(buf.into()))
+    }
+
+    /// An RDMA write gathering several buffers.
+    pub fn write_sgl(bufs: Vec<Buf>, remote: RemoteMemory) -> Self {
+        Self::new(Op::Write(remote), SgList::Many(bufs))
+    }
+
+    /// An RDMA write of inline `data` (copied at post time).
+    pub fn write_inline(data: &'a [u8], remote: RemoteMemory) -> Self {
+        let mut r = Self::new(Op::Write(remote), SgList::Empty);
+        r.inline = Some(data);
+        r
+    }
+
+    /// An RDMA read of the peer's `remote` memory into `buf`.
+    pub fn read(buf: impl DeviceWritable, remote: RemoteMemory) -> Self {
+        Self::new(Op::Read(remote), SgList::One(buf.into()))
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote.addr` (8-byte
+    /// aligned); the original value lands in `result` (8 bytes, aligned).
+    pub fn compare_and_swap(
+        result: impl DeviceWritable,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        Self::new(
+            Op::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+            SgList::One(result.into()),
+        )
+    }
+
+    /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the original
+    /// value lands in `result`.
+    pub fn fetch_and_add(result: impl DeviceWritable, remote: RemoteMemory, add: u64) -> Self {
+        Self::new(Op::FetchAdd { remote, add }, SgList::One(result.into()))
+    }
+
+    /// The id reported in the completion.
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// Adds immediate data (send → `SEND_WITH_IMM`, RDMA write →
+    /// `RDMA_WRITE_WITH_IMM`); given in host order.
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    fn flag(mut self, flag: sys::ibv_send_flags, on: bool) -> Self {
+        if on {
+            self.flags |= flag.0;
+        } else {
+            self.flags &= !flag.0;
+        }
+        self
+    }
+
+    /// Whether a completion is generated (default true). Unsignaled
+    /// requests may only carry inline data or
+    /// [`FrozenBuffer`](crate::FrozenBuffer)s: their buffers are released
+    /// when a later signaled request completes, not handed back.
+    pub fn signaled(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_SIGNALED, on)
+    }
+
+    /// Solicited event at the receiver.
+    pub fn solicited(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_SOLICITED, on)
+    }
+
+    /// Wait for earlier RDMA reads/atomics before starting (fence).
+    pub fn fence(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_FENCE, on)
+    }
+
+    /// Send the buffer's bytes inline (copied at post time).
+    pub fn inline(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_INLINE, on)
+    }
+
+    /// Destination of a UD send: address handle, remote QP and Q_Key.
+    pub fn ud(mut self, ah: &AddressHandle, qpn: QpNumber, qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah: ah.clone(),
+            qpn,
+            qkey,
+        });
+        self
+    }
+
+    /// Takes the buffers back out of an unposted request.
+    pub fn into_buffers(self) -> SgList {
+        self.sg
+    }
+
+    fn is_signaled(&self) -> bool {
+        self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
+    }
+}
+
+/// A receive work request that owns its buffers.
+///
+/// # References
+/// `ibv_post_recv(3)`
+#[derive(Debug)]
+#[must_use = "a work request does nothing until posted"]
+pub struct RecvRequest {
+    wr_id: u64,
+    sg: SgList,
+}
+
+impl RecvRequest {
+    pub(crate) fn sg(&self) -> &SgList {
+        &self.sg
+    }
+
+    /// Receive into `buf`.
+    pub fn new(buf: impl DeviceWritable) -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::One(buf.into()),
+        }
+    }
+    /// Receive scattering over several buffers (none may be frozen).
+    pub fn sgl(bufs: Vec<Buf>) -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::Many(bufs),
+        }
+    }
+    /// The id reported in the completion.
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+    /// Takes the buffers back out of an unposted request.
+    pub fn into_buffers(self) -> SgList {
+        self.sg
+    }
+}
+
+/// A request the device did not take, handed back with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct PostError<R> {
+    /// Why.
+    #[source]
+    pub error: Error,
+    /// The request, buffers included.
+    pub request: R,
+}
+
+impl<R> From<PostError<R>> for Error {
+    fn from(e: PostError<R>) -> Error {
+        e.error
+    }
+}
+
+pub(crate) fn check_bufs(
+    sg: &SgList,
+    pd: &crate::ProtectionDomain,
+    device_writes: bool,
+    max_sge: u32,
+    what: &str,
+) -> Result<()> {
+    if sg.len() > max_sge as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{what} has {} scatter/gather entries, the queue allows {max_sge}",
+            sg.len()
+        )));
+    }
+    for b in sg.iter() {
+        let region = b.region();
+        if !Arc::ptr_eq(&region.mr.pd.inner, &pd.inner) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: buffer registered in another protection domain"
+            )));
+        }
+        if device_writes {
+            if matches!(b, Buf::Frozen(_)) {
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: the device would write a frozen (shared read-only) buffer"
+                )));
+            }
+            if !region.mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(Error::InvalidArgument(format!(
+                    "{what}: the device would write a buffer registered without LOCAL_WRITE"
+                )));
+            }
+        }
+        region.sge()?;
+    }
+    Ok(())
+}
+
+fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
+    let mut n = 0;
+    for b in sg.iter() {
+        // Lengths were checked by `check_bufs`.
+        if let Ok(s) = b.region().sge() {
+            out[n] = s;
+            n += 1;
+        }
+    }
+    n
+}
+
+impl QueuePair {
+    fn check_send(&self, r: &SendRequest<'_>) -> Result<()> {
+        let caps = &self.inner.caps;
+        let ty = self.inner.qp_type;
+        let what = r.op.name();
+        match (ty, &r.op) {
+            (QpType::Ud, Op::Send) if r.ud.is_some() => {}
+            (QpType::Ud, Op::Send) => {
+                return Err(Error::InvalidArgument(
+                    "a UD send needs a destination: SendRequest::ud(ah, qpn, qkey)".into(),
+                ))
+            }
+            (QpType::Ud, _) | (QpType::Uc, Op::Read(_))
+            | (QpType::Uc, Op::CompareSwap { .. })
+            | (QpType::Uc, Op::FetchAdd { .. }) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} is not available on a {ty:?} queue pair"
+                )))
+            }
+            _ => {}
+        }
+        if r.imm.is_some() && !matches!(r.op, Op::Send | Op::Write(_)) {
+            return Err(Error::InvalidArgument(format!(
+                "immediate data is only for send and RDMA write, not {what}"
+            )));
+        }
+        if let Some(ud) = &r.ud {
+            if ty != QpType::Ud {
+                return Err(Error::InvalidArgument(
+                    "a UD destination on a connected queue pair".into(),
+                ));
+            }
+            if !Arc::ptr_eq(&ud.ah.pd().inner, &self.inner.pd.inner) {
+                return Err(Error::InvalidArgument(
+                    "address handle from another protection domain".into(),
+                ));
+            }
+        }
+        if let Some(data) = r.inline {
+            if data.len() > caps.max_inline_data as usize {
+                return Err(Error::InvalidArgument(format!(
+                    "{} bytes of inline data, the queue pair allows {}",
+                    data.len(),
+                    caps.max_inline_data
+                )));
+            }
+        } else if r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+            let total = r.sg.total_len();
+            if total > u64::from(caps.max_inline_data) {
+                return Err(Error::InvalidArgument(format!(
+                    "{total} bytes to send inline, the queue pair allows {}",
+                    caps.max_inline_data
+                )));
+            }
+        }
+        if !r.is_signaled() && !self.inner.sq_sig_all && !r.sg.all_frozen() {
+            return Err(Error::InvalidArgument(format!(
+                "an unsignaled {what} must not carry exclusive buffers (they could not be \
+                 handed back): use inline data or FrozenBuffer"
+            )));
+        }
+        check_bufs(
+            &r.sg,
+            &self.inner.pd,
+            r.op.device_writes_local(),
+            caps.max_send_sge,
+            what,
+        )?;
+        if let Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } = &r.op {
+            let mut bufs = r.sg.iter();
+            let ok = match (bufs.next(), bufs.next()) {
+                (Some(b), None) => b.len() == 8 && b.region().addr() % 8 == 0,
+                _ => false,
+            };
+            if !ok {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} needs exactly one 8-byte, 8-byte-aligned result buffer"
+                )));
+            }
+            if remote.addr % 8 != 0 || remote.len < 8 {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} target {:#x} (len {}) is not an 8-byte-aligned 8-byte word",
+                    remote.addr, remote.len
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one send-queue work request. Its buffers stay owned by the
+    /// queue pair until the completion is polled.
+    ///
+    /// # Errors
+    /// The request is handed back in a [`PostError`] with
+    /// [`Error::InvalidArgument`] (checked before posting: QP type, SGE
+    /// count, inline size, atomic alignment, PD, unsignaled exclusive
+    /// buffers), [`Error::QueueFull`], or [`Error::Verb`] naming
+    /// `ibv_post_send`.
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(qp: &ibverbs::QueuePair, buf: ibverbs::LocalBuffer) -> ibverbs::Result<()> {
+    /// qp.post_send(ibverbs::SendRequest::send(buf).wr_id(1))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send<'a>(&self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+        let mut one = [wr];
+        match self.post_send_slice(&mut one).1 {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let [request] = one;
+                Err(PostError { error, request })
+            }
+        }
+    }
+
+    /// Posts a chain of requests with one doorbell. Posted requests are
+    /// drained from `wrs` (its capacity is kept for reuse); on error the
+    /// requests that were not posted stay in `wrs`, buffers included.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`]; validation errors post nothing.
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send_list(&self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
+        let (posted, result) = self.post_send_slice(wrs);
+        wrs.drain(..posted);
+        result
+    }
+
+    /// Returns how many requests the device took, and the error if not all.
+    fn post_send_slice(&self, wrs: &mut [SendRequest<'_>]) -> (usize, Result<()>) {
+        if wrs.is_empty() {
+            return (0, Ok(()));
+        }
+        for r in wrs.iter() {
+            if let Err(e) = self.check_send(r) {
+                return (0, Err(e));
+            }
+        }
+        let table = &self.inner.send;
+        let mut st = table.lock();
+        if let Err(e) = table.check_room(&st, wrs.len()) {
+            return (0, Err(e));
+        }
+        let n = wrs.len();
+        // Reserve slots (payloads are moved in only once the device took them).
+        for (i, r) in wrs.iter().enumerate() {
+            let tag = st.reserve(table, r.wr_id, Payload::default());
+            st.scratch.tags[i] = tag;
+        }
+        let max_sge = st.scratch.max_sge;
+        let scratch = &mut st.scratch;
+        let wr_base = scratch.wrs.as_mut_ptr();
+        for (i, r) in wrs.iter().enumerate() {
+            let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
+            let num_sge = if let Some(data) = r.inline {
+                sges[0] = sys::ibv_sge {
+                    addr: data.as_ptr() as u64,
+                    length: data.len() as u32,
+                    lkey: 0,
+                };
+                usize::from(!data.is_empty())
+            } else {
+                fill_sges(&r.sg, sges)
+            };
+            let mut flags = r.flags;
+            if r.inline.is_some() {
+                flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            let mut wr = sys::ibv_send_wr {
+                wr_id: table.encode(scratch.tags[i]),
+                next: if i + 1 < n {
+                    // SAFETY: `i + 1 < n <= wrs.len()` (depth checked by check_room).
+                    unsafe { wr_base.add(i + 1) }
+                } else {
+                    std::ptr::null_mut()
+                },
+                sg_list: sges.as_mut_ptr(),
+                num_sge: num_sge as i32,
+                send_flags: flags,
+                ..Default::default()
+            };
+            let imm = r.imm.map(u32::to_be).unwrap_or(0);
+            wr.__bindgen_anon_1.imm_data = imm;
+            wr.opcode = match (&r.op, r.imm.is_some()) {
+                (Op::Send, false) => sys::IBV_WR_SEND,
+                (Op::Send, true) => sys::IBV_WR_SEND_WITH_IMM,
+                (Op::Write(_), false) => sys::IBV_WR_RDMA_WRITE,
+                (Op::Write(_), true) => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+                (Op::Read(_), _) => sys::IBV_WR_RDMA_READ,
+                (Op::CompareSwap { .. }, _) => sys::IBV_WR_ATOMIC_CMP_AND_SWP,
+                (Op::FetchAdd { .. }, _) => sys::IBV_WR_ATOMIC_FETCH_AND_ADD,
+            };
+            match r.op {
+                Op::Send => {}
+                Op::Write(m) | Op::Read(m) => {
+                    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr: m.addr,
+                        rkey: m.rkey.0,
+                    };
+                }
+                Op::CompareSwap {
+                    remote,
+                    compare,
+                    swap,
+                } => {
+                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr: remote.addr,
+                        compare_add: compare,
+                        swap,
+                        rkey: remote.rkey.0,
+                    };
+                }
+                Op::FetchAdd { remote, add } => {
+                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr: remote.addr,
+                        compare_add: add,
+                        swap: 0,
+                        rkey: remote.rkey.0,
+                    };
+                }
+            }
+            if let Some(ud) = &r.ud {
+                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: ud.ah.as_ptr(),
+                    remote_qpn: ud.qpn.0,
+                    remote_qkey: ud.qkey,
+                };
+            }
+            scratch.wrs[i] = wr;
+        }
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; the chain lives in `scratch` (locked), its SGEs
+        // point into buffers owned by `wrs` (moved into the slots below
+        // before the lock is released, so no completion can be retired
+        // first) or into inline data the provider copies during the call.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr_base, &mut bad) };
+        let posted = if rc == 0 {
+            n
+        } else if bad.is_null() {
+            0
+        } else {
+            // SAFETY: `bad` points into the chain we built.
+            (unsafe { bad.offset_from(wr_base) }).clamp(0, n as isize) as usize
+        };
+        for (i, r) in wrs.iter_mut().enumerate().take(posted) {
+            let tag = st.scratch.tags[i];
+            let payload = Payload {
+                sg: std::mem::take(&mut r.sg),
+                ah: r.ud.as_ref().map(|u| u.ah.clone()),
+            };
+            st.store(table, tag, payload);
+        }
+        for i in (posted..n).rev() {
+            let tag = st.scratch.tags[i];
+            st.unreserve(table, tag);
+        }
+        (posted, crate::error::ret_errno("ibv_post_send", rc))
+    }
+
+    /// Posts one receive request; its buffers come back in the completion.
+    ///
+    /// # Errors
+    /// The request is handed back in a [`PostError`] with
+    /// [`Error::InvalidArgument`] (QP uses an SRQ, SGE count, PD, frozen or
+    /// read-only buffer), [`Error::QueueFull`], or [`Error::Verb`] naming
+    /// `ibv_post_recv`.
+    ///
+    /// # References
+    /// `ibv_post_recv(3)`
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        let mut one = [wr];
+        match self.post_recv_slice(&mut one).1 {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let [request] = one;
+                Err(PostError { error, request })
+            }
+        }
+    }
+
+    /// Posts a chain of receive requests with one call; posted ones are
+    /// drained from `wrs`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv`].
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
+        let (posted, result) = self.post_recv_slice(wrs);
+        wrs.drain(..posted);
+        result
+    }
+
+    fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+        let Some(table) = &self.inner.recv else {
+            return (
+                0,
+                Err(Error::InvalidArgument(
+                    "this queue pair receives through its shared receive queue: post there"
+                        .into(),
+                )),
+            );
+        };
+        for r in wrs.iter() {
+            if let Err(e) = check_bufs(&r.sg, &self.inner.pd, true, self.inner.caps.max_recv_sge, "receive")
+            {
+                return (0, Err(e));
+            }
+        }
+        let qp = self.as_ptr();
+        post_recv_common(table, wrs, |wr, bad| {
+            // SAFETY: live QP; see post_recv_common.
+            unsafe { sys::ibv_post_recv(qp, wr, bad) }
+        })
+    }
+
+    /// Posts C send requests directly: no checks, no bookkeeping.
+    ///
+    /// # Safety
+    /// The caller must ensure that:
+    /// * every SGE's memory is registered (its lkey valid) and stays valid,
+    ///   unmoved and unaliased by Rust references the device may violate,
+    ///   until the request's completion has been polled (for unsignaled
+    ///   requests: until a later signaled request of this QP completed);
+    /// * memory the device writes (receives, RDMA read, atomic results) is
+    ///   not read or written through Rust references meanwhile;
+    /// * every `wr_id` has bit 63 clear (set bits belong to the safe path,
+    ///   whose [`CompletionQueue::poll`](crate::CompletionQueue::poll) would
+    ///   otherwise hand out another request's buffers);
+    /// * address handles referenced by UD requests outlive the requests;
+    /// * the chain (`next` pointers) is valid and NULL-terminated.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_post_send`; `bad_wr` is not reported.
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    #[doc(alias = "ibv_post_send")]
+    #[inline]
+    pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: forwarded to the caller's contract.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
+        crate::error::ret_errno("ibv_post_send", rc)
+    }
+
+    /// Posts C receive requests directly.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_send_raw`]: the buffers must stay valid and free
+    /// of Rust references until the completion is polled, and `wr_id`s must
+    /// have bit 63 clear.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_post_recv`.
+    #[doc(alias = "ibv_post_recv")]
+    #[inline]
+    pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: forwarded to the caller's contract.
+        let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), wr, &mut bad) };
+        crate::error::ret_errno("ibv_post_recv", rc)
+    }
+}
+
+/// Shared by QP receive queues and SRQs.
+pub(crate) fn post_recv_common(
+    table: &WqTable<RecvScratch>,
+    wrs: &mut [RecvRequest],
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
+) -> (usize, Result<()>) {
+    if wrs.is_empty() {
+        return (0, Ok(()));
+    }
+    let mut st = table.lock();
+    if let Err(e) = table.check_room(&st, wrs.len()) {
+        return (0, Err(e));
+    }
+    let n = wrs.len();
+    for (i, r) in wrs.iter().enumerate() {
+        let tag = st.reserve(table, r.wr_id, Payload::default());
+        st.scratch.tags[i] = tag;
+    }
+    let scratch = &mut st.scratch;
+    let max_sge = scratch.max_sge;
+    let base = scratch.wrs.as_mut_ptr();
+    for (i, r) in wrs.iter().enumerate() {
+        let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
+        let num_sge = fill_sges(&r.sg, sges);
+        scratch.wrs[i] = sys::ibv_recv_wr {
+            wr_id: table.encode(scratch.tags[i]),
+            next: if i + 1 < n {
+                // SAFETY: within the scratch array (depth checked).
+                unsafe { base.add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            },
+            sg_list: sges.as_mut_ptr(),
+            num_sge: num_sge as i32,
+        };
+    }
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // The chain and its SGEs live in the locked scratch; the buffers are
+    // owned by `wrs` until moved into their slots below, under the lock.
+    let rc = post(base, &mut bad);
+    let posted = if rc == 0 {
+        n
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into the chain.
+        (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+    };
+    for (i, r) in wrs.iter_mut().enumerate().take(posted) {
+        let tag = st.scratch.tags[i];
+        st.store(
+            table,
+            tag,
+            Payload {
+                sg: std::mem::take(&mut r.sg),
+                ah: None,
+            },
+        );
+    }
+    for i in (posted..n).rev() {
+        let tag = st.scratch.tags[i];
+        st.unreserve(table, tag);
+    }
+    (posted, crate::error::ret_errno("ibv_post_recv", rc))
+}

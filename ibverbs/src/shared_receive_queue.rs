@@ -1,0 +1,248 @@
+//! Shared receive queues.
+
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::error::{ret_errno, ret_ptr, Error, Result};
+use crate::queue_pair::{check_bufs, post_recv_common, PostError, RecvRequest, RecvScratch};
+use crate::wq_table::{Mode, WqTable};
+use crate::{CompletionQueue, ProtectionDomain};
+
+pub(crate) struct SrqInner {
+    srq: NonNull<sys::ibv_srq>,
+    pd: ProtectionDomain,
+    table: Arc<WqTable<RecvScratch>>,
+    max_sge: u32,
+    cqs: std::sync::Mutex<Vec<CompletionQueue>>,
+}
+
+// SAFETY: SRQ verbs are thread-safe in libibverbs; the table is behind a Mutex.
+unsafe impl Send for SrqInner {}
+// SAFETY: as above.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: last reference: every QP attached to the SRQ holds a clone,
+        // so all of them are destroyed. Errors cannot be reported from Drop.
+        unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
+        let cqs = std::mem::take(&mut *self.cqs.lock().unwrap_or_else(|p| p.into_inner()));
+        for cq in cqs {
+            cq.unregister(self.table.id);
+        }
+        // The SRQ is gone, so the device no longer writes its buffers.
+        drop(self.table.lock().take_all());
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`): one pool of receive buffers
+/// for many queue pairs.
+///
+/// Receive completions of any attached QP hand back the SRQ's buffers.
+///
+/// # References
+/// `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    inner: Arc<SrqInner>,
+}
+
+/// Builder for a [`SharedReceiveQueue`].
+#[derive(Debug)]
+#[must_use]
+pub struct SharedReceiveQueueBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    max_wr: u32,
+    max_sge: u32,
+    srq_limit: u32,
+}
+
+impl SharedReceiveQueueBuilder<'_> {
+    /// Scatter/gather entries per request (default 1).
+    pub fn max_sge(mut self, n: u32) -> Self {
+        self.max_sge = n;
+        self
+    }
+    /// Limit that arms `IBV_EVENT_SRQ_LIMIT_REACHED` (default 0: off).
+    pub fn srq_limit(mut self, n: u32) -> Self {
+        self.srq_limit = n;
+        self
+    }
+    /// Creates the SRQ.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_create_srq`.
+    #[doc(alias = "ibv_create_srq")]
+    pub fn build(self) -> Result<SharedReceiveQueue> {
+        let mut attr = sys::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: sys::ibv_srq_attr {
+                max_wr: self.max_wr,
+                max_sge: self.max_sge,
+                srq_limit: self.srq_limit,
+            },
+        };
+        // SAFETY: live PD; `attr` valid; destroyed in SrqInner's Drop.
+        let srq = unsafe { sys::ibv_create_srq(self.pd.as_ptr(), &mut attr) };
+        let srq = ret_ptr("ibv_create_srq", srq)?;
+        // `attr.attr` now holds the actual sizes.
+        let (max_wr, max_sge) = (attr.attr.max_wr.max(1), attr.attr.max_sge.max(1));
+        Ok(SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                srq,
+                pd: self.pd.clone(),
+                table: WqTable::new(
+                    Mode::Slab,
+                    max_wr,
+                    "shared receive queue",
+                    RecvScratch::new(max_wr, max_sge),
+                ),
+                max_sge,
+                cqs: std::sync::Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Starts building an SRQ with room for `max_wr` receive requests.
+    pub fn builder(pd: &ProtectionDomain, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
+        SharedReceiveQueueBuilder {
+            pd,
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        }
+    }
+
+    pub(crate) fn attach_cq(&self, cq: &CompletionQueue) {
+        cq.register(self.inner.table.clone());
+        let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
+            cqs.push(cq.clone());
+        }
+    }
+
+    /// The raw SRQ pointer, valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut sys::ibv_srq {
+        self.inner.srq.as_ptr()
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
+    /// Capacity (actual).
+    pub fn capacity(&self) -> u32 {
+        self.inner.table.capacity()
+    }
+
+    /// Posted receive requests not yet completed.
+    pub fn outstanding(&self) -> u32 {
+        let t = &self.inner.table;
+        t.lock().outstanding(t.mode(), t.capacity())
+    }
+
+    /// Current attributes (`max_wr`, `max_sge`, `srq_limit`).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_query_srq`.
+    #[doc(alias = "ibv_query_srq")]
+    pub fn query(&self) -> Result<sys::ibv_srq_attr> {
+        let mut attr = MaybeUninit::<sys::ibv_srq_attr>::zeroed();
+        // SAFETY: live SRQ; `attr` valid for writes.
+        let rc = unsafe { sys::ibv_query_srq(self.as_ptr(), attr.as_mut_ptr()) };
+        ret_errno("ibv_query_srq", rc)?;
+        // SAFETY: zeroed then filled.
+        Ok(unsafe { attr.assume_init() })
+    }
+
+    /// Arms the limit event at `limit` outstanding requests.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_modify_srq`.
+    #[doc(alias = "ibv_modify_srq")]
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = sys::ibv_srq_attr {
+            srq_limit: limit,
+            ..Default::default()
+        };
+        // SAFETY: live SRQ; `attr` valid.
+        let rc = unsafe {
+            sys::ibv_modify_srq(
+                self.as_ptr(),
+                &mut attr,
+                sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32,
+            )
+        };
+        ret_errno("ibv_modify_srq", rc)
+    }
+
+    /// Posts one receive request to the shared pool.
+    ///
+    /// # Errors
+    /// The request is handed back with [`Error::InvalidArgument`],
+    /// [`Error::QueueFull`] or [`Error::Verb`] naming `ibv_post_srq_recv`.
+    ///
+    /// # References
+    /// `ibv_post_srq_recv(3)`
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        let mut one = [wr];
+        match self.post_slice(&mut one).1 {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let [request] = one;
+                Err(PostError { error, request })
+            }
+        }
+    }
+
+    /// Posts a chain of receive requests; posted ones are drained from `wrs`.
+    ///
+    /// # Errors
+    /// As [`SharedReceiveQueue::post_recv`].
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
+        let (posted, r) = self.post_slice(wrs);
+        wrs.drain(..posted);
+        r
+    }
+
+    fn post_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+        for r in wrs.iter() {
+            if let Err(e) = check_bufs(r.sg(), &self.inner.pd, true, self.inner.max_sge, "receive")
+            {
+                return (0, Err(e));
+            }
+        }
+        let srq = self.as_ptr();
+        post_recv_common(&self.inner.table, wrs, |wr, bad| {
+            // SAFETY: live SRQ; the chain is valid (post_recv_common).
+            unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
+        })
+    }
+}
+
+impl ProtectionDomain {
+    /// Starts building a shared receive queue; see [`SharedReceiveQueue::builder`].
+    pub fn create_srq(&self, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
+        SharedReceiveQueue::builder(self, max_wr)
+    }
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedReceiveQueue")
+            .field("capacity", &self.capacity())
+            .field("outstanding", &self.outstanding())
+            .finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_error_used(_: Error) {}

@@ -1,0 +1,206 @@
+//! Work completions: typed status and opcode, byte counts, immediates.
+
+use ibverbs_sys as sys;
+
+use crate::error::Error;
+use crate::port::device_enum;
+
+device_enum! {
+    /// The status of a work completion.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`, `ibv_wc_status_str(3)`
+    WcStatus {
+        /// Success.
+        Success = sys::IBV_WC_SUCCESS,
+        /// Local length error (e.g. receive buffer too small).
+        LocLenErr = sys::IBV_WC_LOC_LEN_ERR,
+        /// Local QP operation error.
+        LocQpOpErr = sys::IBV_WC_LOC_QP_OP_ERR,
+        /// Local EE context operation error.
+        LocEecOpErr = sys::IBV_WC_LOC_EEC_OP_ERR,
+        /// Local protection error (bad lkey or access).
+        LocProtErr = sys::IBV_WC_LOC_PROT_ERR,
+        /// Flushed because the QP is in the error state.
+        WrFlushErr = sys::IBV_WC_WR_FLUSH_ERR,
+        /// Memory window bind error.
+        MwBindErr = sys::IBV_WC_MW_BIND_ERR,
+        /// Bad response.
+        BadRespErr = sys::IBV_WC_BAD_RESP_ERR,
+        /// Local access error.
+        LocAccessErr = sys::IBV_WC_LOC_ACCESS_ERR,
+        /// Remote invalid request.
+        RemInvReqErr = sys::IBV_WC_REM_INV_REQ_ERR,
+        /// Remote access error (bad rkey, out of range, no rights).
+        RemAccessErr = sys::IBV_WC_REM_ACCESS_ERR,
+        /// Remote operation error.
+        RemOpErr = sys::IBV_WC_REM_OP_ERR,
+        /// Transport retry counter exceeded.
+        RetryExcErr = sys::IBV_WC_RETRY_EXC_ERR,
+        /// RNR retry counter exceeded.
+        RnrRetryExcErr = sys::IBV_WC_RNR_RETRY_EXC_ERR,
+        /// Local RDD violation.
+        LocRddViolErr = sys::IBV_WC_LOC_RDD_VIOL_ERR,
+        /// Remote invalid RD request.
+        RemInvRdReqErr = sys::IBV_WC_REM_INV_RD_REQ_ERR,
+        /// Remote aborted.
+        RemAbortErr = sys::IBV_WC_REM_ABORT_ERR,
+        /// Invalid EE context number.
+        InvEecnErr = sys::IBV_WC_INV_EECN_ERR,
+        /// Invalid EE context state.
+        InvEecStateErr = sys::IBV_WC_INV_EEC_STATE_ERR,
+        /// Fatal error.
+        FatalErr = sys::IBV_WC_FATAL_ERR,
+        /// Response timeout.
+        RespTimeoutErr = sys::IBV_WC_RESP_TIMEOUT_ERR,
+        /// General error.
+        GeneralErr = sys::IBV_WC_GENERAL_ERR,
+        /// Tag matching error.
+        TmErr = sys::IBV_WC_TM_ERR,
+        /// Tag matching rendezvous incomplete.
+        TmRndvIncomplete = sys::IBV_WC_TM_RNDV_INCOMPLETE,
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: ibv_wc_status_str returns a static string for any value.
+        let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(self.as_raw())) };
+        write!(f, "{} ({:?})", s.to_string_lossy(), self)
+    }
+}
+
+device_enum! {
+    /// What a completed work request did.
+    WcOpcode {
+        /// Send.
+        Send = sys::IBV_WC_SEND,
+        /// RDMA write.
+        RdmaWrite = sys::IBV_WC_RDMA_WRITE,
+        /// RDMA read.
+        RdmaRead = sys::IBV_WC_RDMA_READ,
+        /// Atomic compare-and-swap.
+        CompSwap = sys::IBV_WC_COMP_SWAP,
+        /// Atomic fetch-and-add.
+        FetchAdd = sys::IBV_WC_FETCH_ADD,
+        /// Memory window bind.
+        BindMw = sys::IBV_WC_BIND_MW,
+        /// Local invalidate.
+        LocalInv = sys::IBV_WC_LOCAL_INV,
+        /// TCP segmentation offload send.
+        Tso = sys::IBV_WC_TSO,
+        /// Atomic write.
+        AtomicWrite = sys::IBV_WC_ATOMIC_WRITE,
+        /// Receive.
+        Recv = sys::IBV_WC_RECV,
+        /// Receive of an RDMA write with immediate.
+        RecvRdmaWithImm = sys::IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
+/// A work completion (`struct ibv_wc`): plain data, cheap to copy.
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+pub struct WorkCompletion {
+    pub(crate) raw: sys::ibv_wc,
+}
+
+impl WorkCompletion {
+    /// The raw 64-bit work request id as the device reported it.
+    pub fn raw_wr_id(&self) -> u64 {
+        self.raw.wr_id
+    }
+    /// Status.
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.raw.status)
+    }
+    /// Whether the status is success.
+    pub fn is_success(&self) -> bool {
+        self.raw.status == sys::IBV_WC_SUCCESS
+    }
+    /// The opcode (only meaningful on success, as in C).
+    pub fn opcode(&self) -> WcOpcode {
+        WcOpcode::from_raw(self.raw.opcode)
+    }
+    /// Vendor error syndrome.
+    pub fn vendor_err(&self) -> u32 {
+        self.raw.vendor_err
+    }
+    /// Bytes received or transferred.
+    pub fn byte_len(&self) -> u32 {
+        self.raw.byte_len
+    }
+    /// Immediate data in host byte order, when the completion carries it.
+    pub fn imm_data(&self) -> Option<u32> {
+        (self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+            // SAFETY: with IBV_WC_WITH_IMM the union holds `imm_data` (network order).
+            .then(|| u32::from_be(unsafe { self.raw.__bindgen_anon_1.imm_data }))
+    }
+    /// Invalidated rkey, when the completion carries one.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        (self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0)
+            // SAFETY: with IBV_WC_WITH_INV the union holds `invalidated_rkey`.
+            .then(|| unsafe { self.raw.__bindgen_anon_1.invalidated_rkey })
+    }
+    /// Local QP number the completion belongs to.
+    pub fn qp_num(&self) -> u32 {
+        self.raw.qp_num
+    }
+    /// Source QP number (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.raw.src_qp
+    }
+    /// Whether a GRH precedes the payload (UD receives: the first 40 bytes
+    /// of the receive buffer).
+    pub fn has_grh(&self) -> bool {
+        self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH.0 != 0
+    }
+    /// Source LID (InfiniBand).
+    pub fn slid(&self) -> u16 {
+        self.raw.slid
+    }
+    /// Service level.
+    pub fn sl(&self) -> u8 {
+        self.raw.sl
+    }
+    /// P_Key index (GSI QPs).
+    pub fn pkey_index(&self) -> u16 {
+        self.raw.pkey_index
+    }
+    /// Raw `wc_flags`.
+    pub fn wc_flags(&self) -> u32 {
+        self.raw.wc_flags
+    }
+    /// `Ok(())` on success, else [`Error::WorkCompletion`].
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`] with the status.
+    pub fn result(&self) -> Result<(), Error> {
+        if self.is_success() {
+            Ok(())
+        } else {
+            Err(Error::WorkCompletion {
+                status: self.status(),
+                wr_id: self.raw.wr_id,
+                vendor_err: self.raw.vendor_err,
+            })
+        }
+    }
+    /// The raw C struct.
+    pub fn as_raw(&self) -> &sys::ibv_wc {
+        &self.raw
+    }
+}
+
+impl std::fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("wr_id", &self.raw.wr_id)
+            .field("status", &self.status())
+            .field("opcode", &self.opcode())
+            .field("byte_len", &self.byte_len())
+            .field("imm_data", &self.imm_data())
+            .field("qp_num", &self.qp_num())
+            .finish()
+    }
+}

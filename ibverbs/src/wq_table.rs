@@ -1,0 +1,325 @@
+//! In-flight bookkeeping for the safe data path.
+//!
+//! Every work queue posted to through the safe API (a QP's send queue, its
+//! receive queue, or an SRQ) has a [`WqTable`]: preallocated slots that hold
+//! the owned buffers (and address handles) of outstanding work requests. The
+//! 64-bit `wr_id` given to the device names the table and the slot:
+//!
+//! ```text
+//! bit 63 = 1 | bits 62..32 = table id | bits 31..0 = sequence (ring) or index+generation (slab)
+//! ```
+//!
+//! Table ids are never reused, so a stale completion (from a destroyed QP)
+//! can never release another table's buffers. Send and receive queues
+//! complete in order and use a ring (a completion retires every earlier
+//! unsignaled request too, exactly as the hardware frees the slots); an SRQ
+//! completes out of order and uses a slab.
+//!
+//! Steady-state posting and polling do not allocate: slots are allocated
+//! once, and payloads move in and out.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::buffer::Buf;
+use crate::error::{Error, Result};
+use crate::AddressHandle;
+
+pub(crate) const SAFE_BIT: u64 = 1 << 63;
+
+static NEXT_TABLE_ID: AtomicU32 = AtomicU32::new(1);
+
+/// The buffers a work request owns until it completes.
+#[derive(Debug, Default)]
+pub enum SgList {
+    /// No buffer (inline data, zero-length requests).
+    #[default]
+    Empty,
+    /// One buffer.
+    One(Buf),
+    /// Several buffers (scatter/gather); the `Vec` comes back for reuse.
+    Many(Vec<Buf>),
+}
+
+impl SgList {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            SgList::Empty => 0,
+            SgList::One(_) => 1,
+            SgList::Many(v) => v.len(),
+        }
+    }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Buf> {
+        let (one, many): (Option<&Buf>, &[Buf]) = match self {
+            SgList::Empty => (None, &[]),
+            SgList::One(b) => (Some(b), &[]),
+            SgList::Many(v) => (None, v),
+        };
+        one.into_iter().chain(many.iter())
+    }
+    /// Total bytes.
+    pub fn total_len(&self) -> u64 {
+        self.iter().map(|b| b.len() as u64).sum()
+    }
+    /// Whether every buffer is a [`FrozenBuffer`](crate::FrozenBuffer) (or
+    /// there is none): such requests may be unsignaled.
+    pub(crate) fn all_frozen(&self) -> bool {
+        self.iter().all(|b| matches!(b, Buf::Frozen(_)))
+    }
+}
+
+/// What a slot holds while its work request is outstanding.
+#[derive(Debug, Default)]
+pub(crate) struct Payload {
+    pub(crate) sg: SgList,
+    pub(crate) ah: Option<AddressHandle>,
+}
+
+#[derive(Default)]
+struct Slot {
+    tag: u32,
+    occupied: bool,
+    user_wr_id: u64,
+    payload: Payload,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mode {
+    Ring,
+    Slab,
+}
+
+pub(crate) struct TableState<S> {
+    slots: Vec<Slot>,
+    head: u32,
+    tail: u32,
+    free: Vec<u32>,
+    gens: Vec<u8>,
+    /// Per-queue scratch space for building C work requests (no allocation
+    /// on the data path).
+    pub(crate) scratch: S,
+}
+
+pub(crate) struct WqTable<S> {
+    pub(crate) id: u32,
+    mode: Mode,
+    capacity: u32,
+    pub(crate) queue: &'static str,
+    state: Mutex<TableState<S>>,
+}
+
+/// The result of retiring a completion's slot.
+pub(crate) struct Retired {
+    pub(crate) user_wr_id: u64,
+    pub(crate) payload: Payload,
+}
+
+impl<S> WqTable<S> {
+    pub(crate) fn new(mode: Mode, capacity: u32, queue: &'static str, scratch: S) -> Arc<Self> {
+        let id = NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+        let capacity = capacity.clamp(1, 1 << 24);
+        let mut slots = Vec::with_capacity(capacity as usize);
+        slots.resize_with(capacity as usize, Slot::default);
+        let (free, gens) = match mode {
+            Mode::Ring => (Vec::new(), Vec::new()),
+            Mode::Slab => ((0..capacity).rev().collect(), vec![0; capacity as usize]),
+        };
+        Arc::new(WqTable {
+            id,
+            mode,
+            capacity,
+            queue,
+            state: Mutex::new(TableState {
+                slots,
+                head: 0,
+                tail: 0,
+                free,
+                gens,
+                scratch,
+            }),
+        })
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TableState<S>> {
+        // A poisoned lock only means another thread panicked while holding
+        // it; the slots stay consistent (every mutation is a single move).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn encode(&self, tag: u32) -> u64 {
+        SAFE_BIT | (u64::from(self.id) << 32) | u64::from(tag)
+    }
+
+    /// Decodes a device `wr_id` into (table id, tag) when it came from the
+    /// safe path.
+    pub(crate) fn decode(wr_id: u64) -> Option<(u32, u32)> {
+        (wr_id & SAFE_BIT != 0).then_some((((wr_id >> 32) & 0x7fff_ffff) as u32, wr_id as u32))
+    }
+}
+
+impl<S> TableState<S> {
+    /// Free slots.
+    pub(crate) fn available(&self, mode: Mode, capacity: u32) -> u32 {
+        match mode {
+            Mode::Ring => capacity - self.head.wrapping_sub(self.tail),
+            Mode::Slab => self.free.len() as u32,
+        }
+    }
+
+    /// Reserves a slot and returns its tag; the caller checked `available`.
+    pub(crate) fn reserve(&mut self, table: &WqTable<S>, user_wr_id: u64, payload: Payload) -> u32 {
+        let (tag, idx) = match table.mode {
+            Mode::Ring => {
+                let seq = self.head;
+                self.head = self.head.wrapping_add(1);
+                (seq, (seq % table.capacity) as usize)
+            }
+            Mode::Slab => {
+                let idx = self.free.pop().expect("caller checked available()");
+                let g = self.gens[idx as usize].wrapping_add(1);
+                self.gens[idx as usize] = g;
+                ((u32::from(g) << 24) | idx, idx as usize)
+            }
+        };
+        let slot = &mut self.slots[idx];
+        debug_assert!(!slot.occupied);
+        slot.tag = tag;
+        slot.occupied = true;
+        slot.user_wr_id = user_wr_id;
+        slot.payload = payload;
+        tag
+    }
+
+    /// Moves the payload into a reserved slot once the device took the request.
+    pub(crate) fn store(&mut self, table: &WqTable<S>, tag: u32, payload: Payload) {
+        let idx = match table.mode {
+            Mode::Ring => (tag % table.capacity) as usize,
+            Mode::Slab => (tag & 0xff_ffff) as usize,
+        };
+        let slot = &mut self.slots[idx];
+        debug_assert!(slot.occupied && slot.tag == tag);
+        slot.payload = payload;
+    }
+
+    /// Undoes the most recent reservations (ring) / a reservation (slab) of
+    /// requests the device refused, giving their payloads back.
+    pub(crate) fn unreserve(&mut self, table: &WqTable<S>, tag: u32) -> Option<Payload> {
+        let idx = match table.mode {
+            Mode::Ring => {
+                // Only the newest reservation can be undone.
+                if self.head.wrapping_sub(1) != tag {
+                    return None;
+                }
+                self.head = tag;
+                (tag % table.capacity) as usize
+            }
+            Mode::Slab => {
+                let idx = tag & 0xff_ffff;
+                self.free.push(idx);
+                idx as usize
+            }
+        };
+        let slot = &mut self.slots[idx];
+        slot.occupied = false;
+        Some(std::mem::take(&mut slot.payload))
+    }
+
+    /// Retires the slot named by `tag`. For a ring, earlier outstanding
+    /// requests (unsignaled ones, which never complete on their own) are
+    /// retired too and their payloads dropped: only frozen buffers and
+    /// address handles may ride on unsignaled requests, so nothing the user
+    /// owns exclusively is lost. Stale or unknown tags give `None`.
+    pub(crate) fn retire(&mut self, table: &WqTable<S>, tag: u32) -> Option<Retired> {
+        match table.mode {
+            Mode::Ring => {
+                let outstanding = self.head.wrapping_sub(self.tail);
+                let pos = tag.wrapping_sub(self.tail);
+                if pos >= outstanding {
+                    return None;
+                }
+                while self.tail != tag {
+                    let idx = (self.tail % table.capacity) as usize;
+                    let slot = &mut self.slots[idx];
+                    slot.occupied = false;
+                    drop(std::mem::take(&mut slot.payload));
+                    self.tail = self.tail.wrapping_add(1);
+                }
+                let idx = (tag % table.capacity) as usize;
+                self.tail = self.tail.wrapping_add(1);
+                let slot = &mut self.slots[idx];
+                slot.occupied = false;
+                Some(Retired {
+                    user_wr_id: slot.user_wr_id,
+                    payload: std::mem::take(&mut slot.payload),
+                })
+            }
+            Mode::Slab => {
+                let idx = (tag & 0xff_ffff) as usize;
+                let slot = self.slots.get_mut(idx)?;
+                if !slot.occupied || slot.tag != tag {
+                    return None;
+                }
+                slot.occupied = false;
+                self.free.push(idx as u32);
+                Some(Retired {
+                    user_wr_id: slot.user_wr_id,
+                    payload: std::mem::take(&mut slot.payload),
+                })
+            }
+        }
+    }
+
+    /// Number of outstanding requests.
+    pub(crate) fn outstanding(&self, mode: Mode, capacity: u32) -> u32 {
+        capacity - self.available(mode, capacity)
+    }
+
+    /// Takes every outstanding payload (after the queue was destroyed).
+    pub(crate) fn take_all(&mut self) -> Vec<(u64, Payload)> {
+        let mut out = Vec::new();
+        for slot in &mut self.slots {
+            if slot.occupied {
+                slot.occupied = false;
+                out.push((slot.user_wr_id, std::mem::take(&mut slot.payload)));
+            }
+        }
+        self.tail = self.head;
+        out
+    }
+}
+
+impl<S> WqTable<S> {
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub(crate) fn check_room(&self, st: &TableState<S>, n: usize) -> Result<()> {
+        if (st.available(self.mode, self.capacity) as usize) < n {
+            return Err(Error::QueueFull {
+                queue: self.queue,
+                depth: self.capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Type-erased access for completion queues, which see tables of send
+/// queues, receive queues and SRQs alike.
+pub(crate) trait Retire: Send + Sync {
+    fn id(&self) -> u32;
+    fn retire(&self, tag: u32) -> Option<Retired>;
+}
+
+impl<S: Send> Retire for WqTable<S> {
+    fn id(&self) -> u32 {
+        self.id
+    }
+    fn retire(&self, tag: u32) -> Option<Retired> {
+        self.lock().retire(self, tag)
+    }
+}
