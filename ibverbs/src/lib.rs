@@ -20,6 +20,8 @@ mod shared_receive_queue;
 mod work_completion;
 mod wq_table;
 
+pub mod hazards;
+
 pub use ibverbs_sys as sys;
 
 pub use address_handle::*;

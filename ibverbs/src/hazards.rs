@@ -1,0 +1,303 @@
+//! Proofs that the safe API closes RDMA's memory hazards at compile time.
+//!
+//! Each section shows code the compiler **rejects** (a `compile_fail`
+//! doctest pinned to the expected error code, so it cannot pass for an
+//! unrelated reason) and its compiling twin: the right way to do the same
+//! thing. The run-time half of the story (stale completions, flushes, queue
+//! limits, `mem::forget`) is covered by the device tests; see `DESIGN.md`.
+//!
+//! # 1. Using a buffer after posting it
+//!
+//! Posting moves the buffer into the work request; it is unreachable until the completion hands it back.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! let mut done = Completions::with_capacity(1);
+//! while cq.poll(&mut done)? == 0 {}
+//! let mut c = done.pop().unwrap();
+//! c.result()?;
+//! let mut buf = c.take_local().unwrap();
+//! buf[0] = 1; // ours again
+//! # Ok(()) }
+//! ```
+//!
+//! # 2. Freeing a buffer while it is posted
+//!
+//! Dropping needs ownership, which the posted request has.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::send(buf))?;
+//! drop(buf);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! drop(buf); // never posted: frees the registration and the memory
+//! # Ok(()) }
+//! ```
+//!
+//! # 3. Keeping a slice across the post
+//!
+//! A borrow of the buffer cannot outlive its move into the request.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let view: &[u8] = &buf;
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! println!("{}", view[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let first = buf[0]; // copy out before posting
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 4. Reusing the storage after registration
+//!
+//! Registration consumes the storage; only the returned buffer reaches it.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut v = vec![0u8; 64];
+//! let buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
+//! v.push(1); // would reallocate memory the device knows
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let v = vec![0u8; 64];
+//! let mut buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
+//! buf[0] = 1;
+//! # Ok(()) }
+//! ```
+//!
+//! # 5. Borrowing the storage across registration
+//!
+//! No reference into the storage survives its registration.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let v = vec![0u8; 64];
+//! let early = &v[..];
+//! let buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
+//! println!("{}", early[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let v = vec![0u8; 64];
+//! let len = v.len();
+//! let buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
+//! assert_eq!(buf.len(), len);
+//! # Ok(()) }
+//! ```
+//!
+//! # 6. Remote-writable memory as a slice
+//!
+//! A `SharedBuffer` (remote write or atomic rights) has no `Deref`: a peer could change the bytes behind the reference.
+//!
+//! ```compile_fail,E0308
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let shared = pd.register_shared(vec![0u8; 64],
+//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let bytes: &[u8] = &shared;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let shared = pd.register_shared(vec![0u8; 64],
+//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let mut bytes = [0u8; 64];
+//! shared.copy_to_slice(0, &mut bytes)?; // volatile copy
+//! # Ok(()) }
+//! ```
+//!
+//! # 7. Indexing remote-writable memory
+//!
+//! Neither reads nor writes through `[]` exist for a `SharedBuffer`.
+//!
+//! ```compile_fail,E0608
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut shared = pd.register_shared(vec![0u8; 64],
+//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
+//! shared[0] = 1;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut shared = pd.register_shared(vec![0u8; 64],
+//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
+//! shared.copy_from_slice(0, &[1])?;
+//! let word = shared.atomic_u64(8)?; // what peers' atomics operate on
+//! word.load(std::sync::atomic::Ordering::Acquire);
+//! # Ok(()) }
+//! ```
+//!
+//! # 8. Receiving into a frozen buffer
+//!
+//! A `FrozenBuffer` may be read through clones while posted, so the device must never write it: it is not `DeviceWritable`.
+//!
+//! ```compile_fail,E0277
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
+//! qp.post_recv(RecvRequest::new(frozen))?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
+//! qp.post_send(SendRequest::send(frozen.clone()))?; // the device only reads it
+//! println!("{}", frozen[0]);                         // and so may we
+//! # Ok(()) }
+//! ```
+//!
+//! # 9. RDMA read into a frozen buffer
+//!
+//! RDMA read results are device writes.
+//!
+//! ```compile_fail,E0277
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
+//! qp.post_send(SendRequest::read(frozen, remote))?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::read(buf, remote))?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 10. Atomic result into a frozen buffer
+//!
+//! The original value of an atomic lands in the local buffer.
+//!
+//! ```compile_fail,E0277
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let frozen = pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?.freeze();
+//! qp.post_send(SendRequest::fetch_and_add(frozen, remote, 1))?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let result = pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::fetch_and_add(result, remote, 1))?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 11. Writing to a frozen buffer
+//!
+//! Frozen means read-only: no `DerefMut`. Unfreeze once no clone (and so no posted request) holds it.
+//!
+//! ```compile_fail,E0596
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
+//! frozen[0] = 1;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
+//! if let Ok(mut buf) = frozen.try_unfreeze() {
+//!     buf[0] = 1;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 12. Inline data that dies before the post
+//!
+//! Inline requests borrow their bytes until `post_send` copies them.
+//!
+//! ```compile_fail,E0597
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let wr = {
+//!     let data = vec![1u8; 16];
+//!     SendRequest::send_inline(&data)
+//! };
+//! qp.post_send(wr)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let data = vec![1u8; 16];
+//! qp.post_send(SendRequest::send_inline(&data))?;
+//! drop(data); // copied into the work request during post_send
+//! # Ok(()) }
+//! ```
+//!
+//! # 13. Using the halves' parent after a split
+//!
+//! `split_at` consumes the buffer; each half owns a disjoint range.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let (a, b) = buf.split_at(32);
+//! qp.post_recv(RecvRequest::new(a))?;
+//! println!("{}", buf[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let (a, mut b) = buf.split_at(32);
+//! qp.post_recv(RecvRequest::new(a))?; // the device writes the first half
+//! b[0] = 1;                           // while we use the second
+//! # Ok(()) }
+//! ```
