@@ -98,14 +98,18 @@ impl QpInner {
             qp_state: sys::IBV_QPS_ERR,
             ..Default::default()
         };
-        // SAFETY: live QP; failure (e.g. already in ERR or RESET) is harmless.
-        unsafe {
-            sys::ibv_modify_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-            )
-        };
+        // SAFETY: `state` is maintained by libibverbs on every modify.
+        let state = unsafe { (*self.qp.as_ptr()).state };
+        if state != sys::IBV_QPS_RESET && state != sys::IBV_QPS_ERR {
+            // SAFETY: live QP; a failure here is harmless (destroy follows).
+            unsafe {
+                sys::ibv_modify_qp(
+                    self.qp.as_ptr(),
+                    &mut attr,
+                    sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                )
+            };
+        }
         // SAFETY: live QP, destroyed exactly once (callers guarantee it).
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);

@@ -1,0 +1,115 @@
+//! Memory registration and buffer handles (device tests).
+
+mod common;
+
+use ibverbs::{AccessFlags, AnonymousMemory, Error};
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn register_owned_storage_kinds() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let a = pd.register(vec![1u8; 1000], AccessFlags::default()).unwrap();
+    let b = pd
+        .register(vec![2u8; 3000].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let c = pd
+        .register(AnonymousMemory::new(8192).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let d = pd.alloc(5000, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!((a.len(), b.len(), c.len(), d.len()), (1000, 3000, 8192, 5000));
+    assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
+    assert_eq!(c.addr() % 4096, 0, "anonymous memory is page aligned");
+    assert_eq!(d.addr() % 4096, 0);
+    let mr = a.memory_region();
+    assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE, "least privilege by default");
+    assert_eq!(mr.rkey(), None, "no remote key without remote rights");
+    assert_eq!(mr.addr(), a.addr());
+    assert_ne!(mr.lkey(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn remote_writable_memory_is_never_a_local_buffer() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    for rights in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
+        let err = pd
+            .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE | rights)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("register_shared")), "{err}");
+    }
+    // Remote write without local write is refused before reaching the kernel.
+    let err = pd
+        .register_shared(vec![0u8; 64], AccessFlags::REMOTE_WRITE)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // Remote read only: a LocalBuffer is fine, and it has an rkey.
+    let ro = pd
+        .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    assert!(ro.memory_region().rkey().is_some());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn shared_buffer_accessors() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let mut s = pd
+        .alloc_shared(
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    s.copy_from_slice(100, b"peer-visible").unwrap();
+    let mut out = [0u8; 12];
+    s.copy_to_slice(100, &mut out).unwrap();
+    assert_eq!(&out, b"peer-visible");
+    assert!(s.copy_to_slice(4090, &mut out).is_err(), "out of bounds");
+    assert!(s.atomic_u64(3).is_err(), "misaligned atomic word");
+    s.atomic_u64(8).unwrap().store(42, std::sync::atomic::Ordering::SeqCst);
+    let r = s.remote().unwrap();
+    assert_eq!((r.addr, r.len), (s.addr(), 4096));
+    assert_eq!(ibverbs::RemoteMemory::from_bytes(&r.to_bytes()), r);
+    assert_eq!(r.slice(4000, 96).unwrap().addr, s.addr() + 4000);
+    assert!(r.slice(4000, 97).is_none());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn split_unsplit_freeze_unfreeze() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let base = buf.addr();
+    let (mut a, b) = buf.split_at(1000);
+    assert_eq!((a.len(), b.len(), b.addr()), (1000, 3096, base + 1000));
+    a[0] = 9;
+    let (b1, b2) = b.split_at(96);
+    // Not adjacent: handed back unchanged.
+    let (a, b2) = a.unsplit(b2).unwrap_err();
+    let ab1 = a.unsplit(b1).unwrap();
+    let whole = ab1.unsplit(b2).unwrap();
+    assert_eq!((whole.addr(), whole.len(), whole[0]), (base, 4096, 9));
+    let f = whole.freeze();
+    let g = f.clone();
+    let f = f.try_unfreeze().unwrap_err();
+    drop(g);
+    let back = f.try_unfreeze().unwrap();
+    assert_eq!(back.len(), 4096);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn huge_pages_or_reported_fallback() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let buf = pd.alloc_huge(4 << 20, AccessFlags::LOCAL_WRITE).unwrap();
+    if buf.memory_region().is_huge() {
+        assert_eq!(buf.addr() % (2 << 20), 0);
+    } else {
+        eprintln!("UNSUPPORTED on this system: huge pages (none reserved); fell back to 4 KiB pages");
+    }
+    assert_eq!(buf.len(), 4 << 20);
+}
