@@ -155,6 +155,11 @@ fn generate(manifest_dir: &Path, out_dir: &Path, found: &Found) -> PathBuf {
         .allowlist_function("_{0,3}ibv_.*")
         .allowlist_type("_{0,3}ibv_.*")
         .allowlist_var("IBV_.*")
+        // verbs_api.h defines some IBV_* macros as aliases of these kernel
+        // ABI enumerators (bindgen cannot evaluate such macros; lib.rs
+        // re-defines them).
+        .allowlist_var("IB_UVERBS_.*")
+        .allowlist_type("ib_uverbs_(access_flags|query_port_flags|advise_mr_advice|advise_mr_flag)")
         // `ibv_query_port` is a macro over the static inline `___ibv_query_port`;
         // the exported symbol of that name is the compat entry that leaves the
         // extended port fields zero. `ibv_reg_mr{,_iova}` are macros that route

@@ -45,6 +45,20 @@
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
+// `verbs_api.h` macros that alias kernel ABI enumerators.
+/// Address handles on this port need a GRH (`ibv_port_attr::flags`).
+pub const IBV_QPF_GRH_REQUIRED: u32 = IB_UVERBS_QPF_GRH_REQUIRED;
+/// Access flags optional for the device to honour (routes `ibv_reg_mr` to `ibv_reg_mr_iova2`).
+pub const IBV_ACCESS_OPTIONAL_RANGE: u32 = IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+/// `ibv_advise_mr` advice: prefetch for reading.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: u32 = IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH;
+/// `ibv_advise_mr` advice: prefetch for writing.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: u32 = IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+/// `ibv_advise_mr` advice: prefetch without faulting.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: u32 = IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT;
+/// `ibv_advise_mr` flag: flush.
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = IB_UVERBS_ADVISE_MR_FLAG_FLUSH;
+
 /// Queries a port's attributes, including the extended fields
 /// (`active_speed_ex`, `flags`, `port_cap_flags2`, …).
 ///

@@ -549,7 +549,7 @@ fn active_ports(device: Option<&str>) -> Vec<String> {
     let mut devs: Vec<String> = devs
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|d| device.map_or(true, |w| w == d))
+        .filter(|d| device.is_none_or(|w| w == d))
         .collect();
     devs.sort();
     for d in devs {
