@@ -93,5 +93,9 @@ fn softroce_vm_rxe0_facts() {
     assert_eq!(e.gid.to_string(), expect);
     assert_eq!(e.gid_type, GidType::RoceV2);
     assert_eq!(e.netdev().as_deref(), Some("eth0"));
-    assert_eq!(t.gid_index, GidIndex(1), "default GID index picks the IPv4 RoCE v2 entry");
+    assert_eq!(
+        t.gid_index,
+        GidIndex(1),
+        "default GID index picks the IPv4 RoCE v2 entry"
+    );
 }

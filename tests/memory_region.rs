@@ -9,20 +9,32 @@ use ibverbs::{AccessFlags, AnonymousMemory, Error};
 fn register_owned_storage_kinds() {
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
-    let a = pd.register(vec![1u8; 1000], AccessFlags::default()).unwrap();
+    let a = pd
+        .register(vec![1u8; 1000], AccessFlags::default())
+        .unwrap();
     let b = pd
         .register(vec![2u8; 3000].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
         .unwrap();
     let c = pd
-        .register(AnonymousMemory::new(8192).unwrap(), AccessFlags::LOCAL_WRITE)
+        .register(
+            AnonymousMemory::new(8192).unwrap(),
+            AccessFlags::LOCAL_WRITE,
+        )
         .unwrap();
     let d = pd.alloc(5000, AccessFlags::LOCAL_WRITE).unwrap();
-    assert_eq!((a.len(), b.len(), c.len(), d.len()), (1000, 3000, 8192, 5000));
+    assert_eq!(
+        (a.len(), b.len(), c.len(), d.len()),
+        (1000, 3000, 8192, 5000)
+    );
     assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
     assert_eq!(c.addr() % 4096, 0, "anonymous memory is page aligned");
     assert_eq!(d.addr() % 4096, 0);
     let mr = a.memory_region();
-    assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE, "least privilege by default");
+    assert_eq!(
+        mr.access(),
+        AccessFlags::LOCAL_WRITE,
+        "least privilege by default"
+    );
     assert_eq!(mr.rkey(), None, "no remote key without remote rights");
     assert_eq!(mr.addr(), a.addr());
     assert_ne!(mr.lkey(), 0);
@@ -37,7 +49,10 @@ fn remote_writable_memory_is_never_a_local_buffer() {
         let err = pd
             .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE | rights)
             .unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(ref m) if m.contains("register_shared")), "{err}");
+        assert!(
+            matches!(err, Error::InvalidArgument(ref m) if m.contains("register_shared")),
+            "{err}"
+        );
     }
     // Remote write without local write is refused before reaching the kernel.
     let err = pd
@@ -46,7 +61,10 @@ fn remote_writable_memory_is_never_a_local_buffer() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     // Remote read only: a LocalBuffer is fine, and it has an rkey.
     let ro = pd
-        .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .register(
+            vec![0u8; 64],
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
         .unwrap();
     assert!(ro.memory_region().rkey().is_some());
 }
@@ -68,7 +86,9 @@ fn shared_buffer_accessors() {
     assert_eq!(&out, b"peer-visible");
     assert!(s.copy_to_slice(4090, &mut out).is_err(), "out of bounds");
     assert!(s.atomic_u64(3).is_err(), "misaligned atomic word");
-    s.atomic_u64(8).unwrap().store(42, std::sync::atomic::Ordering::SeqCst);
+    s.atomic_u64(8)
+        .unwrap()
+        .store(42, std::sync::atomic::Ordering::SeqCst);
     let r = s.remote().unwrap();
     assert_eq!((r.addr, r.len), (s.addr(), 4096));
     assert_eq!(ibverbs::RemoteMemory::from_bytes(&r.to_bytes()), r);
@@ -109,7 +129,9 @@ fn huge_pages_or_reported_fallback() {
     if buf.memory_region().is_huge() {
         assert_eq!(buf.addr() % (2 << 20), 0);
     } else {
-        eprintln!("UNSUPPORTED on this system: huge pages (none reserved); fell back to 4 KiB pages");
+        eprintln!(
+            "UNSUPPORTED on this system: huge pages (none reserved); fell back to 4 KiB pages"
+        );
     }
     assert_eq!(buf.len(), 4 << 20);
 }

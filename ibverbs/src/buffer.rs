@@ -86,7 +86,11 @@ impl Region {
     }
 
     fn split_at(self, mid: usize) -> (Region, Region) {
-        assert!(mid <= self.len, "split point {mid} beyond length {}", self.len);
+        assert!(
+            mid <= self.len,
+            "split point {mid} beyond length {}",
+            self.len
+        );
         // SAFETY: `mid <= len`, so the pointer stays inside (or one past) the range.
         let tail = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(mid)) };
         (
@@ -195,7 +199,7 @@ macro_rules! region_common {
 /// Exclusive ownership of registered memory that no peer may write.
 ///
 /// Dereferences to `[u8]`. To use it in a work request, move it in; the
-/// completion returns it. See the [module docs](self).
+/// completion returns it (see `DESIGN.md` and [`crate::hazards`]).
 pub struct LocalBuffer {
     region: Region,
 }

@@ -188,7 +188,10 @@ impl Context {
         if n < 0 {
             return Err(Error::from_errno("ibv_query_gid_table", (-n) as i32));
         }
-        Ok(entries[..n as usize].iter().map(GidEntry::from_raw).collect())
+        Ok(entries[..n as usize]
+            .iter()
+            .map(GidEntry::from_raw)
+            .collect())
     }
 
     /// The GID index to use on `port`: on Ethernet the first RoCE v2 entry
@@ -283,7 +286,9 @@ impl AsFd for Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("name", &self.name()).finish()
+        f.debug_struct("Context")
+            .field("name", &self.name())
+            .finish()
     }
 }
 

@@ -285,7 +285,12 @@ impl ProtectionDomain {
         // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
         // (and unmoved) by the returned MrInner until after deregistration.
         let mr = unsafe {
-            sys::ibv_reg_mr(self.as_ptr(), ptr.as_ptr().cast(), len, access.bits() as i32)
+            sys::ibv_reg_mr(
+                self.as_ptr(),
+                ptr.as_ptr().cast(),
+                len,
+                access.bits() as i32,
+            )
         };
         let mr = ret_ptr("ibv_reg_mr", mr)?;
         // SAFETY: the MR is valid; its keys are immutable.

@@ -132,15 +132,19 @@ impl WorkCompletion {
     }
     /// Immediate data in host byte order, when the completion carries it.
     pub fn imm_data(&self) -> Option<u32> {
-        (self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
-            // SAFETY: with IBV_WC_WITH_IMM the union holds `imm_data` (network order).
-            .then(|| u32::from_be(unsafe { self.raw.__bindgen_anon_1.imm_data }))
+        if self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+            return None;
+        }
+        // SAFETY: with IBV_WC_WITH_IMM the union holds `imm_data` (network order).
+        Some(u32::from_be(unsafe { self.raw.__bindgen_anon_1.imm_data }))
     }
     /// Invalidated rkey, when the completion carries one.
     pub fn invalidated_rkey(&self) -> Option<u32> {
-        (self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0)
-            // SAFETY: with IBV_WC_WITH_INV the union holds `invalidated_rkey`.
-            .then(|| unsafe { self.raw.__bindgen_anon_1.invalidated_rkey })
+        if self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 == 0 {
+            return None;
+        }
+        // SAFETY: with IBV_WC_WITH_INV the union holds `invalidated_rkey`.
+        Some(unsafe { self.raw.__bindgen_anon_1.invalidated_rkey })
     }
     /// Local QP number the completion belongs to.
     pub fn qp_num(&self) -> u32 {

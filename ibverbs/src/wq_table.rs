@@ -72,6 +72,9 @@ impl SgList {
 #[derive(Debug, Default)]
 pub(crate) struct Payload {
     pub(crate) sg: SgList,
+    /// Held, never read: keeps a UD request's address handle alive until
+    /// the request completed.
+    #[allow(dead_code)]
     pub(crate) ah: Option<AddressHandle>,
 }
 

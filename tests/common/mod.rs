@@ -55,3 +55,105 @@ pub fn device() -> TestDevice {
 pub fn unsupported(what: &str, err: &ibverbs::Error) {
     eprintln!("UNSUPPORTED on this device: {what}: {err}");
 }
+
+use std::time::{Duration, Instant};
+
+use ibverbs::{
+    AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint,
+    ProtectionDomain, QpType, QueuePair, QueuePairBuilder,
+};
+
+/// Two queue pairs of one device connected to each other (traffic takes
+/// rxe's loopback through the device's own GID), each with its own CQ.
+pub struct Pair {
+    pub dev: TestDevice,
+    pub pd: ProtectionDomain,
+    pub cq_a: CompletionQueue,
+    pub cq_b: CompletionQueue,
+    pub a: QueuePair,
+    pub b: QueuePair,
+}
+
+/// Connect options for the test device: its port and GID index, with
+/// `access` remote rights.
+pub fn options(dev: &TestDevice, access: AccessFlags) -> ConnectOptions {
+    ConnectOptions::new(dev.port)
+        .gid_index(dev.gid_index)
+        .qp_access_flags(access)
+}
+
+/// An RC (or UC) pair; `tune` adjusts both QPs' builders.
+pub fn pair(
+    qp_type: QpType,
+    access: AccessFlags,
+    tune: impl Fn(QueuePairBuilder<'_>) -> QueuePairBuilder<'_>,
+) -> Pair {
+    let dev = device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq_a = dev.ctx.create_cq(256).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).build().unwrap();
+    let a = tune(pd.create_qp(qp_type, &cq_a, &cq_a)).build().unwrap();
+    let b = tune(pd.create_qp(qp_type, &cq_b, &cq_b)).build().unwrap();
+    connect_pair(&dev, &a, &b, access);
+    Pair {
+        dev,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+/// Connects two RC/UC queue pairs of `dev` to each other.
+pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
+    let opts = options(dev, access);
+    let ea = Endpoint::local(a, dev.port, Some(dev.gid_index), 0x1000).unwrap();
+    let eb = Endpoint::local(b, dev.port, Some(dev.gid_index), 0x2000).unwrap();
+    a.connect(ea.psn, &eb, &opts).unwrap();
+    b.connect(eb.psn, &ea, &opts).unwrap();
+}
+
+/// Polls `cq` until `n` completions arrived (10 s at most: then the test fails).
+pub fn wait(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut out = Vec::with_capacity(n);
+    let mut batch = Completions::with_capacity(16);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.len() < n {
+        cq.poll(&mut batch).unwrap();
+        out.extend(batch.drain());
+        if Instant::now() > deadline {
+            panic!("timed out: {} of {n} completions: {out:?}", out.len());
+        }
+    }
+    out
+}
+
+/// Polls `cq` until one completion arrived and checks its success.
+pub fn wait_ok(cq: &CompletionQueue) -> Completion {
+    let c = wait(cq, 1).pop().unwrap();
+    c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+    c
+}
+
+/// Asserts that nothing more arrives on `cq` for a short while.
+pub fn assert_quiet(cq: &CompletionQueue) {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut batch = Completions::with_capacity(4);
+    assert_eq!(cq.poll(&mut batch).unwrap(), 0, "unexpected: {batch:?}");
+}
+
+/// A deterministic test pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// All remote rights.
+pub fn remote_all() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC
+}

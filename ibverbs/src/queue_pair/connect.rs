@@ -1,1 +1,627 @@
-//! PLACEHOLDER: connect helpers (being written).
+//! Connecting queue pairs: what peers exchange ([`Endpoint`]), the path and
+//! transport parameters ([`ConnectOptions`]), and the RESET→INIT→RTR→RTS
+//! helpers built on [`QueuePair::modify`].
+
+use std::hash::{BuildHasher, Hasher};
+
+use crate::error::{Error, Result};
+use crate::gid::{Gid, GidIndex};
+use crate::port::{Mtu, PortAttr, PortNumber};
+use crate::{AccessFlags, AddressVector, QpAttr, QpNumber, QpState, QpType, QueuePair};
+
+/// Largest 24-bit value (PSNs, QP numbers).
+const MAX_24: u32 = 0xFF_FFFF;
+
+fn check_24(what: &str, v: u32) -> Result<()> {
+    if v > MAX_24 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {v:#x} does not fit in 24 bits"
+        )));
+    }
+    Ok(())
+}
+
+/// What two peers exchange to connect RC or UC queue pairs (or to address
+/// a UD one): the same fields as rdma-core's `ibv_rc_pingpong` (LID, QP
+/// number, PSN, GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// The queue pair number.
+    pub qp_num: QpNumber,
+    /// The first packet sequence number it sends (24 bits).
+    pub psn: u32,
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID it sends from (needed on RoCE; optional on InfiniBand,
+    /// where [`Gid::ZERO`] means LID-only addressing).
+    pub gid: Gid,
+}
+
+impl Endpoint {
+    /// The local endpoint of `qp` on `port`: its QP number, the port's LID,
+    /// and the GID at `gid_index`. With `None`, a port that needs a GRH
+    /// (RoCE) uses [`Context::default_gid_index`], and InfiniBand sends
+    /// [`Gid::ZERO`] (LID-only addressing, as `ibv_rc_pingpong` without
+    /// `-g`). Give the peer's [`ConnectOptions::gid_index`] the same index.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or, on a port
+    /// that needs a GRH, the GID entry is empty; [`Error::Verb`] naming
+    /// `ibv_query_port`, `ibv_query_gid` or `ibv_query_gid_table`.
+    ///
+    /// [`Context::default_gid_index`]: crate::Context::default_gid_index
+    #[doc(alias = "ibv_query_gid")]
+    pub fn local(
+        qp: &QueuePair,
+        port: PortNumber,
+        gid_index: Option<GidIndex>,
+        psn: u32,
+    ) -> Result<Endpoint> {
+        check_24("psn", psn)?;
+        let ctx = qp.pd().context();
+        let port_attr = ctx.query_port(port)?;
+        let index = match gid_index {
+            Some(i) => Some(i),
+            None if port_attr.grh_required() => Some(ctx.default_gid_index(port)?),
+            None => None,
+        };
+        let gid = match index {
+            Some(i) => ctx.query_gid(port, i)?,
+            None => Gid::ZERO,
+        };
+        if port_attr.grh_required() && gid.is_zero() {
+            return Err(Error::InvalidArgument(format!(
+                "GID index {} of port {port} is empty; RoCE needs a GID",
+                index.map_or(0, |i| i.0)
+            )));
+        }
+        Ok(Endpoint {
+            qp_num: qp.qp_num(),
+            psn,
+            lid: port_attr.lid(),
+            gid,
+        })
+    }
+
+    /// A random 24-bit starting PSN (as `ibv_rc_pingpong`'s
+    /// `lrand48() & 0xffffff`; not cryptographic).
+    pub fn random_psn() -> u32 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(d.as_nanos());
+        }
+        h.write_u32(std::process::id());
+        (h.finish() as u32) & MAX_24
+    }
+}
+
+/// Path and transport parameters for [`QueuePair::connect`].
+///
+/// Defaults follow rdma-core's `ibv_rc_pingpong`: path MTU 1024 (capped at
+/// the port's active MTU), service level 0, `timeout` 14, `retry_cnt` 7,
+/// `rnr_retry` 7, `min_rnr_timer` 12, one outstanding RDMA read/atomic each
+/// way, P_Key index 0. The GRH hop limit is 64 (pingpong uses 1, which
+/// cannot cross a router). Remote access defaults to
+/// [`AccessFlags::LOCAL_WRITE`] only: remote read, write and atomics are
+/// opt-ins. There is no default port.
+///
+/// # References
+/// `ibv_modify_qp(3)`, `ibv_rc_pingpong(1)`
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ConnectOptions {
+    port: PortNumber,
+    gid_index: Option<GidIndex>,
+    path_mtu: Mtu,
+    sl: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+    qp_access_flags: AccessFlags,
+    pkey_index: u16,
+    hop_limit: u8,
+    traffic_class: u8,
+    static_rate: u8,
+}
+
+impl ConnectOptions {
+    /// Options for connecting through `port`, with the defaults above.
+    pub fn new(port: PortNumber) -> ConnectOptions {
+        ConnectOptions {
+            port,
+            gid_index: None,
+            path_mtu: Mtu::Mtu1024,
+            sl: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            qp_access_flags: AccessFlags::LOCAL_WRITE,
+            pkey_index: 0,
+            hop_limit: crate::address_handle::DEFAULT_HOP_LIMIT,
+            traffic_class: 0,
+            static_rate: 0,
+        }
+    }
+
+    /// The local GID index for GRH addressing (default:
+    /// [`Context::default_gid_index`](crate::Context::default_gid_index)).
+    pub fn gid_index(mut self, index: GidIndex) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+    /// The largest path MTU to use; the port's active MTU caps it
+    /// (default 1024; both peers should pass the same value).
+    pub fn path_mtu(mut self, mtu: Mtu) -> Self {
+        self.path_mtu = mtu;
+        self
+    }
+    /// Service level (default 0).
+    pub fn sl(mut self, sl: u8) -> Self {
+        self.sl = sl;
+        self
+    }
+    /// Local ACK timeout exponent, 4.096 µs × 2^n (default 14 ≈ 67 ms; RC).
+    pub fn timeout(mut self, timeout: u8) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// Transport retries (default 7; RC).
+    pub fn retry_cnt(mut self, n: u8) -> Self {
+        self.retry_cnt = n;
+        self
+    }
+    /// RNR retries (default 7 = infinite; RC).
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.rnr_retry = n;
+        self
+    }
+    /// Minimum RNR NAK timer (IBA encoding, default 12 = 0.64 ms; RC).
+    pub fn min_rnr_timer(mut self, timer: u8) -> Self {
+        self.min_rnr_timer = timer;
+        self
+    }
+    /// Outstanding RDMA reads/atomics as initiator (default 1; RC).
+    pub fn max_rd_atomic(mut self, n: u8) -> Self {
+        self.max_rd_atomic = n;
+        self
+    }
+    /// Outstanding RDMA reads/atomics accepted as target (default 1; RC).
+    pub fn max_dest_rd_atomic(mut self, n: u8) -> Self {
+        self.max_dest_rd_atomic = n;
+        self
+    }
+    /// Remote access rights granted to the peer through this QP (default
+    /// [`AccessFlags::LOCAL_WRITE`] only).
+    pub fn qp_access_flags(mut self, access: AccessFlags) -> Self {
+        self.qp_access_flags = access;
+        self
+    }
+    /// P_Key index (default 0).
+    pub fn pkey_index(mut self, index: u16) -> Self {
+        self.pkey_index = index;
+        self
+    }
+    /// GRH hop limit (default 64).
+    pub fn hop_limit(mut self, hop_limit: u8) -> Self {
+        self.hop_limit = hop_limit;
+        self
+    }
+    /// GRH traffic class (default 0).
+    pub fn traffic_class(mut self, traffic_class: u8) -> Self {
+        self.traffic_class = traffic_class;
+        self
+    }
+    /// Static rate, a raw `IBV_RATE_*` value (default 0 = port rate).
+    pub fn static_rate(mut self, rate: u8) -> Self {
+        self.static_rate = rate;
+        self
+    }
+
+    /// The port.
+    pub fn port(&self) -> PortNumber {
+        self.port
+    }
+
+    /// The path to `remote` for a port with attributes `port_attr`.
+    fn address_vector(
+        &self,
+        port_attr: &PortAttr,
+        remote: &Endpoint,
+        sgid_index: GidIndex,
+    ) -> Result<AddressVector> {
+        Ok(AddressVector::for_port(port_attr, remote, sgid_index)?
+            .sl(self.sl)
+            .hop_limit(self.hop_limit)
+            .traffic_class(self.traffic_class)
+            .static_rate(self.static_rate))
+    }
+
+    /// The MTU to use: the requested one, capped at the port's active MTU.
+    fn mtu(&self, port_attr: &PortAttr) -> Mtu {
+        match port_attr.active_mtu() {
+            Mtu::Unknown(_) => self.path_mtu,
+            active if active.as_raw() < self.path_mtu.as_raw() => active,
+            _ => self.path_mtu,
+        }
+    }
+}
+
+/// INIT→RTR attributes for a `qp_type` QP: what its row of the state
+/// table requires (UD: nothing).
+fn rtr_attr(
+    qp_type: QpType,
+    av: AddressVector,
+    mtu: Mtu,
+    remote: &Endpoint,
+    opts: &ConnectOptions,
+) -> QpAttr {
+    let attr = QpAttr::new().qp_state(QpState::Rtr);
+    match qp_type {
+        QpType::Rc | QpType::Uc => {
+            let attr = attr
+                .ah_attr(av)
+                .path_mtu(mtu)
+                .dest_qp_num(remote.qp_num)
+                .rq_psn(remote.psn);
+            if qp_type == QpType::Rc {
+                attr.max_dest_rd_atomic(opts.max_dest_rd_atomic)
+                    .min_rnr_timer(opts.min_rnr_timer)
+            } else {
+                attr
+            }
+        }
+        _ => attr,
+    }
+}
+
+/// RTR→RTS attributes for a `qp_type` QP (RC adds the retry parameters).
+fn rts_attr(qp_type: QpType, sq_psn: u32, opts: &ConnectOptions) -> QpAttr {
+    let attr = QpAttr::new().qp_state(QpState::Rts).sq_psn(sq_psn);
+    if qp_type == QpType::Rc {
+        attr.timeout(opts.timeout)
+            .retry_cnt(opts.retry_cnt)
+            .rnr_retry(opts.rnr_retry)
+            .max_rd_atomic(opts.max_rd_atomic)
+    } else {
+        attr
+    }
+}
+
+impl QueuePair {
+    /// RESET→INIT (or INIT→INIT) for RC and UC: `port`, P_Key index and
+    /// the remote access rights granted to the peer.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`]; a UD queue pair needs
+    /// [`QueuePair::to_init_ud`].
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn to_init(&self, port: PortNumber, pkey_index: u16, access: AccessFlags) -> Result<()> {
+        self.modify(
+            &QpAttr::new()
+                .qp_state(QpState::Init)
+                .pkey_index(pkey_index)
+                .port_num(port)
+                .qp_access_flags(access),
+        )
+    }
+
+    /// RESET→INIT (or INIT→INIT) for UD: `port`, P_Key index and Q_Key.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn to_init_ud(&self, port: PortNumber, pkey_index: u16, qkey: u32) -> Result<()> {
+        self.modify(
+            &QpAttr::new()
+                .qp_state(QpState::Init)
+                .pkey_index(pkey_index)
+                .port_num(port)
+                .qkey(qkey),
+        )
+    }
+
+    /// Moves the queue pair to ERR: outstanding requests are flushed (they
+    /// complete with [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr)).
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`] (a QP in RESET cannot move to ERR).
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn to_err(&self) -> Result<()> {
+        self.modify(&QpAttr::new().qp_state(QpState::Err))
+    }
+
+    /// Moves the queue pair to RESET, from any state, to reconnect it.
+    /// Requests still outstanding are discarded without completions (their
+    /// buffers are dropped); move to ERR and poll the flushed completions
+    /// first to get them back.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn reset(&self) -> Result<()> {
+        self.modify(&QpAttr::new().qp_state(QpState::Reset))
+    }
+
+    /// INIT→RTR for RC and UC: path to `remote` (GRH or LID addressing from
+    /// the port's link layer, [`AddressVector::for_port`]), path MTU,
+    /// remote QP number and PSN, plus for RC the responder resources and
+    /// RNR timer from `opts`. For UD only the state changes.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`]; [`Error::InvalidArgument`] when `remote`
+    /// lacks what the link layer needs; [`Error::Verb`] naming
+    /// `ibv_query_port` or `ibv_query_gid_table`.
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn to_rtr(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+        self.modify(&self.rtr_attr_for(remote, opts)?)
+    }
+
+    /// The INIT→RTR attributes for reaching `remote` through `opts.port`.
+    fn rtr_attr_for(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<QpAttr> {
+        let qp_type = self.qp_type();
+        if qp_type == QpType::Ud {
+            return Ok(QpAttr::new().qp_state(QpState::Rtr));
+        }
+        let ctx = self.pd().context();
+        let port_attr = ctx.query_port(opts.port)?;
+        let sgid_index = match opts.gid_index {
+            Some(i) => i,
+            None if port_attr.grh_required() || !remote.gid.is_zero() => {
+                ctx.default_gid_index(opts.port)?
+            }
+            None => GidIndex(0),
+        };
+        let av = opts.address_vector(&port_attr, remote, sgid_index)?;
+        Ok(rtr_attr(qp_type, av, opts.mtu(&port_attr), remote, opts))
+    }
+
+    /// RTR→RTS: the send PSN, plus for RC the ACK timeout, retry counts and
+    /// initiator RDMA-read depth from `opts`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::modify`].
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn to_rts(&self, sq_psn: u32, opts: &ConnectOptions) -> Result<()> {
+        self.modify(&rts_attr(self.qp_type(), sq_psn, opts))
+    }
+
+    /// Connects an RC or UC queue pair in RESET to `remote` in one call:
+    /// RESET→INIT (port, P_Key index, access rights) → RTR (path to
+    /// `remote`) → RTS (sending from `local_psn`), each step checked by
+    /// [`QueuePair::modify`]. `local_psn` must be the PSN this side sent to
+    /// the peer in its [`Endpoint`].
+    ///
+    /// On error the QP stays in the state it reached; [`QueuePair::reset`]
+    /// it before trying again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a UD queue pair (use
+    /// [`QueuePair::activate_ud`]), a PSN or QP number wider than 24 bits,
+    /// or a `remote` lacking what the link layer needs (a GID on RoCE, a
+    /// LID on InfiniBand); [`Error::InvalidTransition`] when the QP is not
+    /// in RESET; otherwise as [`QueuePair::modify`] and
+    /// [`Context::query_port`](crate::Context::query_port).
+    ///
+    /// # References
+    /// `ibv_modify_qp(3)`, `ibv_rc_pingpong(1)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(qp: &ibverbs::QueuePair, port: ibverbs::PortNumber,
+    /// #         exchange: impl Fn(ibverbs::Endpoint) -> ibverbs::Endpoint) -> ibverbs::Result<()> {
+    /// use ibverbs::{ConnectOptions, Endpoint};
+    /// let psn = Endpoint::random_psn();
+    /// let local = Endpoint::local(qp, port, None, psn)?;
+    /// let remote = exchange(local); // out of band: TCP, a file …
+    /// qp.connect(psn, &remote, &ConnectOptions::new(port))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn connect(&self, local_psn: u32, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+        if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
+            return Err(Error::InvalidArgument(format!(
+                "connect is for RC and UC queue pairs, this one is {:?} (use activate_ud)",
+                self.qp_type()
+            )));
+        }
+        check_24("local PSN", local_psn)?;
+        check_24("remote PSN", remote.psn)?;
+        check_24("remote QP number", remote.qp_num.0)?;
+        // Everything that can be checked is checked before the first step.
+        let rtr = self.rtr_attr_for(remote, opts)?;
+        let rts = rts_attr(self.qp_type(), local_psn, opts);
+        rtr.validate(self.qp_type(), QpState::Init)?;
+        rts.validate(self.qp_type(), QpState::Rtr)?;
+        self.to_init(opts.port, opts.pkey_index, opts.qp_access_flags)?;
+        self.modify(&rtr)?;
+        self.modify(&rts)
+    }
+
+    /// Activates a UD queue pair in RESET: RESET→INIT (P_Key index 0,
+    /// `port`, `qkey`) → RTR → RTS (send PSN `psn`). Destinations are then
+    /// given per send ([`SendRequest::ud`](crate::SendRequest::ud)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a QP that is not UD or a PSN wider
+    /// than 24 bits; otherwise as [`QueuePair::modify`].
+    ///
+    /// # References
+    /// `ibv_modify_qp(3)`, `ibv_ud_pingpong(1)`
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn activate_ud(&self, port: PortNumber, qkey: u32, psn: u32) -> Result<()> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::InvalidArgument(format!(
+                "activate_ud is for UD queue pairs, this one is {:?} (use connect)",
+                self.qp_type()
+            )));
+        }
+        check_24("PSN", psn)?;
+        self.to_init_ud(port, 0, qkey)?;
+        self.modify(&QpAttr::new().qp_state(QpState::Rtr))?;
+        self.modify(&QpAttr::new().qp_state(QpState::Rts).sq_psn(psn))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check_qp_transition;
+    use ibverbs_sys as sys;
+    use sys::ibv_qp_attr_mask as M;
+    use QpState as S;
+    use QpType::{Rc as RC, Ud as UD};
+
+    fn port_attr(link_layer: u32, active_mtu: u32) -> PortAttr {
+        PortAttr {
+            raw: sys::ibv_port_attr {
+                link_layer: link_layer as u8,
+                active_mtu,
+                lid: 1,
+                ..Default::default()
+            },
+            port: PortNumber(1),
+        }
+    }
+
+    fn remote() -> Endpoint {
+        Endpoint {
+            qp_num: QpNumber(0x42),
+            psn: 0x12_3456,
+            lid: 9,
+            gid: "::ffff:10.0.0.2".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn defaults_match_pingpong() {
+        let o = ConnectOptions::new(PortNumber(2));
+        assert_eq!(o.port(), PortNumber(2));
+        assert_eq!(o.path_mtu, Mtu::Mtu1024);
+        assert_eq!((o.timeout, o.retry_cnt, o.rnr_retry), (14, 7, 7));
+        assert_eq!(
+            (o.min_rnr_timer, o.max_rd_atomic, o.max_dest_rd_atomic),
+            (12, 1, 1)
+        );
+        assert_eq!(o.qp_access_flags, AccessFlags::LOCAL_WRITE);
+        assert_eq!((o.sl, o.pkey_index, o.hop_limit), (0, 0, 64));
+        assert_eq!(o.gid_index, None);
+    }
+
+    #[test]
+    fn mtu_is_capped_by_the_port() {
+        let o = ConnectOptions::new(PortNumber(1)).path_mtu(Mtu::Mtu4096);
+        let eth = port_attr(sys::IBV_LINK_LAYER_ETHERNET, sys::IBV_MTU_1024);
+        assert_eq!(o.mtu(&eth), Mtu::Mtu1024);
+        let ib = port_attr(sys::IBV_LINK_LAYER_INFINIBAND, sys::IBV_MTU_4096);
+        assert_eq!(o.mtu(&ib), Mtu::Mtu4096);
+        assert_eq!(o.clone().path_mtu(Mtu::Mtu512).mtu(&ib), Mtu::Mtu512);
+    }
+
+    #[test]
+    fn address_vector_follows_link_layer() {
+        let o = ConnectOptions::new(PortNumber(1)).sl(2).hop_limit(5);
+        let eth = port_attr(sys::IBV_LINK_LAYER_ETHERNET, sys::IBV_MTU_1024);
+        let av = o.address_vector(&eth, &remote(), GidIndex(3)).unwrap();
+        assert!(av.is_global());
+        assert_eq!(av.sgid_index(), GidIndex(3));
+        assert_eq!(av.as_raw().grh.hop_limit, 5);
+        assert_eq!(av.as_raw().sl, 2);
+        let ib = port_attr(sys::IBV_LINK_LAYER_INFINIBAND, sys::IBV_MTU_4096);
+        let lid_only = Endpoint {
+            gid: Gid::ZERO,
+            ..remote()
+        };
+        let av = o.address_vector(&ib, &lid_only, GidIndex(0)).unwrap();
+        assert!(!av.is_global());
+        assert_eq!(av.as_raw().dlid, 9);
+    }
+
+    /// The attributes the helpers build satisfy the state table for each
+    /// QP type, step by step.
+    #[test]
+    fn helper_sequences_pass_the_state_table() {
+        let o = ConnectOptions::new(PortNumber(1));
+        let r = remote();
+        let av = AddressVector::roce(PortNumber(1), r.gid, GidIndex(1));
+        for t in [QpType::Rc, QpType::Uc] {
+            let init = QpAttr::new()
+                .qp_state(QpState::Init)
+                .pkey_index(0)
+                .port_num(PortNumber(1))
+                .qp_access_flags(AccessFlags::LOCAL_WRITE);
+            init.validate(t, QpState::Reset).unwrap();
+            rtr_attr(t, av, Mtu::Mtu1024, &r, &o)
+                .validate(t, QpState::Init)
+                .unwrap();
+            rts_attr(t, 7, &o).validate(t, QpState::Rtr).unwrap();
+        }
+        let t = QpType::Ud;
+        rtr_attr(t, av, Mtu::Mtu1024, &r, &o)
+            .validate(t, QpState::Init)
+            .unwrap();
+        rts_attr(t, 7, &o).validate(t, QpState::Rtr).unwrap();
+        let rts = rts_attr(QpType::Rc, 7, &o);
+        check_qp_transition(QpType::Rc, QpState::Rtr, QpState::Rts, rts.mask()).unwrap();
+        assert!(rts_attr(QpType::Rc, 1 << 24, &o)
+            .validate(QpType::Rc, QpState::Rtr)
+            .is_err());
+    }
+
+    #[test]
+    fn random_psn_is_24_bits() {
+        for _ in 0..100 {
+            assert!(Endpoint::random_psn() <= MAX_24);
+        }
+    }
+
+    #[test]
+    fn check_24_bounds() {
+        assert!(check_24("psn", MAX_24).is_ok());
+        assert!(check_24("psn", MAX_24 + 1).is_err());
+    }
+
+    #[test]
+    fn qp_attr_builds_mask_and_validates() {
+        let a = QpAttr::new()
+            .qp_state(S::Rtr)
+            .ah_attr(AddressVector::infiniband(PortNumber(1), 3))
+            .path_mtu(Mtu::Mtu1024)
+            .dest_qp_num(QpNumber(0x12))
+            .rq_psn(0xab_cdef)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(12);
+        let rtr = M::IBV_QP_STATE
+            | M::IBV_QP_AV
+            | M::IBV_QP_PATH_MTU
+            | M::IBV_QP_DEST_QPN
+            | M::IBV_QP_RQ_PSN
+            | M::IBV_QP_MAX_DEST_RD_ATOMIC
+            | M::IBV_QP_MIN_RNR_TIMER;
+        assert_eq!(a.mask(), rtr);
+        assert_eq!(a.as_raw().rq_psn, 0xab_cdef);
+        assert_eq!(a.as_raw().path_mtu, sys::IBV_MTU_1024);
+        a.validate(RC, S::Init).unwrap();
+        assert!(a.validate(RC, S::Rtr).is_err());
+        assert!(a.validate(UD, S::Init).is_err());
+        assert!(format!("{a:?}").contains("IBV_QP_DEST_QPN"));
+        // Field widths.
+        let wide = a.rq_psn(1 << 24).validate(RC, S::Init);
+        assert!(matches!(wide, Err(Error::InvalidArgument(_))));
+        let rts = QpAttr::new().qp_state(S::Rts).sq_psn(0).timeout(14);
+        let rts = rts.retry_cnt(7).rnr_retry(7).max_rd_atomic(1);
+        rts.validate(RC, S::Rtr).unwrap();
+        assert!(rts.retry_cnt(8).validate(RC, S::Rtr).is_err());
+        assert!(rts.timeout(32).validate(RC, S::Rtr).is_err());
+        // Without IBV_QP_STATE the QP stays where it is.
+        QpAttr::new().min_rnr_timer(3).validate(RC, S::Rts).unwrap();
+        // cur_qp_state overrides the given current state.
+        let sqe = QpAttr::new().qp_state(S::Rts).cur_qp_state(S::Sqe);
+        sqe.validate(UD, S::Err).unwrap();
+    }
+}

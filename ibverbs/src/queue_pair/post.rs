@@ -381,7 +381,8 @@ impl QueuePair {
                     "a UD send needs a destination: SendRequest::ud(ah, qpn, qkey)".into(),
                 ))
             }
-            (QpType::Ud, _) | (QpType::Uc, Op::Read(_))
+            (QpType::Ud, _)
+            | (QpType::Uc, Op::Read(_))
             | (QpType::Uc, Op::CompareSwap { .. })
             | (QpType::Uc, Op::FetchAdd { .. }) => {
                 return Err(Error::InvalidArgument(format!(
@@ -478,6 +479,8 @@ impl QueuePair {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_post_send")]
+    // The refused request comes back by value: boxing it would allocate.
+    #[allow(clippy::result_large_err)]
     pub fn post_send<'a>(&self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
         let mut one = [wr];
         match self.post_send_slice(&mut one).1 {
@@ -672,14 +675,18 @@ impl QueuePair {
             return (
                 0,
                 Err(Error::InvalidArgument(
-                    "this queue pair receives through its shared receive queue: post there"
-                        .into(),
+                    "this queue pair receives through its shared receive queue: post there".into(),
                 )),
             );
         };
         for r in wrs.iter() {
-            if let Err(e) = check_bufs(&r.sg, &self.inner.pd, true, self.inner.caps.max_recv_sge, "receive")
-            {
+            if let Err(e) = check_bufs(
+                &r.sg,
+                &self.inner.pd,
+                true,
+                self.inner.caps.max_recv_sge,
+                "receive",
+            ) {
                 return (0, Err(e));
             }
         }
