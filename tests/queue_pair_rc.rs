@@ -1,0 +1,354 @@
+//! RC queue pairs end to end: every verb of the safe data path, with
+//! byte-for-byte checks (device tests).
+
+mod common;
+
+use common::{pair, pattern, remote_all, wait, wait_ok};
+use ibverbs::{
+    AccessFlags, Buf, Completions, FrozenBuffer, QpState, QpType, RecvRequest, SendRequest, SgList,
+    WcOpcode,
+};
+
+fn local() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_recv_returns_both_buffers() {
+    let p = pair(QpType::Rc, local(), |b| b);
+    assert_eq!(p.a.state().unwrap(), QpState::Rts);
+    let recv = p.pd.alloc(4096, local()).unwrap();
+    let mut send = p.pd.alloc(4096, local()).unwrap();
+    send.copy_from_slice(&pattern(4096, 1));
+    p.b.post_recv(RecvRequest::new(recv).wr_id(11)).unwrap();
+    assert_eq!(p.b.recv_outstanding(), 1);
+    p.a.post_send(SendRequest::send(send).wr_id(22)).unwrap();
+    assert_eq!(p.a.send_outstanding(), 1);
+
+    let mut s = wait_ok(&p.cq_a);
+    assert_eq!((s.wr_id(), s.opcode()), (22, WcOpcode::Send));
+    let sent = s.take_local().expect("send buffer handed back");
+    let mut r = wait_ok(&p.cq_b);
+    assert_eq!(
+        (r.wr_id(), r.opcode(), r.byte_len()),
+        (11, WcOpcode::Recv, 4096)
+    );
+    assert_eq!(r.imm_data(), None);
+    assert_eq!(r.qp_num(), p.b.qp_num().0);
+    let got = r.take_local().expect("receive buffer handed back");
+    assert_eq!(&got[..], &sent[..]);
+    assert_eq!(&got[..], &pattern(4096, 1)[..]);
+    assert_eq!((p.a.send_outstanding(), p.b.recv_outstanding()), (0, 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_with_immediate_in_host_order() {
+    let p = pair(QpType::Rc, local(), |b| b);
+    p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+        .unwrap();
+    let mut send = p.pd.alloc(64, local()).unwrap();
+    send[..4].copy_from_slice(b"ping");
+    p.a.post_send(SendRequest::send(send).imm(0xdead_beef))
+        .unwrap();
+    wait_ok(&p.cq_a);
+    let mut r = wait_ok(&p.cq_b);
+    assert_eq!(r.imm_data(), Some(0xdead_beef));
+    assert_eq!(&r.take_local().unwrap()[..4], b"ping");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn inline_data_is_copied_at_post_time() {
+    let p = pair(QpType::Rc, local(), |b| b.max_inline_data(256));
+    let cap = p.a.caps().max_inline_data;
+    assert!(cap >= 256, "asked for 256 inline bytes, got {cap}");
+    p.b.post_recv(RecvRequest::new(p.pd.alloc(256, local()).unwrap()))
+        .unwrap();
+    let mut data = pattern(200, 7);
+    p.a.post_send(SendRequest::send_inline(&data).wr_id(5))
+        .unwrap();
+    data.fill(0); // the request copied it already
+    let mut s = wait_ok(&p.cq_a);
+    assert!(s.take_buf().is_none(), "inline sends carry no buffer");
+    let mut r = wait_ok(&p.cq_b);
+    assert_eq!(r.byte_len(), 200);
+    assert_eq!(&r.take_local().unwrap()[..200], &pattern(200, 7)[..]);
+    // A buffer sent with the INLINE flag is copied too and still returned.
+    p.b.post_recv(RecvRequest::new(p.pd.alloc(256, local()).unwrap()))
+        .unwrap();
+    let mut small = p.pd.alloc(32, local()).unwrap();
+    small.copy_from_slice(&pattern(32, 9));
+    p.a.post_send(SendRequest::send(small).inline(true))
+        .unwrap();
+    assert_eq!(wait_ok(&p.cq_a).take_local().unwrap().len(), 32);
+    assert_eq!(
+        &wait_ok(&p.cq_b).take_local().unwrap()[..32],
+        &pattern(32, 9)[..]
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn scatter_gather_send_and_receive() {
+    let p = pair(QpType::Rc, local(), |b| b.max_send_sge(3).max_recv_sge(2));
+    let whole = p.pd.alloc(300, local()).unwrap();
+    let (r1, r2) = whole.split_at(100);
+    p.b.post_recv(RecvRequest::sgl(vec![r1.into(), r2.into()]))
+        .unwrap();
+    let parts: Vec<Buf> = [(50, 1u8), (70, 2), (80, 3)]
+        .into_iter()
+        .map(|(len, seed)| {
+            let mut b = p.pd.alloc(len, local()).unwrap();
+            b.copy_from_slice(&pattern(len, seed));
+            b.into()
+        })
+        .collect();
+    p.a.post_send(SendRequest::send_sgl(parts)).unwrap();
+    match wait_ok(&p.cq_a).take_buffers() {
+        SgList::Many(v) => assert_eq!(v.len(), 3),
+        other => panic!("expected the three send buffers back, got {other:?}"),
+    }
+    let mut r = wait_ok(&p.cq_b);
+    assert_eq!(r.byte_len(), 200);
+    let SgList::Many(mut v) = r.take_buffers() else {
+        panic!("expected two receive buffers")
+    };
+    let second = v.pop().unwrap().into_local().unwrap();
+    let first = v.pop().unwrap().into_local().unwrap();
+    let joined = first.unsplit(second).unwrap();
+    let expect: Vec<u8> = [pattern(50, 1), pattern(70, 2), pattern(80, 3)].concat();
+    assert_eq!(&joined[..200], &expect[..]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rdma_write_and_write_with_immediate() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let target = p.pd.alloc_shared(4096, remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+    let mut src = p.pd.alloc(1000, local()).unwrap();
+    src.copy_from_slice(&pattern(1000, 3));
+    p.a.post_send(SendRequest::write(src, remote.slice(100, 1000).unwrap()))
+        .unwrap();
+    wait_ok(&p.cq_a);
+    let mut got = vec![0u8; 1000];
+    target.copy_to_slice(100, &mut got).unwrap();
+    assert_eq!(got, pattern(1000, 3));
+    let mut head = [0xffu8; 100];
+    target.copy_to_slice(0, &mut head).unwrap();
+    assert_eq!(
+        head, [0u8; 100],
+        "bytes outside the written range untouched"
+    );
+
+    // With immediate: consumes a receive at the target, which gets the imm.
+    p.b.post_recv(RecvRequest::new(p.pd.alloc(16, local()).unwrap()).wr_id(77))
+        .unwrap();
+    let mut src = p.pd.alloc(8, local()).unwrap();
+    src.copy_from_slice(b"imm-data");
+    p.a.post_send(SendRequest::write(src, remote.slice(2000, 8).unwrap()).imm(4242))
+        .unwrap();
+    wait_ok(&p.cq_a);
+    let r = wait_ok(&p.cq_b);
+    assert_eq!(
+        (r.wr_id(), r.opcode(), r.imm_data()),
+        (77, WcOpcode::RecvRdmaWithImm, Some(4242))
+    );
+    let mut got = [0u8; 8];
+    target.copy_to_slice(2000, &mut got).unwrap();
+    assert_eq!(&got, b"imm-data");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rdma_read_into_local_buffer() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let source =
+        p.pd.register(
+            pattern(8192, 5),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let remote = source.memory_region().remote().unwrap();
+    let dst = p.pd.alloc(4096, local()).unwrap();
+    p.a.post_send(SendRequest::read(dst, remote.slice(4096, 4096).unwrap()).wr_id(9))
+        .unwrap();
+    let mut c = wait_ok(&p.cq_a);
+    assert_eq!((c.wr_id(), c.opcode()), (9, WcOpcode::RdmaRead));
+    assert_eq!(&c.take_local().unwrap()[..], &pattern(8192, 5)[4096..]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn atomics_compare_and_swap_and_fetch_and_add() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let attr = p.dev.ctx.query_device().unwrap();
+    if attr.atomic_cap() == ibverbs::AtomicCap::None {
+        eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
+        return;
+    }
+    let target = p.pd.alloc_shared(64, remote_all()).unwrap();
+    let word = target.atomic_u64(8).unwrap();
+    word.store(100, std::sync::atomic::Ordering::SeqCst);
+    let remote = target.remote().unwrap().slice(8, 8).unwrap();
+
+    let result = p.pd.alloc(8, local()).unwrap();
+    p.a.post_send(SendRequest::fetch_and_add(result, remote, 5))
+        .unwrap();
+    let mut c = wait_ok(&p.cq_a);
+    assert_eq!(c.opcode(), WcOpcode::FetchAdd);
+    let old = c.take_local().unwrap();
+    assert_eq!(u64::from_ne_bytes(old[..].try_into().unwrap()), 100);
+    assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 105);
+
+    // CAS that fails (compare mismatch) leaves the value, returns it.
+    p.a.post_send(SendRequest::compare_and_swap(old, remote, 1, 7))
+        .unwrap();
+    let old = wait_ok(&p.cq_a).take_local().unwrap();
+    assert_eq!(u64::from_ne_bytes(old[..].try_into().unwrap()), 105);
+    assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 105);
+    // CAS that succeeds.
+    p.a.post_send(SendRequest::compare_and_swap(old, remote, 105, 7))
+        .unwrap();
+    let mut c = wait_ok(&p.cq_a);
+    assert_eq!(c.opcode(), WcOpcode::CompSwap);
+    let old = c.take_local().unwrap();
+    assert_eq!(u64::from_ne_bytes(old[..].try_into().unwrap()), 105);
+    assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn chains_post_with_one_call_and_complete_in_order() {
+    let p = pair(QpType::Rc, local(), |b| b.max_send_wr(16).max_recv_wr(16));
+    let mut recvs: Vec<RecvRequest> = (0..8)
+        .map(|i| RecvRequest::new(p.pd.alloc(32, local()).unwrap()).wr_id(100 + i))
+        .collect();
+    p.b.post_recv_list(&mut recvs).unwrap();
+    assert!(recvs.is_empty());
+    assert_eq!(p.b.recv_outstanding(), 8);
+    let mut sends: Vec<SendRequest> = (0..8u8)
+        .map(|i| {
+            let mut b = p.pd.alloc(32, local()).unwrap();
+            b.copy_from_slice(&pattern(32, i));
+            SendRequest::send(b).wr_id(u64::from(i))
+        })
+        .collect();
+    p.a.post_send_list(&mut sends).unwrap();
+    assert!(sends.is_empty());
+    let s = wait(&p.cq_a, 8);
+    assert_eq!(
+        s.iter().map(|c| c.wr_id()).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    let r = wait(&p.cq_b, 8);
+    for (i, mut c) in r.into_iter().enumerate() {
+        c.result().unwrap();
+        assert_eq!(c.wr_id(), 100 + i as u64);
+        assert_eq!(&c.take_local().unwrap()[..], &pattern(32, i as u8)[..]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn unsignaled_sends_with_periodic_signaling() {
+    let p = pair(QpType::Rc, local(), |b| b.max_send_wr(32).max_recv_wr(64));
+    let mut msg = p.pd.alloc(64, local()).unwrap();
+    msg.copy_from_slice(&pattern(64, 4));
+    let frozen: FrozenBuffer = msg.freeze();
+    let mut recvs: Vec<RecvRequest> = (0..64)
+        .map(|_| RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+        .collect();
+    p.b.post_recv_list(&mut recvs).unwrap();
+    let every = 8;
+    let mut signaled = 0;
+    for i in 0..64u64 {
+        let signal = i % every == every - 1;
+        p.a.post_send(SendRequest::send(frozen.clone()).wr_id(i).signaled(signal))
+            .unwrap();
+        if signal {
+            let c = wait_ok(&p.cq_a);
+            assert_eq!(c.wr_id(), i);
+            signaled += 1;
+        }
+        // The frozen bytes stay readable while clones are posted.
+        assert_eq!(frozen[0], pattern(64, 4)[0]);
+    }
+    assert_eq!(signaled, 64 / every);
+    common::assert_quiet(&p.cq_a);
+    assert_eq!(
+        p.a.send_outstanding(),
+        0,
+        "signaled completions retire the unsignaled ones"
+    );
+    for mut c in wait(&p.cq_b, 64) {
+        c.result().unwrap();
+        assert_eq!(&c.take_local().unwrap()[..], &pattern(64, 4)[..]);
+    }
+    // Every clone was released: the buffer can be written again.
+    let mut back = frozen
+        .try_unfreeze()
+        .expect("no posted request holds it any more");
+    back[0] = 0;
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn batch_polling_into_small_caller_storage() {
+    let p = pair(QpType::Rc, local(), |b| b.max_send_wr(32).max_recv_wr(32));
+    let n = 20;
+    let mut recvs: Vec<_> = (0..n)
+        .map(|i| RecvRequest::new(p.pd.alloc(8, local()).unwrap()).wr_id(i))
+        .collect();
+    p.b.post_recv_list(&mut recvs).unwrap();
+    for i in 0..n {
+        p.a.post_send(SendRequest::send_inline(&i.to_le_bytes()).wr_id(i))
+            .unwrap();
+    }
+    // Let everything complete, then poll in batches of 3.
+    let mut batch = Completions::with_capacity(3);
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.len() < n as usize {
+        let got = p.cq_b.poll(&mut batch).unwrap();
+        assert!(got <= 3);
+        // Full storage: polling again adds nothing until drained.
+        if batch.len() == 3 {
+            assert_eq!(p.cq_b.poll(&mut batch).unwrap(), 0);
+        }
+        for mut c in batch.drain() {
+            c.result().unwrap();
+            let b = c.take_local().unwrap();
+            assert_eq!(u64::from_le_bytes(b[..].try_into().unwrap()), c.wr_id());
+            seen.push(c.wr_id());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out at {seen:?}"
+        );
+    }
+    assert_eq!(seen, (0..n).collect::<Vec<_>>());
+    wait(&p.cq_a, n as usize);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn large_transfers_up_to_one_mebibyte() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    for len in [1usize, 4095, 4096, 65537, 1 << 20] {
+        let recv = p.pd.alloc(len, local()).unwrap();
+        let mut send = p.pd.alloc(len, local()).unwrap();
+        send.copy_from_slice(&pattern(len, len as u8));
+        p.b.post_recv(RecvRequest::new(recv)).unwrap();
+        p.a.post_send(SendRequest::send(send)).unwrap();
+        wait_ok(&p.cq_a);
+        let mut r = wait_ok(&p.cq_b);
+        assert_eq!(r.byte_len() as usize, len);
+        assert!(
+            r.take_local().unwrap()[..] == pattern(len, len as u8)[..],
+            "{len} bytes"
+        );
+    }
+}
