@@ -157,3 +157,14 @@ pub fn remote_all() -> AccessFlags {
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_ATOMIC
 }
+
+/// Connects an RC/UC queue pair to itself (rxe loopback).
+pub fn connect_self(dev: &TestDevice, qp: &QueuePair, access: AccessFlags) {
+    let me = Endpoint::local(qp, dev.port, Some(dev.gid_index), 0x3000).unwrap();
+    qp.connect(me.psn, &me, &options(dev, access)).unwrap();
+}
+
+/// Whether the device is SoftRoCE (rxe reports vendor id 0xffffff).
+pub fn is_rxe(dev: &TestDevice) -> bool {
+    dev.ctx.query_device().unwrap().vendor_id() == 0x00ff_ffff
+}
