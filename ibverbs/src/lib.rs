@@ -1,6 +1,115 @@
 //! Safe, zero-overhead RDMA verbs over rdma-core's `libibverbs`.
 //!
-//! See `DESIGN.md` in the repository for the ownership model in one page.
+//! # The ownership model
+//!
+//! Registration consumes the memory it registers and returns the only
+//! handle to it; posting a work request *moves* its buffers into the queue
+//! pair; the completion hands them back. So the device never touches freed,
+//! moved or aliased memory, and no Rust reference exists to bytes the device
+//! or a peer may change:
+//!
+//! * [`LocalBuffer`]: exclusive, `&[u8]`/`&mut [u8]` while you hold it.
+//! * [`SharedBuffer`]: memory peers may write (remote write/atomic rights):
+//!   volatile copies and atomics only.
+//! * [`FrozenBuffer`]: read-only and cloneable, for sends the device only
+//!   reads (several at once, or unsignaled).
+//!
+//! Objects are `Arc` handles that keep their parents alive, so they can be
+//! dropped in any order. [`hazards`] proves the type-level guarantees with
+//! `compile_fail` tests; `DESIGN.md` in the repository explains the model in
+//! a page. The `unsafe` raw path ([`QueuePair::post_send_raw`],
+//! [`CompletionQueue::poll_raw`]) skips all bookkeeping.
+//!
+//! # Every verb, by example
+//!
+//! Setup: device, protection domain, completion queue, queue pair, and a
+//! connection (here a queue pair connected to itself; between hosts,
+//! exchange [`Endpoint`]s out of band):
+//!
+//! ```no_run
+//! use ibverbs::*;
+//! # fn main() -> Result<()> {
+//! let ctx = open_device("rxe0")?;                    // ibv_open_device
+//! let port = ctx.active_port()?;                     // ibv_query_port
+//! let gid_index = ctx.default_gid_index(port)?;      // ibv_query_gid_table
+//! let pd = ctx.alloc_pd()?;                          // ibv_alloc_pd
+//! let cq = ctx.create_cq(64).build()?;               // ibv_create_cq
+//! let qp = pd.create_qp(QpType::Rc, &cq, &cq)        // ibv_create_qp
+//!     .max_send_wr(16).max_recv_wr(16).max_inline_data(64)
+//!     .build()?;
+//! let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
+//! let remote_rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ
+//!     | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+//! qp.connect(me.psn, &me,                            // ibv_modify_qp x3
+//!     &ConnectOptions::new(port).gid_index(gid_index).qp_access_flags(remote_rights))?;
+//! let mut done = Completions::with_capacity(16);
+//!
+//! // Send / receive (ibv_post_recv, ibv_post_send, ibv_poll_cq).
+//! let recv = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
+//! let mut send = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
+//! send[..5].copy_from_slice(b"hello");
+//! qp.post_recv(RecvRequest::new(recv).wr_id(1))?;
+//! qp.post_send(SendRequest::send(send).wr_id(2).imm(7))?;
+//! while done.len() < 2 { cq.poll(&mut done)?; }
+//! for mut c in done.drain() {
+//!     c.result()?;                                   // typed WcStatus on error
+//!     if c.opcode() == WcOpcode::Recv {
+//!         assert_eq!(c.imm_data(), Some(7));
+//!         assert_eq!(&c.take_local().unwrap()[..5], b"hello");
+//!     }
+//! }
+//!
+//! // Inline send: the bytes are copied during post_send.
+//! qp.post_send(SendRequest::send_inline(b"tiny"))?;
+//!
+//! // RDMA write and read: the peer shares memory and sends its RemoteMemory.
+//! let target = pd.alloc_shared(4096, remote_rights)?;    // ibv_reg_mr
+//! let remote = target.remote().unwrap();
+//! qp.post_send(SendRequest::write(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote))?;
+//! qp.post_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote))?;
+//!
+//! // Atomics on an 8-byte aligned word; the old value lands in `result`.
+//! let word = remote.slice(0, 8).unwrap();
+//! let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::fetch_and_add(result, word, 1))?;
+//! let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::compare_and_swap(result, word, 1, 42))?;
+//!
+//! // A chain of requests with one doorbell; periodic signaling with a
+//! // frozen (shared read-only) buffer.
+//! let msg = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.freeze();
+//! let mut chain: Vec<SendRequest> = (0..8)
+//!     .map(|i| SendRequest::write(msg.clone(), remote).signaled(i == 7))
+//!     .collect();
+//! qp.post_send_list(&mut chain)?;
+//!
+//! // Completion events: sleep on a channel instead of spinning.
+//! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
+//! let cq2 = ctx.create_cq(16).channel(&channel).build()?;
+//! cq2.req_notify(false)?;                               // ibv_req_notify_cq
+//! // ... poll(2) on channel's fd, then:
+//! // let cq = channel.get_event()?;                     // ibv_get_cq_event (+ ack)
+//!
+//! // Shared receive queue for many QPs.
+//! let srq = pd.create_srq(64).build()?;                 // ibv_create_srq
+//! let qp2 = pd.create_qp(QpType::Rc, &cq, &cq).srq(&srq).build()?;
+//! srq.post_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?))?;
+//!
+//! // UD: an address handle per destination.
+//! let ud = pd.create_qp(QpType::Ud, &cq, &cq).build()?;
+//! ud.activate_ud(port, 0x1111_1111, 0)?;
+//! let ah = pd.create_ah(&AddressVector::roce(port, me.gid, gid_index))?; // ibv_create_ah
+//! ud.post_send(SendRequest::send_inline(b"dgram").ud(&ah, ud.qp_num(), 0x1111_1111))?;
+//! # drop((qp2, ah)); Ok(()) }
+//! ```
+//!
+//! # Errors
+//!
+//! One [`Error`] enum: which verb failed and its errno
+//! ([`Error::Verb`]), error completions ([`Error::WorkCompletion`]),
+//! arguments refused before reaching the device
+//! ([`Error::InvalidArgument`], [`Error::QueueFull`],
+//! [`Error::InvalidTransition`]), and [`Error::Unsupported`].
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
