@@ -250,6 +250,15 @@ fn build_device_tests(only_suite: bool) -> Result<Vec<PathBuf>> {
         "--no-run",
         "--message-format=json-render-diagnostics",
     ]);
+    // The device tests run the example programs (ping-pongs, perftest-style
+    // tools) as child processes: build them first, same profile.
+    step!("device: building the examples of {SUITE_PACKAGE}");
+    let mut ex = util::cargo();
+    ex.args(["build", "-p", SUITE_PACKAGE, "--examples"]);
+    let st = ex
+        .status()
+        .with_context(|| "cannot run cargo build --examples".to_string())?;
+    util::check_status(&ex, st)?;
     let mut exes = Vec::new();
     let status = util::run_streaming(&mut cmd, |l| {
         let Ok(v) = serde_json::from_str::<Value>(l) else {
