@@ -124,17 +124,51 @@ impl Region {
     }
 
     pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
-        let length = u32::try_from(self.len).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "a scatter/gather entry holds at most 4 GiB - 1 bytes, this buffer has {}",
-                self.len
-            ))
-        })?;
+        let length = sge_length(self.len)?;
         Ok(sys::ibv_sge {
             addr: self.addr(),
             length,
             lkey: self.mr.lkey,
         })
+    }
+}
+
+/// The `ibv_sge::length` for a buffer: refused, never truncated, past
+/// `u32::MAX`.
+pub(crate) fn sge_length(len: usize) -> Result<u32> {
+    u32::try_from(len).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "a scatter/gather entry holds at most 4 GiB - 1 bytes, this buffer has {len}"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sge_lengths_beyond_u32_are_refused_not_truncated() {
+        assert_eq!(sge_length(0).unwrap(), 0);
+        assert_eq!(sge_length(u32::MAX as usize).unwrap(), u32::MAX);
+        for len in [1usize << 32, (1 << 32) + 4096, usize::MAX] {
+            let e = sge_length(len).unwrap_err();
+            assert!(e.to_string().contains("4 GiB"), "{e}");
+        }
+    }
+
+    #[test]
+    fn remote_memory_slices_and_wire_form() {
+        let m = RemoteMemory {
+            addr: 0x1_0000_0000,
+            len: 6 << 30,
+            rkey: RemoteKey(7),
+        };
+        let s = m.slice(5 << 30, 1 << 30).unwrap();
+        assert_eq!(s.addr, 0x1_0000_0000 + (5 << 30));
+        assert!(m.slice(5 << 30, (1 << 30) + 1).is_none());
+        assert!(m.slice(u64::MAX, 2).is_none());
+        assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()), m);
     }
 }
 
