@@ -126,8 +126,20 @@ fn huge_pages_or_reported_fallback() {
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
     let buf = pd.alloc_huge(4 << 20, AccessFlags::LOCAL_WRITE).unwrap();
+    let reserved: u64 = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if reserved >= 2 {
+        // The system has huge pages (the VM harness reserves 16): use them.
+        assert!(
+            buf.memory_region().is_huge(),
+            "{reserved} huge pages reserved but not used"
+        );
+    }
     if buf.memory_region().is_huge() {
         assert_eq!(buf.addr() % (2 << 20), 0);
+        eprintln!("registered 4 MiB on 2 MiB huge pages");
     } else {
         eprintln!(
             "UNSUPPORTED on this system: huge pages (none reserved); fell back to 4 KiB pages"

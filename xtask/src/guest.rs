@@ -67,6 +67,9 @@ rdma link add rxe1 type rxe netdev "$N1" || die "rdma link add rxe1 (on $N1) fai
             addr = link.addr,
         ));
     }
+    // A few 2 MiB huge pages, so that huge-page registration is really
+    // exercised in the VM (Debian's default reserves none).
+    s.push_str("echo 16 > /proc/sys/vm/nr_hugepages 2>/dev/null || true\n");
     s.push_str("wait_active rxe0 \"$N0\"\n");
     if let Some(link) = &vm.link {
         let me = vm.name();
