@@ -99,3 +99,51 @@ fn softroce_vm_rxe0_facts() {
         "default GID index picks the IPv4 RoCE v2 entry"
     );
 }
+
+/// Async events: an SRQ whose fill drops below its armed limit reports
+/// IBV_EVENT_SRQ_LIMIT_REACHED through the context.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_event_srq_limit_reached() {
+    use ibverbs::{AccessFlags, AsyncEventType, QpType, RecvRequest, SendRequest};
+    use std::os::fd::AsRawFd;
+    let t = common::device();
+    let ctx = &t.ctx;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).build().unwrap();
+    let srq = pd.create_srq(16).build().unwrap();
+    let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let receiver = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .srq(&srq)
+        .build()
+        .unwrap();
+    common::connect_pair(&t, &sender, &receiver, AccessFlags::LOCAL_WRITE);
+    for _ in 0..8 {
+        srq.post_recv(RecvRequest::new(
+            pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        ))
+        .unwrap();
+    }
+    srq.set_limit(4).unwrap();
+    ctx.set_async_nonblocking(true).unwrap();
+    assert!(ctx.get_async_event().is_err(), "no event before traffic");
+    for i in 0..6u8 {
+        sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+    }
+    common::wait(&cq, 12);
+    // Wait (bounded) for the async fd to become readable.
+    let mut pfd = libc::pollfd {
+        fd: ctx.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    assert_eq!(n, 1, "no async event within 5 s");
+    let ev = ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
+    assert_eq!(ev.port(), None);
+    drop(ev); // acknowledged here, before the SRQ is destroyed
+    ctx.set_async_nonblocking(false).unwrap();
+}

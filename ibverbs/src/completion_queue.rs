@@ -275,6 +275,20 @@ impl std::fmt::Debug for CompletionQueue {
     }
 }
 
+/// Decodes the source GID of a 40-byte GRH area (see [`Completion::source_gid`]).
+pub(crate) fn grh_source_gid(grh: &[u8; 40]) -> Option<Gid> {
+    if grh[0] >> 4 == 6 {
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&grh[8..24]);
+        Some(Gid(gid))
+    } else if grh[20] >> 4 == 4 {
+        let v4: [u8; 4] = grh[32..36].try_into().ok()?;
+        Some(Gid::from(std::net::Ipv4Addr::from(v4)))
+    } else {
+        None
+    }
+}
+
 /// Caller-provided storage for polled completions (allocated once, reused).
 pub struct Completions {
     raw: Box<[sys::ibv_wc]>,
@@ -374,17 +388,21 @@ impl Completion {
     pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
         self.take_buf().and_then(Buf::into_shared)
     }
-    /// For a UD receive with a GRH: the sender's GID (bytes 8..24 of the
-    /// 40-byte GRH at the start of the receive buffer).
+    /// For a UD receive with a GRH: the sender's GID, decoded from the
+    /// 40-byte GRH area at the start of the receive buffer. An IPv6/IB GRH
+    /// (IP version 6 in the first nibble) carries the source GID in bytes
+    /// 8..24; RoCE v2 over IPv4 leaves bytes 0..20 zero and puts the IPv4
+    /// header in bytes 20..40, whose source address (bytes 32..36) becomes
+    /// the IPv4-mapped GID. `None` without a GRH or for anything else.
     pub fn source_gid(&self) -> Option<Gid> {
         if !self.wc.has_grh() {
             return None;
         }
         let p = self.payload.as_ref()?;
         let first = p.sg.iter().next()?;
-        let mut gid = [0u8; 16];
-        first.copy_to_slice(8, &mut gid).ok()?;
-        Some(Gid(gid))
+        let mut grh = [0u8; 40];
+        first.copy_to_slice(0, &mut grh).ok()?;
+        grh_source_gid(&grh)
     }
     /// `Ok(())` on success, else [`Error::WorkCompletion`](crate::Error::WorkCompletion)
     /// with the caller's `wr_id`.
@@ -415,5 +433,23 @@ impl std::fmt::Debug for Completion {
             .field("imm_data", &self.wc.imm_data())
             .field("buffers", &self.payload.as_ref().map(|p| p.sg.len()))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grh_source_gid;
+
+    #[test]
+    fn grh_ipv6_and_roce_v2_ipv4() {
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&"fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(grh_source_gid(&v6).unwrap().to_string(), "fe80::1");
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 0, 2, 15]);
+        assert_eq!(grh_source_gid(&v4).unwrap().to_string(), "::ffff:10.0.2.15");
+        assert_eq!(grh_source_gid(&[0u8; 40]), None);
     }
 }

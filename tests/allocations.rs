@@ -1,0 +1,300 @@
+//! The safe data path does not allocate in steady state (device tests).
+//!
+//! A counting global allocator counts the heap allocations of the current
+//! thread while counting is switched on for it (a thread-local flag, so
+//! the test harness's own threads never count). After a warm-up, 1000
+//! iterations of post → poll → take the buffers back must allocate nothing.
+//! The poll loop is written here without allocating (`common::wait` builds
+//! a `Vec`).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ibverbs::{
+    AccessFlags, AddressVector, Completion, CompletionQueue, Completions, Endpoint, LocalBuffer,
+    QpType, RecvRequest, SendRequest,
+};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static BYTES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note(size: usize) {
+    // `try_with`: the flag may already be gone while a thread exits.
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(size, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards every call to `System` unchanged; counting touches only
+// atomics and a const-initialised thread-local (which never allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Serialises counting sections, so tests run in parallel cannot mix
+/// their counts.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `f` with counting on for this thread; returns (allocations, bytes).
+fn count_allocations(f: impl FnOnce()) -> (usize, usize) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (a0, b0) = (ALLOCS.load(Ordering::SeqCst), BYTES.load(Ordering::SeqCst));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    (
+        ALLOCS.load(Ordering::SeqCst) - a0,
+        BYTES.load(Ordering::SeqCst) - b0,
+    )
+}
+
+#[test]
+fn the_counter_counts() {
+    let (n, bytes) = count_allocations(|| {
+        let v = std::hint::black_box(vec![1u8; 100]);
+        drop(v);
+    });
+    assert_eq!((n, bytes), (1, 100), "the counting allocator sees a Vec");
+    let (n, _) = count_allocations(|| {
+        std::hint::black_box(1 + 1);
+    });
+    assert_eq!(n, 0);
+}
+
+const WARM_UP: usize = 50;
+const MEASURED: usize = 1000;
+
+/// Polls `cq` once into `batch` and hands each completion to `f`; does
+/// not allocate.
+fn poll_into(cq: &CompletionQueue, batch: &mut Completions, mut f: impl FnMut(Completion)) {
+    cq.poll(batch).expect("ibv_poll_cq");
+    while let Some(c) = batch.pop() {
+        f(c);
+    }
+}
+
+/// Panics (allocation allowed: the test fails anyway) when a completion
+/// is not a success.
+fn ok(c: &Completion) {
+    if !c.is_success() {
+        panic!("work request failed: {c:?}");
+    }
+}
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn post_and_poll_do_not_allocate() {
+    let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let mut send = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut batch_a = Completions::with_capacity(16);
+    let mut batch_b = Completions::with_capacity(16);
+
+    let mut iteration = |i: usize| {
+        let mut s = send.take().expect("send buffer is home");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        p.b.post_recv(
+            RecvRequest::new(recv.take().expect("receive buffer is home")).wr_id(i as u64),
+        )
+        .expect("post_recv");
+        p.a.post_send(SendRequest::send(s).wr_id(i as u64))
+            .expect("post_send");
+        let end = deadline();
+        while send.is_none() || recv.is_none() {
+            poll_into(&p.cq_a, &mut batch_a, |mut c| {
+                ok(&c);
+                assert_eq!(c.wr_id(), i as u64);
+                send = c.take_local();
+            });
+            poll_into(&p.cq_b, &mut batch_b, |mut c| {
+                ok(&c);
+                assert_eq!(c.wr_id(), i as u64);
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                recv = Some(b);
+            });
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+    };
+    for i in 0..WARM_UP {
+        iteration(i);
+    }
+    let (n, bytes) = count_allocations(|| {
+        for i in WARM_UP..WARM_UP + MEASURED {
+            iteration(i);
+        }
+    });
+    assert_eq!(
+        (n, bytes),
+        (0, 0),
+        "{MEASURED} iterations of post_recv/post_send/poll/take allocated {n} times ({bytes} bytes)"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn posting_lists_does_not_allocate() {
+    const N: usize = 4;
+    let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let mut sends: [Option<LocalBuffer>; N] =
+        std::array::from_fn(|_| Some(p.pd.alloc(32, AccessFlags::LOCAL_WRITE).unwrap()));
+    let mut recvs: [Option<LocalBuffer>; N] =
+        std::array::from_fn(|_| Some(p.pd.alloc(32, AccessFlags::LOCAL_WRITE).unwrap()));
+    let mut send_list: Vec<SendRequest<'static>> = Vec::with_capacity(N);
+    let mut recv_list: Vec<RecvRequest> = Vec::with_capacity(N);
+    let mut batch_a = Completions::with_capacity(16);
+    let mut batch_b = Completions::with_capacity(16);
+
+    let mut iteration = |i: usize| {
+        for (j, slot) in recvs.iter_mut().enumerate() {
+            let b = slot.take().expect("receive buffer is home");
+            recv_list.push(RecvRequest::new(b).wr_id(j as u64));
+        }
+        p.b.post_recv_list(&mut recv_list).expect("post_recv_list");
+        for (j, slot) in sends.iter_mut().enumerate() {
+            let mut b = slot.take().expect("send buffer is home");
+            b[0] = j as u8;
+            b[1] = i as u8;
+            send_list.push(SendRequest::send(b).wr_id(j as u64));
+        }
+        p.a.post_send_list(&mut send_list).expect("post_send_list");
+        assert!(send_list.is_empty() && recv_list.is_empty());
+        let (mut got_s, mut got_r) = (0, 0);
+        let end = deadline();
+        while got_s < N || got_r < N {
+            poll_into(&p.cq_a, &mut batch_a, |mut c| {
+                ok(&c);
+                assert_eq!(c.wr_id(), got_s as u64, "send completions in order");
+                sends[got_s] = c.take_local();
+                got_s += 1;
+            });
+            poll_into(&p.cq_b, &mut batch_b, |mut c| {
+                ok(&c);
+                assert_eq!(c.wr_id(), got_r as u64, "receive completions in order");
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(
+                    (b[0], b[1]),
+                    (got_r as u8, i as u8),
+                    "message {got_r} of {i}"
+                );
+                recvs[got_r] = Some(b);
+                got_r += 1;
+            });
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+    };
+    for i in 0..WARM_UP {
+        iteration(i);
+    }
+    let (n, bytes) = count_allocations(|| {
+        for i in WARM_UP..WARM_UP + MEASURED {
+            iteration(i);
+        }
+    });
+    assert_eq!(
+        (n, bytes),
+        (0, 0),
+        "{MEASURED} iterations of post_recv_list/post_send_list ({N} each)/poll allocated \
+         {n} times ({bytes} bytes)"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn ud_send_with_address_handle_does_not_allocate() {
+    const QKEY: u32 = 0x5151;
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let cq_a = t.ctx.create_cq(64).build().unwrap();
+    let cq_b = t.ctx.create_cq(64).build().unwrap();
+    let a = pd.create_qp(QpType::Ud, &cq_a, &cq_a).build().unwrap();
+    let b = pd.create_qp(QpType::Ud, &cq_b, &cq_b).build().unwrap();
+    a.activate_ud(t.port, QKEY, 1).unwrap();
+    b.activate_ud(t.port, QKEY, 2).unwrap();
+    let port_attr = t.ctx.query_port(t.port).unwrap();
+    let ep = Endpoint::local(&b, t.port, Some(t.gid_index), 0).unwrap();
+    let ah = pd
+        .create_ah(&AddressVector::for_port(&port_attr, &ep, t.gid_index).unwrap())
+        .unwrap();
+    let dest = b.qp_num();
+    let mut send = Some(pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut recv = Some(pd.alloc(40 + 64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut batch_a = Completions::with_capacity(16);
+    let mut batch_b = Completions::with_capacity(16);
+
+    let mut iteration = |i: usize| {
+        let mut s = send.take().expect("send buffer is home");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        b.post_recv(RecvRequest::new(
+            recv.take().expect("receive buffer is home"),
+        ))
+        .expect("post_recv");
+        // `ud` clones the address handle (an Arc): no allocation.
+        a.post_send(SendRequest::send(s).ud(&ah, dest, QKEY))
+            .expect("post_send");
+        let end = deadline();
+        while send.is_none() || recv.is_none() {
+            poll_into(&cq_a, &mut batch_a, |mut c| {
+                ok(&c);
+                send = c.take_local();
+            });
+            poll_into(&cq_b, &mut batch_b, |mut c| {
+                ok(&c);
+                let r = c.take_local().expect("receive buffer back");
+                assert_eq!(r[40..48], (i as u64).to_le_bytes(), "datagram {i}");
+                recv = Some(r);
+            });
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+    };
+    for i in 0..WARM_UP {
+        iteration(i);
+    }
+    let (n, bytes) = count_allocations(|| {
+        for i in WARM_UP..WARM_UP + MEASURED {
+            iteration(i);
+        }
+    });
+    assert_eq!(
+        (n, bytes),
+        (0, 0),
+        "{MEASURED} UD send/receive iterations allocated {n} times ({bytes} bytes)"
+    );
+}

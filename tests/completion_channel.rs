@@ -1,0 +1,340 @@
+//! Completion channels with traffic (device tests): the channel's fd wakes
+//! `poll(2)` for armed CQs, `get_event` names the CQ, solicited-only arming
+//! ignores unsolicited completions, and events are acknowledged so that
+//! destroying the CQ never hangs (a watchdog aborts the process if it does).
+
+mod common;
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use ibverbs::{
+    AccessFlags, CompletionChannel, CompletionQueue, Completions, LocalBuffer, ProtectionDomain,
+    QpType, QueuePair, RecvRequest, SendRequest, WcOpcode,
+};
+
+/// Aborts the whole process unless disarmed (dropped) within `limit`:
+/// a hang in `ibv_destroy_cq` would otherwise hang the test run.
+struct Watchdog {
+    done: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = Arc::new((Mutex::new(false), Condvar::new()));
+        let d = done.clone();
+        let thread = std::thread::spawn(move || {
+            let (lock, cv) = &*d;
+            let guard = lock.lock().unwrap();
+            let (guard, _) = cv.wait_timeout_while(guard, limit, |done| !*done).unwrap();
+            if !*guard {
+                eprintln!("WATCHDOG: {what} did not finish within {limit:?}: aborting");
+                std::process::abort();
+            }
+        });
+        Watchdog {
+            done,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        *self.done.0.lock().unwrap() = true;
+        self.done.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Whether `fd` becomes readable within `timeout_ms`.
+fn readable(fd: RawFd, timeout_ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    n == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+/// An RC pair whose CQs report to `ch` (both, or only the receiver's).
+struct Wired {
+    _dev: common::TestDevice,
+    pd: ProtectionDomain,
+    ch: CompletionChannel,
+    cq_a: CompletionQueue,
+    cq_b: CompletionQueue,
+    a: QueuePair,
+    b: QueuePair,
+}
+
+fn wired(sender_on_channel: bool) -> Wired {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let ch = dev.ctx.create_comp_channel().unwrap();
+    ch.set_nonblocking(true).unwrap();
+    let cq_a = if sender_on_channel {
+        dev.ctx.create_cq(64).channel(&ch).build().unwrap()
+    } else {
+        dev.ctx.create_cq(64).build().unwrap()
+    };
+    let cq_b = dev.ctx.create_cq(64).channel(&ch).build().unwrap();
+    let a = pd.create_qp(QpType::Rc, &cq_a, &cq_a).build().unwrap();
+    let b = pd.create_qp(QpType::Rc, &cq_b, &cq_b).build().unwrap();
+    common::connect_pair(&dev, &a, &b, AccessFlags::LOCAL_WRITE);
+    Wired {
+        _dev: dev,
+        pd,
+        ch,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+fn buf(pd: &ProtectionDomain, fill: u8) -> LocalBuffer {
+    let mut b = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    b.fill(fill);
+    b
+}
+
+/// Polls `cq` until empty (without waiting).
+fn drain(cq: &CompletionQueue, batch: &mut Completions) -> Vec<ibverbs::Completion> {
+    let mut out = Vec::new();
+    while cq.poll(batch).unwrap() > 0 {
+        out.extend(batch.drain());
+    }
+    out
+}
+
+/// Drops everything under a 10 s watchdog.
+fn drop_all(w: Wired) {
+    let dog = Watchdog::new("dropping the QPs, CQs and channel", Duration::from_secs(10));
+    drop(w);
+    drop(dog);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn event_wakes_poll_and_names_the_cq() {
+    let w = wired(true);
+    let fd = w.ch.as_raw_fd();
+    w.cq_a.req_notify(false).unwrap();
+    assert!(!readable(fd, 0), "no event before any completion");
+    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
+    w.a.post_send(SendRequest::send(buf(&w.pd, 0x5A)).wr_id(7))
+        .unwrap();
+    assert!(
+        readable(fd, 5000),
+        "the channel fd becomes readable for the armed CQ's completion"
+    );
+    let cq = w.ch.get_event().unwrap().expect("the event's CQ is alive");
+    assert_eq!(
+        cq.as_ptr(),
+        w.cq_a.as_ptr(),
+        "get_event names the sender's CQ"
+    );
+    cq.req_notify(false).unwrap();
+    let mut batch = Completions::with_capacity(8);
+    let mut got = drain(&cq, &mut batch);
+    assert_eq!(got.len(), 1, "one send completion: {got:?}");
+    let c = &mut got[0];
+    c.result().unwrap();
+    assert_eq!((c.wr_id(), c.opcode()), (7, WcOpcode::Send));
+    assert_eq!(c.take_local().unwrap()[0], 0x5A);
+    // The receiver's CQ was never armed: no event for it.
+    let r = common::wait_ok(&w.cq_b);
+    assert_eq!(r.byte_len(), 64);
+    assert!(
+        !readable(fd, 100),
+        "no further event: the re-armed CQ had no new completion, cq_b was not armed"
+    );
+    let err = w.ch.get_event().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
+    drop(cq);
+    drop_all(w);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn solicited_only_ignores_unsolicited_completions() {
+    let w = wired(false);
+    let fd = w.ch.as_raw_fd();
+    for i in 0..2 {
+        w.b.post_recv(RecvRequest::new(buf(&w.pd, 0)).wr_id(i))
+            .unwrap();
+    }
+    w.cq_b.req_notify(true).unwrap();
+    // Unsolicited: the RC ACK (sender's completion) proves it arrived.
+    w.a.post_send(SendRequest::send(buf(&w.pd, 1)).wr_id(1))
+        .unwrap();
+    common::wait_ok(&w.cq_a);
+    assert!(
+        !readable(fd, 200),
+        "an unsolicited receive must not wake a solicited-only CQ"
+    );
+    // Solicited: wakes it.
+    w.a.post_send(SendRequest::send(buf(&w.pd, 2)).wr_id(2).solicited(true))
+        .unwrap();
+    common::wait_ok(&w.cq_a);
+    assert!(
+        readable(fd, 5000),
+        "a solicited receive wakes the solicited-only CQ"
+    );
+    let cq = w.ch.get_event().unwrap().expect("live CQ");
+    assert_eq!(cq.as_ptr(), w.cq_b.as_ptr(), "event for the receiver's CQ");
+    let mut batch = Completions::with_capacity(8);
+    let mut got = drain(&w.cq_b, &mut batch);
+    assert_eq!(got.len(), 2, "both receives completed: {got:?}");
+    for (i, c) in got.iter_mut().enumerate() {
+        c.result().unwrap();
+        assert_eq!(c.wr_id(), i as u64);
+        assert!(
+            c.take_local().unwrap().iter().all(|&x| x == i as u8 + 1),
+            "receive {i} holds message {}",
+            i + 1
+        );
+    }
+    assert!(!readable(fd, 100), "exactly one event");
+    drop(cq);
+    drop_all(w);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn unacknowledged_event_does_not_block_destroy() {
+    // One event taken with get_event and never explicitly acknowledged:
+    // dropping the CQ must acknowledge it (ibv_destroy_cq waits otherwise).
+    let w = wired(true);
+    w.cq_a.req_notify(false).unwrap();
+    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
+    w.a.post_send(SendRequest::send(buf(&w.pd, 3))).unwrap();
+    assert!(readable(w.ch.as_raw_fd(), 5000), "event arrives");
+    let cq = w.ch.get_event().unwrap().expect("live CQ");
+    assert_eq!(cq.as_ptr(), w.cq_a.as_ptr());
+    common::wait_ok(&w.cq_a);
+    common::wait_ok(&w.cq_b);
+    // Drop the handle get_event returned before the others, and the
+    // channel before its CQs.
+    let dog = Watchdog::new(
+        "destroying a CQ with an unacked event",
+        Duration::from_secs(10),
+    );
+    drop(cq);
+    let Wired {
+        _dev,
+        pd,
+        ch,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    } = w;
+    drop(ch);
+    drop(a);
+    drop(cq_a);
+    drop(b);
+    drop(cq_b);
+    drop(pd);
+    drop(dog);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn unread_event_does_not_block_destroy() {
+    // An event pending in the channel, never read by get_event.
+    let w = wired(true);
+    w.cq_a.req_notify(false).unwrap();
+    w.cq_b.req_notify(false).unwrap();
+    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
+    w.a.post_send(SendRequest::send(buf(&w.pd, 4))).unwrap();
+    common::wait_ok(&w.cq_a);
+    common::wait_ok(&w.cq_b);
+    assert!(readable(w.ch.as_raw_fd(), 5000), "events pending");
+    let ch = w.ch.clone();
+    drop_all(w);
+    // The CQs are gone; their pending events went with them.
+    match ch.get_event() {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}"),
+        Ok(cq) => panic!("an event for a destroyed CQ: {cq:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn many_events_on_two_cqs_then_drop() {
+    // 200 round trips, each producing one event on each of two CQs sharing
+    // the channel: 400 events, more than the 64-event acknowledgement batch.
+    const ROUNDS: usize = 200;
+    let w = wired(true);
+    let fd = w.ch.as_raw_fd();
+    let mut batch = Completions::with_capacity(8);
+    let mut events = [0usize; 2];
+    let mut send = Some(buf(&w.pd, 0));
+    let mut recv = Some(buf(&w.pd, 0));
+    w.cq_a.req_notify(false).unwrap();
+    w.cq_b.req_notify(false).unwrap();
+    for round in 0..ROUNDS {
+        let mut s = send.take().unwrap();
+        s[..8].copy_from_slice(&(round as u64).to_le_bytes());
+        w.b.post_recv(RecvRequest::new(recv.take().unwrap()).wr_id(round as u64))
+            .unwrap();
+        w.a.post_send(SendRequest::send(s).wr_id(round as u64))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while send.is_none() || recv.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: timed out (events so far {events:?})"
+            );
+            if !readable(fd, 1000) {
+                continue;
+            }
+            let cq = match w.ch.get_event() {
+                Ok(cq) => cq.expect("event for a live CQ"),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+                Err(e) => panic!("get_event: {e}"),
+            };
+            // Re-arm first, then poll: no completion is missed.
+            cq.req_notify(false).unwrap();
+            let which = if cq.as_ptr() == w.cq_a.as_ptr() {
+                0
+            } else {
+                assert_eq!(cq.as_ptr(), w.cq_b.as_ptr(), "event for an unknown CQ");
+                1
+            };
+            events[which] += 1;
+            for mut c in drain(&cq, &mut batch) {
+                c.result()
+                    .unwrap_or_else(|e| panic!("round {round}: {e}: {c:?}"));
+                assert_eq!(c.wr_id(), round as u64, "completion of round {round}");
+                let b = c.take_local().expect("buffer back");
+                assert_eq!(b[..8], (round as u64).to_le_bytes(), "round {round} data");
+                if which == 0 {
+                    send = Some(b);
+                } else {
+                    recv = Some(b);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        events,
+        [ROUNDS, ROUNDS],
+        "one event per CQ per round (sender, receiver)"
+    );
+    assert!(!readable(fd, 100), "no stray event");
+    // 200 events per CQ: 3 batches of 64 were acknowledged, 8 per CQ are
+    // left for the CQs' destruction to acknowledge.
+    drop(send);
+    drop(recv);
+    drop_all(w);
+}
