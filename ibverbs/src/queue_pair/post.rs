@@ -10,23 +10,25 @@ use crate::memory_region::AccessFlags;
 use crate::wq_table::{Payload, SgList, WqTable};
 use crate::{AddressHandle, QpNumber, QpType, QueuePair};
 
-/// Scratch space for building C send requests without allocating.
-pub(crate) struct SendScratch {
-    wrs: Vec<sys::ibv_send_wr>,
+/// Scratch space for building a chain of C work requests (`W` is
+/// `ibv_send_wr` or `ibv_recv_wr`) without allocating: one request and
+/// `max_sge` SGEs per queue entry, allocated when the queue is created.
+pub(crate) struct Scratch<W> {
+    wrs: Vec<W>,
     sges: Vec<sys::ibv_sge>,
     tags: Vec<u32>,
     max_sge: usize,
 }
 
-// SAFETY: the raw pointers inside are rebuilt on every post and only used
-// while the owning table's Mutex is held.
-unsafe impl Send for SendScratch {}
+// SAFETY: the raw pointers inside the C requests are rebuilt on every post
+// and only used while the owning table's Mutex is held.
+unsafe impl<W> Send for Scratch<W> {}
 
-impl SendScratch {
-    pub(crate) fn new(depth: u32, max_sge: u32) -> SendScratch {
+impl<W: Default + Clone> Scratch<W> {
+    pub(crate) fn new(depth: u32, max_sge: u32) -> Scratch<W> {
         let (depth, max_sge) = (depth as usize, max_sge.max(1) as usize);
-        SendScratch {
-            wrs: vec![sys::ibv_send_wr::default(); depth],
+        Scratch {
+            wrs: vec![W::default(); depth],
             sges: vec![sys::ibv_sge::default(); depth * max_sge],
             tags: vec![0; depth],
             max_sge,
@@ -34,28 +36,10 @@ impl SendScratch {
     }
 }
 
-/// Scratch space for building C receive requests without allocating.
-pub(crate) struct RecvScratch {
-    wrs: Vec<sys::ibv_recv_wr>,
-    sges: Vec<sys::ibv_sge>,
-    tags: Vec<u32>,
-    max_sge: usize,
-}
-
-// SAFETY: as for SendScratch.
-unsafe impl Send for RecvScratch {}
-
-impl RecvScratch {
-    pub(crate) fn new(depth: u32, max_sge: u32) -> RecvScratch {
-        let (depth, max_sge) = (depth as usize, max_sge.max(1) as usize);
-        RecvScratch {
-            wrs: vec![sys::ibv_recv_wr::default(); depth],
-            sges: vec![sys::ibv_sge::default(); depth * max_sge],
-            tags: vec![0; depth],
-            max_sge,
-        }
-    }
-}
+/// Scratch space of a send queue.
+pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
+/// Scratch space of a receive queue or SRQ.
+pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
