@@ -310,10 +310,6 @@ macro_rules! attr_getters {
 
 impl DeviceAttr {
     attr_getters! {
-        /// Node GUID (network byte order, as reported).
-        node_guid: u64,
-        /// System image GUID.
-        sys_image_guid: u64,
         /// Largest memory region.
         max_mr_size: u64,
         /// Supported page sizes.
@@ -362,6 +358,16 @@ impl DeviceAttr {
         local_ca_ack_delay: u8,
         /// Number of physical ports.
         phys_port_cnt: u8,
+    }
+
+    /// Node GUID, in host byte order (like [`Device::guid`](crate::Device::guid)).
+    pub fn node_guid(&self) -> u64 {
+        u64::from_be(self.raw.node_guid)
+    }
+
+    /// System image GUID, in host byte order.
+    pub fn sys_image_guid(&self) -> u64 {
+        u64::from_be(self.raw.sys_image_guid)
     }
 
     /// The firmware version string.

@@ -1,0 +1,146 @@
+//! Atomic latency, like perftest's `ib_atomic_lat`.
+//!
+//! ```text
+//! atomic_lat [-A CAS|FAA] [options]            # server: offers an 8-byte word
+//! atomic_lat [-A CAS|FAA] [options] <host>     # client: operates on it
+//! ```
+//! The client posts one atomic at a time on the server's word and waits for
+//! its completion; latency is the time between consecutive posts. Every
+//! operation is checked: fetch-and-add adds 1, compare-and-swap replaces
+//! `i` by `i + 1`, so the old value returned by operation `i` must be `i`,
+//! and the server checks that the word ends at `-n`. The server prints the
+//! client's results.
+
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use ibverbs::{AccessFlags, AtomicCap, Completions, SendRequest};
+
+#[path = "perf/mod.rs"]
+mod perf;
+
+use perf::args::{self, CommonArgs, Config};
+use perf::{ns_since, report, stats, QpSpec, Resources, Result, Table, Test};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Op {
+    /// Compare and swap.
+    #[value(name = "CAS", alias = "cas")]
+    Cas,
+    /// Fetch and add.
+    #[value(name = "FAA", alias = "faa")]
+    Faa,
+}
+
+/// Atomic latency test (perftest's ib_atomic_lat).
+#[derive(Parser, Debug)]
+#[command(name = "atomic_lat")]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Atomic operation.
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FAA")]
+    op: Op,
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let mut cfg = Config::new(&cli.common, None, args::ATOMIC)?;
+    cfg.inline = 0;
+    let test = match cli.op {
+        Op::Cas => Test::AtomicCas,
+        Op::Faa => Test::AtomicFaa,
+    };
+    let spec = QpSpec {
+        send_wr: cfg.tx_depth,
+        recv_wr: 1,
+    };
+    let mut res = Resources::open(&cfg, spec)?;
+    if res.dev_attr.atomic_cap() == AtomicCap::None {
+        return Err(format!("{} does not support atomic operations", res.ctx.name()).into());
+    }
+
+    if cfg.is_server() {
+        let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+        let word = res.pd.alloc_shared(8, rights)?;
+        word.atomic_u64(0)?.store(0, Ordering::SeqCst);
+        let (mut peer, local, remote) =
+            perf::handshake(&cfg, &mut res, test, word.remote(), rights, true)?;
+        report::banner(test, &cfg, &res, &local, &remote, &[]);
+        perf::serve_passive(&cfg, &mut peer, Table::Lat)?;
+        // The client reported after its last completion: every operation
+        // has been applied.
+        let value = word.atomic_u64(0)?.load(Ordering::SeqCst);
+        if value != cfg.iters && value.swap_bytes() != cfg.iters {
+            return Err(format!(
+                "the target word ends at {value}, expected {} after {} operations",
+                cfg.iters, cfg.iters
+            )
+            .into());
+        }
+        println!(
+            " target word: {value} after {} operations (correct)",
+            cfg.iters
+        );
+        return Ok(());
+    }
+
+    let mut result = res.pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+    let (mut peer, local, remote) =
+        perf::handshake(&cfg, &mut res, test, None, AccessFlags::LOCAL_WRITE, true)?;
+    let word = perf::check_remote(&remote, 8, 8)?
+        .slice(0, 8)
+        .ok_or("remote word")?;
+    report::banner(
+        test,
+        &cfg,
+        &res,
+        &local,
+        &remote,
+        &[("Atomic cap", format!("{:?}", res.dev_attr.atomic_cap()))],
+    );
+    report::lat_header();
+
+    let mut done = Completions::with_capacity(4);
+    let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
+    let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
+    let size = 8;
+    peer.barrier(cfg.timeout)?;
+    let base = Instant::now();
+    for i in 0..cfg.iters {
+        let req = match cli.op {
+            Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),
+            Op::Faa => SendRequest::fetch_and_add(result, word, 1),
+        };
+        stamps.push(ns_since(base));
+        res.qp
+            .post_send(req.wr_id(i))
+            .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
+        result = perf::wait_local(&mut res.waiter, &mut done, "an atomic operation")?;
+        let old = u64::from_ne_bytes(result[..8].try_into().map_err(|_| "result size")?);
+        // Devices return the old value in host order; accept big-endian too.
+        if old != i && old.swap_bytes() != i {
+            return Err(format!(
+                "atomic operation {i} returned old value {old}, expected {i} (did someone \
+                 else touch the word?)"
+            )
+            .into());
+        }
+    }
+    stats::deltas_us(&stamps, 1.0, &mut samples);
+    let summary = stats::summarize(&mut samples).ok_or("no samples")?;
+    report::lat_row(size, cfg.iters, &summary);
+    peer.send_report(&perf::net::Report {
+        size,
+        iters: cfg.iters,
+        values: report::lat_values(&summary),
+    })?;
+    println!("{}", report::LINE);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    perf::main_with("atomic_lat", || run(cli))
+}

@@ -1,0 +1,109 @@
+//! RDMA read latency, like perftest's `ib_read_lat`.
+//!
+//! ```text
+//! read_lat [options]            # server: offers a remote-readable buffer
+//! read_lat [options] <host>     # client: reads it, one read at a time
+//! ```
+//! The client posts one RDMA read of `-s` bytes, waits for its completion,
+//! and repeats; latency is the time between consecutive posts (a read is a
+//! full round trip). The server prints the client's results.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use ibverbs::{AccessFlags, Completions, SendRequest};
+
+#[path = "perf/mod.rs"]
+mod perf;
+
+use perf::args::{self, CommonArgs, Config};
+use perf::{ns_since, report, stats, QpSpec, Resources, Result, Table, Test};
+
+/// RDMA read latency test (perftest's ib_read_lat).
+#[derive(Parser, Debug)]
+#[command(name = "read_lat")]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let mut cfg = Config::new(&cli.common, None, args::LAT)?;
+    // Reads carry no inline data (perftest disables -I for reads too).
+    cfg.inline = 0;
+    let max = cfg.max_size();
+    let spec = QpSpec {
+        send_wr: cfg.tx_depth,
+        recv_wr: 1,
+    };
+    let mut res = Resources::open(&cfg, spec)?;
+
+    if cfg.is_server() {
+        let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+        let mut source = res.pd.alloc(max as usize, rights)?;
+        for (i, b) in source.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let offer = source.memory_region().remote();
+        let (mut peer, local, remote) =
+            perf::handshake(&cfg, &mut res, Test::ReadLat, offer, rights, true)?;
+        report::banner(Test::ReadLat, &cfg, &res, &local, &remote, &[]);
+        perf::serve_passive(&cfg, &mut peer, Table::Lat)?;
+        drop(source);
+        return Ok(());
+    }
+
+    let mut dst = Some(res.pd.alloc(max as usize, AccessFlags::LOCAL_WRITE)?);
+    let (mut peer, local, remote) = perf::handshake(
+        &cfg,
+        &mut res,
+        Test::ReadLat,
+        None,
+        AccessFlags::LOCAL_WRITE,
+        true,
+    )?;
+    let source = perf::check_remote(&remote, max, 1)?;
+    report::banner(Test::ReadLat, &cfg, &res, &local, &remote, &[]);
+    report::lat_header();
+
+    let mut done = Completions::with_capacity(4);
+    let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
+    let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
+    for &size in &cfg.sizes {
+        let (mut head, tail) = dst
+            .take()
+            .ok_or("read buffer lost")?
+            .split_at(size as usize);
+        let from = source.slice(0, size).ok_or("remote range")?;
+        stamps.clear();
+        peer.barrier(cfg.timeout)?;
+        let base = Instant::now();
+        for i in 0..cfg.iters {
+            stamps.push(ns_since(base));
+            res.qp
+                .post_send(SendRequest::read(head, from).wr_id(i))
+                .map_err(|e| format!("posting read {i}: {}", e.error))?;
+            head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
+        }
+        stats::deltas_us(&stamps, 1.0, &mut samples);
+        let summary = stats::summarize(&mut samples).ok_or("no samples")?;
+        report::lat_row(size, cfg.iters, &summary);
+        peer.send_report(&perf::net::Report {
+            size,
+            iters: cfg.iters,
+            values: report::lat_values(&summary),
+        })?;
+        dst = Some(
+            head.unsplit(tail)
+                .map_err(|_| "cannot rejoin the read buffer")?,
+        );
+    }
+    println!("{}", report::LINE);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    perf::main_with("read_lat", || run(cli))
+}
