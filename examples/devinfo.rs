@@ -274,16 +274,8 @@ fn print_device(dev: &Device<'_>, only_port: Option<u8>, verbose: bool) -> Resul
     if !fw.is_empty() {
         dev_line(&mut out, "fw_ver", fw);
     }
-    dev_line(
-        &mut out,
-        "node_guid",
-        guid_str(attr.node_guid()),
-    );
-    dev_line(
-        &mut out,
-        "sys_image_guid",
-        guid_str(attr.sys_image_guid()),
-    );
+    dev_line(&mut out, "node_guid", guid_str(attr.node_guid()));
+    dev_line(&mut out, "sys_image_guid", guid_str(attr.sys_image_guid()));
     dev_line(&mut out, "vendor_id", format!("{:#06x}", attr.vendor_id()));
     dev_line(&mut out, "vendor_part_id", attr.vendor_part_id());
     dev_line(&mut out, "hw_ver", format!("0x{:X}", attr.hw_ver()));

@@ -217,6 +217,8 @@ pub(crate) struct AhInner {
     pub(crate) ah: NonNull<sys::ibv_ah>,
     pub(crate) pd: ProtectionDomain,
     av: AddressVector,
+    /// The port's active MTU in bytes when the AH was created (0: unknown).
+    mtu: u32,
 }
 
 // SAFETY: address handles are immutable after creation and thread-safe.
@@ -249,8 +251,9 @@ impl AddressHandle {
     /// # Errors
     /// [`Error::InvalidArgument`] for a service level or flow label wider
     /// than its field; [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
-    /// for a bad port or GID index, `ENOENT`/`EHOSTUNREACH` when RoCE cannot
-    /// resolve the peer's MAC address).
+    /// for a bad port, `ENODATA` for an empty GID slot, both explained in
+    /// the message, `ENOENT`/`EHOSTUNREACH` when RoCE cannot resolve the
+    /// peer's MAC address).
     ///
     /// # References
     /// `ibv_create_ah(3)`
@@ -261,12 +264,24 @@ impl AddressHandle {
         // SAFETY: live PD; `attr` is a valid, initialised ibv_ah_attr that
         // outlives the call; the AH is destroyed exactly once by AhInner.
         let ah = unsafe { sys::ibv_create_ah(pd.as_ptr(), &mut attr) };
-        let ah = ret_ptr("ibv_create_ah", ah)?;
+        let ctx = pd.context();
+        let ah = ret_ptr("ibv_create_ah", ah).map_err(|e| {
+            let hint = ctx.port_hint(av.port()).or_else(|| {
+                av.is_global()
+                    .then(|| ctx.gid_hint(av.port(), av.sgid_index()))
+                    .flatten()
+            });
+            e.with_hint(hint)
+        })?;
+        let mtu = ctx
+            .query_port(av.port())
+            .map_or(0, |p| p.active_mtu().bytes());
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 ah,
                 pd: pd.clone(),
                 av: *av,
+                mtu,
             }),
         })
     }
@@ -282,6 +297,11 @@ impl AddressHandle {
     /// The address vector it was created from.
     pub fn address_vector(&self) -> &AddressVector {
         &self.inner.av
+    }
+    /// The active MTU of its port when it was created, in bytes (0 when
+    /// unknown): the largest UD message sent through it.
+    pub fn port_mtu(&self) -> u32 {
+        self.inner.mtu
     }
 }
 

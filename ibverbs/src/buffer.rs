@@ -38,10 +38,12 @@ pub struct RemoteMemory {
 }
 
 impl RemoteMemory {
-    /// A sub-range, `None` when out of bounds.
+    /// A sub-range, `None` when out of bounds (or when its address would
+    /// pass the end of the 64-bit address space: the value may come from
+    /// an untrusted peer).
     pub fn slice(&self, offset: u64, len: u64) -> Option<RemoteMemory> {
         (offset.checked_add(len)? <= self.len).then_some(RemoteMemory {
-            addr: self.addr + offset,
+            addr: self.addr.checked_add(offset)?,
             len,
             rkey: self.rkey,
         })
@@ -168,6 +170,11 @@ mod tests {
         assert_eq!(s.addr, 0x1_0000_0000 + (5 << 30));
         assert!(m.slice(5 << 30, (1 << 30) + 1).is_none());
         assert!(m.slice(u64::MAX, 2).is_none());
+        // A peer's nonsense (a range wrapping the address space) is refused,
+        // never an overflow.
+        let wild = RemoteMemory::from_bytes(&[0xff; 20]);
+        assert!(wild.slice(1, 0).is_none());
+        assert_eq!(wild.slice(0, 8).map(|s| s.addr), Some(u64::MAX));
         assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()), m);
     }
 }

@@ -101,7 +101,8 @@ impl<'a> CompletionQueueBuilder<'a> {
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_cq` (e.g.
-    /// `EINVAL` when `cqe` exceeds the device's `max_cqe`).
+    /// `EINVAL` when `cqe` exceeds the device's `max_cqe`; the message
+    /// says so).
     ///
     /// # References
     /// `ibv_create_cq(3)`
@@ -118,7 +119,13 @@ impl<'a> CompletionQueueBuilder<'a> {
                 self.comp_vector,
             )
         };
-        let cq = ret_ptr("ibv_create_cq", cq)?;
+        let cq = ret_ptr("ibv_create_cq", cq).map_err(|e| {
+            let max = self.ctx.query_device().map_or(u32::MAX, |d| d.max_cqe());
+            e.with_hint(
+                (self.cqe > max)
+                    .then(|| format!("cqe {} exceeds the device's max_cqe {max}", self.cqe)),
+            )
+        })?;
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
         let inner = Arc::new(CqInner {

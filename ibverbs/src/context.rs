@@ -84,7 +84,7 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::Verb`] naming `ibv_query_port` (e.g. `EINVAL` for a port the
-    /// device does not have).
+    /// device does not have; the message names the device's ports).
     ///
     /// # References
     /// `ibv_query_port(3)`
@@ -93,7 +93,7 @@ impl Context {
         let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
         // SAFETY: live context; `attr` is valid for writes.
         let rc = unsafe { sys::ibv_query_port(self.as_ptr(), port.0, attr.as_mut_ptr()) };
-        ret_errno("ibv_query_port", rc)?;
+        ret_errno("ibv_query_port", rc).map_err(|e| e.with_hint(self.port_hint(port)))?;
         Ok(PortAttr {
             // SAFETY: zeroed then filled by the successful call.
             raw: unsafe { attr.assume_init() },
@@ -126,15 +126,21 @@ impl Context {
         )))
     }
 
-    /// One GID.
+    /// One GID; [`Gid::ZERO`] for an empty slot of the table (as in C).
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_query_gid`.
+    /// [`Error::Verb`] naming `ibv_query_gid` (`EINVAL` for a port the
+    /// device does not have, explained in the message).
     ///
     /// # References
     /// `ibv_query_gid(3)`
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: PortNumber, index: GidIndex) -> Result<Gid> {
+        self.query_gid_unexplained(port, index)
+            .map_err(|e| e.with_hint(self.gid_hint(port, index)))
+    }
+
+    fn query_gid_unexplained(&self, port: PortNumber, index: GidIndex) -> Result<Gid> {
         let mut gid = sys::ibv_gid { raw: [0; 16] };
         // SAFETY: live context; `gid` is valid for writes.
         let rc = unsafe { sys::ibv_query_gid(self.as_ptr(), port.0, index.0.into(), &mut gid) };
@@ -145,7 +151,9 @@ impl Context {
     /// One GID table entry with its type and network device.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_query_gid_ex` (`ENODATA` for an empty slot).
+    /// [`Error::Verb`] naming `ibv_query_gid_ex` (`ENODATA` for an empty
+    /// slot, `EINVAL` for a port the device does not have; the message says
+    /// which).
     ///
     /// # References
     /// `ibv_query_gid_ex(3)`
@@ -162,7 +170,7 @@ impl Context {
                 0,
             )
         };
-        ret_errno("ibv_query_gid_ex", rc)?;
+        ret_errno("ibv_query_gid_ex", rc).map_err(|e| e.with_hint(self.gid_hint(port, index)))?;
         // SAFETY: zeroed, then filled by the successful call.
         Ok(GidEntry::from_raw(unsafe { &entry.assume_init() }))
     }
@@ -239,6 +247,46 @@ impl Context {
             raw: unsafe { ev.assume_init() },
             _ctx: self.clone(),
         })
+    }
+
+    /// Why `port` is wrong when the device has no such port, for the
+    /// message of a verb that failed. Error paths only: queries the device.
+    pub(crate) fn port_hint(&self, port: PortNumber) -> Option<String> {
+        // SAFETY: `device` and its `node_type` are immutable fields of the
+        // live context.
+        let switch = unsafe { (*(*self.as_ptr()).device).node_type } == sys::IBV_NODE_SWITCH;
+        let first = u8::from(!switch); // switches have a port 0, HCAs start at 1
+        let last = self.query_device().ok()?.phys_port_cnt();
+        (port.0 < first || port.0 > last).then(|| {
+            format!(
+                "{} has no port {port} (its ports are {first}..={last})",
+                self.name()
+            )
+        })
+    }
+
+    /// Why `(port, index)` names no GID (a bad port, an index past the
+    /// table, an empty slot), for the message of a verb that failed. Error
+    /// paths only.
+    pub(crate) fn gid_hint(&self, port: PortNumber, index: GidIndex) -> Option<String> {
+        if let Some(hint) = self.port_hint(port) {
+            return Some(hint);
+        }
+        let len = self.query_port(port).ok()?.gid_table_len();
+        let i = index.0;
+        if u32::from(i) >= len {
+            return Some(format!(
+                "GID index {i} is past the GID table of {} port {port} ({len} entries)",
+                self.name()
+            ));
+        }
+        match self.query_gid_unexplained(port, index) {
+            Ok(gid) if gid.is_zero() => Some(format!(
+                "GID index {i} of {} port {port} is empty",
+                self.name()
+            )),
+            _ => None,
+        }
     }
 
     /// Makes [`Context::get_async_event`] non-blocking (or blocking again).

@@ -61,6 +61,27 @@ pub enum Error {
     NoDevice(String),
 }
 
+/// An OS error with an explanation: `Invalid argument (os error 22); rxe0
+/// has no port 0 (its ports are 1..=1)`.
+#[derive(Debug)]
+struct Hinted {
+    errno: Option<i32>,
+    error: String,
+    hint: String,
+}
+
+impl std::fmt::Display for Hinted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; {}", self.error, self.hint)
+    }
+}
+
+impl std::error::Error for Hinted {}
+
+fn hinted_errno(source: &io::Error) -> Option<i32> {
+    source.get_ref()?.downcast_ref::<Hinted>()?.errno
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -81,10 +102,34 @@ impl Error {
         }
     }
 
+    /// A verb error from an errno value with an explanation of the likely
+    /// cause (the bad argument, the limit that was hit), keeping the verb
+    /// and the errno ([`Error::raw_os_error`] still reports it).
+    pub(crate) fn with_hint(self, hint: Option<String>) -> Self {
+        let Some(hint) = hint else { return self };
+        match self {
+            Error::Verb { verb, source } => {
+                let errno = source.raw_os_error().or_else(|| hinted_errno(&source));
+                Error::Verb {
+                    verb,
+                    source: io::Error::new(
+                        source.kind(),
+                        Hinted {
+                            errno,
+                            error: source.to_string(),
+                            hint,
+                        },
+                    ),
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The OS error code, when this is a verb error.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Verb { source, .. } => source.raw_os_error(),
+            Error::Verb { source, .. } => source.raw_os_error().or_else(|| hinted_errno(source)),
             _ => None,
         }
     }
@@ -141,5 +186,34 @@ pub(crate) fn ret_count(verb: &'static str, rc: i32) -> Result<usize> {
             source
         };
         Err(Error::Verb { verb, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_keep_the_verb_and_the_errno() {
+        let e = Error::from_errno("ibv_query_port", libc::EINVAL)
+            .with_hint(Some("rxe0 has no port 0".into()));
+        assert_eq!(e.verb(), Some("ibv_query_port"));
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("ibv_query_port failed: Invalid argument"),
+            "{text}"
+        );
+        assert!(text.ends_with("; rxe0 has no port 0"), "{text}");
+        // A second hint keeps the errno too; no hint changes nothing.
+        let e = e.with_hint(Some("more".into()));
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let e = Error::from_errno("ibv_reg_mr", libc::ENOMEM).with_hint(None);
+        assert!(
+            matches!(&e, Error::Verb { source, .. } if source.raw_os_error() == Some(libc::ENOMEM))
+        );
+        // Other variants are left alone.
+        let e = Error::InvalidArgument("x".into()).with_hint(Some("y".into()));
+        assert_eq!(e.to_string(), "invalid argument: x");
     }
 }

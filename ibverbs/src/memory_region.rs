@@ -271,6 +271,40 @@ impl std::fmt::Debug for MemoryRegion {
     }
 }
 
+/// For `ibv_reg_mr` failing with `ENOMEM` or `EPERM`: registration pins
+/// the pages, and the kernel refuses to pin more than `RLIMIT_MEMLOCK`
+/// (`ulimit -l`) unless the process has `CAP_IPC_LOCK`. Names the limit.
+fn memlock_hint(err: &Error, len: usize) -> Option<String> {
+    if !matches!(err.raw_os_error(), Some(libc::ENOMEM | libc::EPERM)) {
+        return None;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    let show = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            "unlimited".to_string()
+        } else {
+            format!("{v} bytes")
+        }
+    };
+    Some(format!(
+        "registering {len} bytes pins them, and RLIMIT_MEMLOCK (`ulimit -l`) allows \
+         {} (hard limit {}) for all of this process's registrations: raise it \
+         (`ulimit -l`, limits.conf, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK",
+        show(lim.rlim_cur),
+        show(lim.rlim_max)
+    ))
+}
+
 impl ProtectionDomain {
     fn reg_mr(&self, mut storage: Box<dyn Storage>, access: AccessFlags) -> Result<Arc<MrInner>> {
         if access.remote_writable() && !access.contains(AccessFlags::LOCAL_WRITE) {
@@ -279,6 +313,13 @@ impl ProtectionDomain {
             ));
         }
         let len = storage.len();
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register 0 bytes (ibv_reg_mr needs at least one); \
+                 ProtectionDomain::alloc(0, ..) gives a zero-length buffer"
+                    .into(),
+            ));
+        }
         let huge = false;
         let ptr = NonNull::new(storage.as_mut_ptr())
             .ok_or_else(|| Error::InvalidArgument("storage returned a NULL pointer".into()))?;
@@ -292,7 +333,10 @@ impl ProtectionDomain {
                 access.bits() as i32,
             )
         };
-        let mr = ret_ptr("ibv_reg_mr", mr)?;
+        let mr = ret_ptr("ibv_reg_mr", mr).map_err(|e| {
+            let hint = memlock_hint(&e, len);
+            e.with_hint(hint)
+        })?;
         // SAFETY: the MR is valid; its keys are immutable.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         Ok(Arc::new(MrInner {
@@ -316,8 +360,9 @@ impl ProtectionDomain {
     /// slice; use [`ProtectionDomain::register_shared`] for it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for remote write/atomic rights;
-    /// [`Error::Verb`] naming `ibv_reg_mr`.
+    /// [`Error::InvalidArgument`] for remote write/atomic rights or empty
+    /// storage; [`Error::Verb`] naming `ibv_reg_mr` (`ENOMEM` past
+    /// `RLIMIT_MEMLOCK`, whose value the message then names).
     ///
     /// # References
     /// `ibv_reg_mr(3)`
@@ -350,7 +395,8 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for remote write/atomic without
-    /// `LOCAL_WRITE`; [`Error::Verb`] naming `ibv_reg_mr`.
+    /// `LOCAL_WRITE` or empty storage; [`Error::Verb`] naming `ibv_reg_mr`
+    /// (as [`ProtectionDomain::register`]).
     ///
     /// # References
     /// `ibv_reg_mr(3)`

@@ -74,7 +74,8 @@ impl SharedReceiveQueueBuilder<'_> {
     /// Creates the SRQ.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_create_srq`.
+    /// [`Error::Verb`] naming `ibv_create_srq` (`EINVAL` when a size
+    /// exceeds the device's limits; the message names it).
     #[doc(alias = "ibv_create_srq")]
     pub fn build(self) -> Result<SharedReceiveQueue> {
         let mut attr = sys::ibv_srq_init_attr {
@@ -87,7 +88,22 @@ impl SharedReceiveQueueBuilder<'_> {
         };
         // SAFETY: live PD; `attr` valid; destroyed in SrqInner's Drop.
         let srq = unsafe { sys::ibv_create_srq(self.pd.as_ptr(), &mut attr) };
-        let srq = ret_ptr("ibv_create_srq", srq)?;
+        let srq = ret_ptr("ibv_create_srq", srq).map_err(|e| {
+            let hint = self.pd.context().query_device().ok().and_then(|d| {
+                let over: Vec<String> = [
+                    ("max_wr", self.max_wr, "max_srq_wr", d.max_srq_wr()),
+                    ("max_sge", self.max_sge, "max_srq_sge", d.max_srq_sge()),
+                ]
+                .into_iter()
+                .filter(|&(_, v, _, limit)| v > limit)
+                .map(|(name, v, lname, limit)| {
+                    format!("{name} {v} exceeds the device's {lname} {limit}")
+                })
+                .collect();
+                (!over.is_empty()).then(|| over.join("; "))
+            });
+            e.with_hint(hint)
+        })?;
         // `attr.attr` now holds the actual sizes.
         let (max_wr, max_sge) = (attr.attr.max_wr.max(1), attr.attr.max_sge.max(1));
         Ok(SharedReceiveQueue {

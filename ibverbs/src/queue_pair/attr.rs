@@ -658,11 +658,15 @@ impl QueuePair {
         let mut raw = attr.raw;
         let to_reset = attr.mask & STATE != 0 && raw.qp_state == sys::IBV_QPS_RESET;
         if !to_reset {
+            // A state change holds the send queue's lock, so that posting
+            // (which holds it too) sees the state libibverbs records in
+            // `ibv_qp::state` before or after the change, never during it.
+            let _send = (attr.mask & STATE != 0).then(|| self.inner.send.lock());
             // SAFETY: live QP; `raw` is an initialised ibv_qp_attr that
             // outlives the call; the mask names only fields set through
             // QpAttr (the rest are zero).
             let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
-            return ret_errno("ibv_modify_qp", rc);
+            return ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)));
         }
         // RESET empties the QP's work queues: the device forgets every
         // posted request (no completion) and never touches its buffers
@@ -678,7 +682,7 @@ impl QueuePair {
         let leaving_other_state = matches!(self.state(), Ok(s) if s != QpState::Reset);
         // SAFETY: as above.
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
-        ret_errno("ibv_modify_qp", rc)?;
+        ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))?;
         if leaving_other_state {
             let dropped_send = send_st.take_all();
             let dropped_recv = recv_st.as_mut().map(|st| st.take_all());
@@ -690,6 +694,34 @@ impl QueuePair {
             drop(dropped_recv);
         }
         Ok(())
+    }
+}
+
+impl QueuePair {
+    /// Why `ibv_modify_qp` refused `attr`, when a port or GID index it
+    /// names does not exist. Error paths only: queries the device.
+    fn modify_hint(&self, attr: &QpAttr) -> Option<String> {
+        let ctx = self.pd().context();
+        if attr.mask & PORT != 0 {
+            if let Some(hint) = ctx.port_hint(PortNumber(attr.raw.port_num)) {
+                return Some(hint);
+            }
+        }
+        for (bit, raw) in [(AV, &attr.raw.ah_attr), (ALT_PATH, &attr.raw.alt_ah_attr)] {
+            if attr.mask & bit == 0 {
+                continue;
+            }
+            let av = AddressVector::from_raw(*raw);
+            if let Some(hint) = ctx.port_hint(av.port()) {
+                return Some(hint);
+            }
+            if av.is_global() {
+                if let Some(hint) = ctx.gid_hint(av.port(), av.sgid_index()) {
+                    return Some(hint);
+                }
+            }
+        }
+        None
     }
 }
 

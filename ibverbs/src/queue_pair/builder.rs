@@ -68,7 +68,7 @@ impl<'a> QueuePairBuilder<'a> {
     /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another
     /// device or PD; [`Error::Unsupported`] for transport types this API
     /// does not drive; [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
-    /// when a capacity exceeds the device's limits).
+    /// when a capacity exceeds the device's limits; the message names it).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
         if !matches!(self.qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
@@ -109,7 +109,7 @@ impl<'a> QueuePairBuilder<'a> {
         // SAFETY: live PD, CQs and SRQ (kept alive by the QueuePair);
         // `attr` is valid; the QP is destroyed by QpInner.
         let qp = unsafe { sys::ibv_create_qp(self.pd.as_ptr(), &mut attr) };
-        let qp = ret_ptr("ibv_create_qp", qp)?;
+        let qp = ret_ptr("ibv_create_qp", qp).map_err(|e| e.with_hint(self.caps_hint(&cap)))?;
         // ibv_create_qp writes the actual capacities back into `attr.cap`.
         let mut caps = QpCaps::from_raw(&attr.cap);
         // Never account for more than was granted, nor less than asked
@@ -125,6 +125,32 @@ impl<'a> QueuePairBuilder<'a> {
             caps,
             self.sq_sig_all,
         ))
+    }
+}
+
+impl QueuePairBuilder<'_> {
+    /// Which capacities exceed the device's limits, for the message of a
+    /// failed `ibv_create_qp`. Error paths only: queries the device.
+    fn caps_hint(&self, cap: &sys::ibv_qp_cap) -> Option<String> {
+        let d = self.pd.context().query_device().ok()?;
+        let mut over: Vec<String> = [
+            ("max_send_wr", cap.max_send_wr, "max_qp_wr", d.max_qp_wr()),
+            ("max_recv_wr", cap.max_recv_wr, "max_qp_wr", d.max_qp_wr()),
+            ("max_send_sge", cap.max_send_sge, "max_sge", d.max_sge()),
+            ("max_recv_sge", cap.max_recv_sge, "max_sge", d.max_sge()),
+        ]
+        .into_iter()
+        .filter(|&(_, v, _, limit)| v > limit)
+        .map(|(name, v, lname, limit)| format!("{name} {v} exceeds the device's {lname} {limit}"))
+        .collect();
+        if over.is_empty() && cap.max_inline_data > 0 {
+            over.push(format!(
+                "max_inline_data {} may exceed the device's inline limit (which \
+                 ibv_query_device does not report)",
+                cap.max_inline_data
+            ));
+        }
+        (!over.is_empty()).then(|| over.join("; "))
     }
 }
 

@@ -156,7 +156,8 @@ impl ConnectOptions {
         self
     }
     /// The largest path MTU to use; the port's active MTU caps it
-    /// (default 1024; both peers should pass the same value).
+    /// (default 1024; both peers should pass the same value). An
+    /// [`Mtu::Unknown`] value is refused when connecting.
     pub fn path_mtu(mut self, mtu: Mtu) -> Self {
         self.path_mtu = mtu;
         self
@@ -355,8 +356,9 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::modify`]; [`Error::InvalidArgument`] when `remote`
-    /// lacks what the link layer needs; [`Error::Verb`] naming
-    /// `ibv_query_port` or `ibv_query_gid_table`.
+    /// lacks what the link layer needs, the local GID index names an empty
+    /// slot, or the path MTU is not an `IBV_MTU_*` value; [`Error::Verb`]
+    /// naming `ibv_query_port`, `ibv_query_gid` or `ibv_query_gid_table`.
     #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         self.modify(&self.rtr_attr_for(remote, opts)?)
@@ -377,7 +379,21 @@ impl QueuePair {
             }
             None => GidIndex(0),
         };
+        if let Mtu::Unknown(v) = opts.path_mtu {
+            return Err(Error::InvalidArgument(format!(
+                "path_mtu {v} is not an IBV_MTU_* value (Mtu::from_bytes takes 256, 512, \
+                 1024, 2048 or 4096)"
+            )));
+        }
         let av = opts.address_vector(&port_attr, remote, sgid_index)?;
+        if av.is_global() && ctx.query_gid(opts.port, sgid_index)?.is_zero() {
+            return Err(Error::InvalidArgument(format!(
+                "GID index {} of {} port {} is empty: nothing to send from",
+                sgid_index.0,
+                ctx.name(),
+                opts.port
+            )));
+        }
         Ok(rtr_attr(qp_type, av, opts.mtu(&port_attr), remote, opts))
     }
 
@@ -403,9 +419,10 @@ impl QueuePair {
     /// # Errors
     /// [`Error::InvalidArgument`] for a UD queue pair (use
     /// [`QueuePair::activate_ud`]), a PSN or QP number wider than 24 bits,
-    /// or a `remote` lacking what the link layer needs (a GID on RoCE, a
-    /// LID on InfiniBand); [`Error::InvalidTransition`] when the QP is not
-    /// in RESET; otherwise as [`QueuePair::modify`] and
+    /// a `remote` lacking what the link layer needs (a GID on RoCE, a LID
+    /// on InfiniBand), an empty local GID slot, or an unknown path MTU
+    /// (all before the first step); [`Error::InvalidTransition`] when the
+    /// QP is not in RESET; otherwise as [`QueuePair::modify`] and
     /// [`Context::query_port`](crate::Context::query_port).
     ///
     /// # References

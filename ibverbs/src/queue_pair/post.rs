@@ -8,7 +8,7 @@ use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
 use crate::error::{Error, Result};
 use crate::memory_region::AccessFlags;
 use crate::wq_table::{Payload, SgList, WqTable};
-use crate::{AddressHandle, QpNumber, QpType, QueuePair};
+use crate::{AddressHandle, QpNumber, QpState, QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
 /// `ibv_send_wr` or `ibv_recv_wr`) without allocating: one request and
@@ -391,6 +391,19 @@ impl QueuePair {
                     "address handle from another protection domain".into(),
                 ));
             }
+            // A UD message is one packet: a longer one is silently dropped
+            // with a successful completion (IBA C10-93.1.1; rxe does so).
+            let len = r
+                .inline
+                .map_or_else(|| r.sg.total_len(), |d| d.len() as u64);
+            let mtu = ud.ah.port_mtu();
+            if mtu != 0 && len > u64::from(mtu) {
+                return Err(Error::InvalidArgument(format!(
+                    "a {len}-byte UD message exceeds the {mtu}-byte active MTU of port {}: \
+                     the device would drop it without an error (IBA C10-93.1.1)",
+                    ud.ah.address_vector().port()
+                )));
+            }
         }
         if let Some(data) = r.inline {
             if data.len() > caps.max_inline_data as usize {
@@ -450,8 +463,10 @@ impl QueuePair {
     /// The request is handed back in a [`PostError`] with
     /// [`Error::InvalidArgument`] (checked before posting: QP type, SGE
     /// count, inline size, atomic alignment, PD, unsignaled exclusive
-    /// buffers), [`Error::QueueFull`], or [`Error::Verb`] naming
-    /// `ibv_post_send`.
+    /// buffers, a UD message longer than the port's active MTU),
+    /// [`Error::QueueFull`], or [`Error::Verb`] naming `ibv_post_send`
+    /// (`EINVAL` for a queue pair in RESET, INIT or RTR, refused before
+    /// reaching the provider).
     ///
     /// # References
     /// `ibv_post_send(3)`
@@ -501,6 +516,25 @@ impl QueuePair {
         }
         let table = &self.inner.send;
         let mut st = table.lock();
+        // SAFETY: live QP; libibverbs records the state of every successful
+        // modify in `state`, and state changes made through this crate hold
+        // the lock taken above (`modify_unchecked`), so this is no data race.
+        let state = QpState::from_raw(unsafe { (*self.as_ptr()).state });
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            // Refused here, not by the provider: rxe (and others) write the
+            // request into the send queue before finding the QP not ready,
+            // then execute it once the QP reaches RTS, long after its
+            // buffers were handed back with this error.
+            let e = Error::from_errno("ibv_post_send", libc::EINVAL).with_hint(Some(format!(
+                "the queue pair is in {}: sends need RTS (connect it first)",
+                match state {
+                    QpState::Reset => "RESET",
+                    QpState::Init => "INIT",
+                    _ => "RTR",
+                }
+            )));
+            return (0, Err(e));
+        }
         if let Err(e) = table.check_room(&st, wrs.len()) {
             return (0, Err(e));
         }
@@ -675,10 +709,21 @@ impl QueuePair {
             }
         }
         let qp = self.as_ptr();
-        post_recv_common(table, wrs, |wr, bad| {
+        let (posted, result) = post_recv_common(table, wrs, |wr, bad| {
             // SAFETY: live QP; see post_recv_common.
             unsafe { sys::ibv_post_recv(qp, wr, bad) }
-        })
+        });
+        // Providers that check the state refuse receives in RESET (IBA
+        // C10-97.2.1) with a bare EINVAL: say so.
+        let result = result.map_err(|e| {
+            let reset = e.raw_os_error() == Some(libc::EINVAL)
+                && matches!(self.state(), Ok(QpState::Reset));
+            e.with_hint(
+                reset
+                    .then(|| "the queue pair is in RESET: receives need INIT or later".to_string()),
+            )
+        });
+        (posted, result)
     }
 
     /// Posts C send requests directly: no checks, no bookkeeping.
