@@ -25,6 +25,8 @@ pub const PACKAGES: &[&str] = &[
     "rdmacm-utils",
     "iproute2",
     "pkg-config",
+    // the TrueType font `cargo xtask bench` draws its plot's text with
+    "fonts-dejavu-core",
 ];
 
 /// Which of `packages` are not installed, per `dpkg-query`.

@@ -4,11 +4,16 @@
 //! `cargo xtask vm`    – run a command in a throwaway QEMU VM with SoftRoCE (rxe).
 //! `cargo xtask test`  – host tests, then the device tests inside a VM.
 //! `cargo xtask demo`  – build the examples and run the demo inside a VM.
+//! `cargo xtask bench` – our example tools vs rdma-core's C tools, interleaved in one VM.
+//! `cargo xtask fuzz`  – every fuzz target of `fuzz/` for a few seconds (cargo-fuzz, libFuzzer).
 //!
 //! Everything prints its progress as `[xtask <elapsed>s] …`.
 
+mod bench;
 mod demo;
 mod deps;
+mod faults;
+mod fuzz;
 mod guest;
 mod kernel;
 mod test;
@@ -48,6 +53,24 @@ enum Cmd {
     Test(TestArgs),
     /// Build the examples and run the demo (rc_pingpong, else loopback) inside a VM.
     Demo(DemoArgs),
+    /// Benchmark our example tools against rdma-core's C tools in one SoftRoCE VM.
+    ///
+    /// Builds the examples (release), boots one VM and runs, on rxe0 with GID index 1, server
+    /// and client in the VM: ibv_rc_pingpong vs rc_pingpong, ib_write_lat vs write_lat,
+    /// ib_write_bw vs write_bw, ib_send_lat vs send_lat, ib_read_lat vs read_lat and
+    /// ib_atomic_lat vs atomic_lat (CAS and FAA), with the same arguments and iterations, C and
+    /// Rust adjacent in ABBA order over several rounds. Writes target/bench/report.md (medians,
+    /// spread, Rust/C against the targets: latency ≤ 1.03, bandwidth ≥ 0.97),
+    /// target/bench/latency_bandwidth.png and the raw outputs under target/bench/raw/. Exits
+    /// non-zero if any run failed (a missed target is a result, not a failure).
+    Bench(BenchArgs),
+    /// Fault injection between two VMs (loss, reordering, a killed peer, link
+    /// down, RNR, CQ overrun); one row per scenario, fails if any fails.
+    Faults(FaultsArgs),
+    /// Run every cargo-fuzz target of `fuzz/` for a time budget each (installs cargo-fuzz
+    /// when missing; `RUSTC_BOOTSTRAP=1` lets the stable toolchain build them). Fails if a
+    /// target crashes (its input is saved under fuzz/artifacts/) or does not build.
+    Fuzz(FuzzArgs),
     /// Internal: run the device test executables of a plan (used inside the VM).
     #[command(hide = true)]
     DeviceRun {
@@ -103,6 +126,9 @@ struct TestArgs {
     /// Skip the host tests and run only the device tests.
     #[arg(long)]
     device_only: bool,
+    /// Skip the fuzzing that follows the host tests.
+    #[arg(long)]
+    no_fuzz: bool,
     /// Per test executable limit in seconds for the device tests.
     #[arg(long, default_value_t = 900)]
     exe_timeout: u64,
@@ -114,10 +140,75 @@ struct TestArgs {
 }
 
 #[derive(Args)]
+struct FuzzArgs {
+    /// Seconds of fuzzing per target.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Only these targets (default: all of `cargo fuzz list`).
+    #[arg(value_name = "TARGET")]
+    targets: Vec<String>,
+}
+
+#[derive(Args)]
+struct FaultsArgs {
+    /// MiB moved by each transfer scenario (the full profile uses 64).
+    #[arg(long, default_value_t = 64)]
+    total_mib: u64,
+    /// Reduced profile: one loss rate and one reordering shape.
+    #[arg(long)]
+    quick: bool,
+    /// Only the scenarios whose name contains this text.
+    #[arg(long)]
+    only: Option<String>,
+    #[command(flatten)]
+    opts: VmOpts,
+}
+
+#[derive(Args)]
 struct DemoArgs {
     /// Build and run the examples in release mode.
     #[arg(long)]
     release: bool,
+    #[command(flatten)]
+    opts: VmOpts,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Rounds over every (tool, size) [default: 3; 1 with --quick].
+    #[arg(long, value_name = "N")]
+    rounds: Option<u32>,
+    /// Message sizes, comma-separated, e.g. 2,64,1K,4K,64K [default: 2,64,1024,4096,65536;
+    /// 2,65536 with --quick]. Atomics always use 8 B.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = bench::parse_size)]
+    sizes: Option<Vec<u64>>,
+    /// Iterations of every run, both sides [default: per tool and size, about a second per run
+    /// under TCG: latency and pingpong 1000 (200 from 16 KiB), bandwidth 2000 (500); 200 with
+    /// --quick]. A full default bench takes about 15 min on an idle host; on a busy one raise
+    /// the VM limit (--timeout), else the runs left at the limit are reported as not run.
+    #[arg(long, value_name = "N")]
+    iters: Option<u64>,
+    /// Smoke run: 1 round, sizes 2 and 64K, 200 iterations.
+    #[arg(long)]
+    quick: bool,
+    /// Only these tools, comma-separated: rc_pingpong, write_lat, write_bw, send_lat,
+    /// read_lat, atomic_lat (= atomic_lat-cas + atomic_lat-faa), send_bw, read_bw
+    /// [default: all but send_bw and read_bw].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    tools: Option<Vec<String>>,
+    /// Per-run limit in seconds: a client still running then is killed and the run recorded
+    /// as failed.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    run_timeout: u64,
+    /// TCP port of the first run; run N uses this + N.
+    #[arg(long, value_name = "PORT", default_value_t = 20000)]
+    port_base: u16,
+    /// Rebuild the report, plot and table from the last bench's files; run nothing.
+    #[arg(long)]
+    reanalyze: bool,
+    /// Internal: run the plan (inside the VM).
+    #[arg(long, hide = true, value_name = "FILE")]
+    run_plan: Option<PathBuf>,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -134,7 +225,12 @@ fn parse_env(s: &str) -> std::result::Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    util::init_clock(matches!(cli.command, Cmd::DeviceRun { .. }));
+    let inner = match &cli.command {
+        Cmd::DeviceRun { .. } => true,
+        Cmd::Bench(b) => b.run_plan.is_some(),
+        _ => false,
+    };
+    util::init_clock(inner);
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -160,6 +256,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let ok = test::cmd_test(&test::TestOptions {
                 no_vm: args.no_vm,
                 device_only: args.device_only,
+                no_fuzz: args.no_fuzz,
                 exe_timeout: Duration::from_secs(args.exe_timeout),
                 vm: args.opts,
                 extra: args.extra,
@@ -174,6 +271,57 @@ fn run(cli: Cli) -> Result<ExitCode> {
             deps::ensure()?;
             let code = demo::cmd_demo(args.release, &args.opts)?;
             Ok(exit_code(code))
+        }
+        Cmd::Faults(args) => {
+            deps::ensure()?;
+            let ok = faults::cmd_faults(&faults::FaultsOptions {
+                total_mib: args.total_mib,
+                quick: args.quick,
+                only: args.only,
+                vm: args.opts,
+            })?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Bench(args) => {
+            if let Some(plan) = &args.run_plan {
+                let ok = bench::run_plan(plan)?;
+                return Ok(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            }
+            if !args.reanalyze {
+                deps::ensure()?;
+            }
+            let ok = bench::cmd_bench(&bench::BenchOptions {
+                rounds: args.rounds,
+                sizes: args.sizes,
+                iters: args.iters,
+                quick: args.quick,
+                tools: args.tools,
+                run_timeout: args.run_timeout,
+                port_base: args.port_base,
+                reanalyze: args.reanalyze,
+                vm: args.opts,
+            })?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Fuzz(args) => {
+            let ok = fuzz::cmd_fuzz(args.seconds, &args.targets)?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Cmd::DeviceRun { plan } => {
             let ok = test::device_run_from_plan(&plan)?;

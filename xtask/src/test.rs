@@ -31,6 +31,7 @@ const VM_GID1: &str = "::ffff:10.0.2.15";
 pub struct TestOptions {
     pub no_vm: bool,
     pub device_only: bool,
+    pub no_fuzz: bool,
     pub exe_timeout: Duration,
     pub vm: VmOpts,
     pub extra: Vec<String>,
@@ -121,6 +122,9 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
                     host.failed += 1;
                 }
             }
+        }
+        if !o.no_fuzz {
+            host.failed += crate::fuzz::after_host_tests(&mut problems);
         }
     }
 
@@ -594,7 +598,7 @@ fn list_devices() -> String {
     }
 }
 
-type Resources = BTreeMap<String, BTreeMap<String, u64>>;
+pub(crate) type Resources = BTreeMap<String, BTreeMap<String, u64>>;
 
 /// Per device resource counts from `rdma resource show`.
 fn resources() -> Result<Resources> {
@@ -608,7 +612,7 @@ fn resources() -> Result<Resources> {
 }
 
 /// Parses lines like `0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0 ctx 0 srq 0`.
-fn parse_resources(text: &str) -> Resources {
+pub(crate) fn parse_resources(text: &str) -> Resources {
     let mut out = Resources::new();
     for line in text.lines() {
         let t: Vec<&str> = line.split_whitespace().collect();
@@ -639,7 +643,7 @@ fn show_resources(r: &Resources) -> String {
 }
 
 /// Higher counts after than before, as `dev kind before -> after`.
-fn leaks(before: &Resources, after: &Resources, device: Option<&str>) -> Vec<String> {
+pub(crate) fn leaks(before: &Resources, after: &Resources, device: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     for (dev, counts) in after {
         if device.is_some_and(|d| d != dev) {

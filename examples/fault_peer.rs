@@ -1,0 +1,811 @@
+//! The peer program of `cargo xtask faults`: moves data over an RC queue
+//! pair (send/recv, RDMA write with immediate, RDMA read) with a sequence
+//! number and checksum in every message, while the harness injects faults
+//! (loss, reordering, a killed peer, a link down, missing receives).
+//!
+//! It ends with one line the harness parses:
+//! `RESULT role=client op=send status=ok msgs=1024 bytes=67108864 verified=1024 posted=1024 returned=1024 first_error=- secs=4.2`
+//! `status` is `ok`, `error:<WcStatus>` (a typed error completion was
+//! observed and every outstanding request was then flushed back),
+//! `event:<AsyncEventType>`, `corrupt` (a checksum or order violation) or
+//! `timeout`. Exit status 0 whenever the run reached a definite outcome.
+//!
+//! ```text
+//! fault_peer server --tcp-port 7000 [--device rxe1]
+//! fault_peer client 192.168.77.1 --tcp-port 7000 --op write --msg-size 65536 --total 67108864
+//! fault_peer cq-overrun [--device rxe0]
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ibverbs::{
+    AccessFlags, AsyncEventType, Buf, Completions, ConnectOptions, Context, Endpoint, Gid,
+    GidIndex, LocalBuffer, PortNumber, QpNumber, QpType, QueuePair, RecvRequest, RemoteKey,
+    RemoteMemory, SendRequest, SgList,
+};
+
+#[derive(Parser)]
+#[command(about = "Data mover for RDMA fault-injection scenarios")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+enum Op {
+    Send,
+    Write,
+    Read,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// RDMA device (default: the first with an active port).
+    #[arg(short = 'd', long)]
+    device: Option<String>,
+    /// Port of the device (default: its first active port).
+    #[arg(short = 'i', long)]
+    ib_port: Option<u8>,
+    /// GID index (default: the port's IPv4 RoCE v2 GID).
+    #[arg(short = 'g', long)]
+    gid_index: Option<u8>,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long, default_value_t = 7000)]
+    tcp_port: u16,
+    /// QP local ACK timeout exponent (4.096 µs · 2^timeout).
+    #[arg(long, default_value_t = 14)]
+    timeout: u8,
+    /// Transport retries before RETRY_EXC_ERR.
+    #[arg(long, default_value_t = 7)]
+    retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    #[arg(long, default_value_t = 7)]
+    rnr_retry: u8,
+    /// Give up after this many seconds (status=timeout).
+    #[arg(long, default_value_t = 300)]
+    deadline: u64,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Wait for a client; receive (send op), expose memory (write/read).
+    Server {
+        #[command(flatten)]
+        c: Common,
+        /// Do not post receives for this long after connecting (RNR).
+        #[arg(long, default_value_t = 0)]
+        recv_delay_ms: u64,
+    },
+    /// Connect to a server and move the data.
+    Client {
+        host: String,
+        #[command(flatten)]
+        c: Common,
+        #[arg(long, value_enum, default_value_t = Op::Send)]
+        op: Op,
+        #[arg(long, default_value_t = 65536)]
+        msg_size: usize,
+        #[arg(long, default_value_t = 64 << 20)]
+        total: u64,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 16)]
+        window: usize,
+    },
+    /// Overrun a small CQ on one host and expect the CQ error event.
+    CqOverrun {
+        #[arg(short = 'd', long)]
+        device: Option<String>,
+    },
+}
+
+const RX_DEPTH: usize = 64;
+
+/// Message layout: seq (8 bytes LE), FNV-1a of the rest (8 bytes), payload.
+fn fill(msg: &mut [u8], seq: u64) {
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for b in msg[16..].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let h = fnv(&msg[16..]);
+    msg[..8].copy_from_slice(&seq.to_le_bytes());
+    msg[8..16].copy_from_slice(&h.to_le_bytes());
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Checks a message: its sequence number and checksum.
+fn check(msg: &[u8], expect_seq: u64) -> Result<(), String> {
+    let seq = u64::from_le_bytes(msg[..8].try_into().unwrap());
+    let h = u64::from_le_bytes(msg[8..16].try_into().unwrap());
+    if seq != expect_seq {
+        return Err(format!("message {expect_seq}: carries sequence {seq}"));
+    }
+    if fnv(&msg[16..]) != h {
+        return Err(format!("message {seq}: checksum mismatch"));
+    }
+    Ok(())
+}
+
+struct Stats {
+    role: &'static str,
+    op: Op,
+    status: String,
+    msgs: u64,
+    bytes: u64,
+    verified: u64,
+    posted: u64,
+    returned: u64,
+    first_error: String,
+    start: Instant,
+    last_ok: Option<Instant>,
+    stall: Option<Duration>,
+}
+
+impl Stats {
+    fn new(role: &'static str, op: Op) -> Stats {
+        Stats {
+            role,
+            op,
+            status: "ok".into(),
+            msgs: 0,
+            bytes: 0,
+            verified: 0,
+            posted: 0,
+            returned: 0,
+            first_error: "-".into(),
+            start: Instant::now(),
+            last_ok: None,
+            stall: None,
+        }
+    }
+    fn fail(&mut self, status: String) {
+        if self.status == "ok" {
+            self.status = status;
+        }
+    }
+    /// Records an error completion (the first one's status and how long
+    /// after the last good completion it came).
+    fn error(&mut self, status: ibverbs::WcStatus) {
+        if self.first_error == "-" {
+            self.first_error = format!("{status:?}");
+            let since = self.last_ok.unwrap_or(self.start);
+            self.stall = Some(since.elapsed());
+        }
+        self.fail(format!("error:{status:?}"));
+    }
+    fn print(&self) {
+        println!(
+            "RESULT role={} op={:?} status={} msgs={} bytes={} verified={} posted={} returned={} first_error={} stall_secs={:.2} secs={:.1}",
+            self.role,
+            self.op,
+            self.status,
+            self.msgs,
+            self.bytes,
+            self.verified,
+            self.posted,
+            self.returned,
+            self.first_error,
+            self.stall.map_or(0.0, |d| d.as_secs_f64()),
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+struct Setup {
+    ctx: Context,
+    port: PortNumber,
+    gid_index: GidIndex,
+}
+
+fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverbs::Result<Setup> {
+    let list = ibverbs::devices()?;
+    let ctx = match device {
+        Some(name) => list
+            .find(name)
+            .ok_or_else(|| ibverbs::Error::NoDevice(format!(" named {name:?}")))?
+            .open()?,
+        None => {
+            let mut found = None;
+            for d in list.iter() {
+                let ctx = d.open()?;
+                if ctx.active_port().is_ok() {
+                    found = Some(ctx);
+                    break;
+                }
+            }
+            found.ok_or_else(|| ibverbs::Error::NoDevice(" with an active port".into()))?
+        }
+    };
+    let port = match ib_port {
+        Some(p) => PortNumber(p),
+        None => ctx.active_port()?,
+    };
+    let gid_index = match gid {
+        Some(g) => GidIndex(g),
+        None => ctx.default_gid_index(port)?,
+    };
+    Ok(Setup {
+        ctx,
+        port,
+        gid_index,
+    })
+}
+
+/// The out-of-band hello: one text line each way.
+fn hello(ep: &Endpoint, mem: Option<RemoteMemory>, extra: &str) -> String {
+    let (addr, len, rkey) = mem.map_or((0, 0, 0), |m| (m.addr, m.len, m.rkey.0));
+    format!(
+        "FP1 qpn={} psn={} lid={} gid={} addr={addr} len={len} rkey={rkey} {extra}\n",
+        ep.qp_num.0, ep.psn, ep.lid, ep.gid
+    )
+}
+
+struct Hello {
+    ep: Endpoint,
+    mem: RemoteMemory,
+    fields: Vec<(String, String)>,
+}
+
+fn parse_hello(line: &str) -> Result<Hello, String> {
+    let mut it = line.split_whitespace();
+    if it.next() != Some("FP1") {
+        return Err(format!("bad hello {line:?}"));
+    }
+    let fields: Vec<(String, String)> = it
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    let get = |k: &str| -> Result<&str, String> {
+        fields
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+            .ok_or(format!("hello lacks {k}"))
+    };
+    let num = |k: &str| -> Result<u64, String> {
+        get(k)?.parse().map_err(|e| format!("hello field {k}: {e}"))
+    };
+    let ep = Endpoint {
+        qp_num: QpNumber(num("qpn")? as u32),
+        psn: num("psn")? as u32 & 0xff_ffff,
+        lid: num("lid")? as u16,
+        gid: get("gid")?
+            .parse::<Gid>()
+            .map_err(|e| format!("gid: {e}"))?,
+    };
+    let mem = RemoteMemory {
+        addr: num("addr")?,
+        len: num("len")?,
+        rkey: RemoteKey(num("rkey")? as u32),
+    };
+    Ok(Hello { ep, mem, fields })
+}
+
+fn read_line(stream: &TcpStream) -> Result<String, String> {
+    let mut line = String::new();
+    BufReader::new(stream.try_clone().map_err(|e| e.to_string())?)
+        .take(4096)
+        .read_line(&mut line)
+        .map_err(|e| format!("exchange: {e}"))?;
+    if line.is_empty() {
+        return Err("peer closed the exchange".into());
+    }
+    Ok(line)
+}
+
+fn connect_qp(
+    s: &Setup,
+    c: &Common,
+    qp: &QueuePair,
+    remote: &Endpoint,
+    psn: u32,
+) -> ibverbs::Result<()> {
+    let opts = ConnectOptions::new(s.port)
+        .gid_index(s.gid_index)
+        .timeout(c.timeout)
+        .retry_cnt(c.retry_cnt)
+        .rnr_retry(c.rnr_retry)
+        .min_rnr_timer(12)
+        .max_rd_atomic(16)
+        .max_dest_rd_atomic(16)
+        .qp_access_flags(
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        );
+    qp.connect(psn, remote, &opts)
+}
+
+fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
+    let s = open(&c.device, c.ib_port, c.gid_index).map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind(("0.0.0.0", c.tcp_port)).map_err(|e| e.to_string())?;
+    eprintln!("fault_peer server: listening on {}", c.tcp_port);
+    // Accept with a deadline: a client that never comes must not hang us.
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let accept_by = Instant::now() + Duration::from_secs(c.deadline);
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < accept_by => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    };
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(c.deadline)))
+        .ok();
+    let client = parse_hello(&read_line(&stream)?)?;
+    let field = |k: &str| {
+        client
+            .fields
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    let op = match field("op").as_deref() {
+        Some("send") => Op::Send,
+        Some("write") => Op::Write,
+        Some("read") => Op::Read,
+        other => return Err(format!("unknown op {other:?}")),
+    };
+    let msg_size: usize = field("size")
+        .and_then(|v| v.parse().ok())
+        .ok_or("no size")?;
+    let msgs: u64 = field("msgs")
+        .and_then(|v| v.parse().ok())
+        .ok_or("no msgs")?;
+    if !(16..=(1 << 24)).contains(&msg_size) || msgs == 0 || msgs > (1 << 20) {
+        return Err(format!("refusing size {msg_size} × {msgs}"));
+    }
+    let mut st = Stats::new("server", op);
+    let pd = s.ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let cq = s
+        .ctx
+        .create_cq(RX_DEPTH as u32 * 2)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .max_recv_wr(RX_DEPTH as u32)
+        .max_send_wr(4)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let psn = Endpoint::random_psn();
+    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), psn).map_err(|e| e.to_string())?;
+    let total = msg_size as u64 * msgs;
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    // write: peers write here; read: we fill it and peers read it (both
+    // stay alive until this function returns).
+    let mut shared = None;
+    let mut read_src = None;
+    let exposed = match op {
+        Op::Send => None,
+        Op::Write => {
+            let m = pd
+                .alloc_shared(total as usize, rights)
+                .map_err(|e| e.to_string())?;
+            let r = m.remote();
+            shared = Some(m);
+            r
+        }
+        Op::Read => {
+            let mut m = pd
+                .alloc(
+                    total as usize,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+                )
+                .map_err(|e| e.to_string())?;
+            for (i, chunk) in m.chunks_mut(msg_size).enumerate() {
+                fill(chunk, i as u64);
+            }
+            let r = m.memory_region().remote();
+            read_src = Some(m);
+            r
+        }
+    };
+    connect_qp(&s, &c, &qp, &client.ep, psn).map_err(|e| e.to_string())?;
+    (&stream)
+        .write_all(hello(&me, exposed, "").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(c.deadline);
+    if op == Op::Read {
+        // The client verifies; wait for its verdict line.
+        let line = read_line(&stream).unwrap_or_default();
+        st.msgs = msgs;
+        st.bytes = total;
+        if !line.starts_with("DONE") {
+            st.fail(format!("peer:{}", line.trim().replace(' ', "_")));
+        }
+        drop(read_src);
+        return Ok(st);
+    }
+    if recv_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(recv_delay_ms));
+    }
+    // Receive buffers (send op) or zero-length receives (write with imm).
+    let recv_len = if op == Op::Send { msg_size } else { 0 };
+    let mut pool: Vec<LocalBuffer> = Vec::new();
+    if recv_len > 0 {
+        let mut all = pd
+            .alloc(recv_len * RX_DEPTH, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        for _ in 0..RX_DEPTH - 1 {
+            let (a, b) = all.split_at(recv_len);
+            pool.push(a);
+            all = b;
+        }
+        pool.push(all);
+    }
+    let post = |qp: &QueuePair, buf: Option<LocalBuffer>| -> Result<(), String> {
+        let wr = match buf {
+            Some(b) => RecvRequest::new(b),
+            None => RecvRequest::sgl(Vec::new()),
+        };
+        qp.post_recv(wr).map_err(|e| e.error.to_string())
+    };
+    let mut outstanding = 0u64;
+    for _ in 0..RX_DEPTH.min(msgs as usize) {
+        post(&qp, pool.pop())?;
+        outstanding += 1;
+        st.posted += 1;
+    }
+    let mut batch = Completions::with_capacity(32);
+    let mut scratch = vec![0u8; msg_size];
+    let mut next_post = outstanding;
+    // The client reports its end over TCP; a client that gave up (error)
+    // means no more data will come: then flush our receives back.
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut peer_line = String::new();
+    let mut last_check = Instant::now();
+    while (st.msgs < msgs && st.status == "ok") || outstanding > 0 {
+        if Instant::now() > deadline && st.status == "ok" {
+            st.fail("timeout".into());
+            let _ = qp.to_err();
+        }
+        if Instant::now() > deadline + Duration::from_secs(30) {
+            break; // the device did not even flush: report what we have
+        }
+        if last_check.elapsed() > Duration::from_millis(100) && st.status == "ok" {
+            last_check = Instant::now();
+            let mut buf = [0u8; 256];
+            match (&stream).read(&mut buf) {
+                Ok(0) => peer_line.push_str("DONE closed"),
+                Ok(n) => peer_line.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(_) => {}
+            }
+            if let Some(rest) = peer_line.strip_prefix("DONE ") {
+                let status = rest.split_whitespace().next().unwrap_or("?").to_owned();
+                if status != "ok" || st.msgs < msgs {
+                    st.fail(format!("peer:{status}"));
+                    let _ = qp.to_err();
+                }
+            }
+        }
+        cq.poll(&mut batch).map_err(|e| e.to_string())?;
+        for mut comp in batch.drain() {
+            outstanding -= 1;
+            st.returned += 1;
+            let buf = comp.take_local();
+            if !comp.is_success() {
+                st.error(comp.status());
+                continue;
+            }
+            st.last_ok = Some(Instant::now());
+            if st.status != "ok" {
+                continue;
+            }
+            let seq = st.msgs;
+            let verdict = match op {
+                Op::Send => check(&buf.as_ref().unwrap()[..], seq),
+                _ => {
+                    let imm = comp.imm_data().map(u64::from);
+                    if imm != Some(seq) {
+                        Err(format!("write {seq}: immediate {imm:?}"))
+                    } else {
+                        let sh = shared.as_ref().unwrap();
+                        sh.copy_to_slice(seq as usize * msg_size, &mut scratch)
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| check(&scratch, seq))
+                    }
+                }
+            };
+            match verdict {
+                Ok(()) => st.verified += 1,
+                Err(e) => {
+                    eprintln!("fault_peer server: {e}");
+                    st.fail("corrupt".into());
+                }
+            }
+            st.msgs += 1;
+            st.bytes += msg_size as u64;
+            if next_post < msgs && st.status == "ok" {
+                post(&qp, buf)?;
+                outstanding += 1;
+                next_post += 1;
+                st.posted += 1;
+            }
+        }
+        if st.status != "ok" && outstanding > 0 {
+            // Get every receive back: error state flushes them.
+            let _ = qp.to_err();
+        }
+    }
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    let _ = (&stream).write_all(format!("DONE {} {}\n", st.status, st.verified).as_bytes());
+    Ok(st)
+}
+
+fn client(
+    host: String,
+    c: Common,
+    op: Op,
+    msg_size: usize,
+    total: u64,
+    window: usize,
+) -> Result<Stats, String> {
+    if msg_size < 16 {
+        return Err("--msg-size must be at least 16".into());
+    }
+    let msgs = total.div_ceil(msg_size as u64);
+    let s = open(&c.device, c.ib_port, c.gid_index).map_err(|e| e.to_string())?;
+    let mut st = Stats::new("client", op);
+    let pd = s.ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let cq = s
+        .ctx
+        .create_cq(window as u32 * 2 + 4)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(window as u32)
+        .max_recv_wr(4)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let psn = Endpoint::random_psn();
+    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), psn).map_err(|e| e.to_string())?;
+    // Connect (the server may start later).
+    let t0 = Instant::now();
+    let stream = loop {
+        match TcpStream::connect((host.as_str(), c.tcp_port)) {
+            Ok(st) => break st,
+            Err(e) if t0.elapsed() < Duration::from_secs(300) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(format!("connect {host}:{}: {e}", c.tcp_port)),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(c.deadline)))
+        .ok();
+    let op_name = format!("{op:?}").to_lowercase();
+    (&stream)
+        .write_all(
+            hello(
+                &me,
+                None,
+                &format!("op={op_name} size={msg_size} msgs={msgs}"),
+            )
+            .as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+    let server = parse_hello(&read_line(&stream)?)?;
+    connect_qp(&s, &c, &qp, &server.ep, psn).map_err(|e| e.to_string())?;
+    st.start = Instant::now();
+    let mut all = pd
+        .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let mut pool: Vec<LocalBuffer> = Vec::with_capacity(window);
+    for _ in 0..window - 1 {
+        let (a, b) = all.split_at(msg_size);
+        pool.push(a);
+        all = b;
+    }
+    pool.push(all);
+    let deadline = Instant::now() + Duration::from_secs(c.deadline);
+    let mut batch = Completions::with_capacity(32);
+    let mut next = 0u64;
+    let mut outstanding = 0u64;
+    let mut done = 0u64; // completed in order
+    while (next < msgs && st.status == "ok") || outstanding > 0 {
+        while next < msgs && st.status == "ok" {
+            let Some(mut buf) = pool.pop() else { break };
+            let wr = match op {
+                Op::Send => {
+                    fill(&mut buf, next);
+                    SendRequest::send(buf)
+                }
+                Op::Write => {
+                    fill(&mut buf, next);
+                    let remote = server
+                        .mem
+                        .slice(next * msg_size as u64, msg_size as u64)
+                        .ok_or("server region too small")?;
+                    SendRequest::write(buf, remote).imm(next as u32)
+                }
+                Op::Read => {
+                    let remote = server
+                        .mem
+                        .slice(next * msg_size as u64, msg_size as u64)
+                        .ok_or("server region too small")?;
+                    SendRequest::read(buf, remote)
+                }
+            };
+            match qp.post_send(wr.wr_id(next)) {
+                Ok(()) => {
+                    next += 1;
+                    outstanding += 1;
+                    st.posted += 1;
+                }
+                Err(e) => {
+                    st.fail(format!("post:{}", e.error).replace(' ', "_"));
+                    if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
+                        pool.push(b);
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline && st.status == "ok" {
+            // Give up, but get every buffer back: the error state flushes.
+            st.fail("timeout".into());
+            let _ = qp.to_err();
+        }
+        if Instant::now() > deadline + Duration::from_secs(30) {
+            break; // the device did not even flush: report what we have
+        }
+        cq.poll(&mut batch).map_err(|e| e.to_string())?;
+        for mut comp in batch.drain() {
+            outstanding -= 1;
+            st.returned += 1;
+            let buf = comp.take_local();
+            if !comp.is_success() {
+                st.error(comp.status());
+            } else if st.status == "ok" {
+                st.last_ok = Some(Instant::now());
+                if comp.wr_id() != done {
+                    eprintln!(
+                        "fault_peer client: completion {} out of order (expected {done})",
+                        comp.wr_id()
+                    );
+                    st.fail("corrupt".into());
+                }
+                if op == Op::Read {
+                    match check(&buf.as_ref().unwrap()[..], comp.wr_id()) {
+                        Ok(()) => st.verified += 1,
+                        Err(e) => {
+                            eprintln!("fault_peer client: {e}");
+                            st.fail("corrupt".into());
+                        }
+                    }
+                }
+                done += 1;
+                st.msgs += 1;
+                st.bytes += msg_size as u64;
+            }
+            if let Some(b) = buf {
+                pool.push(b);
+            }
+        }
+    }
+    // Tell the server, and (send/write) learn its verdict.
+    let _ = (&stream).write_all(format!("DONE {}\n", st.status).as_bytes());
+    if op != Op::Read && st.status == "ok" {
+        match read_line(&stream) {
+            Ok(line) => {
+                let mut f = line.split_whitespace().skip(1);
+                let status = f.next().unwrap_or("?").to_owned();
+                st.verified = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                if status != "ok" {
+                    st.fail(format!("peer:{status}"));
+                }
+            }
+            Err(e) => st.fail(format!("peer:{}", e.replace(' ', "_"))),
+        }
+    }
+    Ok(st)
+}
+
+fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
+    let s = open(&device, None, None).map_err(|e| e.to_string())?;
+    let mut st = Stats::new("local", Op::Send);
+    let pd = s.ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let send_cq = s.ctx.create_cq(64).build().map_err(|e| e.to_string())?;
+    let small = s.ctx.create_cq(1).build().map_err(|e| e.to_string())?;
+    let cap = small.capacity() as usize;
+    let n = cap + 8;
+    let qp = pd
+        .create_qp(QpType::Rc, &send_cq, &small)
+        .max_recv_wr(n as u32)
+        .max_send_wr(n as u32)
+        .max_inline_data(16)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), 1).map_err(|e| e.to_string())?;
+    let c = Common {
+        device: None,
+        ib_port: None,
+        gid_index: None,
+        tcp_port: 0,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        deadline: 30,
+    };
+    connect_qp(&s, &c, &qp, &me, 1).map_err(|e| e.to_string())?;
+    for _ in 0..n {
+        let b = pd
+            .alloc(16, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        qp.post_recv(RecvRequest::new(b))
+            .map_err(|e| e.error.to_string())?;
+        st.posted += 1;
+    }
+    s.ctx
+        .set_async_nonblocking(true)
+        .map_err(|e| e.to_string())?;
+    for i in 0..n as u64 {
+        // The receive CQ (capacity `cap`) is never polled: it overflows.
+        let _ = qp.post_send(SendRequest::send_inline(&i.to_le_bytes()).signaled(true));
+        st.msgs += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.ctx.get_async_event() {
+            Ok(ev) => {
+                eprintln!("fault_peer: async event {ev:?}");
+                if ev.event_type() == AsyncEventType::CqErr {
+                    st.status = format!("event:{:?}", ev.event_type());
+                    break;
+                }
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => {
+                st.status = "timeout".into();
+                break;
+            }
+        }
+    }
+    eprintln!("fault_peer: CQ capacity {cap}, {n} completions aimed at it");
+    Ok(st)
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Server { c, recv_delay_ms } => server(c, recv_delay_ms),
+        Cmd::Client {
+            host,
+            c,
+            op,
+            msg_size,
+            total,
+            window,
+        } => client(host, c, op, msg_size, total, window.clamp(1, 512)),
+        Cmd::CqOverrun { device } => cq_overrun(device),
+    };
+    match r {
+        Ok(st) => {
+            st.print();
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fault_peer: {e}");
+            println!("RESULT status=failed reason={}", e.replace(' ', "_"));
+            std::process::ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! From runs to results: each run is judged (exit statuses, then the number parsed from the
+//! client's output), and the measured runs are grouped per (tool, size) and implementation.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+use super::parse::{self, Wanted};
+use super::plan::{self, Impl, Metric, Plan, RunSpec, Tool};
+use super::runner::{Exit, RunRecord};
+use super::stats::{self, Summary};
+
+/// The number a tool's output gives for `metric`, checked against the size and iterations asked.
+pub fn extract(metric: Metric, text: &str, size: u64, iters: u64) -> Result<f64> {
+    match metric {
+        Metric::PingpongLatency => {
+            let p = parse::pingpong(text)?;
+            if p.iters != iters {
+                bail!("it reports {} iterations, {iters} were asked for", p.iters);
+            }
+            Ok(p.usec_per_iter)
+        }
+        Metric::Latency => parse::perftest_value(
+            text,
+            &Wanted {
+                column: "t_typical",
+                unit: "usec",
+                size,
+                iters: Some(iters),
+            },
+        ),
+        Metric::Bandwidth => parse::bandwidth_mb_s(text, size, Some(iters)),
+    }
+}
+
+/// The last non-empty line of a file, to say why a tool failed.
+fn last_line(path: &PathBuf) -> Option<String> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+}
+
+/// The measured value of a run, or why there is none.
+pub fn judge(spec: &RunSpec, rec: Option<&RunRecord>) -> std::result::Result<f64, String> {
+    let Some(rec) = rec else {
+        return Err("did not run (the VM stopped before it)".into());
+    };
+    if let Some(p) = &rec.problem {
+        return Err(p.clone());
+    }
+    let with_output = |who: &str, exit: Exit, path: &PathBuf| {
+        let mut s = format!("the {who} {}", exit.describe());
+        if let Some(l) = last_line(path) {
+            s.push_str(&format!(": `{l}`"));
+        }
+        s
+    };
+    if rec.client_exit != Exit::Code(0) {
+        return Err(with_output("client", rec.client_exit, &rec.client_out));
+    }
+    if rec.server_exit != Exit::Code(0) {
+        return Err(with_output("server", rec.server_exit, &rec.server_out));
+    }
+    let Some(tool) = plan::tool(&spec.tool) else {
+        return Err(format!("unknown tool `{}`", spec.tool));
+    };
+    let text = fs::read_to_string(&rec.client_out)
+        .map_err(|e| format!("cannot read {}: {e}", rec.client_out.display()))?;
+    extract(tool.metric, &text, spec.size, spec.iters).map_err(|e| format!("client output: {e:#}"))
+}
+
+/// A run that gave no number.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub spec: RunSpec,
+    pub reason: String,
+}
+
+/// One implementation's runs of a cell.
+#[derive(Debug, Clone, Default)]
+pub struct Side {
+    /// In round order.
+    pub values: Vec<f64>,
+    pub failures: Vec<Failure>,
+    pub summary: Option<Summary>,
+}
+
+impl Side {
+    pub fn planned(&self) -> usize {
+        self.values.len() + self.failures.len()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Miss,
+    /// One side has no successful run.
+    NoData,
+}
+
+/// One (tool, size): both implementations.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub tool: &'static Tool,
+    pub size: u64,
+    pub iters: u64,
+    pub c: Side,
+    pub rust: Side,
+}
+
+impl Cell {
+    pub fn ratio(&self) -> Option<f64> {
+        Some(stats::ratio(
+            self.rust.summary.as_ref()?,
+            self.c.summary.as_ref()?,
+        ))
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        match self.ratio() {
+            Some(r) if self.tool.metric.target().met(r) => Verdict::Pass,
+            Some(_) => Verdict::Miss,
+            None => Verdict::NoData,
+        }
+    }
+
+    pub fn failures(&self) -> usize {
+        self.c.failures.len() + self.rust.failures.len()
+    }
+}
+
+/// All cells, in tool-table and size order, plus the runs outside them.
+#[derive(Debug, Clone, Default)]
+pub struct Analysis {
+    pub cells: Vec<Cell>,
+    pub warmup_failures: Vec<Failure>,
+    pub runs_planned: usize,
+    pub runs_recorded: usize,
+    /// Sum of the clients' run times, seconds.
+    pub client_secs: f64,
+}
+
+impl Analysis {
+    pub fn all_failures(&self) -> Vec<&Failure> {
+        let mut v: Vec<&Failure> = self.warmup_failures.iter().collect();
+        for c in &self.cells {
+            v.extend(c.c.failures.iter().chain(&c.rust.failures));
+        }
+        v.sort_by_key(|f| f.spec.seq);
+        v
+    }
+}
+
+/// Failures in schedule order, consecutive ones with the same reason merged (a VM that stopped
+/// early leaves many runs with one reason): (first, last, count, reason).
+pub fn grouped_failures(a: &Analysis) -> Vec<(&Failure, &Failure, usize, &str)> {
+    let mut out: Vec<(&Failure, &Failure, usize, &str)> = Vec::new();
+    for f in a.all_failures() {
+        match out.last_mut() {
+            Some((_, last, n, reason))
+                if *reason == f.reason && last.spec.seq + 1 == f.spec.seq =>
+            {
+                *last = f;
+                *n += 1;
+            }
+            _ => out.push((f, f, 1, f.reason.as_str())),
+        }
+    }
+    out
+}
+
+pub fn analyze(plan: &Plan, records: &[RunRecord]) -> Analysis {
+    let by_seq: BTreeMap<usize, &RunRecord> = records.iter().map(|r| (r.seq, r)).collect();
+    let mut cells: BTreeMap<(usize, u64), Cell> = BTreeMap::new();
+    let mut a = Analysis {
+        runs_planned: plan.runs.len(),
+        runs_recorded: by_seq.len(),
+        client_secs: records.iter().map(|r| r.client_secs).sum(),
+        ..Analysis::default()
+    };
+    for spec in &plan.runs {
+        let rec = by_seq.get(&spec.seq).copied();
+        let result = judge(spec, rec);
+        if spec.warmup {
+            if let Err(reason) = result {
+                a.warmup_failures.push(Failure {
+                    spec: spec.clone(),
+                    reason,
+                });
+            }
+            continue;
+        }
+        let Some((order, tool)) = plan::TOOLS
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.key == spec.tool)
+        else {
+            continue;
+        };
+        let cell = cells.entry((order, spec.size)).or_insert_with(|| Cell {
+            tool,
+            size: spec.size,
+            iters: spec.iters,
+            c: Side::default(),
+            rust: Side::default(),
+        });
+        let side = match spec.imp {
+            Impl::C => &mut cell.c,
+            Impl::Rust => &mut cell.rust,
+        };
+        match result {
+            Ok(v) => side.values.push(v),
+            Err(reason) => side.failures.push(Failure {
+                spec: spec.clone(),
+                reason,
+            }),
+        }
+    }
+    for cell in cells.values_mut() {
+        cell.c.summary = stats::summarize(&cell.c.values);
+        cell.rust.summary = stats::summarize(&cell.rust.values);
+    }
+    a.cells = cells.into_values().collect();
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse::samples::*;
+    use super::super::plan::{schedule, select_tools, Programs, Settings};
+    use super::super::runner::raw_paths;
+    use super::*;
+
+    #[test]
+    fn extraction_checks_iterations() {
+        assert_eq!(
+            extract(Metric::PingpongLatency, IBV_RC_PINGPONG, 64, 200).unwrap(),
+            189.65
+        );
+        assert!(extract(Metric::PingpongLatency, IBV_RC_PINGPONG, 64, 2000).is_err());
+        assert_eq!(
+            extract(Metric::Bandwidth, IB_WRITE_BW, 65536, 200).unwrap(),
+            32.96
+        );
+        assert!(extract(Metric::Bandwidth, IB_WRITE_LAT, 2, 1000).is_err());
+        assert_eq!(
+            extract(Metric::Latency, IB_WRITE_LAT, 2, 1000).unwrap(),
+            48.73
+        );
+    }
+
+    /// A whole plan judged from files: values, failures and a run the VM never reached.
+    #[test]
+    fn analysis_of_a_small_plan() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let tools = select_tools(Some(&["rc_pingpong".into()])).unwrap();
+        let mut progs = Programs::default();
+        progs
+            .c
+            .insert("ibv_rc_pingpong".into(), "/usr/bin/ibv_rc_pingpong".into());
+        progs
+            .rust
+            .insert("rc_pingpong".into(), "/x/rc_pingpong".into());
+        let runs = schedule(
+            &Settings {
+                tools: &tools,
+                sizes: &[64],
+                rounds: 2,
+                iters: Some(200),
+                quick: false,
+                port_base: 20000,
+            },
+            &progs,
+        );
+        let plan = Plan {
+            rounds: 2,
+            sizes: vec![64],
+            quick: false,
+            iters_override: Some(200),
+            run_timeout_secs: 60,
+            deadline_secs: None,
+            raw_dir: dir.clone(),
+            results: dir.join("results.jsonl"),
+            vm_env: dir.join("vm-env.json"),
+            runs,
+        };
+        let ok = |us: f64| format!("ITERS iters in 0.04 seconds = {us:.2} usec/iter\n");
+        let mut records = Vec::new();
+        // warm-ups and round 1 (C, Rust), then round 2's first run (Rust) fails; the last never ran
+        let outputs = [
+            Some(ok(100.0)),
+            Some(ok(100.0)),
+            Some(ok(190.0)),
+            Some(ok(200.0)),
+            Some("IB device rxe0 not found\n".to_string()),
+        ];
+        for (spec, out) in plan.runs.iter().zip(outputs) {
+            let Some(out) = out else { continue };
+            let (s, c) = raw_paths(&dir, spec);
+            fs::write(&s, "").unwrap();
+            fs::write(&c, out.replace("ITERS", &spec.iters.to_string())).unwrap();
+            let failed = out.contains("not found");
+            records.push(RunRecord {
+                seq: spec.seq,
+                id: spec.id.clone(),
+                server_exit: Exit::Code(0),
+                client_exit: Exit::Code(if failed { 1 } else { 0 }),
+                problem: None,
+                listen_secs: 0.1,
+                client_secs: 1.0,
+                server_out: s,
+                client_out: c,
+            });
+        }
+        let a = analyze(&plan, &records);
+        assert_eq!(a.runs_planned, 6);
+        assert_eq!(a.runs_recorded, 5);
+        assert_eq!(a.cells.len(), 1);
+        let cell = &a.cells[0];
+        assert_eq!(cell.c.values, [190.0]);
+        assert_eq!(cell.rust.values, [200.0]);
+        assert_eq!(cell.failures(), 2);
+        let reasons: Vec<&str> = a.all_failures().iter().map(|f| f.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "the client exited with status 1: `IB device rxe0 not found`",
+                "did not run (the VM stopped before it)"
+            ]
+        );
+        assert!((cell.ratio().unwrap() - 200.0 / 190.0).abs() < 1e-12);
+        assert_eq!(grouped_failures(&a).len(), 2);
+        assert_eq!(cell.verdict(), Verdict::Miss);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

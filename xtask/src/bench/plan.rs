@@ -1,0 +1,616 @@
+//! What to run: the tool pairs, their command lines, iteration counts and the ABBA schedule.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The device and GID index in the VM (rxe0 on eth0; GID 1 is `::ffff:10.0.2.15`).
+pub const DEVICE: &str = "rxe0";
+pub const GID_INDEX: &str = "1";
+/// The client connects to the server in the same VM.
+pub const SERVER_HOST: &str = "localhost";
+
+/// Which implementation a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Impl {
+    C,
+    Rust,
+}
+
+impl Impl {
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::C => "C",
+            Impl::Rust => "Rust",
+        }
+    }
+
+    fn file_tag(self) -> &'static str {
+        match self {
+            Impl::C => "c",
+            Impl::Rust => "rust",
+        }
+    }
+
+    fn other(self) -> Impl {
+        match self {
+            Impl::C => Impl::Rust,
+            Impl::Rust => Impl::C,
+        }
+    }
+}
+
+/// What a tool measures and which number of its output we take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Metric {
+    /// perftest latency table: `t_typical[usec]`.
+    Latency,
+    /// `ibv_rc_pingpong`: `usec/iter` (one round trip).
+    PingpongLatency,
+    /// perftest bandwidth table: `BW average[MB/sec]`.
+    Bandwidth,
+}
+
+impl Metric {
+    pub fn is_latency(self) -> bool {
+        !matches!(self, Metric::Bandwidth)
+    }
+
+    /// Column heading in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::Latency => "t_typical µs",
+            Metric::PingpongLatency => "µs/iter",
+            Metric::Bandwidth => "BW avg MB/s",
+        }
+    }
+
+    /// The target for Rust/C of the medians.
+    pub fn target(self) -> Target {
+        if self.is_latency() {
+            Target::AtMost(1.03)
+        } else {
+            Target::AtLeast(0.97)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Target {
+    pub fn met(self, ratio: f64) -> bool {
+        match self {
+            Target::AtMost(t) => ratio <= t,
+            Target::AtLeast(t) => ratio >= t,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Target::AtMost(t) => format!("≤ {t:.2}"),
+            Target::AtLeast(t) => format!("≥ {t:.2}"),
+        }
+    }
+}
+
+/// Command-line style of a tool pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    /// `ibv_rc_pingpong -d DEV -g GIDX -s SIZE -n ITERS -p PORT [host]`
+    Pingpong,
+    /// perftest: `-d DEV -x GIDX [-s SIZE] -n ITERS -p PORT [host]`
+    Perftest,
+}
+
+/// One pair of tools: rdma-core's C program and our example with the same options.
+#[derive(Debug, Clone, Copy)]
+pub struct Tool {
+    /// File-safe key, also what `--tools` selects (`atomic_lat` selects both atomics).
+    pub key: &'static str,
+    /// Shown in the report.
+    pub label: &'static str,
+    pub c_program: &'static str,
+    pub example: &'static str,
+    pub metric: Metric,
+    style: Style,
+    /// Extra arguments of each side (perftest spells the atomic types out, our tool abbreviates).
+    c_args: &'static [&'static str],
+    rust_args: &'static [&'static str],
+    /// Message size fixed by the operation (atomics: 8 B); no `-s` is passed then.
+    pub fixed_size: Option<u64>,
+    /// Part of the default selection.
+    default: bool,
+}
+
+pub const TOOLS: &[Tool] = &[
+    Tool {
+        key: "rc_pingpong",
+        label: "rc_pingpong",
+        c_program: "ibv_rc_pingpong",
+        example: "rc_pingpong",
+        metric: Metric::PingpongLatency,
+        style: Style::Pingpong,
+        c_args: &[],
+        rust_args: &[],
+        fixed_size: None,
+        default: true,
+    },
+    perftest(
+        "write_lat",
+        "write_lat",
+        "ib_write_lat",
+        Metric::Latency,
+        true,
+    ),
+    perftest(
+        "write_bw",
+        "write_bw",
+        "ib_write_bw",
+        Metric::Bandwidth,
+        true,
+    ),
+    perftest("send_lat", "send_lat", "ib_send_lat", Metric::Latency, true),
+    perftest("read_lat", "read_lat", "ib_read_lat", Metric::Latency, true),
+    Tool {
+        key: "atomic_lat-cas",
+        label: "atomic_lat CAS",
+        c_args: &["-A", "CMP_AND_SWAP"],
+        rust_args: &["-A", "CAS"],
+        fixed_size: Some(8),
+        ..perftest("", "atomic_lat", "ib_atomic_lat", Metric::Latency, true)
+    },
+    Tool {
+        key: "atomic_lat-faa",
+        label: "atomic_lat FAA",
+        c_args: &["-A", "FETCH_AND_ADD"],
+        rust_args: &["-A", "FAA"],
+        fixed_size: Some(8),
+        ..perftest("", "atomic_lat", "ib_atomic_lat", Metric::Latency, true)
+    },
+    perftest("send_bw", "send_bw", "ib_send_bw", Metric::Bandwidth, false),
+    perftest("read_bw", "read_bw", "ib_read_bw", Metric::Bandwidth, false),
+];
+
+const fn perftest(
+    key: &'static str,
+    example: &'static str,
+    c_program: &'static str,
+    metric: Metric,
+    default: bool,
+) -> Tool {
+    Tool {
+        key,
+        label: key,
+        c_program,
+        example,
+        metric,
+        style: Style::Perftest,
+        c_args: &[],
+        rust_args: &[],
+        fixed_size: None,
+        default,
+    }
+}
+
+pub fn tool(key: &str) -> Option<&'static Tool> {
+    TOOLS.iter().find(|t| t.key == key)
+}
+
+/// The tools `--tools` names (keys or example names), or the default set; in table order.
+pub fn select_tools(names: Option<&[String]>) -> Result<Vec<&'static Tool>> {
+    let Some(names) = names else {
+        return Ok(TOOLS.iter().filter(|t| t.default).collect());
+    };
+    for n in names {
+        if !TOOLS.iter().any(|t| t.key == n || t.example == n) {
+            let known: Vec<&str> = TOOLS.iter().map(|t| t.key).collect();
+            bail!("unknown tool `{n}` (known: {})", known.join(", "));
+        }
+    }
+    Ok(TOOLS
+        .iter()
+        .filter(|t| names.iter().any(|n| t.key == n || t.example == n))
+        .collect())
+}
+
+/// Iterations per run when `--iters` is not given: about a second per run under TCG on an idle
+/// host (pingpong ~0.2 ms/iter at small sizes, ~4 ms at 64 KiB; write_bw ~35 MB/s at 64 KiB),
+/// so process start-up (~2 s a run) dominates and the whole bench stays near 15 min. A loaded
+/// host stretches the latency runs most: their mean goes to milliseconds with vCPU stalls.
+pub fn default_iters(metric: Metric, size: u64, quick: bool) -> u64 {
+    if quick {
+        return 200;
+    }
+    match (metric, size >= 16384) {
+        (Metric::Bandwidth, false) => 2000,
+        (Metric::Bandwidth, true) => 500,
+        (_, false) => 1000,
+        (_, true) => 200,
+    }
+}
+
+/// One run of one tool pair's side: a server, then a client to it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunSpec {
+    /// Position in the schedule (0-based); also names the raw files.
+    pub seq: usize,
+    /// e.g. `r2-write_lat-4096-rust`; `w-…` for warm-ups.
+    pub id: String,
+    pub tool: String,
+    pub imp: Impl,
+    pub size: u64,
+    pub iters: u64,
+    /// 0 for the warm-up, else 1..=rounds.
+    pub round: u32,
+    pub warmup: bool,
+    pub port: u16,
+    pub server: Vec<String>,
+    pub client: Vec<String>,
+    /// Why the run cannot happen (e.g. the example is not built); recorded as a failure.
+    pub missing: Option<String>,
+}
+
+/// Everything the VM side needs, written as JSON to `target/bench/plan.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    pub rounds: u32,
+    pub sizes: Vec<u64>,
+    pub quick: bool,
+    pub iters_override: Option<u64>,
+    pub run_timeout_secs: u64,
+    /// Seconds after the runner starts when it stops starting runs (the VM's limit less a run
+    /// and a margin); the rest are recorded as not run. None: no limit.
+    #[serde(default)]
+    pub deadline_secs: Option<u64>,
+    pub raw_dir: PathBuf,
+    pub results: PathBuf,
+    pub vm_env: PathBuf,
+    pub runs: Vec<RunSpec>,
+}
+
+/// Where each side's program is: C tools by absolute path, examples by their built path.
+#[derive(Default)]
+pub struct Programs {
+    pub c: BTreeMap<String, PathBuf>,
+    pub rust: BTreeMap<String, PathBuf>,
+    /// Why an example is not in `rust` (e.g. it did not compile), by example name.
+    pub rust_problems: BTreeMap<String, String>,
+}
+
+pub struct Settings<'a> {
+    pub tools: &'a [&'static Tool],
+    pub sizes: &'a [u64],
+    pub rounds: u32,
+    pub iters: Option<u64>,
+    pub quick: bool,
+    pub port_base: u16,
+}
+
+/// Sizes a tool runs at.
+pub fn sizes_for(tool: &Tool, sizes: &[u64]) -> Vec<u64> {
+    match tool.fixed_size {
+        Some(s) => vec![s],
+        None => sizes.to_vec(),
+    }
+}
+
+/// Which side goes first in a pair. Pairs alternate within a round and a cell's order flips
+/// each round, so the whole sequence reads C R | R C | C R | R C … (ABBA) and every cell sees
+/// both orders.
+pub fn first_of_pair(round: u32, cell: usize) -> Impl {
+    if (round as usize + cell) % 2 == 1 {
+        Impl::C
+    } else {
+        Impl::Rust
+    }
+}
+
+/// The schedule: one warm-up pair per tool (smallest size, few iterations, not counted), then
+/// `rounds` rounds over every (tool, size) cell with the two sides adjacent in ABBA order.
+pub fn schedule(s: &Settings, programs: &Programs) -> Vec<RunSpec> {
+    let mut runs = Vec::new();
+    let mut push = |tool: &Tool, imp: Impl, size: u64, iters: u64, round: u32| {
+        let seq = runs.len();
+        let port = s.port_base.wrapping_add(seq as u16);
+        let warmup = round == 0;
+        let id = format!(
+            "{}-{}-{}-{}",
+            if warmup {
+                "w".to_string()
+            } else {
+                format!("r{round}")
+            },
+            tool.key,
+            size,
+            imp.file_tag()
+        );
+        let (program, missing) = match imp {
+            Impl::C => match programs.c.get(tool.c_program) {
+                Some(p) => (p.to_string_lossy().into_owned(), None),
+                None => (
+                    tool.c_program.to_string(),
+                    Some(format!("`{}` is not installed", tool.c_program)),
+                ),
+            },
+            Impl::Rust => match programs.rust.get(tool.example) {
+                Some(p) => (p.to_string_lossy().into_owned(), None),
+                None => (
+                    tool.example.to_string(),
+                    Some(
+                        programs
+                            .rust_problems
+                            .get(tool.example)
+                            .cloned()
+                            .unwrap_or_else(|| {
+                                format!("the example `{}` does not exist", tool.example)
+                            }),
+                    ),
+                ),
+            },
+        };
+        let server = command(tool, imp, &program, size, iters, port, None);
+        let client = command(tool, imp, &program, size, iters, port, Some(SERVER_HOST));
+        runs.push(RunSpec {
+            seq,
+            id,
+            tool: tool.key.to_string(),
+            imp,
+            size,
+            iters,
+            round,
+            warmup,
+            port,
+            server,
+            client,
+            missing,
+        });
+    };
+    for tool in s.tools {
+        let size = sizes_for(tool, s.sizes)[0];
+        let iters = s.iters.unwrap_or(100).min(100);
+        push(tool, Impl::C, size, iters, 0);
+        push(tool, Impl::Rust, size, iters, 0);
+    }
+    let cells: Vec<(&Tool, u64)> = s
+        .tools
+        .iter()
+        .flat_map(|t| sizes_for(t, s.sizes).into_iter().map(move |z| (*t, z)))
+        .collect();
+    for round in 1..=s.rounds {
+        for (i, (tool, size)) in cells.iter().enumerate() {
+            let iters = s
+                .iters
+                .unwrap_or_else(|| default_iters(tool.metric, *size, s.quick));
+            let first = first_of_pair(round, i);
+            push(tool, first, *size, iters, round);
+            push(tool, first.other(), *size, iters, round);
+        }
+    }
+    runs
+}
+
+/// The argv of one side; `host` is None for the server.
+fn command(
+    tool: &Tool,
+    imp: Impl,
+    program: &str,
+    size: u64,
+    iters: u64,
+    port: u16,
+    host: Option<&str>,
+) -> Vec<String> {
+    let mut a: Vec<String> = vec![program.to_string(), "-d".into(), DEVICE.into()];
+    match tool.style {
+        Style::Pingpong => a.extend(["-g".into(), GID_INDEX.into()]),
+        Style::Perftest => a.extend(["-x".into(), GID_INDEX.into()]),
+    }
+    if tool.fixed_size.is_none() {
+        a.extend(["-s".into(), size.to_string()]);
+    }
+    a.extend([
+        "-n".into(),
+        iters.to_string(),
+        "-p".into(),
+        port.to_string(),
+    ]);
+    let extra = match imp {
+        Impl::C => tool.c_args,
+        Impl::Rust => tool.rust_args,
+    };
+    a.extend(extra.iter().map(|s| s.to_string()));
+    if let Some(h) = host {
+        a.push(h.to_string());
+    }
+    a
+}
+
+/// Parses a message size: `4096`, `4K`, `4k`, `4KiB`, `1M`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = lower
+        .strip_suffix("kib")
+        .or_else(|| lower.strip_suffix('k'))
+    {
+        (n, 1024)
+    } else if let Some(n) = lower
+        .strip_suffix("mib")
+        .or_else(|| lower.strip_suffix('m'))
+    {
+        (n, 1024 * 1024)
+    } else {
+        (lower.as_str(), 1)
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 64, 4K, 64KiB)"))?;
+    let v = n * mult;
+    if !(1..=8 * 1024 * 1024).contains(&v) {
+        return Err(format!("size {v} is outside 1 B … 8 MiB"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn programs(with_rust: bool) -> Programs {
+        let mut c = BTreeMap::new();
+        let mut rust = BTreeMap::new();
+        for t in TOOLS {
+            c.insert(
+                t.c_program.to_string(),
+                PathBuf::from(format!("/usr/bin/{}", t.c_program)),
+            );
+            if with_rust {
+                rust.insert(
+                    t.example.to_string(),
+                    PathBuf::from(format!("/r/examples/{}", t.example)),
+                );
+            }
+        }
+        Programs {
+            c,
+            rust,
+            ..Programs::default()
+        }
+    }
+
+    #[test]
+    fn abba_order() {
+        let tools = select_tools(Some(&["write_lat".to_string()])).unwrap();
+        let s = Settings {
+            tools: &tools,
+            sizes: &[2, 64],
+            rounds: 3,
+            iters: None,
+            quick: false,
+            port_base: 20000,
+        };
+        let runs = schedule(&s, &programs(true));
+        let measured: Vec<(u32, u64, Impl)> = runs
+            .iter()
+            .filter(|r| !r.warmup)
+            .map(|r| (r.round, r.size, r.imp))
+            .collect();
+        use Impl::{Rust as R, C};
+        assert_eq!(
+            measured,
+            [
+                (1, 2, C),
+                (1, 2, R),
+                (1, 64, R),
+                (1, 64, C),
+                (2, 2, R),
+                (2, 2, C),
+                (2, 64, C),
+                (2, 64, R),
+                (3, 2, C),
+                (3, 2, R),
+                (3, 64, R),
+                (3, 64, C),
+            ]
+        );
+        // warm-ups first, ports all distinct
+        assert!(runs[0].warmup && runs[1].warmup && !runs[2].warmup);
+        let mut ports: Vec<u16> = runs.iter().map(|r| r.port).collect();
+        ports.dedup();
+        assert_eq!(ports.len(), runs.len());
+        // each cell has both orders across rounds
+        for (i, _) in [2u64, 64].iter().enumerate() {
+            assert_ne!(first_of_pair(1, i), first_of_pair(2, i));
+        }
+    }
+
+    #[test]
+    fn command_lines() {
+        let tools = select_tools(Some(&["rc_pingpong".into(), "atomic_lat".into()])).unwrap();
+        assert_eq!(tools.len(), 3);
+        let s = Settings {
+            tools: &tools,
+            sizes: &[4096],
+            rounds: 1,
+            iters: Some(300),
+            quick: false,
+            port_base: 30000,
+        };
+        let runs = schedule(&s, &programs(false));
+        let r = runs
+            .iter()
+            .find(|r| !r.warmup && r.tool == "rc_pingpong" && r.imp == Impl::C)
+            .unwrap();
+        assert_eq!(
+            r.client.join(" "),
+            format!(
+                "/usr/bin/ibv_rc_pingpong -d rxe0 -g 1 -s 4096 -n 300 -p {} localhost",
+                r.port
+            )
+        );
+        assert_eq!(r.server.last().unwrap(), &r.port.to_string());
+        let cas_c = runs
+            .iter()
+            .find(|r| !r.warmup && r.tool == "atomic_lat-cas" && r.imp == Impl::C)
+            .unwrap();
+        assert_eq!(cas_c.size, 8);
+        assert!(!cas_c.client.contains(&"-s".to_string()));
+        assert!(cas_c.client.join(" ").contains("-A CMP_AND_SWAP localhost"));
+        let cas_r = runs
+            .iter()
+            .find(|r| !r.warmup && r.tool == "atomic_lat-cas" && r.imp == Impl::Rust)
+            .unwrap();
+        assert!(cas_r.server.join(" ").ends_with("-A CAS"));
+        assert_eq!(
+            cas_r.missing.as_deref(),
+            Some("the example `atomic_lat` does not exist")
+        );
+        // warm-ups never run more than 100 iterations, measured runs all use --iters
+        assert!(runs.iter().filter(|r| r.warmup).all(|r| r.iters == 100));
+        assert!(runs.iter().filter(|r| !r.warmup).all(|r| r.iters == 300));
+    }
+
+    #[test]
+    fn tool_selection() {
+        let d = select_tools(None).unwrap();
+        let keys: Vec<&str> = d.iter().map(|t| t.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "rc_pingpong",
+                "write_lat",
+                "write_bw",
+                "send_lat",
+                "read_lat",
+                "atomic_lat-cas",
+                "atomic_lat-faa"
+            ]
+        );
+        assert!(select_tools(Some(&["nope".into()])).is_err());
+        assert_eq!(select_tools(Some(&["send_bw".into()])).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64"), Ok(64));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn targets() {
+        assert!(Metric::Latency.target().met(1.03));
+        assert!(!Metric::PingpongLatency.target().met(1.031));
+        assert!(Metric::Bandwidth.target().met(0.97));
+        assert!(!Metric::Bandwidth.target().met(0.969));
+    }
+}

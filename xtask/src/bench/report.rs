@@ -1,0 +1,485 @@
+//! The bench's outputs: the table printed at the end and `target/bench/report.md`.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::analysis::{Analysis, Cell, Side, Verdict};
+use super::plan::{Metric, Plan};
+use super::stats::Summary;
+
+/// Where and how the bench ran (host side; the VM's own facts come from `vm-env.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Env {
+    pub date: String,
+    pub git: String,
+    pub host_kernel: String,
+    pub host_cpu: String,
+    pub host_cpus: usize,
+    pub rdma_core: String,
+    pub perftest: String,
+    pub qemu: String,
+    pub vm_mem: String,
+    pub vm_smp: u32,
+    pub load_before: String,
+    pub load_after: String,
+    /// QEMU processes on the host that are not ours, before and after (other engineers' VMs).
+    pub other_vms_before: usize,
+    pub other_vms_after: usize,
+    /// Wall-clock time of the VM (boot to power-off), seconds.
+    pub vm_secs: f64,
+    pub command: String,
+    pub vm_kernel: String,
+    pub vm_cpus: usize,
+    pub vm_gid1: String,
+}
+
+impl Env {
+    /// A warning when the host was busy: other VMs or a load above its core count.
+    pub fn noise_warning(&self) -> Option<String> {
+        let load = |s: &str| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let peak = load(&self.load_before).max(load(&self.load_after));
+        let others = self.other_vms_before.max(self.other_vms_after);
+        if others == 0 && (self.host_cpus == 0 || peak <= self.host_cpus as f64) {
+            return None;
+        }
+        Some(format!(
+            "the host was busy ({others} other QEMU VM(s), 1-min load up to {peak:.1} on {} \
+             cores): the VM's vCPUs competed with them for the cores, so expect noise far above \
+             ±3 %; rerun on an idle host before drawing conclusions",
+            self.host_cpus
+        ))
+    }
+}
+
+/// A number with as many digits as its size deserves.
+pub fn num(v: f64) -> String {
+    let a = v.abs();
+    if !v.is_finite() {
+        "—".into()
+    } else if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+pub fn size(bytes: u64) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn median(s: &Side) -> String {
+    s.summary.as_ref().map_or("—".into(), |m| num(m.median))
+}
+
+fn range(s: &Side) -> String {
+    s.summary
+        .as_ref()
+        .map_or("—".into(), |m| format!("{}–{}", num(m.min), num(m.max)))
+}
+
+fn rel_range(s: &Side) -> String {
+    s.summary.as_ref().map_or("—".into(), |m: &Summary| {
+        if m.n < 2 {
+            "n=1".into()
+        } else {
+            format!("{:.1}%", 100.0 * m.rel_range())
+        }
+    })
+}
+
+fn ok_count(s: &Side) -> String {
+    format!("{}/{}", s.values.len(), s.planned())
+}
+
+pub fn verdict(c: &Cell) -> String {
+    let base = match c.verdict() {
+        Verdict::Pass => "pass",
+        Verdict::Miss => "MISS",
+        Verdict::NoData => "no data",
+    };
+    match c.failures() {
+        0 => base.to_string(),
+        n => format!("{base} ({n} failed)"),
+    }
+}
+
+fn ratio(c: &Cell) -> String {
+    c.ratio().map_or("—".into(), |r| format!("{r:.3}"))
+}
+
+/// The table printed at the end of `cargo xtask bench`.
+pub fn terminal_table(a: &Analysis) -> String {
+    let head = [
+        "tool", "size", "metric", "C med", "Rust med", "Rust/C", "C rng", "Rust rng", "ok C",
+        "ok R", "target", "result",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+    for c in &a.cells {
+        rows.push(vec![
+            c.tool.label.to_string(),
+            size(c.size),
+            c.tool.metric.label().to_string(),
+            median(&c.c),
+            median(&c.rust),
+            ratio(c),
+            rel_range(&c.c),
+            rel_range(&c.rust),
+            ok_count(&c.c),
+            ok_count(&c.rust),
+            c.tool.metric.target().describe(),
+            verdict(c),
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (k, r) in rows.iter().enumerate() {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            // text columns left, numbers right
+            if !(3..10).contains(&i) {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            }
+            line.push_str("  ");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+        if k == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            out.push_str(&"-".repeat(total));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// One line per target: how many cells meet it, and which miss.
+pub fn target_lines(a: &Analysis) -> Vec<String> {
+    let mut out = Vec::new();
+    for (what, is_lat) in [("latency", true), ("bandwidth", false)] {
+        let cells: Vec<&Cell> = a
+            .cells
+            .iter()
+            .filter(|c| c.tool.metric.is_latency() == is_lat)
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
+        let target = cells[0].tool.metric.target().describe();
+        let pass = cells
+            .iter()
+            .filter(|c| c.verdict() == Verdict::Pass)
+            .count();
+        let misses: Vec<String> = cells
+            .iter()
+            .filter(|c| c.verdict() != Verdict::Pass)
+            .map(|c| format!("{} {} ({})", c.tool.label, size(c.size), ratio(c)))
+            .collect();
+        let mut line = format!(
+            "{what}: Rust/C {target} at every size — {pass} of {} cells pass",
+            cells.len()
+        );
+        if !misses.is_empty() {
+            line.push_str(&format!("; not met: {}", misses.join(", ")));
+        }
+        out.push(line);
+    }
+    out
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// `target/bench/report.md`.
+pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> String {
+    let mut m = String::new();
+    let _ = writeln!(
+        m,
+        "# Benchmark: our Rust examples vs rdma-core's C tools (SoftRoCE, one VM)\n"
+    );
+    let _ = writeln!(
+        m,
+        "> **Read the ratios, not the numbers.** Everything ran in one QEMU VM under TCG \
+         (an emulated CPU, no KVM) on the software RoCE device rxe0, server and client in the \
+         same VM over rxe's loopback. Absolute latencies and bandwidths here say little about \
+         real hardware; what is meaningful is Rust/C measured side by side on the same emulated \
+         machine. The same C binary varies by about ±3 % between interleaved rounds on an idle \
+         host, more when other VMs share the host (see *Environment*).\n"
+    );
+    if let Some(w) = env.noise_warning() {
+        let _ = writeln!(m, "> **Warning:** {w}.\n");
+    }
+    if png.is_some() {
+        let _ = writeln!(m, "![latency and bandwidth](latency_bandwidth.png)\n");
+    }
+    let _ = writeln!(m, "## Results\n");
+    let _ = writeln!(
+        m,
+        "Median over {} round(s) for each implementation; Rust/C is the ratio of the medians. \
+         Spread is min–max over the rounds (with the range as a percentage of the median). \
+         Latency is perftest's `t_typical` (µs) or `ibv_rc_pingpong`'s `usec/iter`; bandwidth is \
+         perftest's `BW average` (MB/s).\n",
+        plan.rounds
+    );
+    let _ = writeln!(
+        m,
+        "| tool | size | metric | iters | C median | Rust median | Rust/C | C min–max | Rust min–max | runs ok (C · Rust) | target | result |"
+    );
+    let _ = writeln!(
+        m,
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    );
+    for c in &a.cells {
+        let res = match c.verdict() {
+            Verdict::Pass => verdict(c),
+            _ => format!("**{}**", verdict(c)),
+        };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} · {} | {} | {} |",
+            c.tool.label,
+            size(c.size),
+            c.tool.metric.label(),
+            c.iters,
+            median(&c.c),
+            median(&c.rust),
+            ratio(c),
+            range(&c.c),
+            rel_range(&c.c),
+            range(&c.rust),
+            rel_range(&c.rust),
+            ok_count(&c.c),
+            ok_count(&c.rust),
+            c.tool.metric.target().describe(),
+            res
+        );
+    }
+    let _ = writeln!(m, "\n## Targets\n");
+    for l in target_lines(a) {
+        let _ = writeln!(m, "- {l}");
+    }
+    let failures = a.all_failures();
+    let _ = writeln!(
+        m,
+        "- runs: {} planned, {} recorded, {} failed{}",
+        a.runs_planned,
+        a.runs_recorded,
+        failures.len(),
+        if failures.is_empty() {
+            ""
+        } else {
+            " (listed below; a failed run is not in any median)"
+        }
+    );
+    let misses = a
+        .cells
+        .iter()
+        .filter(|c| c.verdict() != Verdict::Pass)
+        .count();
+    let _ = writeln!(
+        m,
+        "\n{}\n",
+        if misses == 0 && failures.is_empty() {
+            "**All targets met, no failed runs.**".to_string()
+        } else {
+            format!(
+                "**{misses} of {} cells do not meet their target; {} run(s) failed.** \
+                 Nothing was tuned to these numbers and no run was dropped: every successful \
+                 measured run is in the medians.",
+                a.cells.len(),
+                failures.len()
+            )
+        }
+    );
+    if !failures.is_empty() {
+        let _ = writeln!(m, "## Failed runs\n");
+        let _ = writeln!(m, "| # | run | what happened | raw output |");
+        let _ = writeln!(m, "|---:|---|---|---|");
+        for (first, last, n, reason) in super::analysis::grouped_failures(a) {
+            let raw = |f: &super::analysis::Failure| {
+                let (s, c) = super::runner::raw_paths(std::path::Path::new("raw"), &f.spec);
+                format!("`{}`, `{}`", c.display(), s.display())
+            };
+            let warm = |f: &super::analysis::Failure| if f.spec.warmup { " (warm-up)" } else { "" };
+            if n == 1 {
+                let _ = writeln!(
+                    m,
+                    "| {} | {}{} | {} | {} |",
+                    first.spec.seq,
+                    first.spec.id,
+                    warm(first),
+                    md_escape(reason),
+                    raw(first)
+                );
+            } else {
+                let _ = writeln!(
+                    m,
+                    "| {}–{} | {n} runs: {} … {} | {} | — |",
+                    first.spec.seq,
+                    last.spec.seq,
+                    first.spec.id,
+                    last.spec.id,
+                    md_escape(reason)
+                );
+            }
+        }
+        let _ = writeln!(m);
+    }
+    let _ = writeln!(m, "## How it ran\n");
+    let _ = writeln!(
+        m,
+        "- One VM, device rxe0, GID index 1 (`-g 1` / `-x 1`), server and client in the VM, the \
+         client pointed at `localhost`; each run has its own TCP port and the client starts once \
+         the server's port listens.\n\
+         - Order: first one short warm-up pair per tool (not counted), then {} round(s) over \
+         every (tool, size). In each cell the C and Rust runs are adjacent, and their order \
+         alternates from cell to cell and flips every round, so the sequence reads C R · R C · \
+         C R · … (ABBA) and slow drift of the host affects both sides alike.\n\
+         - The same arguments and iteration counts for both sides (perftest spells atomic types \
+         `CMP_AND_SWAP`/`FETCH_AND_ADD`, our `atomic_lat` `CAS`/`FAA`). Iterations: {}.\n\
+         - Bandwidth: where perftest's `MsgRate[Mpps]` (6 decimals) is finer than its \
+         2-decimal `BW average` and agrees with it, BW is recomputed from it (same measurement, \
+         BW = MsgRate · size · 10⁶ / 2²⁰), so small-message ratios are not rounding noise.\n\
+         - Per-run limit {} s (`--run-timeout`); stragglers are killed and the run is recorded as \
+         failed.",
+        plan.rounds,
+        iters_summary(plan),
+        plan.run_timeout_secs
+    );
+    let _ = writeln!(m, "\n## Environment\n");
+    let rows: [(&str, String); 14] = [
+        ("date", env.date.clone()),
+        ("command", format!("`{}`", env.command)),
+        ("git", env.git.clone()),
+        ("VM kernel", env.vm_kernel.clone()),
+        (
+            "VM",
+            format!(
+                "QEMU {} (TCG), {} vCPUs, {} RAM; rxe0 GID[1] {}",
+                env.qemu, env.vm_smp, env.vm_mem, env.vm_gid1
+            ),
+        ),
+        ("rdma-core", env.rdma_core.clone()),
+        ("perftest", env.perftest.clone()),
+        ("host kernel", env.host_kernel.clone()),
+        ("host CPU", format!("{} × {}", env.host_cpus, env.host_cpu)),
+        (
+            "host load (1/5/15 min)",
+            format!("before {} · after {}", env.load_before, env.load_after),
+        ),
+        (
+            "other QEMU VMs on the host",
+            format!(
+                "{} before, {} after (they compete for the same cores: expect more noise)",
+                env.other_vms_before, env.other_vms_after
+            ),
+        ),
+        ("rounds", plan.rounds.to_string()),
+        (
+            "sizes",
+            plan.sizes
+                .iter()
+                .map(|s| size(*s))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (
+            "time",
+            format!(
+                "VM {:.0} s wall (clients ran {:.0} s in total)",
+                env.vm_secs, a.client_secs
+            ),
+        ),
+    ];
+    let _ = writeln!(m, "| | |\n|---|---|");
+    for (k, v) in rows {
+        let _ = writeln!(m, "| {k} | {} |", md_escape(&v));
+    }
+    let _ = writeln!(m, "\n## Every measured value (round order)\n");
+    let _ = writeln!(m, "| tool | size | C | Rust |\n|---|---:|---|---|");
+    for c in &a.cells {
+        let list = |s: &Side| {
+            let mut v: Vec<String> = s.values.iter().map(|x| num(*x)).collect();
+            v.extend(std::iter::repeat_n("failed".to_string(), s.failures.len()));
+            v.join(", ")
+        };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} |",
+            c.tool.label,
+            size(c.size),
+            list(&c.c),
+            list(&c.rust)
+        );
+    }
+    let _ = writeln!(
+        m,
+        "\nRaw outputs of every run (server and client): `target/bench/raw/`; the plan with the \
+         exact command lines: `target/bench/plan.json`; per-run exit statuses and timings: \
+         `target/bench/results.jsonl`. `cargo xtask bench --reanalyze` rebuilds this report \
+         from them."
+    );
+    m
+}
+
+fn iters_summary(plan: &Plan) -> String {
+    if let Some(n) = plan.iters_override {
+        return format!("{n} per run (`--iters`)");
+    }
+    let mut seen: Vec<(String, u64, u64)> = Vec::new();
+    for r in plan.runs.iter().filter(|r| !r.warmup) {
+        let key = r.tool.clone();
+        if !seen.iter().any(|(k, s, _)| *k == key && *s == r.size) {
+            seen.push((key, r.size, r.iters));
+        }
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for metric in [Metric::PingpongLatency, Metric::Latency, Metric::Bandwidth] {
+        let mut small = None;
+        let mut large = None;
+        for (k, s, n) in &seen {
+            if super::plan::tool(k).map(|t| t.metric) != Some(metric) {
+                continue;
+            }
+            if *s >= 16384 {
+                large = Some(*n);
+            } else {
+                small = Some(*n);
+            }
+        }
+        let name = match metric {
+            Metric::PingpongLatency => "pingpong",
+            Metric::Latency => "latency tools",
+            Metric::Bandwidth => "bandwidth tools",
+        };
+        match (small, large) {
+            (Some(a), Some(b)) if a != b => {
+                parts.push(format!("{name} {a} (< 16 KiB) / {b} (≥ 16 KiB)"))
+            }
+            (Some(a), _) | (None, Some(a)) => parts.push(format!("{name} {a}")),
+            _ => {}
+        }
+    }
+    parts.join("; ")
+}
