@@ -126,12 +126,19 @@ impl Region {
     }
 
     pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
-        let length = sge_length(self.len)?;
-        Ok(sys::ibv_sge {
+        sge_length(self.len)?;
+        Ok(self.sge_prechecked())
+    }
+
+    /// The SGE of a region whose length [`Region::sge`] already accepted
+    /// (posting validates every request before building any C request).
+    pub(crate) fn sge_prechecked(&self) -> sys::ibv_sge {
+        debug_assert!(u32::try_from(self.len).is_ok());
+        sys::ibv_sge {
             addr: self.addr(),
-            length,
+            length: self.len as u32,
             lkey: self.mr.lkey,
-        })
+        }
     }
 }
 
@@ -184,10 +191,6 @@ macro_rules! region_common {
         impl $ty {
             pub(crate) fn from_region(region: Region) -> Self {
                 $ty { region }
-            }
-            #[allow(dead_code)]
-            pub(crate) fn region_mut(&mut self) -> &mut Region {
-                &mut self.region
             }
             pub(crate) fn region(&self) -> &Region {
                 &self.region

@@ -341,14 +341,12 @@ pub(crate) fn check_bufs(
     Ok(())
 }
 
+/// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
 fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     let mut n = 0;
-    for b in sg.iter() {
-        // Lengths were checked by `check_bufs`.
-        if let Ok(s) = b.region().sge() {
-            out[n] = s;
-            n += 1;
-        }
+    for (slot, b) in out.iter_mut().zip(sg.iter()) {
+        *slot = b.region().sge_prechecked();
+        n += 1;
     }
     n
 }
