@@ -75,6 +75,10 @@ pub unsafe trait Storage: Send + Sync + 'static {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Whether huge pages back it (reported by [`MemoryRegion::is_huge`]).
+    fn is_huge(&self) -> bool {
+        false
+    }
 }
 
 // SAFETY: a Vec's heap buffer does not move when the Vec is moved, and the
@@ -161,6 +165,9 @@ unsafe impl Storage for AnonymousMemory {
     }
     fn len(&self) -> usize {
         self.map.len()
+    }
+    fn is_huge(&self) -> bool {
+        self.huge
     }
 }
 
@@ -320,7 +327,7 @@ impl ProtectionDomain {
                     .into(),
             ));
         }
-        let huge = false;
+        let huge = storage.is_huge();
         let ptr = NonNull::new(storage.as_mut_ptr())
             .ok_or_else(|| Error::InvalidArgument("storage returned a NULL pointer".into()))?;
         // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
@@ -440,14 +447,7 @@ impl ProtectionDomain {
     /// As [`ProtectionDomain::register`].
     pub fn alloc_huge(&self, len: usize, access: AccessFlags) -> Result<LocalBuffer> {
         let mem = AnonymousMemory::huge_or_normal(len)?;
-        let huge = mem.is_huge();
         let mut buf = self.register(mem, access)?;
-        if huge {
-            // SAFETY-free bookkeeping: only this buffer knows the MR yet.
-            if let Some(inner) = Arc::get_mut(&mut buf.region_mut().mr) {
-                inner.huge = true;
-            }
-        }
         buf.truncate_to(len);
         Ok(buf)
     }

@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use crate::error::{ret_errno, ret_ptr, Error, Result};
+use crate::error::{ret_errno, ret_ptr, Result};
 use crate::queue_pair::{check_bufs, post_recv_common, PostError, RecvRequest, RecvScratch};
 use crate::wq_table::{Mode, WqTable};
+#[cfg(doc)]
+use crate::Error;
 use crate::{CompletionQueue, ProtectionDomain};
 
 pub(crate) struct SrqInner {
@@ -259,6 +261,3 @@ impl std::fmt::Debug for SharedReceiveQueue {
             .finish()
     }
 }
-
-#[allow(dead_code)]
-fn _assert_error_used(_: Error) {}
