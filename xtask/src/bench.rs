@@ -361,7 +361,7 @@ fn build_examples(
 ) -> Result<(BTreeMap<String, PathBuf>, BTreeMap<String, String>)> {
     step!("bench: building the examples of {SUITE_PACKAGE} (release)");
     let mut problems = BTreeMap::new();
-    match cargo_build(&["--examples"]) {
+    match util::build_examples(true, &["--examples"]) {
         Ok(all) => return Ok((all, problems)),
         Err(e) => step!("bench: {e:#}; building the benchmarked examples one by one"),
     }
@@ -376,7 +376,7 @@ fn build_examples(
         {
             continue;
         }
-        match cargo_build(&["--example", name]) {
+        match util::build_examples(true, &["--example", name]) {
             Ok(m) => built.extend(m),
             Err(_) => {
                 problems.insert(
@@ -387,38 +387,6 @@ fn build_examples(
         }
     }
     Ok((built, problems))
-}
-
-fn cargo_build(what: &[&str]) -> Result<BTreeMap<String, PathBuf>> {
-    let manifest = crate::repo_root()?.join("Cargo.toml");
-    let mut cmd = util::cargo();
-    cmd.args(["build", "--release", "-p", SUITE_PACKAGE])
-        .args(what)
-        .arg("--message-format=json-render-diagnostics");
-    let mut out = BTreeMap::new();
-    let status = util::run_streaming(&mut cmd, |l| {
-        let Ok(v) = serde_json::from_str::<Value>(l) else {
-            println!("{l}");
-            return;
-        };
-        if v["reason"] != "compiler-artifact"
-            || v["manifest_path"].as_str() != Some(&*manifest.to_string_lossy())
-        {
-            return;
-        }
-        let is_example = v["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "example"));
-        if let (true, Some(name), Some(exe)) = (
-            is_example,
-            v["target"]["name"].as_str(),
-            v["executable"].as_str(),
-        ) {
-            out.insert(name.to_string(), PathBuf::from(exe));
-        }
-    })?;
-    util::check_status(&cmd, status)?;
-    Ok(out)
 }
 
 fn first_line(cmd: &mut Command) -> String {

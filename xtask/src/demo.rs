@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use serde_json::Value;
 
 use crate::util::{self, quote};
 use crate::vm::{self, VmConfig};
@@ -42,46 +41,12 @@ pub fn demo_command(examples: &BTreeMap<String, PathBuf>) -> Result<String> {
 }
 
 /// Builds the examples of the root package; returns name → executable.
-fn build_examples(release: bool) -> Result<BTreeMap<String, PathBuf>> {
-    let manifest = crate::repo_root()?.join("Cargo.toml");
-    let mut cmd = util::cargo();
-    cmd.args(["build", "-p", "ibverbs-suite", "--examples"]);
-    if release {
-        cmd.arg("--release");
-    }
-    cmd.arg("--message-format=json-render-diagnostics");
-    let mut out = BTreeMap::new();
-    let status = util::run_streaming(&mut cmd, |l| {
-        let Ok(v) = serde_json::from_str::<Value>(l) else {
-            println!("{l}");
-            return;
-        };
-        if v["reason"] != "compiler-artifact"
-            || v["manifest_path"].as_str() != Some(&*manifest.to_string_lossy())
-        {
-            return;
-        }
-        let is_example = v["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "example"));
-        if let (true, Some(name), Some(exe)) = (
-            is_example,
-            v["target"]["name"].as_str(),
-            v["executable"].as_str(),
-        ) {
-            out.insert(name.to_string(), PathBuf::from(exe));
-        }
-    })?;
-    util::check_status(&cmd, status)?;
-    Ok(out)
-}
-
 pub fn cmd_demo(release: bool, opts: &VmOpts) -> Result<i32> {
     step!(
         "demo: building the examples ({})",
         if release { "release" } else { "debug" }
     );
-    let examples = build_examples(release)?;
+    let examples = util::build_examples(release, &["--examples"])?;
     let command = demo_command(&examples)?;
     let session = vm::Session::new()?;
     let outcome = session

@@ -223,6 +223,45 @@ pub fn target_dir() -> Result<PathBuf> {
         .with_context(|| format!("cannot resolve {dir}"))
 }
 
+/// Builds examples of the root package (`what`: `--examples` or
+/// `--example NAME`) and returns each example's executable by name.
+pub fn build_examples(
+    release: bool,
+    what: &[&str],
+) -> anyhow::Result<std::collections::BTreeMap<String, std::path::PathBuf>> {
+    let manifest = crate::repo_root()?.join("Cargo.toml");
+    let mut cmd = cargo();
+    cmd.args(["build", "-p", "ibverbs-suite"]).args(what);
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.arg("--message-format=json-render-diagnostics");
+    let mut out = std::collections::BTreeMap::new();
+    let status = run_streaming(&mut cmd, |l| {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+            println!("{l}");
+            return;
+        };
+        if v["reason"] != "compiler-artifact"
+            || v["manifest_path"].as_str() != Some(&*manifest.to_string_lossy())
+        {
+            return;
+        }
+        let is_example = v["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "example"));
+        if let (true, Some(name), Some(exe)) = (
+            is_example,
+            v["target"]["name"].as_str(),
+            v["executable"].as_str(),
+        ) {
+            out.insert(name.to_string(), std::path::PathBuf::from(exe));
+        }
+    })?;
+    check_status(&cmd, status)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
