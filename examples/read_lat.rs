@@ -7,12 +7,18 @@
 //! The client posts one RDMA read of `-s` bytes, waits for its completion,
 //! and repeats; latency is the time between consecutive posts (a read is a
 //! full round trip). The server prints the client's results.
+//!
+//! `--raw` posts and polls through the library's `unsafe` raw path
+//! (`post_send_raw`, `poll_raw`: no ownership bookkeeping, no checks) — a
+//! control that isolates what the safe layer costs per operation.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completions, SendRequest};
+use ibverbs::{
+    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, WorkCompletion,
+};
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -26,10 +32,65 @@ use perf::{ns_since, report, stats, QpSpec, Resources, Result, Table, Test};
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
+    /// Post and poll through the unsafe raw path (a control measuring the
+    /// safe layer's cost); busy polling only
+    #[arg(long)]
+    raw: bool,
+}
+
+/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+fn raw_loop(
+    res: &Resources,
+    cfg: &Config,
+    head: &LocalBuffer,
+    from: RemoteMemory,
+    base: Instant,
+    stamps: &mut Vec<u64>,
+) -> Result<()> {
+    let mut sge = sys::ibv_sge {
+        addr: head.addr(),
+        length: head.len() as u32,
+        lkey: head.lkey(),
+    };
+    let mut wc = [WorkCompletion::default(); 1];
+    for i in 0..cfg.iters {
+        stamps.push(ns_since(base));
+        let mut wr = sys::ibv_send_wr {
+            wr_id: i,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::IBV_WR_RDMA_READ,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: from.addr,
+            rkey: from.rkey.0,
+        };
+        // SAFETY: `head` is registered (its lkey), owned by the caller and
+        // not touched until this read's completion is polled below; `wr_id`
+        // has bit 63 clear; the chain is one NULL-terminated request.
+        unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting read {i}: {e}"))?;
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        while res.cq.poll_raw(&mut wc)? == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
+                return Err(format!("no completion for RDMA read {i} within the timeout").into());
+            }
+        }
+        if !wc[0].is_success() {
+            return Err(format!("RDMA read {i} failed: {}", wc[0].status()).into());
+        }
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
     let mut cfg = Config::new(&cli.common, None, args::LAT)?;
+    if cli.raw && cfg.events {
+        return Err("--raw polls the CQ; it cannot be combined with -e".into());
+    }
     // Reads carry no inline data (perftest disables -I for reads too).
     cfg.inline = 0;
     let max = cfg.max_size();
@@ -79,12 +140,16 @@ fn run(cli: Cli) -> Result<()> {
         stamps.clear();
         peer.barrier(cfg.timeout)?;
         let base = Instant::now();
-        for i in 0..cfg.iters {
-            stamps.push(ns_since(base));
-            res.qp
-                .post_send(SendRequest::read(head, from).wr_id(i))
-                .map_err(|e| format!("posting read {i}: {}", e.error))?;
-            head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
+        if cli.raw {
+            raw_loop(&res, &cfg, &head, from, base, &mut stamps)?;
+        } else {
+            for i in 0..cfg.iters {
+                stamps.push(ns_since(base));
+                res.qp
+                    .post_send(SendRequest::read(head, from).wr_id(i))
+                    .map_err(|e| format!("posting read {i}: {}", e.error))?;
+                head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
+            }
         }
         stats::deltas_us(&stamps, 1.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;

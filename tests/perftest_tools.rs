@@ -418,6 +418,14 @@ fn read_lat_sweep() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn read_lat_raw_control() {
+    let (s, c) = pair("read_lat", 19017, &["-n", "10", "-s", "64", "--raw"]);
+    check_table(&c, LAT, &[64], 10, 7);
+    check_table(&s, LAT, &[64], 10, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn write_bw_sweep() {
     let args = ["-n", "32", "-a", "--max-size", "16K", "-t", "16", "-Q", "4"];
     let (s, c) = pair("write_bw", 19006, &args);

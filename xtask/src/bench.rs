@@ -275,6 +275,9 @@ fn finish(out: &Out) -> Result<bool> {
     for l in report::target_lines(&a) {
         println!("target {l}");
     }
+    for l in report::control_lines(&a) {
+        println!("control {l}");
+    }
     let failures = a.all_failures();
     for (first, last, n, reason) in analysis::grouped_failures(&a) {
         if n == 1 {

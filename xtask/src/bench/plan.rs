@@ -157,6 +157,14 @@ pub const TOOLS: &[Tool] = &[
     ),
     perftest("send_lat", "send_lat", "ib_send_lat", Metric::Latency, true),
     perftest("read_lat", "read_lat", "ib_read_lat", Metric::Latency, true),
+    // A control: the same binary through the unsafe raw path. Safe ≈ raw
+    // means a gap to C is not the safe layer's per-operation cost.
+    Tool {
+        key: "read_lat-raw",
+        label: "read_lat raw",
+        rust_args: &["--raw"],
+        ..perftest("", "read_lat", "ib_read_lat", Metric::Latency, true)
+    },
     Tool {
         key: "atomic_lat-cas",
         label: "atomic_lat CAS",
@@ -588,6 +596,7 @@ mod tests {
                 "write_bw",
                 "send_lat",
                 "read_lat",
+                "read_lat-raw",
                 "atomic_lat-cas",
                 "atomic_lat-faa"
             ]

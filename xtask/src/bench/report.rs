@@ -207,6 +207,34 @@ pub fn target_lines(a: &Analysis) -> Vec<String> {
     out
 }
 
+/// The raw-path control: for every size measured both through the safe
+/// API (`read_lat`) and the unsafe raw path (`read_lat-raw`), the Rust
+/// safe/raw ratio. Near 1 means a gap to C is not the safe layer's cost.
+pub fn control_lines(a: &Analysis) -> Vec<String> {
+    let mut out = Vec::new();
+    for safe in a.cells.iter().filter(|c| c.tool.key == "read_lat") {
+        let Some(raw) = a
+            .cells
+            .iter()
+            .find(|c| c.tool.key == "read_lat-raw" && c.size == safe.size)
+        else {
+            continue;
+        };
+        let (Some(s), Some(r)) = (safe.rust.summary.as_ref(), raw.rust.summary.as_ref()) else {
+            continue;
+        };
+        out.push(format!(
+            "read_lat {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; raw/C {}",
+            size(safe.size),
+            s.median,
+            r.median,
+            s.median / r.median,
+            ratio(raw)
+        ));
+    }
+    out
+}
+
 fn md_escape(s: &str) -> String {
     s.replace('|', "\\|")
 }
@@ -312,6 +340,21 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
             )
         }
     );
+    let control = control_lines(a);
+    if !control.is_empty() {
+        let _ = writeln!(m, "## Safe layer vs raw path (control)\n");
+        let _ = writeln!(
+            m,
+            "`read_lat raw` is the same Rust binary posting with `post_send_raw` and polling \
+             with `poll_raw` (no ownership bookkeeping, no checks), the loop of the C tool. \
+             A safe/raw ratio near 1 while raw/C stays high means the gap to C is not spent in \
+             the library's safe layer.\n"
+        );
+        for l in control {
+            let _ = writeln!(m, "- {l}");
+        }
+        let _ = writeln!(m);
+    }
     if !failures.is_empty() {
         let _ = writeln!(m, "## Failed runs\n");
         let _ = writeln!(m, "| # | run | what happened | raw output |");
