@@ -125,6 +125,10 @@ impl Region {
         self.ptr.as_ptr() as u64
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
         sge_length(self.len)?;
         Ok(self.sge_prechecked())

@@ -25,6 +25,22 @@ pub(crate) struct CqInner {
     tables: Mutex<Vec<Arc<dyn Retire>>>,
     unacked: AtomicU32,
     cqe: u32,
+    /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
+    /// user-mapped CQEs, where libibverbs reads bit 2 as `IP_CSUM_OK` and
+    /// expects `IBV_WC_WITH_INV` in bit 3: receive completions of an rxe CQ
+    /// get the bit moved (see [`fix_rxe_inv_flag`]).
+    rxe_inv_quirk: bool,
+}
+
+/// Moves rxe's invalidate bit where libibverbs expects it (receive
+/// completions only; rxe offers no checksum offload, so bit 2 on them is
+/// never `IP_CSUM_OK`).
+#[inline]
+pub(crate) fn fix_rxe_inv_flag(wc: &mut sys::ibv_wc) {
+    let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    if wc.wc_flags & csum != 0 && wc.opcode & sys::IBV_WC_RECV != 0 {
+        wc.wc_flags = (wc.wc_flags & !csum) | sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+    }
 }
 
 // SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
@@ -128,6 +144,11 @@ impl<'a> CompletionQueueBuilder<'a> {
         })?;
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
+        // rxe identifies itself by vendor id 0xffffff.
+        let rxe_inv_quirk = self
+            .ctx
+            .query_device()
+            .is_ok_and(|d| d.vendor_id() == 0x00ff_ffff);
         let inner = Arc::new(CqInner {
             cq,
             ctx: self.ctx.clone(),
@@ -135,6 +156,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             tables: Mutex::new(Vec::new()),
             unacked: AtomicU32::new(0),
             cqe,
+            rxe_inv_quirk,
         });
         if let Some(ch) = self.channel {
             ch.remember_cq(&inner);
@@ -203,6 +225,9 @@ impl CompletionQueue {
         if n == 0 {
             return Ok(0);
         }
+        if self.inner.rxe_inv_quirk {
+            raw[..n].iter_mut().for_each(fix_rxe_inv_flag);
+        }
         let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
         for wc in &raw[..n] {
             let wc = WorkCompletion { raw: *wc };
@@ -242,7 +267,13 @@ impl CompletionQueue {
                 out.as_mut_ptr().cast(),
             )
         };
-        ret_count("ibv_poll_cq", n)
+        let n = ret_count("ibv_poll_cq", n)?;
+        if self.inner.rxe_inv_quirk {
+            out[..n]
+                .iter_mut()
+                .for_each(|wc| fix_rxe_inv_flag(&mut wc.raw));
+        }
+        Ok(n)
     }
 
     /// Requests a completion event on the CQ's channel for the next
@@ -458,5 +489,31 @@ mod tests {
         v4[32..36].copy_from_slice(&[10, 0, 2, 15]);
         assert_eq!(grh_source_gid(&v4).unwrap().to_string(), "::ffff:10.0.2.15");
         assert_eq!(grh_source_gid(&[0u8; 40]), None);
+    }
+}
+
+#[cfg(test)]
+mod quirk_tests {
+    use super::*;
+
+    #[test]
+    fn rxe_invalidate_bit_moves_on_receives_only() {
+        let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        let inv = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+        let grh = sys::ibv_wc_flags::IBV_WC_GRH.0;
+        let mut wc = sys::ibv_wc {
+            opcode: sys::IBV_WC_RECV,
+            wc_flags: csum | grh,
+            ..Default::default()
+        };
+        fix_rxe_inv_flag(&mut wc);
+        assert_eq!(wc.wc_flags, inv | grh);
+        let mut send = sys::ibv_wc {
+            opcode: sys::IBV_WC_SEND,
+            wc_flags: csum,
+            ..Default::default()
+        };
+        fix_rxe_inv_flag(&mut send);
+        assert_eq!(send.wc_flags, csum, "send completions are left alone");
     }
 }

@@ -346,7 +346,7 @@ impl std::fmt::Debug for Context {
 /// `ibv_query_device(3)`
 #[derive(Clone, Copy)]
 pub struct DeviceAttr {
-    raw: sys::ibv_device_attr,
+    pub(crate) raw: sys::ibv_device_attr,
 }
 
 macro_rules! attr_getters {

@@ -115,6 +115,7 @@
 
 mod address_handle;
 mod buffer;
+mod capabilities;
 mod completion_channel;
 mod completion_queue;
 mod context;
@@ -122,6 +123,7 @@ mod device;
 mod error;
 mod gid;
 mod memory_region;
+mod memory_window;
 mod port;
 mod protection_domain;
 mod queue_pair;
@@ -138,6 +140,7 @@ pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SharedBuffer,
 };
+pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{Completion, CompletionQueue, CompletionQueueBuilder, Completions};
 pub use context::{AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
@@ -145,6 +148,7 @@ pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result};
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
+pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::*;

@@ -21,9 +21,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::buffer::Buf;
+use crate::buffer::{Buf, RemoteMemory};
 use crate::error::{Error, Result};
+use crate::memory_region::MrInner;
 use crate::AddressHandle;
+use crate::MemoryWindow;
 
 pub(crate) const SAFE_BIT: u64 = 1 << 63;
 
@@ -76,6 +78,27 @@ pub(crate) struct Payload {
     /// the request completed.
     #[allow(dead_code)]
     pub(crate) ah: Option<AddressHandle>,
+    /// Objects a request needs alive until it completed.
+    pub(crate) keep: Option<Keep>,
+}
+
+/// What a memory-window request keeps alive: the window, and the region of
+/// the binding it replaces (with what that binding granted, to restore it
+/// if the request is refused).
+pub(crate) enum Keep {
+    Window(MemoryWindow, Option<(Arc<MrInner>, RemoteMemory)>),
+}
+
+impl std::fmt::Debug for Keep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Keep::Window(mw, old) => f
+                .debug_tuple("Window")
+                .field(mw)
+                .field(&old.as_ref().map(|o| o.1))
+                .finish(),
+        }
+    }
 }
 
 #[derive(Default)]

@@ -100,6 +100,7 @@ pub struct SendRequest<'a> {
     inline: Option<&'a [u8]>,
     flags: u32,
     imm: Option<u32>,
+    invalidate: Option<u32>,
     ud: Option<UdDest>,
 }
 
@@ -112,6 +113,7 @@ impl<'a> SendRequest<'a> {
             inline: None,
             flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
             imm: None,
+            invalidate: None,
             ud: None,
         }
     }
@@ -191,6 +193,15 @@ impl<'a> SendRequest<'a> {
     /// `RDMA_WRITE_WITH_IMM`); given in host order.
     pub fn imm(mut self, imm: u32) -> Self {
         self.imm = Some(imm);
+        self
+    }
+
+    /// Makes a send also invalidate the peer's memory window (or region)
+    /// with remote key `rkey` (`IBV_WR_SEND_WITH_INV`): the receiver's
+    /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
+    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
+    pub fn invalidate(mut self, rkey: crate::RemoteKey) -> Self {
+        self.invalidate = Some(rkey.0);
         self
     }
 
@@ -373,6 +384,21 @@ impl QueuePair {
             }
             _ => {}
         }
+        if r.invalidate.is_some() && (!matches!(r.op, Op::Send) || r.imm.is_some()) {
+            return Err(Error::InvalidArgument(format!(
+                "only a send without immediate data can invalidate a remote key, not {what}{}",
+                if r.imm.is_some() {
+                    " with immediate data"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if r.invalidate.is_some() && ty == QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "send with invalidate needs a connected queue pair, not UD".into(),
+            ));
+        }
         if r.imm.is_some() && !matches!(r.op, Op::Send | Op::Write(_)) {
             return Err(Error::InvalidArgument(format!(
                 "immediate data is only for send and RDMA write, not {what}"
@@ -514,23 +540,11 @@ impl QueuePair {
         }
         let table = &self.inner.send;
         let mut st = table.lock();
-        // SAFETY: live QP; libibverbs records the state of every successful
-        // modify in `state`, and state changes made through this crate hold
-        // the lock taken above (`modify_unchecked`), so this is no data race.
-        let state = QpState::from_raw(unsafe { (*self.as_ptr()).state });
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            // Refused here, not by the provider: rxe (and others) write the
-            // request into the send queue before finding the QP not ready,
-            // then execute it once the QP reaches RTS, long after its
-            // buffers were handed back with this error.
-            let e = Error::from_errno("ibv_post_send", libc::EINVAL).with_hint(Some(format!(
-                "the queue pair is in {}: sends need RTS (connect it first)",
-                match state {
-                    QpState::Reset => "RESET",
-                    QpState::Init => "INIT",
-                    _ => "RTR",
-                }
-            )));
+        // Refused here, not by the provider: rxe (and others) write the
+        // request into the send queue before finding the QP not ready, then
+        // execute it once the QP reaches RTS, long after its buffers were
+        // handed back with this error.
+        if let Err(e) = self.check_sendable("ibv_post_send") {
             return (0, Err(e));
         }
         if let Err(e) = table.check_room(&st, wrs.len()) {
@@ -574,9 +588,13 @@ impl QueuePair {
                 send_flags: flags,
                 ..Default::default()
             };
-            let imm = r.imm.map(u32::to_be).unwrap_or(0);
-            wr.__bindgen_anon_1.imm_data = imm;
+            if let Some(rkey) = r.invalidate {
+                wr.__bindgen_anon_1.invalidate_rkey = rkey;
+            } else {
+                wr.__bindgen_anon_1.imm_data = r.imm.map(u32::to_be).unwrap_or(0);
+            }
             wr.opcode = match (&r.op, r.imm.is_some()) {
+                (Op::Send, false) if r.invalidate.is_some() => sys::IBV_WR_SEND_WITH_INV,
                 (Op::Send, false) => sys::IBV_WR_SEND,
                 (Op::Send, true) => sys::IBV_WR_SEND_WITH_IMM,
                 (Op::Write(_), false) => sys::IBV_WR_RDMA_WRITE,
@@ -642,6 +660,7 @@ impl QueuePair {
             let payload = Payload {
                 sg: std::mem::take(&mut r.sg),
                 ah: r.ud.as_ref().map(|u| u.ah.clone()),
+                keep: None,
             };
             st.store(table, tag, payload);
         }
@@ -829,6 +848,7 @@ pub(crate) fn post_recv_common(
             Payload {
                 sg: std::mem::take(&mut r.sg),
                 ah: None,
+                keep: None,
             },
         );
     }

@@ -1,0 +1,274 @@
+//! Memory windows and capability queries (device tests): bind type 1 and
+//! type 2 windows, use them remotely, and revoke them by local and remote
+//! invalidation — after which the peer's access fails.
+
+mod common;
+
+use common::{pair, remote_all, wait, wait_ok, Pair};
+use ibverbs::{
+    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendRequest,
+    SharedBuffer, WcOpcode, WcStatus,
+};
+
+/// Rights of the region windows are bound over: local write plus MW_BIND,
+/// no remote rights of its own (a window alone grants them).
+fn mw_region() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
+}
+
+fn window_rights() -> AccessFlags {
+    AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE
+}
+
+/// Skips (by name, visibly) when the device lacks `feature`.
+fn require(p: &Pair, feature: Feature) -> bool {
+    let attr = p.dev.ctx.query_device_ex().unwrap();
+    if attr.supports(feature) {
+        return true;
+    }
+    assert!(
+        !common::is_rxe(&p.dev),
+        "rxe supports {feature}; the capability query says it does not"
+    );
+    eprintln!("UNSUPPORTED on this device: {feature}");
+    false
+}
+
+/// Writes `data` through `remote` from QP `b` and returns the status.
+fn write_from_b(p: &Pair, remote: RemoteMemory, data: &[u8]) -> WcStatus {
+    let mut src = p.pd.alloc(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
+    src.copy_from_slice(data);
+    p.b.post_send(SendRequest::write(src, remote).wr_id(7))
+        .unwrap();
+    let c = wait(&p.cq_b, 1).pop().unwrap();
+    c.status()
+}
+
+fn bind_and_use(kind: MwType) {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let feature = match kind {
+        MwType::Type1 => Feature::MemoryWindowType1,
+        MwType::Type2 => Feature::MemoryWindowType2,
+    };
+    if !require(&p, feature) {
+        return;
+    }
+    let target: SharedBuffer = p.pd.alloc_shared(4096, mw_region()).unwrap();
+    assert_eq!(
+        target.memory_region().rkey(),
+        None,
+        "the region itself grants nothing"
+    );
+    let mw = p.pd.alloc_mw(kind).unwrap();
+    let before = mw.rkey();
+    let remote = p.a.bind_mw(&mw, &target, window_rights(), 11).unwrap();
+    let c = wait_ok(&p.cq_a);
+    assert_eq!((c.wr_id(), c.opcode()), (11, WcOpcode::BindMw));
+    assert_ne!(remote.rkey, before, "a bind hands out a new key");
+    assert_eq!(mw.remote(), Some(remote));
+    assert_eq!((remote.addr, remote.len), (target.addr(), 4096));
+
+    // The peer writes through the window.
+    let data = common::pattern(256, 3);
+    assert_eq!(
+        write_from_b(&p, remote.slice(100, 256).unwrap(), &data),
+        WcStatus::Success
+    );
+    let mut got = vec![0u8; 256];
+    target.copy_to_slice(100, &mut got).unwrap();
+    assert_eq!(got, data);
+
+    // Revoke locally: the peer's next access fails.
+    p.a.invalidate_mw(&mw, 12).unwrap();
+    let c = wait_ok(&p.cq_a);
+    // Type 1 windows are unbound by a zero-length bind, type 2 by LOCAL_INV.
+    let expect = match kind {
+        MwType::Type1 => WcOpcode::BindMw,
+        MwType::Type2 => WcOpcode::LocalInv,
+    };
+    assert_eq!((c.wr_id(), c.opcode()), (12, expect));
+    assert_eq!(mw.remote(), None);
+    let status = write_from_b(&p, remote.slice(0, 8).unwrap(), &[1; 8]);
+    assert_eq!(
+        status,
+        WcStatus::RemAccessErr,
+        "a write through an invalidated window must fail"
+    );
+    target.copy_to_slice(0, &mut got[..8]).unwrap();
+    assert_eq!(&got[..8], &[0; 8], "and must not land");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type1_window_bind_use_invalidate() {
+    bind_and_use(MwType::Type1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type2_window_bind_use_invalidate() {
+    bind_and_use(MwType::Type2);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type2_window_remote_invalidate_revokes() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    let target = p.pd.alloc_shared(1024, mw_region()).unwrap();
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let remote = p.a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
+    wait_ok(&p.cq_a);
+    assert_eq!(write_from_b(&p, remote, &[5; 1024]), WcStatus::Success);
+
+    // The peer sends with invalidate: A's receive reports the key.
+    let rbuf = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_recv(ibverbs::RecvRequest::new(rbuf).wr_id(2))
+        .unwrap();
+    let mut msg = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    msg.fill(9);
+    p.b.post_send(SendRequest::send(msg).invalidate(remote.rkey).wr_id(3))
+        .unwrap();
+    wait_ok(&p.cq_b);
+    let c = wait_ok(&p.cq_a);
+    assert_eq!(c.wr_id(), 2);
+    assert_eq!(
+        c.wc().invalidated_rkey(),
+        Some(remote.rkey.0),
+        "wc_flags {:#x}, raw {:?}",
+        c.wc().wc_flags(),
+        c.wc().as_raw()
+    );
+    // A type 2 window binds only when invalid (o10-37.2.40): this bind
+    // succeeding shows the remote invalidation took effect.
+    let again = p.a.bind_mw(&mw, &target, window_rights(), 4).unwrap();
+    wait_ok(&p.cq_a);
+    assert_ne!(again.rkey, remote.rkey);
+    // The old key is revoked: the peer's write fails (the access error
+    // moves both QPs to ERR) and the memory is unchanged.
+    assert_eq!(
+        write_from_b(&p, remote.slice(0, 16).unwrap(), &[6; 16]),
+        WcStatus::RemAccessErr
+    );
+    let mut got = [0u8; 16];
+    target.copy_to_slice(0, &mut got).unwrap();
+    assert_eq!(got, [5; 16]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn window_rights_follow_the_ownership_model() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    // Remote write over exclusively owned memory: refused.
+    let local = p.pd.alloc(256, mw_region()).unwrap();
+    let e =
+        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_WRITE, 1)
+            .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(ref m) if m.contains("SharedBuffer")),
+        "{e}"
+    );
+    // Remote read of it is fine.
+    let remote =
+        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 2)
+            .unwrap();
+    wait_ok(&p.cq_a);
+    // A region without MW_BIND: refused, naming the flag.
+    let plain = p.pd.alloc_shared(256, AccessFlags::LOCAL_WRITE).unwrap();
+    let mw2 = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let e =
+        p.a.bind_mw(&mw2, &plain, AccessFlags::REMOTE_READ, 3)
+            .unwrap_err();
+    assert!(e.to_string().contains("MW_BIND"), "{e}");
+    // Rights a window cannot grant.
+    let e =
+        p.a.bind_mw(&mw2, &local, AccessFlags::LOCAL_WRITE, 4)
+            .unwrap_err();
+    assert!(e.to_string().contains("REMOTE_READ"), "{e}");
+    // A window of another protection domain.
+    let other = p
+        .dev
+        .ctx
+        .alloc_pd()
+        .unwrap()
+        .alloc_mw(MwType::Type2)
+        .unwrap();
+    let e =
+        p.a.bind_mw(&other, &local, AccessFlags::REMOTE_READ, 5)
+            .unwrap_err();
+    assert!(e.to_string().contains("protection domain"), "{e}");
+    // Dropping the buffer and the region handle while the window is bound
+    // keeps the memory registered: the peer's read still works.
+    drop(local);
+    let mut dst = p.pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap();
+    dst.fill(1);
+    p.b.post_send(SendRequest::read(dst, remote).wr_id(6))
+        .unwrap();
+    let mut c = wait_ok(&p.cq_b);
+    assert!(c.take_local().unwrap().iter().all(|&x| x == 0));
+    drop(mw);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn windows_are_released_with_their_last_handle() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    if !require(&p, Feature::MemoryWindowType1) {
+        return;
+    }
+    let target = p.pd.alloc_shared(512, mw_region()).unwrap();
+    let windows: Vec<MemoryWindow> = (0..4)
+        .map(|_| p.pd.alloc_mw(MwType::Type1).unwrap())
+        .collect();
+    for (i, mw) in windows.iter().enumerate() {
+        p.a.bind_mw(mw, &target, window_rights(), i as u64).unwrap();
+    }
+    assert_eq!(
+        wait(&p.cq_a, 4).iter().filter(|c| c.is_success()).count(),
+        4
+    );
+    let remote = windows[0].remote().unwrap();
+    // Deallocating a bound window revokes its key.
+    drop(windows);
+    assert_eq!(
+        write_from_b(&p, remote.slice(0, 8).unwrap(), &[1; 8]),
+        WcStatus::RemAccessErr
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn capabilities_are_reported_by_name() {
+    let t = common::device();
+    let attr = t.ctx.query_device_ex().unwrap();
+    assert_eq!(
+        attr.base().max_qp(),
+        t.ctx.query_device().unwrap().max_qp(),
+        "the classic attributes inside the extended ones"
+    );
+    for f in Feature::ALL {
+        eprintln!("{}: {f}: {}", t.ctx.name(), attr.supports(*f));
+    }
+    let missing: Vec<String> = attr.missing().map(|f| f.to_string()).collect();
+    eprintln!("UNSUPPORTED on {}: {}", t.ctx.name(), missing.join(", "));
+    if common::is_rxe(&t) {
+        // What rxe is known to support and to lack (softroce facts).
+        for f in [
+            Feature::MemoryWindowType1,
+            Feature::MemoryWindowType2,
+            Feature::Atomics,
+            Feature::SharedReceiveQueue,
+        ] {
+            assert!(attr.supports(f), "rxe supports {f}");
+        }
+        for f in [Feature::Xrc, Feature::OnDemandPaging, Feature::DeviceMemory] {
+            assert!(!attr.supports(f), "rxe lacks {f}");
+        }
+    }
+}
