@@ -9,6 +9,7 @@ use ibverbs_sys as sys;
 
 use crate::buffer::Buf;
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
+use crate::extended_cq::ExCq;
 use crate::gid::Gid;
 use crate::work_completion::WorkCompletion;
 use crate::wq_table::{Payload, Retire, SgList, WqTable};
@@ -30,6 +31,8 @@ pub(crate) struct CqInner {
     /// expects `IBV_WC_WITH_INV` in bit 3: receive completions of an rxe CQ
     /// get the bit moved (see [`fix_rxe_inv_flag`]).
     rxe_inv_quirk: bool,
+    /// The extended-CQ polling functions when created with `ibv_create_cq_ex`.
+    pub(crate) ex: Option<ExCq>,
 }
 
 /// Moves rxe's invalidate bit where libibverbs expects it (receive
@@ -100,6 +103,7 @@ pub struct CompletionQueueBuilder<'a> {
     cqe: u32,
     channel: Option<&'a CompletionChannel>,
     comp_vector: i32,
+    pub(crate) wc_fields: Option<crate::WcFields>,
 }
 
 impl<'a> CompletionQueueBuilder<'a> {
@@ -125,6 +129,11 @@ impl<'a> CompletionQueueBuilder<'a> {
     #[doc(alias = "ibv_create_cq")]
     pub fn build(self) -> Result<CompletionQueue> {
         let ch = self.channel.map_or(std::ptr::null_mut(), |c| c.as_ptr());
+        if let Some(fields) = self.wc_fields {
+            let (cq, ex) =
+                crate::extended_cq::create(self.ctx, self.cqe, ch, self.comp_vector, fields)?;
+            return Ok(self.finish(cq, Some(ex)));
+        }
         // SAFETY: live context and channel; the CQ is destroyed in CqInner's Drop.
         let cq = unsafe {
             sys::ibv_create_cq(
@@ -142,6 +151,10 @@ impl<'a> CompletionQueueBuilder<'a> {
                     .then(|| format!("cqe {} exceeds the device's max_cqe {max}", self.cqe)),
             )
         })?;
+        Ok(self.finish(cq, None))
+    }
+
+    fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>) -> CompletionQueue {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
         // rxe identifies itself by vendor id 0xffffff.
@@ -157,11 +170,12 @@ impl<'a> CompletionQueueBuilder<'a> {
             unacked: AtomicU32::new(0),
             cqe,
             rxe_inv_quirk,
+            ex,
         });
         if let Some(ch) = self.channel {
             ch.remember_cq(&inner);
         }
-        Ok(CompletionQueue { inner })
+        CompletionQueue { inner }
     }
 }
 
@@ -173,6 +187,7 @@ impl CompletionQueue {
             cqe,
             channel: None,
             comp_vector: 0,
+            wc_fields: None,
         }
     }
 
@@ -222,19 +237,28 @@ impl CompletionQueue {
         // SAFETY: live CQ; `raw` has `room` writable entries.
         let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), room as i32, raw.as_mut_ptr()) };
         let n = ret_count("ibv_poll_cq", n)?;
+        self.deliver(out, n, false);
+        Ok(n)
+    }
+
+    /// Turns the first `n` raw completions of `out` into [`Completion`]s,
+    /// handing back the buffers of safely posted requests.
+    pub(crate) fn deliver(&self, out: &mut Completions, n: usize, stamped: bool) {
         if n == 0 {
-            return Ok(0);
+            return;
         }
+        let raw = &mut out.raw[..n];
         if self.inner.rxe_inv_quirk {
-            raw[..n].iter_mut().for_each(fix_rxe_inv_flag);
+            raw.iter_mut().for_each(fix_rxe_inv_flag);
         }
         let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
-        for wc in &raw[..n] {
+        for (i, wc) in raw.iter().enumerate() {
             let wc = WorkCompletion { raw: *wc };
             let mut c = Completion {
                 wc,
                 wr_id: wc.raw.wr_id,
                 payload: None,
+                timestamp: stamped.then(|| out.stamps[i]),
             };
             if let Some((id, tag)) = WqTable::<()>::decode(wc.raw.wr_id) {
                 if let Some(t) = tables.iter().find(|t| t.id() == id) {
@@ -246,7 +270,6 @@ impl CompletionQueue {
             }
             out.items.push_back(c);
         }
-        Ok(n)
     }
 
     /// Polls raw work completions, bypassing the buffer bookkeeping: for
@@ -329,9 +352,11 @@ pub(crate) fn grh_source_gid(grh: &[u8; 40]) -> Option<Gid> {
 
 /// Caller-provided storage for polled completions (allocated once, reused).
 pub struct Completions {
-    raw: Box<[sys::ibv_wc]>,
-    items: VecDeque<Completion>,
-    capacity: usize,
+    pub(crate) raw: Box<[sys::ibv_wc]>,
+    /// Completion timestamps read from an extended CQ.
+    pub(crate) stamps: Box<[u64]>,
+    pub(crate) items: VecDeque<Completion>,
+    pub(crate) capacity: usize,
 }
 
 impl Completions {
@@ -340,6 +365,7 @@ impl Completions {
         let capacity = capacity.max(1);
         Completions {
             raw: vec![sys::ibv_wc::default(); capacity].into_boxed_slice(),
+            stamps: vec![0; capacity].into_boxed_slice(),
             items: VecDeque::with_capacity(capacity),
             capacity,
         }
@@ -380,6 +406,7 @@ pub struct Completion {
     wc: WorkCompletion,
     wr_id: u64,
     payload: Option<Payload>,
+    timestamp: Option<u64>,
 }
 
 impl std::ops::Deref for Completion {
@@ -397,6 +424,13 @@ impl Completion {
     /// The raw work completion.
     pub fn wc(&self) -> &WorkCompletion {
         &self.wc
+    }
+    /// The completion timestamp, when polled with
+    /// [`CompletionQueue::poll_ex`] from a CQ created with
+    /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
+    /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
+    pub fn timestamp(&self) -> Option<u64> {
+        self.timestamp
     }
     /// Whether no posted request matched (raw-path requests, or a stale
     /// completion of a destroyed queue pair).

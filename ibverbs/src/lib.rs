@@ -121,6 +121,7 @@ mod completion_queue;
 mod context;
 mod device;
 mod error;
+mod extended_cq;
 mod gid;
 mod memory_region;
 mod memory_window;
@@ -146,6 +147,7 @@ pub use completion_queue::{Completion, CompletionQueue, CompletionQueueBuilder, 
 pub use context::{AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result};
+pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
+use crate::queue_pair::SendOps;
 use crate::queue_pair::{QpCaps, QpType, QueuePair};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
@@ -23,6 +24,7 @@ pub struct QueuePairBuilder<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     cap: sys::ibv_qp_cap,
     sq_sig_all: bool,
+    send_ops: SendOps,
 }
 
 impl<'a> QueuePairBuilder<'a> {
@@ -61,6 +63,15 @@ impl<'a> QueuePairBuilder<'a> {
         self.sq_sig_all = on;
         self
     }
+    /// Creates the QP with `ibv_create_qp_ex` and these `ibv_wr_*`
+    /// operations (`send_ops_flags`), enabling
+    /// [`QueuePair::post_send_ex`] beside the legacy `post_send`. Empty (the
+    /// default) creates a classic QP.
+    #[doc(alias = "ibv_create_qp_ex")]
+    pub fn send_ops(mut self, ops: SendOps) -> Self {
+        self.send_ops = ops;
+        self
+    }
 
     /// Creates the queue pair (in the RESET state).
     ///
@@ -97,21 +108,64 @@ impl<'a> QueuePairBuilder<'a> {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
         }
-        let mut attr = sys::ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: self.send_cq.as_ptr(),
-            recv_cq: self.recv_cq.as_ptr(),
-            srq: self.srq.map_or(std::ptr::null_mut(), |s| s.as_ptr()),
-            cap,
-            qp_type: self.qp_type.as_raw(),
-            sq_sig_all: i32::from(self.sq_sig_all),
+        let (qp, qpx, granted) = if self.send_ops.is_empty() {
+            let mut attr = sys::ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: self.send_cq.as_ptr(),
+                recv_cq: self.recv_cq.as_ptr(),
+                srq: self.srq.map_or(std::ptr::null_mut(), |s| s.as_ptr()),
+                cap,
+                qp_type: self.qp_type.as_raw(),
+                sq_sig_all: i32::from(self.sq_sig_all),
+            };
+            // SAFETY: live PD, CQs and SRQ (kept alive by the QueuePair);
+            // `attr` is valid; the QP is destroyed by QpInner.
+            let qp = unsafe { sys::ibv_create_qp(self.pd.as_ptr(), &mut attr) };
+            let qp = ret_ptr("ibv_create_qp", qp).map_err(|e| e.with_hint(self.caps_hint(&cap)))?;
+            (qp, None, attr.cap)
+        } else {
+            let mut attr = sys::ibv_qp_init_attr_ex {
+                send_cq: self.send_cq.as_ptr(),
+                recv_cq: self.recv_cq.as_ptr(),
+                srq: self.srq.map_or(std::ptr::null_mut(), |s| s.as_ptr()),
+                cap,
+                qp_type: self.qp_type.as_raw(),
+                sq_sig_all: i32::from(self.sq_sig_all),
+                comp_mask: (sys::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD
+                    | sys::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+                    .0,
+                pd: self.pd.as_ptr(),
+                send_ops_flags: self.send_ops.bits(),
+                ..Default::default()
+            };
+            // SAFETY: live context, PD, CQs and SRQ (kept alive by the
+            // QueuePair); `attr` is valid; the QP is destroyed by QpInner.
+            let qp = unsafe { sys::ibv_create_qp_ex(self.pd.context().as_ptr(), &mut attr) };
+            let qp = ret_ptr("ibv_create_qp_ex", qp).map_err(|e| {
+                let hint = if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    Some(format!(
+                        "the provider does not offer send_ops {:?} on {:?} queue pairs",
+                        self.send_ops, self.qp_type
+                    ))
+                } else {
+                    self.caps_hint(&cap)
+                };
+                e.with_hint(hint)
+            })?;
+            // SAFETY: created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, so the
+            // QP is embedded in an `ibv_qp_ex` (ibv_create_qp_ex(3)).
+            let qpx = std::ptr::NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) });
+            if qpx.is_none() {
+                // SAFETY: just created, never shared.
+                unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+                return Err(Error::Unsupported(
+                    "the provider returned no ibv_qp_ex for an extended queue pair".into(),
+                ));
+            }
+            (qp, qpx.map(|q| (q, self.send_ops)), attr.cap)
         };
-        // SAFETY: live PD, CQs and SRQ (kept alive by the QueuePair);
-        // `attr` is valid; the QP is destroyed by QpInner.
-        let qp = unsafe { sys::ibv_create_qp(self.pd.as_ptr(), &mut attr) };
-        let qp = ret_ptr("ibv_create_qp", qp).map_err(|e| e.with_hint(self.caps_hint(&cap)))?;
-        // ibv_create_qp writes the actual capacities back into `attr.cap`.
-        let mut caps = QpCaps::from_raw(&attr.cap);
+        // The create verbs write the actual capacities back into `cap`.
+        let mut caps = QpCaps::from_raw(&granted);
         // Never account for more than was granted, nor less than asked
         // when the provider reports 0 for an unchanged field.
         caps.max_send_wr = caps.max_send_wr.max(cap.max_send_wr.min(1));
@@ -124,6 +178,7 @@ impl<'a> QueuePairBuilder<'a> {
             self.qp_type,
             caps,
             self.sq_sig_all,
+            qpx,
         ))
     }
 }
@@ -177,6 +232,7 @@ impl QueuePair {
                 max_inline_data: 0,
             },
             sq_sig_all: false,
+            send_ops: SendOps::empty(),
         }
     }
 }

@@ -15,11 +15,13 @@ mod attr;
 mod builder;
 mod connect;
 mod post;
+mod post_ex;
 
 pub use attr::*;
 pub use builder::*;
 pub use connect::*;
 pub use post::*;
+pub use post_ex::SendOps;
 
 device_enum! {
     /// Transport service type of a queue pair.
@@ -79,6 +81,9 @@ pub(crate) struct QpInner {
     pub(crate) sq_sig_all: bool,
     pub(crate) send: Arc<WqTable<post::SendScratch>>,
     pub(crate) recv: Option<Arc<WqTable<post::RecvScratch>>>,
+    /// The extended QP and its `send_ops_flags` when created with
+    /// `ibv_create_qp_ex` (the same object as `qp`).
+    pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     destroyed: bool,
 }
 
@@ -158,6 +163,7 @@ impl QueuePair {
         qp_type: QpType,
         caps: QpCaps,
         sq_sig_all: bool,
+        qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     ) -> QueuePair {
         let send = WqTable::new(
             Mode::Ring,
@@ -189,6 +195,7 @@ impl QueuePair {
                 qp_type,
                 caps,
                 sq_sig_all,
+                qpx,
                 send,
                 recv,
                 destroyed: false,

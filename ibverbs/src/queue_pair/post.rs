@@ -15,9 +15,9 @@ use crate::{AddressHandle, QpNumber, QpState, QpType, QueuePair};
 /// `max_sge` SGEs per queue entry, allocated when the queue is created.
 pub(crate) struct Scratch<W> {
     wrs: Vec<W>,
-    sges: Vec<sys::ibv_sge>,
-    tags: Vec<u32>,
-    max_sge: usize,
+    pub(super) sges: Vec<sys::ibv_sge>,
+    pub(super) tags: Vec<u32>,
+    pub(super) max_sge: usize,
 }
 
 // SAFETY: the raw pointers inside the C requests are rebuilt on every post
@@ -42,7 +42,7 @@ pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
 pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 
 #[derive(Debug, Clone, Copy)]
-enum Op {
+pub(super) enum Op {
     Send,
     Write(RemoteMemory),
     Read(RemoteMemory),
@@ -55,6 +55,10 @@ enum Op {
         remote: RemoteMemory,
         add: u64,
     },
+    AtomicWrite {
+        remote: RemoteMemory,
+        value: [u8; 8],
+    },
 }
 
 impl Op {
@@ -64,23 +68,24 @@ impl Op {
             Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }
         )
     }
-    fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         match self {
             Op::Send => "send",
             Op::Write(_) => "RDMA write",
             Op::Read(_) => "RDMA read",
             Op::CompareSwap { .. } => "atomic compare-and-swap",
             Op::FetchAdd { .. } => "atomic fetch-and-add",
+            Op::AtomicWrite { .. } => "atomic write",
         }
     }
 }
 
 /// Where a UD send goes.
 #[derive(Debug, Clone)]
-struct UdDest {
-    ah: AddressHandle,
-    qpn: QpNumber,
-    qkey: u32,
+pub(super) struct UdDest {
+    pub(super) ah: AddressHandle,
+    pub(super) qpn: QpNumber,
+    pub(super) qkey: u32,
 }
 
 /// A send-queue work request that owns its buffers.
@@ -94,14 +99,14 @@ struct UdDest {
 #[derive(Debug)]
 #[must_use = "a work request does nothing until posted"]
 pub struct SendRequest<'a> {
-    wr_id: u64,
-    op: Op,
-    sg: SgList,
-    inline: Option<&'a [u8]>,
-    flags: u32,
-    imm: Option<u32>,
-    invalidate: Option<u32>,
-    ud: Option<UdDest>,
+    pub(super) wr_id: u64,
+    pub(super) op: Op,
+    pub(super) sg: SgList,
+    pub(super) inline: Option<&'a [u8]>,
+    pub(super) flags: u32,
+    pub(super) imm: Option<u32>,
+    pub(super) invalidate: Option<u32>,
+    pub(super) ud: Option<UdDest>,
 }
 
 impl<'a> SendRequest<'a> {
@@ -183,6 +188,17 @@ impl<'a> SendRequest<'a> {
         Self::new(Op::FetchAdd { remote, add }, SgList::One(result.into()))
     }
 
+    /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes
+    /// at `remote.addr` (8-byte aligned) as one atomic unit, byte for byte
+    /// (use `to_le_bytes`/`to_be_bytes` for the peer's byte order). Posted
+    /// only with [`QueuePair::post_send_ex`] on a queue pair created with
+    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
+    /// copied at post time, so the request carries no buffer.
+    #[doc(alias = "ibv_wr_atomic_write")]
+    pub fn atomic_write(remote: RemoteMemory, value: [u8; 8]) -> Self {
+        Self::new(Op::AtomicWrite { remote, value }, SgList::Empty)
+    }
+
     /// The id reported in the completion.
     pub fn wr_id(mut self, wr_id: u64) -> Self {
         self.wr_id = wr_id;
@@ -252,7 +268,7 @@ impl<'a> SendRequest<'a> {
         self.sg
     }
 
-    fn is_signaled(&self) -> bool {
+    pub(super) fn is_signaled(&self) -> bool {
         self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
     }
 }
@@ -353,7 +369,7 @@ pub(crate) fn check_bufs(
 }
 
 /// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
-fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
+pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     let mut n = 0;
     for (slot, b) in out.iter_mut().zip(sg.iter()) {
         *slot = b.region().sge_prechecked();
@@ -363,10 +379,32 @@ fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
 }
 
 impl QueuePair {
-    fn check_send(&self, r: &SendRequest<'_>) -> Result<()> {
+    /// Checks a request before posting; `extended` says whether it goes
+    /// through the `ibv_wr_*` path (the only one for atomic write).
+    pub(super) fn check_send(&self, r: &SendRequest<'_>, extended: bool) -> Result<()> {
         let caps = &self.inner.caps;
         let ty = self.inner.qp_type;
         let what = r.op.name();
+        if let Op::AtomicWrite { remote, .. } = &r.op {
+            if !extended {
+                return Err(Error::Unsupported(
+                    "atomic write is posted with post_send_ex on a queue pair created with \
+                     SendOps::ATOMIC_WRITE (ibv_wr_atomic_write)"
+                        .into(),
+                ));
+            }
+            if ty != QpType::Rc {
+                return Err(Error::InvalidArgument(format!(
+                    "atomic write needs an RC queue pair, not {ty:?}"
+                )));
+            }
+            if remote.addr % 8 != 0 || remote.len < 8 {
+                return Err(Error::InvalidArgument(format!(
+                    "atomic write target {:#x} (len {}) is not an 8-byte-aligned 8-byte word",
+                    remote.addr, remote.len
+                )));
+            }
+        }
         match (ty, &r.op) {
             (QpType::Ud, Op::Send) if r.ud.is_some() => {}
             (QpType::Ud, Op::Send) => {
@@ -534,7 +572,7 @@ impl QueuePair {
             return (0, Ok(()));
         }
         for r in wrs.iter() {
-            if let Err(e) = self.check_send(r) {
+            if let Err(e) = self.check_send(r, false) {
                 return (0, Err(e));
             }
         }
@@ -602,9 +640,12 @@ impl QueuePair {
                 (Op::Read(_), _) => sys::IBV_WR_RDMA_READ,
                 (Op::CompareSwap { .. }, _) => sys::IBV_WR_ATOMIC_CMP_AND_SWP,
                 (Op::FetchAdd { .. }, _) => sys::IBV_WR_ATOMIC_FETCH_AND_ADD,
+                // Refused by check_send(.., false): the value has no field
+                // in `ibv_send_wr`.
+                (Op::AtomicWrite { .. }, _) => sys::IBV_WR_ATOMIC_WRITE,
             };
             match r.op {
-                Op::Send => {}
+                Op::Send | Op::AtomicWrite { .. } => {}
                 Op::Write(m) | Op::Read(m) => {
                     wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
                         remote_addr: m.addr,
