@@ -101,7 +101,9 @@ fn find_ibverbs() -> Found {
         return Found {
             include_paths: vec![include_dir],
             link_paths: lib_dir.into_iter().collect(),
-            version: None,
+            // The headers' rdma-core version (e.g. `50.0`), which pkg-config
+            // would otherwise report: dependents enable newer verbs by it.
+            version: env("IBVERBS_VERSION").map(|v| v.to_string_lossy().into_owned()),
         };
     }
 

@@ -43,6 +43,13 @@ bitflags::bitflags! {
         const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
         /// Relaxed ordering (optional: ignored by devices without it).
         const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        /// Peers may flush for global visibility (rdma-core 45+, the
+        /// `ibverbs_flush` cfg).
+        #[cfg(ibverbs_flush)]
+        const FLUSH_GLOBAL = sys::ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
+        /// Peers may flush for persistence (rdma-core 45+).
+        #[cfg(ibverbs_flush)]
+        const FLUSH_PERSISTENT = sys::ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
     }
 }
 

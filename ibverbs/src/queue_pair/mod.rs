@@ -22,6 +22,8 @@ pub use builder::*;
 pub use connect::*;
 pub use post::*;
 pub use post_ex::SendOps;
+#[cfg(ibverbs_flush)]
+pub use post_ex::{FlushLevel, FlushType};
 
 device_enum! {
     /// Transport service type of a queue pair.

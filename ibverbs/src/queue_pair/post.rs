@@ -59,6 +59,12 @@ pub(super) enum Op {
         remote: RemoteMemory,
         value: [u8; 8],
     },
+    #[cfg(ibverbs_flush)]
+    Flush {
+        remote: RemoteMemory,
+        kind: u8,
+        level: u8,
+    },
 }
 
 impl Op {
@@ -76,6 +82,8 @@ impl Op {
             Op::CompareSwap { .. } => "atomic compare-and-swap",
             Op::FetchAdd { .. } => "atomic fetch-and-add",
             Op::AtomicWrite { .. } => "atomic write",
+            #[cfg(ibverbs_flush)]
+            Op::Flush { .. } => "flush",
         }
     }
 }
@@ -197,6 +205,26 @@ impl<'a> SendRequest<'a> {
     #[doc(alias = "ibv_wr_atomic_write")]
     pub fn atomic_write(remote: RemoteMemory, value: [u8; 8]) -> Self {
         Self::new(Op::AtomicWrite { remote, value }, SgList::Empty)
+    }
+
+    /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
+    /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
+    /// whole memory region) globally visible or persistent. Posted with
+    /// [`QueuePair::post_send_ex`] on a queue pair created with
+    /// `SendOps::FLUSH`; the peer's region needs the matching
+    /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
+    /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
+    #[cfg(ibverbs_flush)]
+    #[doc(alias = "ibv_wr_flush")]
+    pub fn flush(remote: RemoteMemory, kind: crate::FlushType, level: crate::FlushLevel) -> Self {
+        Self::new(
+            Op::Flush {
+                remote,
+                kind: kind.bits(),
+                level: level as u8,
+            },
+            SgList::Empty,
+        )
     }
 
     /// The id reported in the completion.
@@ -385,6 +413,21 @@ impl QueuePair {
         let caps = &self.inner.caps;
         let ty = self.inner.qp_type;
         let what = r.op.name();
+        #[cfg(ibverbs_flush)]
+        if let Op::Flush { .. } = &r.op {
+            if !extended {
+                return Err(Error::Unsupported(
+                    "flush is posted with post_send_ex on a queue pair created with \
+                     SendOps::FLUSH (ibv_wr_flush)"
+                        .into(),
+                ));
+            }
+            if ty != QpType::Rc {
+                return Err(Error::InvalidArgument(format!(
+                    "flush needs an RC queue pair, not {ty:?}"
+                )));
+            }
+        }
         if let Op::AtomicWrite { remote, .. } = &r.op {
             if !extended {
                 return Err(Error::Unsupported(
@@ -643,9 +686,13 @@ impl QueuePair {
                 // Refused by check_send(.., false): the value has no field
                 // in `ibv_send_wr`.
                 (Op::AtomicWrite { .. }, _) => sys::IBV_WR_ATOMIC_WRITE,
+                #[cfg(ibverbs_flush)]
+                (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
             };
             match r.op {
                 Op::Send | Op::AtomicWrite { .. } => {}
+                #[cfg(ibverbs_flush)]
+                Op::Flush { .. } => {}
                 Op::Write(m) | Op::Read(m) => {
                     wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
                         remote_addr: m.addr,

@@ -51,7 +51,34 @@ bitflags::bitflags! {
         /// Atomic write (`ibv_wr_atomic_write`; rdma-core 44 and later).
         const ATOMIC_WRITE =
             sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_WRITE.0 as u64;
+        /// Flush (`ibv_wr_flush`; only when built against rdma-core 45 or
+        /// later, the `ibverbs_flush` cfg).
+        #[cfg(ibverbs_flush)]
+        const FLUSH = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_FLUSH.0 as u64;
     }
+}
+
+#[cfg(ibverbs_flush)]
+bitflags::bitflags! {
+    /// What a flush guarantees (`IBV_FLUSH_GLOBAL`, `IBV_FLUSH_PERSISTENT`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct FlushType: u8 {
+        /// Global visibility.
+        const GLOBAL = sys::IBV_FLUSH_GLOBAL as u8;
+        /// Persistence.
+        const PERSISTENT = sys::IBV_FLUSH_PERSISTENT as u8;
+    }
+}
+
+/// How much a flush covers.
+#[cfg(ibverbs_flush)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FlushLevel {
+    /// The given range (`IBV_FLUSH_RANGE`).
+    Range = sys::IBV_FLUSH_RANGE as u8,
+    /// The whole memory region of the key (`IBV_FLUSH_MR`).
+    Region = sys::IBV_FLUSH_MR as u8,
 }
 
 impl SendOps {
@@ -80,6 +107,8 @@ fn needed(r: &SendRequest<'_>) -> SendOps {
         (Op::CompareSwap { .. }, ..) => SendOps::ATOMIC_CMP_AND_SWP,
         (Op::FetchAdd { .. }, ..) => SendOps::ATOMIC_FETCH_AND_ADD,
         (Op::AtomicWrite { .. }, ..) => SendOps::ATOMIC_WRITE,
+        #[cfg(ibverbs_flush)]
+        (Op::Flush { .. }, ..) => SendOps::FLUSH,
     }
 }
 
@@ -313,6 +342,29 @@ impl QueuePair {
                     let f = op!(qpx, wr_atomic_fetch_add, "atomic fetch-and-add");
                     // SAFETY: live QP inside the open region; `f` was checked non-NULL.
                     unsafe { f(qpx, remote.rkey.0, remote.addr, add) }
+                }
+                #[cfg(ibverbs_flush)]
+                (
+                    Op::Flush {
+                        remote,
+                        kind,
+                        level,
+                    },
+                    ..,
+                ) => {
+                    let f = op!(qpx, wr_flush, "flush");
+                    // SAFETY: live QP inside the open region; `f` was checked non-NULL.
+                    unsafe {
+                        f(
+                            qpx,
+                            remote.rkey.0,
+                            remote.addr,
+                            remote.len as usize,
+                            kind,
+                            level,
+                        )
+                    };
+                    continue;
                 }
                 (Op::AtomicWrite { remote, value }, ..) => {
                     let f = op!(qpx, wr_atomic_write, "atomic write");
