@@ -15,6 +15,9 @@ use crate::port::{LinkLayer, PortAttr, PortNumber, PortState};
 pub(crate) struct ContextInner {
     pub(crate) ctx: NonNull<sys::ibv_context>,
     name: String,
+    /// For a context librdmacm opened (an rdma_cm id's `verbs`): what keeps
+    /// it open. Such a context is not closed here.
+    pub(crate) borrowed_from: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread; every verb on a
@@ -25,6 +28,10 @@ unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
+        if self.borrowed_from.is_some() {
+            // librdmacm's context: it owns and closes it.
+            return;
+        }
         // SAFETY: last reference: every child object holds a `Context` clone,
         // so all of them are already destroyed. Errors cannot be reported
         // from Drop and the context is gone either way.
@@ -47,7 +54,33 @@ pub struct Context {
 impl Context {
     pub(crate) fn from_raw(ctx: NonNull<sys::ibv_context>, name: String) -> Context {
         Context {
-            inner: Arc::new(ContextInner { ctx, name }),
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                borrowed_from: None,
+            }),
+        }
+    }
+
+    /// Wraps a context another library owns (librdmacm's `rdma_cm_id::verbs`),
+    /// kept open by `owner` for as long as this handle or any object created
+    /// from it lives; never closed here.
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn borrowed(
+        ctx: NonNull<sys::ibv_context>,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Context {
+        // SAFETY: valid context; its device outlives it.
+        let name =
+            unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name((*ctx.as_ptr()).device)) }
+                .to_string_lossy()
+                .into_owned();
+        Context {
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                borrowed_from: Some(owner),
+            }),
         }
     }
 

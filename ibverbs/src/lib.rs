@@ -103,6 +103,16 @@
 //! # drop((qp2, ah)); Ok(()) }
 //! ```
 //!
+//! # Async (feature `tokio`)
+//!
+//! With the `tokio` feature, `AsyncQueuePair` wraps a queue pair whose CQs
+//! report to a completion channel: every posting method returns a
+//! `CompletionFuture` that resolves to the [`Completion`] (buffers included),
+//! driven by the channel's descriptor registered with Tokio's reactor.
+//! Dropping a pending future leaves the buffers with the queue pair until the
+//! completion arrives. `AsyncEvents` is the context's async events as a
+//! stream (`next().await`).
+//!
 //! # Errors
 //!
 //! One [`Error`] enum: which verb failed and its errno
@@ -114,8 +124,12 @@
 #![warn(missing_docs)]
 
 mod address_handle;
+#[cfg(feature = "tokio")]
+mod async_io;
 mod buffer;
 mod capabilities;
+#[cfg(feature = "rdmacm")]
+pub mod cm;
 mod completion_channel;
 mod completion_queue;
 mod context;
@@ -137,6 +151,8 @@ pub mod hazards;
 pub use ibverbs_sys as sys;
 
 pub use address_handle::*;
+#[cfg(feature = "tokio")]
+pub use async_io::{AsyncEvents, AsyncQueuePair, CompletionFuture};
 pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SharedBuffer,

@@ -168,3 +168,93 @@ pub fn connect_self(dev: &TestDevice, qp: &QueuePair, access: AccessFlags) {
 pub fn is_rxe(dev: &TestDevice) -> bool {
     dev.ctx.query_device().unwrap().vendor_id() == 0x00ff_ffff
 }
+
+/// An example binary next to the running test executable
+/// (`target/<profile>/examples/`; `cargo xtask test` builds them).
+pub fn example_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the examples first (`cargo build --examples`)",
+        path.display()
+    );
+    path
+}
+
+/// A program from PATH (the C tools of rdma-core in the VM).
+pub fn path_tool(name: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not on PATH"))
+}
+
+/// Runs `prog args` to completion within `limit` (killed after it), with
+/// stdout and stderr captured: (success, stdout, stderr).
+pub fn run_bounded(
+    prog: &std::path::Path,
+    args: &[&str],
+    limit: Duration,
+) -> std::thread::JoinHandle<(bool, String, String)> {
+    let mut child = std::process::Command::new(prog)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", prog.display()));
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let o = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        });
+        let e = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (o, mut e) = (o.join().unwrap(), e.join().unwrap());
+        if status.is_none() {
+            e.push_str("\n[killed: time limit]");
+        }
+        (status.is_some_and(|s| s.success()), o, e)
+    })
+}
+
+/// The IPv4 address of the test device's port (its IPv4-mapped GID), for
+/// rdma_cm tests.
+pub fn device_ipv4(dev: &TestDevice) -> std::net::Ipv4Addr {
+    let table = dev.ctx.gid_table().unwrap();
+    table
+        .iter()
+        .filter(|e| e.port == dev.port)
+        .find_map(|e| e.gid.to_ipv4_mapped())
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no IPv4-mapped GID (RoCE v2 over IPv4)",
+                dev.ctx.name()
+            )
+        })
+}

@@ -254,6 +254,13 @@ impl QpAttr {
         }
     }
 
+    /// Attributes another library computed (`rdma_init_qp_attr`), validated
+    /// like any other when passed to [`QueuePair::modify`].
+    #[cfg_attr(not(feature = "rdmacm"), allow(dead_code))]
+    pub(crate) fn from_raw(raw: sys::ibv_qp_attr, mask: u32) -> QpAttr {
+        QpAttr { raw, mask }
+    }
+
     fn set(mut self, bit: u32, f: impl FnOnce(&mut sys::ibv_qp_attr)) -> Self {
         f(&mut self.raw);
         self.mask |= bit;

@@ -1,0 +1,772 @@
+//! Tokio integration (feature `tokio`): futures for work requests
+//! ([`AsyncQueuePair`], [`CompletionFuture`]) and a stream of asynchronous
+//! events ([`AsyncEvents`]).
+//!
+//! The completion channel's descriptor is registered with the runtime's
+//! reactor ([`AsyncFd`]). There is no background task: the futures of a
+//! queue pair share one dispatcher (a mutex-protected state) and whichever
+//! of them is polled drives it. Driving means: consume the channel's events
+//! (non-blocking `ibv_get_cq_event`; acknowledged in batches by the CQ),
+//! re-arm the CQs (`ibv_req_notify_cq`), then poll them until empty, so that
+//! a completion arriving after the last poll always raises a new event. Each
+//! completion is handed to the future that posted its `wr_id` and that
+//! future is woken. The reactor's waker wakes every waiting future of the
+//! queue pair, so one of them always drives the dispatcher, whichever was
+//! last to register with the reactor and whether or not it is still alive.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::buffer::{DeviceReadable, DeviceWritable, RemoteMemory};
+use crate::completion_channel::CompletionChannel;
+use crate::completion_queue::{Completion, CompletionQueue, Completions};
+use crate::context::{AsyncEvent, Context};
+use crate::error::{Error, Result};
+use crate::queue_pair::{PostError, QueuePair, RecvRequest, SendRequest};
+
+/// Completions taken per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+/// Verbs objects whose descriptor stays open, and the same, for as long as
+/// the object lives: `as_raw_fd` reads an immutable field of the C object
+/// (`ibv_comp_channel::fd`, `ibv_context::async_fd`), which libibverbs
+/// closes only when the object is destroyed, i.e. after the last handle
+/// (clone) is dropped.
+trait VerbsFd: AsRawFd {}
+impl VerbsFd for CompletionChannel {}
+impl VerbsFd for Context {}
+
+/// Registers the descriptor of `inner` with the current Tokio runtime's
+/// reactor, for readability. `what` names the caller in errors.
+fn register<T: VerbsFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} needs a Tokio runtime: create it from within one (with IO enabled)"
+        )));
+    }
+    // SAFETY: `register_with_interest` needs the descriptor to stay open,
+    // referring to the same file description, and to be what `as_raw_fd`
+    // returns, for the whole life of the AsyncFd. The AsyncFd owns `inner`,
+    // a handle that keeps the verbs object (and so its descriptor) alive,
+    // and `as_raw_fd` reads an immutable field of it (see `VerbsFd`).
+    let fd = unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) };
+    fd.map_err(|e| {
+        let (_, source) = e.into_parts();
+        let exists = source.raw_os_error() == Some(libc::EEXIST);
+        Error::Verb {
+            verb: "epoll_ctl",
+            source,
+        }
+        .with_hint(exists.then(|| {
+            format!(
+                "{what}: the descriptor is already registered with this runtime \
+                 (one AsyncQueuePair per completion channel, one AsyncEvents per context)"
+            )
+        }))
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The wakers of the futures waiting on one queue pair, by `wr_id`. As a
+/// [`Waker`] itself (given to the reactor) it wakes all of them.
+#[derive(Default)]
+struct Waiters {
+    map: Mutex<HashMap<u64, Waker>>,
+}
+
+impl Waiters {
+    fn set(&self, id: u64, waker: &Waker) {
+        let mut map = lock(&self.map);
+        let old = match map.entry(id) {
+            Entry::Occupied(e) if e.get().will_wake(waker) => None,
+            Entry::Occupied(mut e) => Some(e.insert(waker.clone())),
+            Entry::Vacant(e) => {
+                e.insert(waker.clone());
+                None
+            }
+        };
+        drop(map);
+        drop(old); // outside the lock: dropping a waker may run task code
+    }
+
+    fn remove(&self, id: u64) {
+        let old = lock(&self.map).remove(&id);
+        drop(old);
+    }
+
+    fn wake_ids(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let wakers: Vec<Waker> = {
+            let map = lock(&self.map);
+            ids.iter().filter_map(|id| map.get(id).cloned()).collect()
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    fn wake_every(&self) {
+        let wakers: Vec<Waker> = lock(&self.map).values().cloned().collect();
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl Wake for Waiters {
+    fn wake(self: Arc<Self>) {
+        self.wake_every();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wake_every();
+    }
+}
+
+/// What the dispatcher knows about one posted request.
+enum Slot {
+    /// Posted; its future is alive and has not seen the completion.
+    Waiting,
+    /// Completed; the future has not collected it yet.
+    Done(Completion),
+    /// Its future was dropped: the completion is dropped when it arrives
+    /// (the queue pair owns the buffers until then).
+    Abandoned,
+}
+
+struct State {
+    slots: HashMap<u64, Slot>,
+    batch: Completions,
+    /// Whether every CQ is armed since the last consumed event.
+    armed: bool,
+}
+
+struct Shared {
+    qp: QueuePair,
+    /// The distinct CQs of the queue pair (send, and recv if different).
+    cqs: Vec<CompletionQueue>,
+    /// The distinct completion channels of those CQs, registered.
+    channels: Vec<AsyncFd<CompletionChannel>>,
+    state: Mutex<State>,
+    waiters: Arc<Waiters>,
+    /// Given to the reactor: wakes every waiting future.
+    reactor_waker: Waker,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    /// Consumes channel events, re-arms, polls the CQs until empty and files
+    /// each completion under its `wr_id`. Returns the ids of the futures to
+    /// wake and the completions of abandoned requests (to drop after the
+    /// lock is released). Leaves the reactor waker registered.
+    fn drive(
+        &self,
+        st: &mut State,
+        wake: &mut Vec<u64>,
+        drop_later: &mut Vec<Completion>,
+    ) -> Result<()> {
+        let mut cx = TaskContext::from_waker(&self.reactor_waker);
+        for fd in &self.channels {
+            while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
+                let mut guard = ready.map_err(|source| Error::Verb {
+                    verb: "epoll_wait",
+                    source,
+                })?;
+                loop {
+                    match fd.get_ref().get_event() {
+                        // Counted for a batched acknowledgement by the CQ.
+                        Ok(_cq) => st.armed = false,
+                        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                            guard.clear_ready();
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        if !st.armed {
+            for cq in &self.cqs {
+                cq.req_notify(false)?;
+            }
+            st.armed = true;
+        }
+        // Armed first, then polled until empty: a completion after the last
+        // poll raises an event.
+        for cq in &self.cqs {
+            loop {
+                let n = cq.poll(&mut st.batch)?;
+                for c in st.batch.drain() {
+                    match st.slots.entry(c.wr_id()) {
+                        Entry::Occupied(mut e) => match e.get() {
+                            Slot::Waiting => {
+                                wake.push(*e.key());
+                                e.insert(Slot::Done(c));
+                            }
+                            Slot::Abandoned => {
+                                e.remove();
+                                drop_later.push(c);
+                            }
+                            // wr_ids are unique; keep the first.
+                            Slot::Done(_) => drop_later.push(c),
+                        },
+                        // Not posted through the AsyncQueuePair.
+                        Entry::Vacant(_) => drop_later.push(c),
+                    }
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A queue pair whose work requests are futures (feature `tokio`).
+///
+/// Wraps a connected (or to-be-connected) [`QueuePair`], typically RC,
+/// whose send and receive CQs report to a [`CompletionChannel`]. Each
+/// posting method posts at once (so receives are posted before the peer
+/// sends, and requests can be pipelined) and returns a [`CompletionFuture`]
+/// that resolves to the request's [`Completion`], buffers included. Cheap
+/// to clone; the clones share one dispatcher.
+///
+/// The CQs and their channels must be dedicated to this queue pair and
+/// polled only through it: completions of requests posted in other ways are
+/// dropped (their buffers released), and another reader of the channel
+/// would steal its events.
+///
+/// # Example
+/// ```no_run
+/// use ibverbs::*;
+/// async fn demo(pd: &ProtectionDomain, remote: RemoteMemory) -> Result<()> {
+///     let ctx = pd.context();
+///     let channel = ctx.create_comp_channel()?;
+///     let cq = ctx.create_cq(64).channel(&channel).build()?;
+///     let qp = pd.create_qp(QpType::Rc, &cq, &cq).max_send_wr(16).max_recv_wr(16).build()?;
+///     // ... connect `qp` (Endpoint, QueuePair::connect) ...
+///     let qp = AsyncQueuePair::new(qp)?; // inside a Tokio runtime
+///     let incoming = qp.recv(pd.alloc(4096, AccessFlags::LOCAL_WRITE)?)?;
+///     let mut msg = pd.alloc(5, AccessFlags::LOCAL_WRITE)?;
+///     msg.copy_from_slice(b"hello");
+///     let sent = qp.send(msg)?.await?;          // the send buffer comes back
+///     let mut got = incoming.await?;            // the peer's message
+///     println!("{} bytes: {:?}", got.byte_len(), &got.take_local().unwrap()[..5]);
+///     let old = qp.fetch_and_add(pd.alloc(8, AccessFlags::LOCAL_WRITE)?, remote, 1)?.await?;
+///     # drop((sent, old));
+///     Ok(())
+/// }
+/// ```
+///
+/// # References
+/// `ibv_get_cq_event(3)`, `ibv_req_notify_cq(3)`, `ibv_poll_cq(3)`,
+/// `ibv_post_send(3)`, `ibv_post_recv(3)`
+#[derive(Clone)]
+pub struct AsyncQueuePair {
+    shared: Arc<Shared>,
+}
+
+// Refused requests come back by value, as from `QueuePair::post_send`.
+#[allow(clippy::result_large_err)]
+impl AsyncQueuePair {
+    /// Wraps `qp`: makes its CQs' completion channels non-blocking and
+    /// registers them with the current Tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a CQ of `qp` has no completion
+    /// channel, or when called outside a Tokio runtime; [`Error::Verb`]
+    /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered
+    /// (`EEXIST`: it already is, e.g. by another `AsyncQueuePair`).
+    ///
+    /// # Panics
+    /// Tokio panics when the current runtime was built without IO
+    /// (`Builder::enable_io`).
+    ///
+    /// # References
+    /// `ibv_create_comp_channel(3)`, `fcntl(2)`, `epoll_ctl(2)`
+    pub fn new(qp: QueuePair) -> Result<AsyncQueuePair> {
+        let mut cqs: Vec<CompletionQueue> = Vec::with_capacity(2);
+        for cq in [qp.send_cq(), qp.recv_cq()] {
+            if !cqs.iter().any(|c| c.as_ptr() == cq.as_ptr()) {
+                cqs.push(cq.clone());
+            }
+        }
+        let mut found: Vec<CompletionChannel> = Vec::with_capacity(2);
+        for (cq, which) in [(qp.send_cq(), "send"), (qp.recv_cq(), "receive")] {
+            let ch = cq.channel().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "AsyncQueuePair: the {which} CQ has no completion channel \
+                     (build it with CompletionQueueBuilder::channel)"
+                ))
+            })?;
+            if !found.iter().any(|c| c.as_ptr() == ch.as_ptr()) {
+                found.push(ch.clone());
+            }
+        }
+        let mut channels = Vec::with_capacity(found.len());
+        for ch in found {
+            ch.set_nonblocking(true)?;
+            channels.push(register(ch, "AsyncQueuePair")?);
+        }
+        let waiters = Arc::new(Waiters::default());
+        Ok(AsyncQueuePair {
+            shared: Arc::new(Shared {
+                qp,
+                cqs,
+                channels,
+                state: Mutex::new(State {
+                    slots: HashMap::new(),
+                    batch: Completions::with_capacity(POLL_BATCH),
+                    armed: false,
+                }),
+                reactor_waker: Waker::from(Arc::clone(&waiters)),
+                waiters,
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// The wrapped queue pair (to connect it, query it, …). Requests posted
+    /// on it directly are not tracked: their completions are dropped.
+    pub fn queue_pair(&self) -> &QueuePair {
+        &self.shared.qp
+    }
+
+    /// Requests posted through this wrapper (all clones) whose completion
+    /// has not been collected yet, abandoned ones included.
+    pub fn outstanding(&self) -> usize {
+        lock(&self.shared.state).slots.len()
+    }
+
+    fn track(&self) -> u64 {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.shared.state).slots.insert(id, Slot::Waiting);
+        id
+    }
+
+    fn untrack(&self, id: u64) {
+        lock(&self.shared.state).slots.remove(&id);
+    }
+
+    fn future(&self, id: u64) -> CompletionFuture {
+        CompletionFuture {
+            shared: Arc::clone(&self.shared),
+            id,
+            finished: false,
+        }
+    }
+
+    /// Posts a send-queue request now and returns the future of its
+    /// completion. The request gets a unique `wr_id` (replacing its own) and
+    /// is made signaled.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_send`]: the request is handed back in the
+    /// [`PostError`]. The future resolves to an error as described on
+    /// [`CompletionFuture`].
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    #[doc(alias = "ibv_post_send")]
+    pub fn post_send<'a>(
+        &self,
+        wr: SendRequest<'a>,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'a>>> {
+        let id = self.track();
+        match self.shared.qp.post_send(wr.wr_id(id).signaled(true)) {
+            Ok(()) => Ok(self.future(id)),
+            Err(e) => {
+                self.untrack(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Posts a receive request now and returns the future of its
+    /// completion (the request's `wr_id` is replaced by a unique one).
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv`], with the request handed back.
+    ///
+    /// # References
+    /// `ibv_post_recv(3)`
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<CompletionFuture, PostError<RecvRequest>> {
+        let id = self.track();
+        match self.shared.qp.post_recv(wr.wr_id(id)) {
+            Ok(()) => Ok(self.future(id)),
+            Err(e) => {
+                self.untrack(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Receives into `buf` ([`RecvRequest::new`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_recv`].
+    pub fn recv(
+        &self,
+        buf: impl DeviceWritable,
+    ) -> Result<CompletionFuture, PostError<RecvRequest>> {
+        self.post_recv(RecvRequest::new(buf))
+    }
+
+    /// Sends `buf` ([`SendRequest::send`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_send`].
+    pub fn send(
+        &self,
+        buf: impl DeviceReadable,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
+        self.post_send(SendRequest::send(buf))
+    }
+
+    /// Writes `buf` to the peer's `remote` memory ([`SendRequest::write`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_send`].
+    pub fn write(
+        &self,
+        buf: impl DeviceReadable,
+        remote: RemoteMemory,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
+        self.post_send(SendRequest::write(buf, remote))
+    }
+
+    /// Reads the peer's `remote` memory into `buf` ([`SendRequest::read`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_send`].
+    pub fn read(
+        &self,
+        buf: impl DeviceWritable,
+        remote: RemoteMemory,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
+        self.post_send(SendRequest::read(buf, remote))
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote`; the old value
+    /// lands in `result` ([`SendRequest::compare_and_swap`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_send`].
+    pub fn compare_and_swap(
+        &self,
+        result: impl DeviceWritable,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
+        self.post_send(SendRequest::compare_and_swap(result, remote, compare, swap))
+    }
+
+    /// Atomic fetch-and-add on the 8 bytes at `remote`; the old value lands
+    /// in `result` ([`SendRequest::fetch_and_add`]).
+    ///
+    /// # Errors
+    /// As [`AsyncQueuePair::post_send`].
+    pub fn fetch_and_add(
+        &self,
+        result: impl DeviceWritable,
+        remote: RemoteMemory,
+        add: u64,
+    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
+        self.post_send(SendRequest::fetch_and_add(result, remote, add))
+    }
+}
+
+impl std::fmt::Debug for AsyncQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncQueuePair")
+            .field("qp", &self.shared.qp)
+            .field("outstanding", &self.outstanding())
+            .finish()
+    }
+}
+
+/// The completion of one request posted through an [`AsyncQueuePair`].
+///
+/// Resolves to the [`Completion`] (take the buffers back with
+/// [`Completion::take_local`] and friends). Dropping it before it resolved
+/// cancels nothing on the device: the request stays posted, the queue pair
+/// keeps its buffers until its completion arrives, and the dispatcher then
+/// drops that completion (releasing the buffers). An abandoned receive
+/// still consumes the next incoming message.
+///
+/// # Example
+/// ```no_run
+/// # async fn demo(qp: &ibverbs::AsyncQueuePair, buf: ibverbs::LocalBuffer) -> ibverbs::Result<()> {
+/// let pending = qp.recv(buf)?;   // posted here
+/// let mut c = pending.await?;    // completed successfully
+/// let buf = c.take_local().expect("the receive buffer");
+/// # drop(buf); Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::WorkCompletion`] when the request completed with an error
+/// status (its buffers are released); [`Error::Verb`] naming
+/// `ibv_get_cq_event`, `ibv_req_notify_cq`, `ibv_poll_cq` or `epoll_wait`
+/// when the dispatcher fails (the request is then abandoned);
+/// [`Error::InvalidArgument`] when polled again after it resolved.
+///
+/// # References
+/// `ibv_poll_cq(3)`
+#[must_use = "dropping the future abandons the completion (the request stays posted)"]
+pub struct CompletionFuture {
+    shared: Arc<Shared>,
+    id: u64,
+    finished: bool,
+}
+
+impl CompletionFuture {
+    /// The unique `wr_id` the request was posted with (what
+    /// [`Completion::wr_id`] reports).
+    pub fn wr_id(&self) -> u64 {
+        self.id
+    }
+
+    fn take_done(st: &mut State, id: u64) -> Option<Completion> {
+        match st.slots.remove(&id) {
+            Some(Slot::Done(c)) => Some(c),
+            Some(other) => {
+                st.slots.insert(id, other);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn finish(&mut self, result: Result<Completion>) -> Poll<Result<Completion>> {
+        self.finished = true;
+        self.shared.waiters.remove(self.id);
+        Poll::Ready(result)
+    }
+}
+
+impl Future for CompletionFuture {
+    type Output = Result<Completion>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
+        let this = self.get_mut();
+        if this.finished {
+            return Poll::Ready(Err(Error::InvalidArgument(
+                "CompletionFuture polled after it resolved".into(),
+            )));
+        }
+        let shared = Arc::clone(&this.shared);
+        // Registered before driving: a wake-up between driving and
+        // returning Pending is not lost.
+        shared.waiters.set(this.id, cx.waker());
+        let mut wake = Vec::new();
+        let mut drop_later = Vec::new();
+        let mut st = lock(&shared.state);
+        let mut done = Self::take_done(&mut st, this.id);
+        let mut failed = None;
+        if done.is_none() {
+            match shared.drive(&mut st, &mut wake, &mut drop_later) {
+                Ok(()) => done = Self::take_done(&mut st, this.id),
+                Err(e) => {
+                    // Not collected here any more: a later completion is dropped.
+                    if let Some(slot) = st.slots.get_mut(&this.id) {
+                        *slot = Slot::Abandoned;
+                    }
+                    failed = Some(e);
+                }
+            }
+        }
+        drop(st);
+        drop(drop_later);
+        wake.retain(|&id| id != this.id);
+        shared.waiters.wake_ids(&wake);
+        if let Some(e) = failed {
+            // Every waiting future drives in turn and reports the failure.
+            shared.waiters.wake_every();
+            return this.finish(Err(e));
+        }
+        match done {
+            Some(c) => {
+                let result = c.result().map(|()| c);
+                this.finish(result)
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for CompletionFuture {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let leftover = {
+            let mut st = lock(&self.shared.state);
+            match st.slots.get_mut(&self.id) {
+                Some(slot @ Slot::Waiting) => {
+                    *slot = Slot::Abandoned;
+                    None
+                }
+                Some(Slot::Done(_)) => st.slots.remove(&self.id),
+                _ => None,
+            }
+        };
+        drop(leftover);
+        self.shared.waiters.remove(self.id);
+    }
+}
+
+impl std::fmt::Debug for CompletionFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionFuture")
+            .field("wr_id", &self.id)
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
+/// A device's asynchronous events (port changes, QP/CQ/SRQ errors, …) as
+/// an async stream (feature `tokio`).
+///
+/// Makes the context's async-event descriptor non-blocking (it stays so:
+/// [`Context::get_async_event`] returns `EAGAIN` instead of blocking while
+/// nothing is pending) and registers it with the current Tokio runtime.
+/// One per context.
+///
+/// # Example
+/// ```no_run
+/// # async fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+/// let mut events = ibverbs::AsyncEvents::new(ctx)?;
+/// loop {
+///     let ev = events.next().await?; // acknowledged when dropped
+///     println!("{:?} on port {:?}", ev.event_type(), ev.port());
+/// }
+/// # }
+/// ```
+///
+/// # References
+/// `ibv_get_async_event(3)`
+pub struct AsyncEvents {
+    fd: AsyncFd<Context>,
+}
+
+impl AsyncEvents {
+    /// Watches `ctx`'s asynchronous events.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] outside a Tokio runtime; [`Error::Verb`]
+    /// naming `fcntl`, or `epoll_ctl` (`EEXIST` when the context is already
+    /// watched by another `AsyncEvents`).
+    ///
+    /// # Panics
+    /// Tokio panics when the current runtime was built without IO.
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`, `fcntl(2)`, `epoll_ctl(2)`
+    pub fn new(ctx: &Context) -> Result<AsyncEvents> {
+        ctx.set_async_nonblocking(true)?;
+        Ok(AsyncEvents {
+            fd: register(ctx.clone(), "AsyncEvents")?,
+        })
+    }
+
+    /// The context watched.
+    pub fn context(&self) -> &Context {
+        self.fd.get_ref()
+    }
+
+    /// Waits for the next event. Cancel-safe: an event is taken from the
+    /// device only when it is returned.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `ibv_get_async_event`, or `epoll_wait` when
+    /// the runtime's reactor fails (e.g. it is shutting down).
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`
+    #[doc(alias = "ibv_get_async_event")]
+    pub async fn next(&mut self) -> Result<AsyncEvent> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// Polls for the next event (the waker of the latest call is woken).
+    ///
+    /// # Errors
+    /// As [`AsyncEvents::next`].
+    pub fn poll_next(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<AsyncEvent>> {
+        loop {
+            let mut guard = match self.fd.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(source)) => {
+                    return Poll::Ready(Err(Error::Verb {
+                        verb: "epoll_wait",
+                        source,
+                    }))
+                }
+                Poll::Ready(Ok(guard)) => guard,
+            };
+            match self.fd.get_ref().get_async_event() {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => guard.clear_ready(),
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for AsyncEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEvents")
+            .field("context", self.fd.get_ref())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn futures_and_handles_cross_threads() {
+        assert_send_sync::<AsyncQueuePair>();
+        assert_send_sync::<CompletionFuture>();
+        assert_send::<AsyncEvents>();
+    }
+
+    #[test]
+    fn the_reactor_waker_wakes_every_waiter() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(0.into()));
+        let waiters = Arc::new(Waiters::default());
+        let w = Waker::from(Arc::clone(&count));
+        waiters.set(1, &w);
+        waiters.set(2, &w);
+        waiters.set(2, &w); // same waker: kept
+        Waker::from(Arc::clone(&waiters)).wake_by_ref();
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        waiters.wake_ids(&[2, 3]);
+        assert_eq!(count.0.load(Ordering::SeqCst), 3);
+        waiters.remove(1);
+        waiters.remove(2);
+        Waker::from(Arc::clone(&waiters)).wake();
+        assert_eq!(count.0.load(Ordering::SeqCst), 3);
+    }
+}

@@ -1,0 +1,316 @@
+//! The rdma_cm event channel and its events.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ibverbs_sys as sys;
+
+use super::cm_id::{CmId, IdHandle};
+use crate::error::{ret_ptr, Error, Result};
+
+pub(crate) struct ChannelInner {
+    pub(crate) ch: NonNull<sys::rdma_event_channel>,
+}
+
+// SAFETY: librdmacm's event channel calls are thread-safe (the channel is a
+// file descriptor; events are handed out under librdmacm's locks).
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChannelInner {}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: last reference: every id on the channel holds a clone, so
+        // all are destroyed (rdma_destroy_event_channel(3) requires it).
+        unsafe { sys::rdma_destroy_event_channel(self.ch.as_ptr()) };
+    }
+}
+
+/// An rdma_cm event channel (`struct rdma_event_channel`): delivers the
+/// connection events of the [`CmId`]s created on it. Its file descriptor
+/// ([`AsRawFd`]) can be watched with poll/epoll. Cheap to clone.
+///
+/// # References
+/// `rdma_create_event_channel(3)`, `rdma_get_cm_event(3)`
+#[derive(Clone)]
+pub struct EventChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: live channel; `fd` is immutable.
+        unsafe { (*self.inner.ch.as_ptr()).fd }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd stays open while the channel (borrowed) lives.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+crate::port::device_enum! {
+    /// The type of an rdma_cm event (`RDMA_CM_EVENT_*`).
+    CmEventType {
+        /// `rdma_resolve_addr` finished.
+        AddrResolved = sys::RDMA_CM_EVENT_ADDR_RESOLVED,
+        /// `rdma_resolve_addr` failed.
+        AddrError = sys::RDMA_CM_EVENT_ADDR_ERROR,
+        /// `rdma_resolve_route` finished.
+        RouteResolved = sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
+        /// `rdma_resolve_route` failed.
+        RouteError = sys::RDMA_CM_EVENT_ROUTE_ERROR,
+        /// A peer asks to connect (the event carries the new id).
+        ConnectRequest = sys::RDMA_CM_EVENT_CONNECT_REQUEST,
+        /// The peer answered (handled by the library, reported as `Established`).
+        ConnectResponse = sys::RDMA_CM_EVENT_CONNECT_RESPONSE,
+        /// Connecting failed.
+        ConnectError = sys::RDMA_CM_EVENT_CONNECT_ERROR,
+        /// The peer is unreachable.
+        Unreachable = sys::RDMA_CM_EVENT_UNREACHABLE,
+        /// The peer rejected the connection (or nobody listens).
+        Rejected = sys::RDMA_CM_EVENT_REJECTED,
+        /// The connection is up.
+        Established = sys::RDMA_CM_EVENT_ESTABLISHED,
+        /// The connection is down.
+        Disconnected = sys::RDMA_CM_EVENT_DISCONNECTED,
+        /// The device went away.
+        DeviceRemoval = sys::RDMA_CM_EVENT_DEVICE_REMOVAL,
+        /// Multicast join finished.
+        MulticastJoin = sys::RDMA_CM_EVENT_MULTICAST_JOIN,
+        /// Multicast error.
+        MulticastError = sys::RDMA_CM_EVENT_MULTICAST_ERROR,
+        /// The local address changed.
+        AddrChange = sys::RDMA_CM_EVENT_ADDR_CHANGE,
+        /// The id left the timewait state.
+        TimewaitExit = sys::RDMA_CM_EVENT_TIMEWAIT_EXIT,
+    }
+}
+
+/// One rdma_cm event, already acknowledged (its data copied out).
+///
+/// # References
+/// `rdma_get_cm_event(3)`
+#[derive(Debug)]
+pub struct CmEvent {
+    kind: CmEventType,
+    status: i32,
+    id: *const sys::rdma_cm_id,
+    listen_id: *const sys::rdma_cm_id,
+    /// For `ConnectRequest`: the id of the new connection.
+    new_id: Option<CmId>,
+    private_data: Vec<u8>,
+    responder_resources: u8,
+    initiator_depth: u8,
+}
+
+// SAFETY: the raw pointers are only compared, never dereferenced.
+unsafe impl Send for CmEvent {}
+// SAFETY: as above.
+unsafe impl Sync for CmEvent {}
+
+impl CmEvent {
+    /// The event type.
+    pub fn kind(&self) -> CmEventType {
+        self.kind
+    }
+    /// The event's status (0, or a negative errno / reject reason).
+    pub fn status(&self) -> i32 {
+        self.status
+    }
+    /// Whether the event concerns `id` (for a connect request: whether `id`
+    /// is the listening id it arrived on).
+    pub fn is_for(&self, id: &CmId) -> bool {
+        let p = id.as_ptr() as *const sys::rdma_cm_id;
+        self.id == p || (self.new_id.is_some() && self.listen_id == p)
+    }
+    /// For a connect request: takes the new connection's id (accept or
+    /// reject it).
+    pub fn take_id(&mut self) -> Option<CmId> {
+        self.new_id.take()
+    }
+    /// The peer's private data (connect request, response, reject).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+    /// Responder resources the peer offers (connect request/response).
+    pub fn responder_resources(&self) -> u8 {
+        self.responder_resources
+    }
+    /// Initiator depth the peer asks for (connect request/response).
+    pub fn initiator_depth(&self) -> u8 {
+        self.initiator_depth
+    }
+    /// `Ok(self)` for `expected`, else an error naming what arrived.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`]-free: [`Error::Verb`] naming
+    /// `rdma_get_cm_event` with the event's status when it is an error event,
+    /// otherwise [`Error::Unsupported`] naming the unexpected event.
+    pub fn expect(self, expected: CmEventType) -> Result<CmEvent> {
+        if self.kind == expected {
+            return Ok(self);
+        }
+        let errno = (-self.status).max(0);
+        let what = format!(
+            "expected {expected:?}, got {:?} (status {})",
+            self.kind, self.status
+        );
+        if errno > 0 && errno < 4096 {
+            Err(Error::from_errno("rdma_get_cm_event", errno).with_hint(Some(what)))
+        } else {
+            Err(Error::Unsupported(what))
+        }
+    }
+}
+
+impl EventChannel {
+    /// Opens an event channel.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `rdma_create_event_channel` (`ENODEV`/`ENOENT`
+    /// when the rdma_cm kernel modules are not loaded:
+    /// `/dev/infiniband/rdma_cm` is missing).
+    ///
+    /// # References
+    /// `rdma_create_event_channel(3)`
+    #[doc(alias = "rdma_create_event_channel")]
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: no preconditions; the channel is destroyed in ChannelInner's Drop.
+        let ch = unsafe { sys::rdma_create_event_channel() };
+        let ch = ret_ptr("rdma_create_event_channel", ch).map_err(|e| {
+            let hint = matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV))
+                .then(|| "is /dev/infiniband/rdma_cm there (modules rdma_cm, rdma_ucm)?".into());
+            e.with_hint(hint)
+        })?;
+        Ok(EventChannel {
+            inner: Arc::new(ChannelInner { ch }),
+        })
+    }
+
+    /// Waits for the next event, at most `timeout` (`None`: forever). The
+    /// event is acknowledged before it is returned.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `poll` (`ETIMEDOUT` after the timeout) or
+    /// `rdma_get_cm_event`; for a connect response, the QP transitions the
+    /// library makes (`rdma_init_qp_attr`, `ibv_modify_qp`,
+    /// `rdma_establish`).
+    ///
+    /// # References
+    /// `rdma_get_cm_event(3)`, `rdma_ack_cm_event(3)`
+    #[doc(alias = "rdma_get_cm_event")]
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
+        if let Some(t) = timeout {
+            let mut pfd = libc::pollfd {
+                fd: self.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = t.as_millis().min(i32::MAX as u128) as i32;
+            loop {
+                // SAFETY: one valid pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if rc > 0 {
+                    break;
+                }
+                if rc == 0 {
+                    return Err(Error::from_errno("poll", libc::ETIMEDOUT).with_hint(Some(
+                        format!("no rdma_cm event within {:.1} s", t.as_secs_f64()),
+                    )));
+                }
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EINTR) {
+                    return Err(Error::Verb {
+                        verb: "poll",
+                        source: err,
+                    });
+                }
+            }
+        }
+        let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: live channel; `ev` receives an event we acknowledge below.
+        let rc = unsafe { sys::rdma_get_cm_event(self.inner.ch.as_ptr(), &mut ev) };
+        if rc != 0 {
+            return Err(Error::Verb {
+                verb: "rdma_get_cm_event",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: a valid event until acknowledged; copied out here.
+        let raw = unsafe { *ev };
+        let mut event = CmEvent {
+            kind: CmEventType::from_raw(raw.event),
+            status: raw.status,
+            id: raw.id,
+            listen_id: raw.listen_id,
+            new_id: None,
+            private_data: Vec::new(),
+            responder_resources: 0,
+            initiator_depth: 0,
+        };
+        if matches!(
+            event.kind,
+            CmEventType::ConnectRequest
+                | CmEventType::ConnectResponse
+                | CmEventType::Rejected
+                | CmEventType::Established
+        ) {
+            // SAFETY: connection events carry `param.conn`.
+            let conn = unsafe { raw.param.conn };
+            if !conn.private_data.is_null() && conn.private_data_len > 0 {
+                // SAFETY: librdmacm's buffer of `private_data_len` bytes,
+                // valid until the ack below.
+                event.private_data = unsafe {
+                    std::slice::from_raw_parts(
+                        conn.private_data.cast::<u8>(),
+                        conn.private_data_len as usize,
+                    )
+                }
+                .to_vec();
+            }
+            event.responder_resources = conn.responder_resources;
+            event.initiator_depth = conn.initiator_depth;
+        }
+        if event.kind == CmEventType::ConnectRequest {
+            if let Some(id) = NonNull::new(raw.id) {
+                // SAFETY: librdmacm hands the new id to the application;
+                // from here on it is owned by the returned CmId.
+                event.new_id = Some(unsafe { CmId::adopt(id, self.clone()) });
+            }
+        }
+        let mut result = Ok(());
+        if event.kind == CmEventType::ConnectResponse {
+            // SAFETY: the event's id is alive at least until the ack (its
+            // destruction waits for it); `context` is set by CmId to its
+            // IdHandle, alive as long as the id.
+            let handle = unsafe { ((*raw.id).context as *const IdHandle).as_ref() };
+            result = match handle {
+                Some(h) => h.finish_connect(),
+                None => Err(Error::Unsupported(
+                    "connect response for an unknown id".into(),
+                )),
+            };
+            event.kind = if result.is_ok() {
+                CmEventType::Established
+            } else {
+                CmEventType::ConnectError
+            };
+        }
+        // SAFETY: acknowledges the event obtained above, exactly once.
+        unsafe { sys::rdma_ack_cm_event(ev) };
+        result.map(|()| event)
+    }
+}

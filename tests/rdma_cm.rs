@@ -1,0 +1,307 @@
+//! rdma_cm connection management (device tests, `rdmacm` feature): connect,
+//! accept, reject, disconnect with the library's own QPs, and the `rping`
+//! example against rdma-core's C `rping` in both directions.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use common::{device_ipv4, example_bin, path_tool, run_bounded, wait_ok};
+use ibverbs::cm::{CmEventType, CmId, ConnParam, EventChannel};
+use ibverbs::{AccessFlags, Error, QpType, RecvRequest, SendRequest};
+
+const T: Option<Duration> = Some(Duration::from_secs(10));
+static PORT: AtomicU16 = AtomicU16::new(17200);
+
+fn next_port() -> u16 {
+    PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn server_addr() -> SocketAddr {
+    let dev = common::device();
+    SocketAddr::from((device_ipv4(&dev), next_port()))
+}
+
+/// The passive side in a thread: accepts one connection, receives one
+/// message, echoes it with an RDMA write into the client's advertised
+/// memory, then waits for the disconnect.
+fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<Vec<u8>, Error>> {
+    let ch = EventChannel::new().unwrap();
+    let listener = CmId::new(&ch).unwrap();
+    listener.bind_addr(addr).unwrap();
+    listener.listen(1).unwrap();
+    std::thread::spawn(move || {
+        let mut req = ch.get_event(T)?.expect(CmEventType::ConnectRequest)?;
+        assert!(req.is_for(&listener));
+        assert_eq!(req.private_data().get(..5), Some(&b"hello"[..]));
+        let id = req.take_id().expect("new id");
+        if reject {
+            id.reject(b"go away")?;
+            return Ok(Vec::new());
+        }
+        let ctx = id.context().expect("request id has a device");
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(8).build()?;
+        let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
+        id.init_qp(&qp)?;
+        qp.post_recv(RecvRequest::new(pd.alloc(64, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
+        id.accept(&qp, &ConnParam::new())?;
+        ch.get_event(T)?.expect(CmEventType::Established)?;
+        let mut c = wait_ok(&cq);
+        let got = c.take_local().unwrap()[..c.byte_len() as usize].to_vec();
+        // The first 20 bytes name the client's memory; echo the rest there.
+        let remote = ibverbs::RemoteMemory::from_bytes(got[..20].try_into().unwrap());
+        let mut src = pd.alloc(got.len() - 20, AccessFlags::LOCAL_WRITE)?;
+        src.copy_from_slice(&got[20..]);
+        qp.post_send(SendRequest::write(
+            src,
+            remote.slice(0, (got.len() - 20) as u64).unwrap(),
+        ))?;
+        wait_ok(&cq);
+        qp.post_send(SendRequest::send_inline(b"done"))?;
+        wait_ok(&cq);
+        ch.get_event(T)?.expect(CmEventType::Disconnected)?;
+        Ok(got)
+    })
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn connect_accept_data_disconnect() {
+    let addr = server_addr();
+    let server = serve_once(addr, false);
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch).unwrap();
+    assert!(id.context().is_none(), "no device before resolution");
+    id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::AddrResolved)
+        .unwrap();
+    id.resolve_route(Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::RouteResolved)
+        .unwrap();
+    let ctx = id.context().expect("a device after resolution");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8).build().unwrap();
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let sink = pd
+        .alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    id.init_qp(&qp).unwrap();
+    qp.post_recv(RecvRequest::new(
+        pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap(),
+    ))
+    .unwrap();
+    id.connect(&qp, &ConnParam::new().private_data(b"hello"))
+        .unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::Established)
+        .unwrap();
+    assert_eq!(id.peer_addr(), Some(addr));
+    assert_eq!(qp.state().unwrap(), ibverbs::QpState::Rts);
+
+    let mut msg = pd.alloc(20 + 11, AccessFlags::LOCAL_WRITE).unwrap();
+    msg[..20].copy_from_slice(&sink.remote().unwrap().to_bytes());
+    msg[20..].copy_from_slice(b"echo via cm");
+    qp.post_send(SendRequest::send(msg)).unwrap();
+    wait_ok(&cq); // our send
+    let c = wait_ok(&cq); // the server's "done" (after its write)
+    assert_eq!(c.byte_len(), 4);
+    let mut got = [0u8; 11];
+    sink.copy_to_slice(0, &mut got).unwrap();
+    assert_eq!(&got, b"echo via cm");
+
+    id.disconnect().unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::Disconnected)
+        .unwrap();
+    let seen = server.join().unwrap().unwrap();
+    assert_eq!(&seen[20..], b"echo via cm");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn reject_is_a_typed_event_with_private_data() {
+    let addr = server_addr();
+    let server = serve_once(addr, true);
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch).unwrap();
+    id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::AddrResolved)
+        .unwrap();
+    id.resolve_route(Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::RouteResolved)
+        .unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4).build().unwrap();
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    id.connect(&qp, &ConnParam::new().private_data(b"hello"))
+        .unwrap();
+    let ev = ch.get_event(T).unwrap();
+    assert_eq!(ev.kind(), CmEventType::Rejected, "{ev:?}");
+    assert_eq!(ev.private_data().get(..7), Some(&b"go away"[..]));
+    let e = ev.expect(CmEventType::Established).unwrap_err();
+    assert!(e.to_string().contains("Rejected"), "{e}");
+    server.join().unwrap().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn nobody_listening_and_bad_arguments_are_errors() {
+    let addr = server_addr();
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch).unwrap();
+    id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::AddrResolved)
+        .unwrap();
+    id.resolve_route(Duration::from_secs(2)).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::RouteResolved)
+        .unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4).build().unwrap();
+    // UD is not a connection of the TCP port space; too much private data.
+    let ud = pd.create_qp(QpType::Ud, &cq, &cq).build().unwrap();
+    assert!(matches!(
+        id.connect(&ud, &ConnParam::new()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let e = id
+        .connect(&qp, &ConnParam::new().private_data(&[0; 57]))
+        .unwrap_err();
+    assert!(e.to_string().contains("private data"), "{e}");
+    // A QP of another device context is refused.
+    let other = common::device();
+    let opd = other.ctx.alloc_pd().unwrap();
+    let ocq = other.ctx.create_cq(4).build().unwrap();
+    let oqp = opd.create_qp(QpType::Rc, &ocq, &ocq).build().unwrap();
+    assert!(matches!(
+        id.connect(&oqp, &ConnParam::new()),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Nobody listens: the connect is rejected (a typed event, no hang).
+    id.connect(&qp, &ConnParam::new()).unwrap();
+    let ev = ch.get_event(T).unwrap();
+    assert!(
+        matches!(ev.kind(), CmEventType::Rejected | CmEventType::Unreachable),
+        "{ev:?}"
+    );
+    // No event pending: a bounded wait times out with an error.
+    let e = ch.get_event(Some(Duration::from_millis(200))).unwrap_err();
+    assert!(e.to_string().contains("no rdma_cm event"), "{e}");
+}
+
+/// Waits (10 s at most) until an rdma_cm id listens on `port`: the C
+/// client does not retry a connect that finds nobody listening.
+fn wait_listening(port: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let out = std::process::Command::new("rdma")
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .expect("the rdma tool (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text
+            .lines()
+            .any(|l| l.contains("LISTEN") && l.contains(&format!(":{port} ")))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no rdma_cm id listens on port {port} after 10 s");
+}
+
+/// Runs an rping server and client; returns (client stdout, server stdout).
+fn rping(server: &std::path::Path, client: &std::path::Path, extra: &[&str]) -> (String, String) {
+    let dev = common::device();
+    let ip = device_ipv4(&dev).to_string();
+    let port = next_port().to_string();
+    let mut sargs = vec!["-s", "-a", &ip, "-p", &port, "-v"];
+    sargs.extend_from_slice(extra);
+    let s = run_bounded(server, &sargs, Duration::from_secs(60));
+    wait_listening(&port);
+    let mut cargs = vec!["-c", "-a", &ip, "-p", &port, "-v", "-V", "-C", "5"];
+    cargs.extend_from_slice(extra);
+    let c = run_bounded(client, &cargs, Duration::from_secs(60));
+    let (cok, cout, cerr) = c.join().unwrap();
+    let (sok, sout, serr) = s.join().unwrap();
+    assert!(
+        cok,
+        "client failed:\n{cout}\n{cerr}\nserver:\n{sout}\n{serr}"
+    );
+    assert!(sok, "server failed:\n{sout}\n{serr}");
+    (cout, sout)
+}
+
+fn check(cout: &str, sout: &str, size: usize) {
+    let pings: Vec<&str> = cout
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    assert_eq!(pings.len(), 5, "{cout}");
+    for (i, l) in pings.iter().enumerate() {
+        let data = &l["ping data: ".len()..];
+        assert!(data.starts_with(&format!("rdma-ping-{i}: ")), "{l}");
+        assert_eq!(data.len(), size - 1, "{l}");
+    }
+    let served = sout
+        .lines()
+        .filter(|l| l.starts_with("server ping data: "))
+        .count();
+    assert_eq!(served, 5, "{sout}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rping_rust_to_rust() {
+    let r = example_bin("rping");
+    let (c, s) = rping(&r, &r, &[]);
+    check(&c, &s, 64);
+    let (c, s) = rping(&r, &r, &["-S", "4000"]);
+    check(&c, &s, 4000);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rping_rust_client_c_server() {
+    let (c, s) = rping(&path_tool("rping"), &example_bin("rping"), &["-S", "1000"]);
+    check(&c, &s, 1000);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rping_c_client_rust_server() {
+    let (c, s) = rping(&example_bin("rping"), &path_tool("rping"), &["-S", "26"]);
+    check(&c, &s, 26);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rping_refuses_bad_arguments() {
+    let r = example_bin("rping");
+    for args in [&["-c", "-S", "10", "-a", "127.0.0.1"][..], &["-c"], &["-v"]] {
+        let (ok, _, err) = run_bounded(&r, args, Duration::from_secs(20))
+            .join()
+            .unwrap();
+        assert!(!ok, "{args:?} should fail: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
