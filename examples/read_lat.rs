@@ -8,6 +8,9 @@
 //! and repeats; latency is the time between consecutive posts (a read is a
 //! full round trip). The server prints the client's results.
 //!
+//! `--extended` uses the extended verbs (`post_send_ex`, `poll_ex`) for the
+//! legacy-vs-extended comparison of `cargo xtask bench`.
+//!
 //! `--raw` posts and polls through the library's `unsafe` raw path
 //! (`post_send_raw`, `poll_raw`: no ownership bookkeeping, no checks) — a
 //! control that isolates what the safe layer costs per operation.
@@ -34,8 +37,13 @@ struct Cli {
     common: CommonArgs,
     /// Post and poll through the unsafe raw path (a control measuring the
     /// safe layer's cost); busy polling only
-    #[arg(long)]
+    #[arg(long, conflicts_with = "extended")]
     raw: bool,
+    /// Use the extended verbs: QP from ibv_create_qp_ex posted with the
+    /// ibv_wr_* builders (post_send_ex), CQ from ibv_create_cq_ex polled with
+    /// start/next/end (poll_ex)
+    #[arg(long)]
+    extended: bool,
 }
 
 /// The `--raw` loop: the C tool's loop, written against the raw verbs.
@@ -98,7 +106,7 @@ fn run(cli: Cli) -> Result<()> {
         send_wr: cfg.tx_depth,
         recv_wr: 1,
     };
-    let mut res = Resources::open(&cfg, spec)?;
+    let mut res = Resources::open_ex(&cfg, spec, cli.extended)?;
 
     if cfg.is_server() {
         let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
@@ -145,9 +153,13 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             for i in 0..cfg.iters {
                 stamps.push(ns_since(base));
-                res.qp
-                    .post_send(SendRequest::read(head, from).wr_id(i))
-                    .map_err(|e| format!("posting read {i}: {}", e.error))?;
+                let wr = SendRequest::read(head, from).wr_id(i);
+                if cli.extended {
+                    res.qp.post_send_ex(wr)
+                } else {
+                    res.qp.post_send(wr)
+                }
+                .map_err(|e| format!("posting read {i}: {}", e.error))?;
                 head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
             }
         }

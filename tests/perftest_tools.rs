@@ -426,6 +426,18 @@ fn read_lat_raw_control() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn read_lat_extended_verbs() {
+    let (s, c) = pair(
+        "read_lat",
+        19018,
+        &["-n", "10", "-a", "--max-size", "256", "--extended"],
+    );
+    check_table(&c, LAT, &sweep(256), 10, 7);
+    check_table(&s, LAT, &sweep(256), 10, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn write_bw_sweep() {
     let args = ["-n", "32", "-a", "--max-size", "16K", "-t", "16", "-Q", "4"];
     let (s, c) = pair("write_bw", 19006, &args);

@@ -106,12 +106,14 @@ pub struct Waiter {
     channel: Option<CompletionChannel>,
     timeout: Duration,
     armed: bool,
+    /// Poll with `poll_ex` (an extended CQ).
+    extended: bool,
 }
 
 impl Waiter {
     /// Polls without waiting.
     pub fn poll(&mut self, done: &mut Completions) -> Result<usize> {
-        Ok(self.cq.poll(done)?)
+        Ok(poll_cq(&self.cq, self.extended, done)?)
     }
 
     /// Polls until at least one completion arrived; an error after the
@@ -122,10 +124,11 @@ impl Waiter {
             channel,
             timeout,
             armed,
+            extended,
         } = self;
         match channel {
-            None => wait_busy(cq, *timeout, done, what),
-            Some(ch) => wait_event(cq, ch, armed, *timeout, done, what),
+            None => wait_busy(cq, *extended, *timeout, done, what),
+            Some(ch) => wait_event(cq, *extended, ch, armed, *timeout, done, what),
         }
     }
 }
@@ -138,8 +141,19 @@ fn timed_out(timeout: Duration, what: &str) -> Error {
     .into()
 }
 
+/// Classic or extended polling.
+#[inline]
+fn poll_cq(cq: &CompletionQueue, extended: bool, done: &mut Completions) -> ibverbs::Result<usize> {
+    if extended {
+        cq.poll_ex(done)
+    } else {
+        cq.poll(done)
+    }
+}
+
 fn wait_busy(
     cq: &CompletionQueue,
+    extended: bool,
     timeout: Duration,
     done: &mut Completions,
     what: &str,
@@ -147,7 +161,7 @@ fn wait_busy(
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
     loop {
-        let n = cq.poll(done)?;
+        let n = poll_cq(cq, extended, done)?;
         if n > 0 {
             return Ok(n);
         }
@@ -161,6 +175,7 @@ fn wait_busy(
 
 fn wait_event(
     cq: &CompletionQueue,
+    extended: bool,
     ch: &CompletionChannel,
     armed: &mut bool,
     timeout: Duration,
@@ -170,7 +185,7 @@ fn wait_event(
     use rustix::event::{poll, PollFd, PollFlags};
     let deadline = Instant::now() + timeout;
     loop {
-        let n = cq.poll(done)?;
+        let n = poll_cq(cq, extended, done)?;
         if n > 0 {
             return Ok(n);
         }
@@ -238,6 +253,13 @@ impl Resources {
     /// Opens the device and creates PD, CQ (with a channel for `-e`) and
     /// an RC QP with `spec` and `cfg.inline`.
     pub fn open(cfg: &Config, spec: QpSpec) -> Result<Resources> {
+        Self::open_ex(cfg, spec, false)
+    }
+
+    /// As [`Resources::open`]; `extended` creates the CQ with
+    /// `ibv_create_cq_ex` and the QP with `ibv_create_qp_ex` (post with
+    /// `post_send_ex`; the waiter polls with `poll_ex`).
+    pub fn open_ex(cfg: &Config, spec: QpSpec, extended: bool) -> Result<Resources> {
         let list = ibverbs::devices()?;
         let dev = match &cfg.device {
             Some(name) => list.find(name).ok_or_else(|| {
@@ -279,13 +301,24 @@ impl Resources {
         } else {
             None
         };
-        let cq = match &channel {
-            Some(ch) => ctx.create_cq(cqe).channel(ch).build(),
-            None => ctx.create_cq(cqe).build(),
+        let mut cqb = ctx.create_cq(cqe);
+        if let Some(ch) = &channel {
+            cqb = cqb.channel(ch);
         }
-        .map_err(|e| format!("creating a CQ of {cqe} entries: {e}"))?;
+        if extended {
+            cqb = cqb.wc_fields(ibverbs::WcFields::standard());
+        }
+        let cq = cqb
+            .build()
+            .map_err(|e| format!("creating a CQ of {cqe} entries: {e}"))?;
+        let ops = if extended {
+            ibverbs::SendOps::rc_data()
+        } else {
+            ibverbs::SendOps::empty()
+        };
         let qp = pd
             .create_qp(QpType::Rc, &cq, &cq)
+            .send_ops(ops)
             .max_send_wr(spec.send_wr)
             .max_recv_wr(spec.recv_wr.max(1))
             .max_inline_data(cfg.inline)
@@ -311,6 +344,7 @@ impl Resources {
             channel,
             timeout: cfg.timeout,
             armed: false,
+            extended,
         };
         Ok(Resources {
             ctx,

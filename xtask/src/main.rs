@@ -193,7 +193,7 @@ struct BenchArgs {
     quick: bool,
     /// Only these tools, comma-separated: rc_pingpong, write_lat, write_bw, send_lat,
     /// read_lat (= read_lat + read_lat-raw, the same tool through the unsafe raw path as a
-    /// control), atomic_lat (= atomic_lat-cas + atomic_lat-faa), send_bw, read_bw
+    /// control, + read_lat-ext, on the extended verbs), atomic_lat (= atomic_lat-cas + atomic_lat-faa), send_bw, read_bw
     /// [default: all but send_bw and read_bw].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     tools: Option<Vec<String>>,

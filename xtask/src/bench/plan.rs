@@ -165,6 +165,14 @@ pub const TOOLS: &[Tool] = &[
         rust_args: &["--raw"],
         ..perftest("", "read_lat", "ib_read_lat", Metric::Latency, true)
     },
+    // Legacy vs extended verbs: the same tool through ibv_create_qp_ex /
+    // ibv_wr_* and ibv_create_cq_ex / start-next-end polling.
+    Tool {
+        key: "read_lat-ext",
+        label: "read_lat ext",
+        rust_args: &["--extended"],
+        ..perftest("", "read_lat", "ib_read_lat", Metric::Latency, true)
+    },
     Tool {
         key: "atomic_lat-cas",
         label: "atomic_lat CAS",
@@ -597,6 +605,7 @@ mod tests {
                 "send_lat",
                 "read_lat",
                 "read_lat-raw",
+                "read_lat-ext",
                 "atomic_lat-cas",
                 "atomic_lat-faa"
             ]

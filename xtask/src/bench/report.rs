@@ -223,8 +223,20 @@ pub fn control_lines(a: &Analysis) -> Vec<String> {
         let (Some(s), Some(r)) = (safe.rust.summary.as_ref(), raw.rust.summary.as_ref()) else {
             continue;
         };
+        let ext = a
+            .cells
+            .iter()
+            .find(|c| c.tool.key == "read_lat-ext" && c.size == safe.size)
+            .and_then(|c| c.rust.summary.as_ref())
+            .map_or(String::new(), |e| {
+                format!(
+                    "; extended verbs {:.2} µs, extended/legacy {:.3}",
+                    e.median,
+                    e.median / s.median
+                )
+            });
         out.push(format!(
-            "read_lat {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; raw/C {}",
+            "read_lat {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; raw/C {}{ext}",
             size(safe.size),
             s.median,
             r.median,
@@ -342,13 +354,15 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
     );
     let control = control_lines(a);
     if !control.is_empty() {
-        let _ = writeln!(m, "## Safe layer vs raw path (control)\n");
+        let _ = writeln!(m, "## Safe layer vs raw path, legacy vs extended verbs\n");
         let _ = writeln!(
             m,
             "`read_lat raw` is the same Rust binary posting with `post_send_raw` and polling \
              with `poll_raw` (no ownership bookkeeping, no checks), the loop of the C tool. \
              A safe/raw ratio near 1 while raw/C stays high means the gap to C is not spent in \
-             the library's safe layer.\n"
+             the library's safe layer. `read_lat ext` is the same tool on the extended verbs \
+             (`ibv_create_qp_ex` + `ibv_wr_*` posting, `ibv_create_cq_ex` + start/next/end \
+             polling; on rxe one completion per poll cycle, see the provider quirk).\n"
         );
         for l in control {
             let _ = writeln!(m, "- {l}");
