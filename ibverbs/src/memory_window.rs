@@ -293,6 +293,18 @@ impl QueuePair {
     ///
     /// # References
     /// `ibv_bind_mw(3)`, `ibv_post_send(3)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(pd: &ibverbs::ProtectionDomain, qp: &ibverbs::QueuePair) -> ibverbs::Result<()> {
+    /// use ibverbs::{AccessFlags, MwType};
+    /// let mem = pd.alloc_shared(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+    /// let mw = pd.alloc_mw(MwType::Type2)?;
+    /// let grant = qp.bind_mw(&mw, &mem, AccessFlags::REMOTE_WRITE, 1)?;
+    /// // … after the bind's completion, send `grant` to the peer; later:
+    /// qp.invalidate_mw(&mw, 2)?; // the peer's writes now fail
+    /// # Ok(()) }
+    /// ```
     #[doc(alias = "ibv_bind_mw")]
     #[doc(alias = "IBV_WR_BIND_MW")]
     pub fn bind_mw<'a>(
