@@ -93,6 +93,11 @@ enum Cmd {
         /// Requests in flight.
         #[arg(long, default_value_t = 16)]
         window: usize,
+        /// Progress watchdog: with requests outstanding and no completion
+        /// for this many seconds, move the QP to ERR (its requests then
+        /// flush with typed errors). 0 = off.
+        #[arg(long, default_value_t = 0.0)]
+        stall_timeout: f64,
     },
     /// Overrun a small CQ on one host and expect the CQ error event.
     CqOverrun {
@@ -151,6 +156,8 @@ struct Stats {
     start: Instant,
     last_ok: Option<Instant>,
     stall: Option<Duration>,
+    /// The progress watchdog moved the QP to ERR.
+    watchdog: bool,
 }
 
 impl Stats {
@@ -168,6 +175,7 @@ impl Stats {
             start: Instant::now(),
             last_ok: None,
             stall: None,
+            watchdog: false,
         }
     }
     fn fail(&mut self, status: String) {
@@ -187,7 +195,7 @@ impl Stats {
     }
     fn print(&self) {
         println!(
-            "RESULT role={} op={:?} status={} msgs={} bytes={} verified={} posted={} returned={} first_error={} stall_secs={:.2} secs={:.1}",
+            "RESULT role={} op={:?} status={} msgs={} bytes={} verified={} posted={} returned={} first_error={} stall_secs={:.2} watchdog={} secs={:.1}",
             self.role,
             self.op,
             self.status,
@@ -198,6 +206,7 @@ impl Stats {
             self.returned,
             self.first_error,
             self.stall.map_or(0.0, |d| d.as_secs_f64()),
+            u8::from(self.watchdog),
             self.start.elapsed().as_secs_f64()
         );
     }
@@ -418,6 +427,8 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         }
     };
     connect_qp(&s, &c, &qp, &client.ep, psn).map_err(|e| e.to_string())?;
+    // The harness times its faults from this line.
+    eprintln!("fault_peer server: connected");
     (&stream)
         .write_all(hello(&me, exposed, "").as_bytes())
         .map_err(|e| e.to_string())?;
@@ -556,6 +567,7 @@ fn client(
     msg_size: usize,
     total: u64,
     window: usize,
+    stall_timeout: f64,
 ) -> Result<Stats, String> {
     if msg_size < 16 {
         return Err("--msg-size must be at least 16".into());
@@ -605,6 +617,8 @@ fn client(
         .map_err(|e| e.to_string())?;
     let server = parse_hello(&read_line(&stream)?)?;
     connect_qp(&s, &c, &qp, &server.ep, psn).map_err(|e| e.to_string())?;
+    // The harness times its faults from this line.
+    eprintln!("fault_peer client: connected");
     st.start = Instant::now();
     let mut all = pd
         .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
@@ -617,6 +631,7 @@ fn client(
     }
     pool.push(all);
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
+    let mut last_progress = Instant::now();
     let mut batch = Completions::with_capacity(32);
     let mut next = 0u64;
     let mut outstanding = 0u64;
@@ -664,11 +679,28 @@ fn client(
             st.fail("timeout".into());
             let _ = qp.to_err();
         }
+        if stall_timeout > 0.0
+            && outstanding > 0
+            && st.status == "ok"
+            && !st.watchdog
+            && last_progress.elapsed().as_secs_f64() > stall_timeout
+        {
+            // The device neither completes nor fails the outstanding
+            // requests (rxe can stall without retrying while its netdev is
+            // down): end it as an application would, with typed flushes.
+            eprintln!(
+                "fault_peer client: no completion for {stall_timeout:.1} s with {outstanding} \
+                 outstanding: moving the QP to ERR (progress watchdog)"
+            );
+            st.watchdog = true;
+            let _ = qp.to_err();
+        }
         if Instant::now() > deadline + Duration::from_secs(30) {
             break; // the device did not even flush: report what we have
         }
         cq.poll(&mut batch).map_err(|e| e.to_string())?;
         for mut comp in batch.drain() {
+            last_progress = Instant::now();
             outstanding -= 1;
             st.returned += 1;
             let buf = comp.take_local();
@@ -794,7 +826,16 @@ fn main() -> std::process::ExitCode {
             msg_size,
             total,
             window,
-        } => client(host, c, op, msg_size, total, window.clamp(1, 512)),
+            stall_timeout,
+        } => client(
+            host,
+            c,
+            op,
+            msg_size,
+            total,
+            window.clamp(1, 512),
+            stall_timeout,
+        ),
         Cmd::CqOverrun { device } => cq_overrun(device),
     };
     match r {

@@ -166,6 +166,13 @@ fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
     let mut down_long = Scenario::transfer("link down 12 s / send", "send", 1024, None);
     down_long.client_args.push_str(small);
     down_long.client_args.push_str(" --deadline 120");
+    // rxe sometimes neither retries nor fails while its netdev is down (the
+    // send never left, so no retransmit timer runs): the client's progress
+    // watchdog then moves the QP to ERR, as an application would, and the
+    // requests flush with typed errors. The row says when that happened.
+    down_long
+        .client_args
+        .push_str(&format!(" --stall-timeout {:.1}", 2.0 * budget + 1.0));
     down_long.link_down = Some((1.5, 12.0));
     // rxe fails sends it cannot transmit on a downed netdev as
     // LOC_QP_OP_ERR (6.1) or flushes the QP (6.12); IBA would retry.
@@ -233,6 +240,7 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                     sc.server_args
                 );
                 if let Some(t) = sc.kill_server_after {
+                    wait_connected(&mut s, &format!("$D/{i}.server.out"));
                     // SIGKILL the peer itself (not the `timeout` wrapper).
                     let _ = writeln!(
                         s,
@@ -245,6 +253,9 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                     "timeout 600 $F client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
                     sc.client_args
                 );
+                if sc.link_down.is_some() || sc.blackhole.is_some() {
+                    wait_connected(&mut s, &format!("$D/{i}.client.out"));
+                }
                 if let Some((after, dur)) = sc.link_down {
                     let _ = writeln!(
                         s,
@@ -273,6 +284,17 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
     }
     let _ = writeln!(s, "echo \"[faults] done\"");
     s
+}
+
+/// Script lines waiting (at most 300 s) until the peer writing `out` has
+/// connected its QP: faults are timed from the transfer's start, not from
+/// the process start (a peer VM that boots later would otherwise see the
+/// whole fault before connecting).
+fn wait_connected(s: &mut String, out: &str) {
+    let _ = writeln!(
+        s,
+        "for n in $(seq 3000); do grep -q 'connected$' {out} 2>/dev/null && break; sleep 0.1; done"
+    );
 }
 
 /// `key=value` fields of the last RESULT line of a file.
@@ -370,9 +392,14 @@ fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> R
                         Expect::Event(_) => {}
                     }
                     let obs = format!(
-                        "{st}, first {} after {} s, {returned}/{posted} back, {:.1} s",
+                        "{st}, first {} after {} s{}, {returned}/{posted} back, {:.1} s",
                         c.get("first_error").map_or("-", String::as_str),
                         c.get("stall_secs").map_or("-", String::as_str),
+                        if c.get("watchdog").is_some_and(|w| w == "1") {
+                            " (app progress watchdog)"
+                        } else {
+                            ""
+                        },
                         c.get("secs")
                             .and_then(|v| v.parse::<f64>().ok())
                             .unwrap_or(0.0)
