@@ -16,6 +16,9 @@ mod builder;
 mod connect;
 mod post;
 mod post_ex;
+mod raw;
+mod recv;
+pub(crate) use recv::post_recv_common;
 
 pub use attr::*;
 pub use builder::*;

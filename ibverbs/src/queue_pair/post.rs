@@ -7,14 +7,14 @@ use ibverbs_sys as sys;
 use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
 use crate::error::{Error, Result};
 use crate::memory_region::AccessFlags;
-use crate::wq_table::{Payload, SgList, WqTable};
-use crate::{AddressHandle, QpNumber, QpState, QpType, QueuePair};
+use crate::wq_table::{Payload, SgList};
+use crate::{AddressHandle, QpNumber, QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
 /// `ibv_send_wr` or `ibv_recv_wr`) without allocating: one request and
 /// `max_sge` SGEs per queue entry, allocated when the queue is created.
 pub(crate) struct Scratch<W> {
-    wrs: Vec<W>,
+    pub(super) wrs: Vec<W>,
     pub(super) sges: Vec<sys::ibv_sge>,
     pub(super) tags: Vec<u32>,
     pub(super) max_sge: usize,
@@ -308,8 +308,8 @@ impl<'a> SendRequest<'a> {
 #[derive(Debug)]
 #[must_use = "a work request does nothing until posted"]
 pub struct RecvRequest {
-    wr_id: u64,
-    sg: SgList,
+    pub(super) wr_id: u64,
+    pub(super) sg: SgList,
 }
 
 impl RecvRequest {
@@ -758,191 +758,4 @@ impl QueuePair {
         }
         (posted, crate::error::ret_errno("ibv_post_send", rc))
     }
-
-    /// Posts one receive request; its buffers come back in the completion.
-    ///
-    /// # Errors
-    /// The request is handed back in a [`PostError`] with
-    /// [`Error::InvalidArgument`] (QP uses an SRQ, SGE count, PD, frozen or
-    /// read-only buffer), [`Error::QueueFull`], or [`Error::Verb`] naming
-    /// `ibv_post_recv`.
-    ///
-    /// # References
-    /// `ibv_post_recv(3)`
-    #[doc(alias = "ibv_post_recv")]
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
-        let mut one = [wr];
-        match self.post_recv_slice(&mut one).1 {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let [request] = one;
-                Err(PostError { error, request })
-            }
-        }
-    }
-
-    /// Posts a chain of receive requests with one call; posted ones are
-    /// drained from `wrs`.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_recv`].
-    #[doc(alias = "ibv_post_recv")]
-    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
-        let (posted, result) = self.post_recv_slice(wrs);
-        wrs.drain(..posted);
-        result
-    }
-
-    fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
-        let Some(table) = &self.inner.recv else {
-            return (
-                0,
-                Err(Error::InvalidArgument(
-                    "this queue pair receives through its shared receive queue: post there".into(),
-                )),
-            );
-        };
-        for r in wrs.iter() {
-            if let Err(e) = check_bufs(
-                &r.sg,
-                &self.inner.pd,
-                true,
-                self.inner.caps.max_recv_sge,
-                "receive",
-            ) {
-                return (0, Err(e));
-            }
-        }
-        let qp = self.as_ptr();
-        let (posted, result) = post_recv_common(table, wrs, |wr, bad| {
-            // SAFETY: live QP; see post_recv_common.
-            unsafe { sys::ibv_post_recv(qp, wr, bad) }
-        });
-        // Providers that check the state refuse receives in RESET (IBA
-        // C10-97.2.1) with a bare EINVAL: say so.
-        let result = result.map_err(|e| {
-            let reset = e.raw_os_error() == Some(libc::EINVAL)
-                && matches!(self.state(), Ok(QpState::Reset));
-            e.with_hint(
-                reset
-                    .then(|| "the queue pair is in RESET: receives need INIT or later".to_string()),
-            )
-        });
-        (posted, result)
-    }
-
-    /// Posts C send requests directly: no checks, no bookkeeping.
-    ///
-    /// # Safety
-    /// The caller must ensure that:
-    /// * every SGE's memory is registered (its lkey valid) and stays valid,
-    ///   unmoved and unaliased by Rust references the device may violate,
-    ///   until the request's completion has been polled (for unsignaled
-    ///   requests: until a later signaled request of this QP completed);
-    /// * memory the device writes (receives, RDMA read, atomic results) is
-    ///   not read or written through Rust references meanwhile;
-    /// * every `wr_id` has bit 63 clear (set bits belong to the safe path,
-    ///   whose [`CompletionQueue::poll`](crate::CompletionQueue::poll) would
-    ///   otherwise hand out another request's buffers);
-    /// * address handles referenced by UD requests outlive the requests;
-    /// * the chain (`next` pointers) is valid and NULL-terminated.
-    ///
-    /// # Errors
-    /// [`Error::Verb`] naming `ibv_post_send`; `bad_wr` is not reported.
-    ///
-    /// # References
-    /// `ibv_post_send(3)`
-    #[doc(alias = "ibv_post_send")]
-    #[inline]
-    pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: forwarded to the caller's contract.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
-        crate::error::ret_errno("ibv_post_send", rc)
-    }
-
-    /// Posts C receive requests directly.
-    ///
-    /// # Safety
-    /// As [`QueuePair::post_send_raw`]: the buffers must stay valid and free
-    /// of Rust references until the completion is polled, and `wr_id`s must
-    /// have bit 63 clear.
-    ///
-    /// # Errors
-    /// [`Error::Verb`] naming `ibv_post_recv`.
-    #[doc(alias = "ibv_post_recv")]
-    #[inline]
-    pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: forwarded to the caller's contract.
-        let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), wr, &mut bad) };
-        crate::error::ret_errno("ibv_post_recv", rc)
-    }
-}
-
-/// Shared by QP receive queues and SRQs.
-pub(crate) fn post_recv_common(
-    table: &WqTable<RecvScratch>,
-    wrs: &mut [RecvRequest],
-    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
-) -> (usize, Result<()>) {
-    if wrs.is_empty() {
-        return (0, Ok(()));
-    }
-    let mut st = table.lock();
-    if let Err(e) = table.check_room(&st, wrs.len()) {
-        return (0, Err(e));
-    }
-    let n = wrs.len();
-    for (i, r) in wrs.iter().enumerate() {
-        let tag = st.reserve(table, r.wr_id, Payload::default());
-        st.scratch.tags[i] = tag;
-    }
-    let scratch = &mut st.scratch;
-    let max_sge = scratch.max_sge;
-    let base = scratch.wrs.as_mut_ptr();
-    for (i, r) in wrs.iter().enumerate() {
-        let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
-        let num_sge = fill_sges(&r.sg, sges);
-        scratch.wrs[i] = sys::ibv_recv_wr {
-            wr_id: table.encode(scratch.tags[i]),
-            next: if i + 1 < n {
-                // SAFETY: within the scratch array (depth checked).
-                unsafe { base.add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            },
-            sg_list: sges.as_mut_ptr(),
-            num_sge: num_sge as i32,
-        };
-    }
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-    // The chain and its SGEs live in the locked scratch; the buffers are
-    // owned by `wrs` until moved into their slots below, under the lock.
-    let rc = post(base, &mut bad);
-    let posted = if rc == 0 {
-        n
-    } else if bad.is_null() {
-        0
-    } else {
-        // SAFETY: `bad` points into the chain.
-        (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-    };
-    for (i, r) in wrs.iter_mut().enumerate().take(posted) {
-        let tag = st.scratch.tags[i];
-        st.store(
-            table,
-            tag,
-            Payload {
-                sg: std::mem::take(&mut r.sg),
-                ah: None,
-                keep: None,
-            },
-        );
-    }
-    for i in (posted..n).rev() {
-        let tag = st.scratch.tags[i];
-        st.unreserve(table, tag);
-    }
-    (posted, crate::error::ret_errno("ibv_post_recv", rc))
 }

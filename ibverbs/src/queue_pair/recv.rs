@@ -1,0 +1,149 @@
+//! Posting receive requests (QP receive queues; SRQs share the core).
+
+use ibverbs_sys as sys;
+
+use super::post::{check_bufs, fill_sges, RecvRequest, RecvScratch};
+use crate::error::{Error, Result};
+use crate::wq_table::{Payload, WqTable};
+use crate::{PostError, QpState, QueuePair};
+
+impl QueuePair {
+    /// Posts one receive request; its buffers come back in the completion.
+    ///
+    /// # Errors
+    /// The request is handed back in a [`PostError`] with
+    /// [`Error::InvalidArgument`] (QP uses an SRQ, SGE count, PD, frozen or
+    /// read-only buffer), [`Error::QueueFull`], or [`Error::Verb`] naming
+    /// `ibv_post_recv`.
+    ///
+    /// # References
+    /// `ibv_post_recv(3)`
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
+        let mut one = [wr];
+        match self.post_recv_slice(&mut one).1 {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let [request] = one;
+                Err(PostError { error, request })
+            }
+        }
+    }
+
+    /// Posts a chain of receive requests with one call; posted ones are
+    /// drained from `wrs`.
+    ///
+    /// # Errors
+    /// As [`QueuePair::post_recv`].
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
+        let (posted, result) = self.post_recv_slice(wrs);
+        wrs.drain(..posted);
+        result
+    }
+
+    fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+        let Some(table) = &self.inner.recv else {
+            return (
+                0,
+                Err(Error::InvalidArgument(
+                    "this queue pair receives through its shared receive queue: post there".into(),
+                )),
+            );
+        };
+        for r in wrs.iter() {
+            if let Err(e) = check_bufs(
+                &r.sg,
+                &self.inner.pd,
+                true,
+                self.inner.caps.max_recv_sge,
+                "receive",
+            ) {
+                return (0, Err(e));
+            }
+        }
+        let qp = self.as_ptr();
+        let (posted, result) = post_recv_common(table, wrs, |wr, bad| {
+            // SAFETY: live QP; see post_recv_common.
+            unsafe { sys::ibv_post_recv(qp, wr, bad) }
+        });
+        // Providers that check the state refuse receives in RESET (IBA
+        // C10-97.2.1) with a bare EINVAL: say so.
+        let result = result.map_err(|e| {
+            let reset = e.raw_os_error() == Some(libc::EINVAL)
+                && matches!(self.state(), Ok(QpState::Reset));
+            e.with_hint(
+                reset
+                    .then(|| "the queue pair is in RESET: receives need INIT or later".to_string()),
+            )
+        });
+        (posted, result)
+    }
+}
+
+/// Shared by QP receive queues and SRQs.
+pub(crate) fn post_recv_common(
+    table: &WqTable<RecvScratch>,
+    wrs: &mut [RecvRequest],
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
+) -> (usize, Result<()>) {
+    if wrs.is_empty() {
+        return (0, Ok(()));
+    }
+    let mut st = table.lock();
+    if let Err(e) = table.check_room(&st, wrs.len()) {
+        return (0, Err(e));
+    }
+    let n = wrs.len();
+    for (i, r) in wrs.iter().enumerate() {
+        let tag = st.reserve(table, r.wr_id, Payload::default());
+        st.scratch.tags[i] = tag;
+    }
+    let scratch = &mut st.scratch;
+    let max_sge = scratch.max_sge;
+    let base = scratch.wrs.as_mut_ptr();
+    for (i, r) in wrs.iter().enumerate() {
+        let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
+        let num_sge = fill_sges(&r.sg, sges);
+        scratch.wrs[i] = sys::ibv_recv_wr {
+            wr_id: table.encode(scratch.tags[i]),
+            next: if i + 1 < n {
+                // SAFETY: within the scratch array (depth checked).
+                unsafe { base.add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            },
+            sg_list: sges.as_mut_ptr(),
+            num_sge: num_sge as i32,
+        };
+    }
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // The chain and its SGEs live in the locked scratch; the buffers are
+    // owned by `wrs` until moved into their slots below, under the lock.
+    let rc = post(base, &mut bad);
+    let posted = if rc == 0 {
+        n
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into the chain.
+        (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+    };
+    for (i, r) in wrs.iter_mut().enumerate().take(posted) {
+        let tag = st.scratch.tags[i];
+        st.store(
+            table,
+            tag,
+            Payload {
+                sg: std::mem::take(&mut r.sg),
+                ah: None,
+                keep: None,
+            },
+        );
+    }
+    for i in (posted..n).rev() {
+        let tag = st.scratch.tags[i];
+        st.unreserve(table, tag);
+    }
+    (posted, crate::error::ret_errno("ibv_post_recv", rc))
+}
