@@ -23,7 +23,7 @@ impl QueuePair {
     /// * the chain (`next` pointers) is valid and NULL-terminated.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_post_send`; `bad_wr` is not reported.
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_send`; `bad_wr` is not reported.
     ///
     /// # References
     /// `ibv_post_send(3)`
@@ -44,7 +44,7 @@ impl QueuePair {
     /// have bit 63 clear.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_post_recv`.
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_recv`.
     #[doc(alias = "ibv_post_recv")]
     #[inline]
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
