@@ -53,11 +53,11 @@ fn register<T: VerbsFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
             "{what} needs a Tokio runtime: create it from within one (with IO enabled)"
         )));
     }
-    // SAFETY: `register_with_interest` needs the descriptor to stay open,
-    // referring to the same file description, and to be what `as_raw_fd`
-    // returns, for the whole life of the AsyncFd. The AsyncFd owns `inner`,
-    // a handle that keeps the verbs object (and so its descriptor) alive,
-    // and `as_raw_fd` reads an immutable field of it (see `VerbsFd`).
+    // `register_with_interest` needs the descriptor to stay open, referring
+    // to the same file description, and to be what `as_raw_fd` returns, for
+    // the whole life of the AsyncFd.
+    // SAFETY: the AsyncFd owns `inner`, a handle keeping the verbs object and
+    // its descriptor alive; `as_raw_fd` reads an immutable field (`VerbsFd`).
     let fd = unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) };
     fd.map_err(|e| {
         let (_, source) = e.into_parts();

@@ -199,11 +199,10 @@ unsafe impl Sync for MrInner {}
 
 impl Drop for MrInner {
     fn drop(&mut self) {
-        // SAFETY: last reference: every buffer and posted work request holds
-        // an `Arc<MrInner>`, so no work request references the MR. The
-        // storage is freed only after deregistration (field drop order).
-        // A failure (EBUSY while a memory window is bound) cannot be reported
-        // from Drop and must not panic.
+        // A failure cannot be reported from Drop and must not panic; bound
+        // memory windows hold this MrInner, so EBUSY cannot happen.
+        // SAFETY: last reference: buffers, posted requests and windows hold
+        // the Arc; the storage is freed only afterwards (field drop order).
         unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
     }
 }
