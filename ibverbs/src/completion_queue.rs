@@ -129,10 +129,12 @@ impl<'a> CompletionQueueBuilder<'a> {
     #[doc(alias = "ibv_create_cq")]
     pub fn build(self) -> Result<CompletionQueue> {
         let ch = self.channel.map_or(std::ptr::null_mut(), |c| c.as_ptr());
+        // rxe's provider quirks (see CqInner::rxe) are decided once, here.
+        let rxe = self.ctx.is_rxe();
         if let Some(fields) = self.wc_fields {
             let (cq, ex) =
-                crate::extended_cq::create(self.ctx, self.cqe, ch, self.comp_vector, fields)?;
-            return Ok(self.finish(cq, Some(ex)));
+                crate::extended_cq::create(self.ctx, self.cqe, ch, self.comp_vector, fields, rxe)?;
+            return Ok(self.finish(cq, Some(ex), rxe));
         }
         // SAFETY: live context and channel; the CQ is destroyed in CqInner's Drop.
         let cq = unsafe {
@@ -151,17 +153,12 @@ impl<'a> CompletionQueueBuilder<'a> {
                     .then(|| format!("cqe {} exceeds the device's max_cqe {max}", self.cqe)),
             )
         })?;
-        Ok(self.finish(cq, None))
+        Ok(self.finish(cq, None, rxe))
     }
 
-    fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>) -> CompletionQueue {
+    fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>, rxe: bool) -> CompletionQueue {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
-        // rxe identifies itself by vendor id 0xffffff.
-        let rxe_inv_quirk = self
-            .ctx
-            .query_device()
-            .is_ok_and(|d| d.vendor_id() == 0x00ff_ffff);
         let inner = Arc::new(CqInner {
             cq,
             ctx: self.ctx.clone(),
@@ -169,7 +166,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             tables: Mutex::new(Vec::new()),
             unacked: AtomicU32::new(0),
             cqe,
-            rxe_inv_quirk,
+            rxe_inv_quirk: rxe,
             ex,
         });
         if let Some(ch) = self.channel {

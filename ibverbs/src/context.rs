@@ -84,6 +84,13 @@ impl Context {
         }
     }
 
+    /// Whether the device is SoftRoCE (rxe reports vendor id 0xffffff), for
+    /// the provider quirks the library works around.
+    pub(crate) fn is_rxe(&self) -> bool {
+        self.query_device()
+            .is_ok_and(|d| d.vendor_id() == 0x00ff_ffff)
+    }
+
     /// The device name (`rxe0`).
     pub fn name(&self) -> &str {
         &self.inner.name

@@ -102,6 +102,7 @@ pub(crate) fn create(
     channel: *mut sys::ibv_comp_channel,
     comp_vector: i32,
     fields: WcFields,
+    rxe: bool,
 ) -> Result<(NonNull<sys::ibv_cq>, ExCq)> {
     if fields.contains(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK) {
         return Err(Error::InvalidArgument(
@@ -140,9 +141,7 @@ pub(crate) fn create(
         ExCq {
             cq,
             fields,
-            one_per_cycle: ctx
-                .query_device()
-                .is_ok_and(|d| d.vendor_id() == 0x00ff_ffff),
+            one_per_cycle: rxe,
             start: start.unwrap_or(missing_start),
             next: next.unwrap_or(missing_next),
             end: end.unwrap_or(missing_end),
