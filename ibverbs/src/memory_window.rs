@@ -319,95 +319,51 @@ impl QueuePair {
         let flags = mw_access(access)?;
         self.check_bind(mw, region, peer_writes, access)?;
         let len = region.len() as u64;
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        self.check_sendable("ibv_post_send")?;
-        table.check_room(&st, 1)?;
-        let mut mws = mw.inner.lock();
         let info = sys::ibv_mw_bind_info {
             mr: region.mr.mr.as_ptr(),
             addr: region.addr(),
             length: len,
             mw_access_flags: flags,
         };
-        // The previous binding's region stays registered until this request
-        // completed (the device may still use the old binding until then).
-        let old = mws.bound.take();
-        let tag = st.reserve(
-            table,
-            wr_id,
-            Payload {
-                keep: Some(Keep::Window(mw.clone(), old)),
-                ..Payload::default()
-            },
-        );
-        let signaled = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let (rc, verb, new_rkey) = match mw.inner.kind {
-            MwType::Type1 => {
-                let mut bind = sys::ibv_mw_bind {
-                    wr_id: table.encode(tag),
-                    send_flags: signaled,
-                    bind_info: info,
-                };
-                // SAFETY: live QP and window; the region is registered and
-                // stays so (the window holds it below). The provider writes
-                // the new key into the window on success.
-                let rc = unsafe { sys::ibv_bind_mw(self.as_ptr(), mw.as_ptr(), &mut bind) };
-                // SAFETY: live window; read after the provider's update.
-                (rc, "ibv_bind_mw", unsafe { (*mw.as_ptr()).rkey })
-            }
-            MwType::Type2 => {
-                // SAFETY: pure function of its argument.
-                let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey) };
-                let mut wr = sys::ibv_send_wr {
-                    wr_id: table.encode(tag),
-                    opcode: sys::IBV_WR_BIND_MW,
-                    send_flags: signaled,
-                    ..Default::default()
-                };
-                wr.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
-                    mw: mw.as_ptr(),
-                    rkey,
-                    bind_info: info,
-                };
-                let mut bad = std::ptr::null_mut();
-                // SAFETY: live QP; one NULL-terminated request without SGEs;
-                // the window and region outlive it (held by the slot and by
-                // the window).
-                let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
-                (rc, "ibv_post_send", rkey)
-            }
-        };
-        if rc != 0 {
-            if let Some(Payload {
-                keep: Some(Keep::Window(_, old)),
-                ..
-            }) = st.unreserve(table, tag)
-            {
-                mws.bound = old;
-            }
-            return Err(Error::from_errno(verb, rc));
-        }
-        let remote = RemoteMemory {
+        let remote = |rkey| RemoteMemory {
             addr: if access.contains(AccessFlags::ZERO_BASED) {
                 0
             } else {
                 region.addr()
             },
             len,
-            rkey: RemoteKey(new_rkey),
+            rkey: RemoteKey(rkey),
         };
-        if mw.inner.kind == MwType::Type2 {
-            // Providers name the window by `ibv_mw::rkey` in the next bind
-            // or invalidate (rxe's kernel refuses a stale key), and nothing
-            // else updates it for work-request binds.
-            // SAFETY: live window; its fields are only touched under the
-            // window's lock (held) or by this QP's post, which completed.
-            unsafe { (*mw.as_ptr()).rkey = new_rkey };
-        }
-        mws.rkey = new_rkey;
-        mws.bound = Some((region.mr.clone(), remote));
-        Ok(remote)
+        self.post_window(mw, wr_id, |wr_id, mws, _| {
+            let rkey = match mw.inner.kind {
+                MwType::Type1 => self.bind_type1(mw, wr_id, info)?,
+                MwType::Type2 => {
+                    // SAFETY: pure function of its argument.
+                    let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey) };
+                    let mut wr = sys::ibv_send_wr {
+                        wr_id,
+                        opcode: sys::IBV_WR_BIND_MW,
+                        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                        ..Default::default()
+                    };
+                    wr.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                        mw: mw.as_ptr(),
+                        rkey,
+                        bind_info: info,
+                    };
+                    self.post_one(&mut wr)?;
+                    // Providers name the window by `ibv_mw::rkey` in the next
+                    // bind or invalidate (rxe's kernel refuses a stale key),
+                    // and nothing else updates it for work-request binds.
+                    // SAFETY: live window, touched only under its lock (held).
+                    unsafe { (*mw.as_ptr()).rkey = rkey };
+                    rkey
+                }
+            };
+            mws.rkey = rkey;
+            mws.bound = Some((region.mr.clone(), remote(rkey)));
+            Ok(remote(rkey))
+        })
     }
 
     /// Invalidates `mw` locally: once the completion (`wr_id`, signaled)
@@ -430,34 +386,68 @@ impl QueuePair {
                 "the window belongs to another protection domain".into(),
             ));
         }
-        if mw.inner.kind == MwType::Type1 {
-            return self.unbind_type1(mw, wr_id);
-        }
+        self.post_window(mw, wr_id, |wr_id, mws, old| match mw.inner.kind {
+            // IBA does not let LOCAL_INV touch a type 1 window: a
+            // zero-length bind unbinds it. Providers read the lkey of the
+            // bind's region even then, so it names the current binding's.
+            MwType::Type1 => {
+                let old = old.ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "this type 1 window is not bound: there is nothing to invalidate".into(),
+                    )
+                })?;
+                let info = sys::ibv_mw_bind_info {
+                    mr: old.mr.as_ptr(),
+                    addr: old.ptr.as_ptr() as u64,
+                    length: 0,
+                    mw_access_flags: 0,
+                };
+                mws.rkey = self.bind_type1(mw, wr_id, info)?;
+                Ok(())
+            }
+            MwType::Type2 => {
+                let mut wr = sys::ibv_send_wr {
+                    wr_id,
+                    opcode: sys::IBV_WR_LOCAL_INV,
+                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    ..Default::default()
+                };
+                wr.__bindgen_anon_1.invalidate_rkey = mws.rkey;
+                self.post_one(&mut wr)
+            }
+        })
+    }
+
+    /// Posts one memory-window request: with the send table locked and the
+    /// QP ready, reserves a slot that keeps the window and the region of its
+    /// current binding alive until the request completed (the device may
+    /// use the old binding until then), and calls `post` with the encoded
+    /// `wr_id`, the window's state (binding taken out) and the old region.
+    /// If `post` fails, the slot is released and the binding restored.
+    fn post_window<T>(
+        &self,
+        mw: &MemoryWindow,
+        wr_id: u64,
+        post: impl FnOnce(u64, &mut MwState, Option<&MrInner>) -> Result<T>,
+    ) -> Result<T> {
         let table = &self.inner.send;
         let mut st = table.lock();
         self.check_sendable("ibv_post_send")?;
         table.check_room(&st, 1)?;
         let mut mws = mw.inner.lock();
         let old = mws.bound.take();
+        let old_mr = old.as_ref().map(|b| b.0.clone());
+        let keep = Some(Keep::Window(mw.clone(), old));
         let tag = st.reserve(
             table,
             wr_id,
             Payload {
-                keep: Some(Keep::Window(mw.clone(), old)),
+                keep,
                 ..Payload::default()
             },
         );
-        let mut wr = sys::ibv_send_wr {
-            wr_id: table.encode(tag),
-            opcode: sys::IBV_WR_LOCAL_INV,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        wr.__bindgen_anon_1.invalidate_rkey = mws.rkey;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live QP; one NULL-terminated request without SGEs.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
+        let result = post(table.encode(tag), &mut mws, old_mr.as_deref());
+        if result.is_err() {
             if let Some(Payload {
                 keep: Some(Keep::Window(_, old)),
                 ..
@@ -465,59 +455,37 @@ impl QueuePair {
             {
                 mws.bound = old;
             }
-            return Err(Error::from_errno("ibv_post_send", rc));
         }
-        Ok(())
+        result
     }
 
-    fn unbind_type1(&self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        self.check_sendable("ibv_bind_mw")?;
-        table.check_room(&st, 1)?;
-        let mut mws = mw.inner.lock();
-        // Providers read the lkey of the bind's region even for a
-        // zero-length bind, so it names the region of the current binding.
-        let Some(old) = mws.bound.take() else {
-            return Err(Error::InvalidArgument(
-                "this type 1 window is not bound: there is nothing to invalidate".into(),
-            ));
-        };
+    /// `ibv_bind_mw` (type 1); returns the window's new key.
+    fn bind_type1(
+        &self,
+        mw: &MemoryWindow,
+        wr_id: u64,
+        info: sys::ibv_mw_bind_info,
+    ) -> Result<u32> {
         let mut bind = sys::ibv_mw_bind {
-            wr_id: 0,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            bind_info: sys::ibv_mw_bind_info {
-                mr: old.0.mr.as_ptr(),
-                addr: old.0.ptr.as_ptr() as u64,
-                length: 0,
-                mw_access_flags: 0,
-            },
-        };
-        let tag = st.reserve(
-            table,
             wr_id,
-            Payload {
-                keep: Some(Keep::Window(mw.clone(), Some(old))),
-                ..Payload::default()
-            },
-        );
-        bind.wr_id = table.encode(tag);
-        // SAFETY: live QP, window and region (held by the slot until the
-        // request completed).
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            bind_info: info,
+        };
+        // SAFETY: live QP and window; the region is registered and held by
+        // the slot or the window. The provider updates the window's key.
         let rc = unsafe { sys::ibv_bind_mw(self.as_ptr(), mw.as_ptr(), &mut bind) };
-        if rc != 0 {
-            if let Some(Payload {
-                keep: Some(Keep::Window(_, old)),
-                ..
-            }) = st.unreserve(table, tag)
-            {
-                mws.bound = old;
-            }
-            return Err(Error::from_errno("ibv_bind_mw", rc));
-        }
-        // SAFETY: live window; the provider updated its key.
-        mws.rkey = unsafe { (*mw.as_ptr()).rkey };
-        Ok(())
+        crate::error::ret_errno("ibv_bind_mw", rc)?;
+        // SAFETY: live window; read after the provider's update.
+        Ok(unsafe { (*mw.as_ptr()).rkey })
+    }
+
+    /// Posts one request that carries no buffer.
+    fn post_one(&self, wr: &mut sys::ibv_send_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live QP; one NULL-terminated request without SGEs whose
+        // window and region are held by its slot.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
+        crate::error::ret_errno("ibv_post_send", rc)
     }
 
     /// Refuses data-path requests on a QP that is not ready to send (see

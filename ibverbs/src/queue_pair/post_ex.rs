@@ -228,30 +228,26 @@ impl QueuePair {
         // SAFETY: live extended QP; the send lock (held) makes this the
         // QP's only posting critical section (ibv_wr_post(3), CONCURRENCY).
         unsafe { start(qpx) };
-        let built = self.build_ex(qpx, wrs, &mut st);
-        let rc = match built {
+        let result = match self.build_ex(qpx, wrs, &mut st) {
             // SAFETY: inside the region opened above. The SGEs point into
             // buffers owned by `wrs` (moved into the slots below before the
             // lock is released); inline data and atomic-write values are
-            // copied by the builders.
-            Ok(()) => unsafe { complete(qpx) },
+            // copied by the builders. On failure ibv_wr_complete(3) aborts
+            // the whole region.
+            Ok(()) => crate::error::ret_errno("ibv_wr_complete", unsafe { complete(qpx) }),
             Err(e) => {
                 // SAFETY: inside the region opened above; discards it.
                 unsafe { abort(qpx) };
-                for i in (0..n).rev() {
-                    let tag = st.scratch.tags[i];
-                    st.unreserve(table, tag);
-                }
-                return Err(e);
+                Err(e)
             }
         };
-        if rc != 0 {
-            // ibv_wr_complete(3): on failure the whole region is aborted.
+        if let Err(e) = result {
+            // Nothing was posted: release the slots, newest first.
             for i in (0..n).rev() {
                 let tag = st.scratch.tags[i];
                 st.unreserve(table, tag);
             }
-            return Err(Error::from_errno("ibv_wr_complete", rc));
+            return Err(e);
         }
         for (i, r) in wrs.iter_mut().enumerate() {
             let tag = st.scratch.tags[i];
