@@ -67,11 +67,8 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
     })
 }
 
-#[test]
-#[ignore = "needs an RDMA device"]
-fn connect_accept_data_disconnect() {
-    let addr = server_addr();
-    let server = serve_once(addr, false);
+/// An active-side id with its address and route resolved to `addr`.
+fn resolved(addr: SocketAddr) -> (EventChannel, CmId) {
     let ch = EventChannel::new().unwrap();
     let id = CmId::new(&ch).unwrap();
     assert!(id.context().is_none(), "no device before resolution");
@@ -85,6 +82,15 @@ fn connect_accept_data_disconnect() {
         .unwrap()
         .expect(CmEventType::RouteResolved)
         .unwrap();
+    (ch, id)
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn connect_accept_data_disconnect() {
+    let addr = server_addr();
+    let server = serve_once(addr, false);
+    let (ch, id) = resolved(addr);
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8).build().unwrap();
@@ -131,18 +137,7 @@ fn connect_accept_data_disconnect() {
 fn reject_is_a_typed_event_with_private_data() {
     let addr = server_addr();
     let server = serve_once(addr, true);
-    let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch).unwrap();
-    id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
-    ch.get_event(T)
-        .unwrap()
-        .expect(CmEventType::AddrResolved)
-        .unwrap();
-    id.resolve_route(Duration::from_secs(2)).unwrap();
-    ch.get_event(T)
-        .unwrap()
-        .expect(CmEventType::RouteResolved)
-        .unwrap();
+    let (ch, id) = resolved(addr);
     let ctx = id.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4).build().unwrap();
@@ -161,18 +156,7 @@ fn reject_is_a_typed_event_with_private_data() {
 #[ignore = "needs an RDMA device"]
 fn nobody_listening_and_bad_arguments_are_errors() {
     let addr = server_addr();
-    let ch = EventChannel::new().unwrap();
-    let id = CmId::new(&ch).unwrap();
-    id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
-    ch.get_event(T)
-        .unwrap()
-        .expect(CmEventType::AddrResolved)
-        .unwrap();
-    id.resolve_route(Duration::from_secs(2)).unwrap();
-    ch.get_event(T)
-        .unwrap()
-        .expect(CmEventType::RouteResolved)
-        .unwrap();
+    let (ch, id) = resolved(addr);
     let ctx = id.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4).build().unwrap();
