@@ -184,6 +184,12 @@ impl Conn {
                 return Err(format!("poll: {e}").into());
             }
             if fds[1].revents != 0 {
+                // Completions that arrived before the event come first: a
+                // peer that disconnects has usually acknowledged our last
+                // send, and that completion may still be on its way.
+                if self.cq.poll(&mut self.done)? > 0 {
+                    continue;
+                }
                 let ev = self.ch.get_event(Some(TIMEOUT))?;
                 if self.debug {
                     eprintln!("cma_event type {:?} status {}", ev.kind(), ev.status());
@@ -231,8 +237,9 @@ impl Conn {
     }
 
     /// Sends a 16-byte advertisement (or go-ahead) and waits until its
-    /// buffer is back.
-    fn send_info(&mut self, info: [u8; INFO_LEN]) -> Res<()> {
+    /// buffer is back; `false` if the peer disconnected first (its buffer
+    /// then stays with the queue pair until it is flushed).
+    fn send_info(&mut self, info: [u8; INFO_LEN]) -> Res<bool> {
         let mut buf = self.send.take().ok_or("send buffer lost")?;
         buf.copy_from_slice(&info);
         self.qp
@@ -240,10 +247,10 @@ impl Conn {
             .map_err(|e| format!("post send error {}", e.error))?;
         while self.send.is_none() {
             if !self.pump()? {
-                return Err("the peer disconnected".into());
+                return Ok(false);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Waits for the peer's next 16-byte message; `None` on disconnect.
@@ -347,11 +354,15 @@ fn client(cli: &Cli) -> Res<()> {
         let rkey = buf.memory_region().rkey().ok_or("no rkey")?;
         start = Some(buf);
         // Advertise the start buffer; the server reads it and answers.
-        conn.send_info(advert(addr, rkey, cli.size))?;
+        if !conn.send_info(advert(addr, rkey, cli.size))? {
+            return Err("the server disconnected".into());
+        }
         conn.recv_info()?.ok_or("the server disconnected")?;
         // Advertise the sink; the server writes it and answers.
         let sink_key = sink.memory_region().rkey().ok_or("no rkey")?;
-        conn.send_info(advert(sink.addr(), sink_key, cli.size))?;
+        if !conn.send_info(advert(sink.addr(), sink_key, cli.size))? {
+            return Err("the server disconnected".into());
+        }
         conn.recv_info()?.ok_or("the server disconnected")?;
         let mut got = vec![0u8; cli.size];
         sink.copy_to_slice(0, &mut got)?;
@@ -406,7 +417,9 @@ fn server(cli: &Cli) -> Res<()> {
             println!("server ping data: {text}");
         }
         data = Some(buf);
-        conn.send_info([0; INFO_LEN])?;
+        if !conn.send_info([0; INFO_LEN])? {
+            return Err("the client disconnected before its sink advertisement".into());
+        }
         let Some(dst) = conn.recv_info()? else {
             break;
         };
@@ -422,7 +435,12 @@ fn server(cli: &Cli) -> Res<()> {
             break;
         };
         data = Some(head.unsplit(tail).map_err(|_| "cannot rejoin the buffer")?);
-        conn.send_info([0; INFO_LEN])?;
+        // The client may take this go-ahead and disconnect before our
+        // send completion is polled: that is the normal end (C rping's
+        // server does not wait for it at all).
+        if !conn.send_info([0; INFO_LEN])? {
+            break;
+        }
     }
     let _ = conn.id.disconnect();
     Ok(())
