@@ -297,6 +297,12 @@ impl Session {
             ));
         }
         if let Some(link) = &vm.link {
+            // The host pulls the link's "cable" through QMP when the guest
+            // asks (see `serve_link_request`).
+            cmd.arg("-qmp").arg(format!(
+                "unix:{},server=on,wait=off",
+                self.run_dir.join(format!("{}.qmp", vm.name())).display()
+            ));
             let mode = if link.listen { "listen" } else { "connect" };
             cmd.args([
                 "-netdev",
@@ -364,6 +370,7 @@ impl Session {
             last_note: Instant::now(),
             status: None,
             log_path,
+            link_served: 0,
         })
     }
 }
@@ -408,6 +415,8 @@ struct Running {
     last_note: Instant,
     status: Option<std::process::ExitStatus>,
     log_path: PathBuf,
+    /// Sequence number of the last link request served for this VM.
+    link_served: u64,
 }
 
 impl Running {
@@ -563,8 +572,81 @@ fn supervise(
                 r.last_note = Instant::now();
             }
         }
+        for r in running.iter_mut().filter(|r| r.status.is_none()) {
+            serve_link_request(r, run_dir);
+        }
         thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Carries out a guest's request to take its link's carrier down or up.
+///
+/// The guest writes `SEQ down|up` to `<run>/<vm>.link` (`XTASK_LINK_REQUEST`)
+/// and waits until `<run>/<vm>.link.done` holds `SEQ ok` (or `SEQ error …`).
+/// The host answers with QMP's `set_link`: the virtual NIC loses carrier,
+/// as when a cable is pulled — the guest's port goes DOWN while its
+/// interface stays configured, unlike `ip link set down`.
+fn serve_link_request(r: &mut Running, run_dir: &Path) {
+    let req = run_dir.join(format!("{}.link", r.name));
+    let Ok(text) = fs::read_to_string(&req) else {
+        return;
+    };
+    let mut f = text.split_whitespace();
+    let (Some(Ok(seq)), Some(state)) = (f.next().map(str::parse::<u64>), f.next()) else {
+        return;
+    };
+    if seq <= r.link_served {
+        return;
+    }
+    r.link_served = seq;
+    let answer = match state {
+        "down" | "up" => {
+            let qmp = run_dir.join(format!("{}.qmp", r.name));
+            let cmd = format!(
+                r#"{{"execute": "set_link", "arguments": {{"name": "l1", "up": {}}}}}"#,
+                state == "up"
+            );
+            match qmp_command(&qmp, &cmd) {
+                Ok(()) => format!("{seq} ok\n"),
+                Err(e) => format!("{seq} error {e}\n"),
+            }
+        }
+        other => format!("{seq} error unknown link state {other:?}\n"),
+    };
+    let _ = fs::write(run_dir.join(format!("{}.link.done", r.name)), answer);
+}
+
+/// Runs one QMP command (`{"execute": …}`) on a QEMU QMP socket; an error
+/// naming QEMU's answer unless it returns successfully.
+fn qmp_command(socket: &Path, command: &str) -> Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let s = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to QEMU's QMP socket {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut w = s.try_clone()?;
+    let mut lines = BufReader::new(s).lines();
+    // Every answer is one JSON object per line; events may come between.
+    let mut answer = || -> Result<String> {
+        loop {
+            let line = lines.next().context("QEMU closed its QMP socket")??;
+            if !line.starts_with("{\"event\"") {
+                return Ok(line);
+            }
+        }
+    };
+    let greeting = answer()?;
+    if !greeting.starts_with("{\"QMP\"") {
+        bail!("unexpected QMP greeting: {greeting}");
+    }
+    for cmd in [r#"{"execute": "qmp_capabilities"}"#, command] {
+        writeln!(w, "{cmd}")?;
+        let reply = answer()?;
+        if !reply.starts_with("{\"return\"") {
+            bail!("QEMU answered {cmd} with {reply}");
+        }
+    }
+    Ok(())
 }
 
 fn status_file_says_ok(r: &Running) -> bool {
