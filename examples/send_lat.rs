@@ -12,12 +12,19 @@
 //! message and reposted from each receive completion. Sends carry a
 //! `FrozenBuffer` (or inline data up to `-I`), so with `-t N` only every
 //! N-th send needs a completion.
+//!
+//! `--raw` posts sends and receives and polls through the library's
+//! `unsafe` raw path (`post_send_raw`, `post_recv_raw`, `poll_raw`) — a
+//! control isolating what the safe layer costs per operation.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, Completions, QueuePair, RecvRequest, SendRequest};
+use ibverbs::{
+    sys, AccessFlags, Completion, Completions, FrozenBuffer, LocalBuffer, QueuePair, RecvRequest,
+    SendRequest, WorkCompletion,
+};
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -31,6 +38,10 @@ use perf::{ns_since, report, stats, QpSpec, Resources, Result, Test};
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
+    /// Post and poll through the unsafe raw path (a control measuring the
+    /// safe layer's cost); busy polling only
+    #[arg(long)]
+    raw: bool,
 }
 
 /// `wr_id` bit of receive requests.
@@ -49,7 +60,7 @@ struct Progress {
 impl Progress {
     fn handle(&mut self, qp: &QueuePair, c: &mut Completion) -> Result<()> {
         c.result()?;
-        if c.wr_id() & RECV != 0 {
+        if c.raw_wr_id() & RECV != 0 {
             if u64::from(c.byte_len()) != self.size {
                 return Err(format!(
                     "received a {}-byte message, expected {} bytes",
@@ -65,14 +76,199 @@ impl Progress {
             qp.post_recv(RecvRequest::new(buf).wr_id(RECV))
                 .map_err(|e| format!("reposting a receive: {}", e.error))?;
         } else {
-            self.sent = c.wr_id() + 1;
+            self.sent = c.raw_wr_id() + 1;
         }
         Ok(())
     }
 }
 
+/// Receive buffers posted through the raw path: `count` pieces of `size`
+/// bytes of one registered region, piece `k` posted with `wr_id`
+/// `RECV | k`.
+///
+/// Dropping it moves the QP to ERR and polls until every posted receive
+/// has flushed, so the region outlives the device's use of it (the raw
+/// path's contract); if they do not all flush within the timeout the
+/// region is leaked rather than freed under the device.
+struct RawRecvs<'a> {
+    qp: &'a QueuePair,
+    cq: &'a ibverbs::CompletionQueue,
+    region: Option<LocalBuffer>,
+    size: u64,
+    posted: u32,
+    timeout: std::time::Duration,
+}
+
+impl<'a> RawRecvs<'a> {
+    fn post_all(
+        qp: &'a QueuePair,
+        cq: &'a ibverbs::CompletionQueue,
+        region: LocalBuffer,
+        count: u32,
+        size: u64,
+        cfg: &Config,
+    ) -> Result<Self> {
+        let mut r = RawRecvs {
+            qp,
+            cq,
+            region: Some(region),
+            size,
+            posted: 0,
+            timeout: cfg.timeout,
+        };
+        for k in 0..u64::from(count) {
+            r.post(k)?;
+        }
+        Ok(r)
+    }
+
+    /// Posts piece `k` again.
+    fn post(&mut self, k: u64) -> Result<()> {
+        let region = self.region.as_ref().ok_or("receive region lost")?;
+        let mut sge = sys::ibv_sge {
+            addr: region.addr() + k * self.size,
+            length: self.size as u32,
+            lkey: region.lkey(),
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: RECV | k,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        // SAFETY: piece `k` lies inside the registered region, which this
+        // value keeps alive until every posted receive has completed or
+        // flushed (see Drop); nothing reads the region while receives are
+        // posted (messages are checked by length only); `wr_id` has bit 63
+        // clear; the chain is one NULL-terminated request.
+        unsafe { self.qp.post_recv_raw(&mut wr) }.map_err(|e| format!("posting a receive: {e}"))?;
+        self.posted += 1;
+        Ok(())
+    }
+}
+
+impl Drop for RawRecvs<'_> {
+    fn drop(&mut self) {
+        let _ = self.qp.to_err();
+        let mut wc = [WorkCompletion::default(); 16];
+        let start = Instant::now();
+        while self.posted > 0 && start.elapsed() < self.timeout {
+            match self.cq.poll_raw(&mut wc) {
+                Ok(n) => {
+                    let recvs = wc[..n].iter().filter(|c| c.raw_wr_id() & RECV != 0).count();
+                    self.posted = self.posted.saturating_sub(recvs as u32);
+                }
+                Err(_) => break,
+            }
+        }
+        if self.posted > 0 {
+            std::mem::forget(self.region.take());
+        }
+    }
+}
+
+/// The `--raw` loop for one size: the C tool's loop, written against the
+/// raw verbs.
+fn raw_loop(
+    cfg: &Config,
+    recvs: &mut RawRecvs<'_>,
+    src: &FrozenBuffer,
+    server: bool,
+    base: Instant,
+    stamps: &mut Vec<u64>,
+) -> Result<()> {
+    let (qp, cq) = (recvs.qp, recvs.cq);
+    let size = src.len() as u64;
+    let depth = u64::from(cfg.tx_depth);
+    let inline = size <= u64::from(cfg.inline);
+    let mut sge = sys::ibv_sge {
+        addr: src.addr(),
+        length: size as u32,
+        lkey: src.lkey(),
+    };
+    let mut wc = [WorkCompletion::default(); 16];
+    let (mut received, mut sent) = (0u64, 0u64);
+    // Polls once; handles what came.
+    let mut progress =
+        |recvs: &mut RawRecvs<'_>, received: &mut u64, sent: &mut u64| -> Result<()> {
+            let n = cq.poll_raw(&mut wc)?;
+            for c in &wc[..n] {
+                if !c.is_success() {
+                    return Err(
+                        format!("completion {:#x} failed: {}", c.raw_wr_id(), c.status()).into(),
+                    );
+                }
+                if c.raw_wr_id() & RECV != 0 {
+                    recvs.posted -= 1;
+                    if u64::from(c.byte_len()) != size {
+                        return Err(format!(
+                            "received a {}-byte message, expected {size} bytes",
+                            c.byte_len()
+                        )
+                        .into());
+                    }
+                    *received += 1;
+                    recvs.post(c.raw_wr_id() & !RECV)?;
+                } else {
+                    *sent = c.raw_wr_id() + 1;
+                }
+            }
+            Ok(())
+        };
+    let deadline = |start: &mut Option<Instant>, what: &str, i: u64| -> Result<()> {
+        if start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
+            return Err(format!("no completion for {what} {i} within the timeout").into());
+        }
+        Ok(())
+    };
+    for i in 0..cfg.iters {
+        let mut start = None;
+        while server && received <= i {
+            progress(recvs, &mut received, &mut sent)?;
+            deadline(&mut start, "receive", i)?;
+        }
+        while i - sent >= depth {
+            progress(recvs, &mut received, &mut sent)?;
+            deadline(&mut start, "send", i)?;
+        }
+        let mut flags = 0;
+        if (i + 1) % depth == 0 || i + 1 == cfg.iters {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if inline {
+            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        let mut wr = sys::ibv_send_wr {
+            wr_id: i,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::IBV_WR_SEND,
+            send_flags: flags,
+            ..Default::default()
+        };
+        stamps.push(ns_since(base));
+        // SAFETY: `src` is registered (its lkey) and frozen (no Rust
+        // writes); the caller keeps it alive until this loop has polled the
+        // completion of the last (signaled) send; `wr_id` has bit 63 clear.
+        unsafe { qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting send {i}: {e}"))?;
+        while !server && received <= i {
+            progress(recvs, &mut received, &mut sent)?;
+            deadline(&mut start, "receive", i)?;
+        }
+    }
+    let mut start = None;
+    while sent < cfg.iters {
+        progress(recvs, &mut received, &mut sent)?;
+        deadline(&mut start, "send", cfg.iters - 1)?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     let cfg = Config::new(&cli.common, None, args::LAT)?;
+    if cli.raw && cfg.events {
+        return Err("--raw polls the CQ; it cannot be combined with -e".into());
+    }
     let max = cfg.max_size();
     let pool = perf::pool_count(max, 16) as u32;
     let spec = QpSpec {
@@ -101,7 +297,19 @@ fn run(cli: Cli) -> Result<()> {
         AccessFlags::LOCAL_WRITE,
         false,
     )?;
-    perf::post_recv_pool(&res.qp, recv_region, pool, max, RECV)?;
+    let mut raw_recvs = if cli.raw {
+        Some(RawRecvs::post_all(
+            &res.qp,
+            &res.cq,
+            recv_region,
+            pool,
+            max,
+            &cfg,
+        )?)
+    } else {
+        perf::post_recv_pool(&res.qp, recv_region, pool, max, RECV)?;
+        None
+    };
     report::banner(Test::SendLat, &cfg, &res, &local, &remote, &[]);
     report::lat_header();
 
@@ -125,41 +333,45 @@ fn run(cli: Cli) -> Result<()> {
         stamps.clear();
         peer.barrier(cfg.timeout)?;
         let base = Instant::now();
-        for i in 0..cfg.iters {
-            // The server answers message i; the client waits for it below.
-            while server && p.received <= i {
-                res.waiter.wait(&mut done, "a receive")?;
-                for mut c in done.drain() {
-                    p.handle(&res.qp, &mut c)?;
+        if let Some(recvs) = raw_recvs.as_mut() {
+            raw_loop(&cfg, recvs, &frozen, server, base, &mut stamps)?;
+        } else {
+            for i in 0..cfg.iters {
+                // The server answers message i; the client waits for it below.
+                while server && p.received <= i {
+                    res.waiter.wait(&mut done, "a receive")?;
+                    for mut c in done.drain() {
+                        p.handle(&res.qp, &mut c)?;
+                    }
+                }
+                while i - p.sent >= depth {
+                    res.waiter.wait(&mut done, "a send")?;
+                    for mut c in done.drain() {
+                        p.handle(&res.qp, &mut c)?;
+                    }
+                }
+                let req = if inline {
+                    SendRequest::send_inline(&frozen)
+                } else {
+                    SendRequest::send(frozen.clone())
+                };
+                let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
+                stamps.push(ns_since(base));
+                res.qp
+                    .post_send(req.wr_id(i).signaled(signaled))
+                    .map_err(|e| format!("posting send {i}: {}", e.error))?;
+                while !server && p.received <= i {
+                    res.waiter.wait(&mut done, "a receive")?;
+                    for mut c in done.drain() {
+                        p.handle(&res.qp, &mut c)?;
+                    }
                 }
             }
-            while i - p.sent >= depth {
+            while p.sent < cfg.iters {
                 res.waiter.wait(&mut done, "a send")?;
                 for mut c in done.drain() {
                     p.handle(&res.qp, &mut c)?;
                 }
-            }
-            let req = if inline {
-                SendRequest::send_inline(&frozen)
-            } else {
-                SendRequest::send(frozen.clone())
-            };
-            let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
-            stamps.push(ns_since(base));
-            res.qp
-                .post_send(req.wr_id(i).signaled(signaled))
-                .map_err(|e| format!("posting send {i}: {}", e.error))?;
-            while !server && p.received <= i {
-                res.waiter.wait(&mut done, "a receive")?;
-                for mut c in done.drain() {
-                    p.handle(&res.qp, &mut c)?;
-                }
-            }
-        }
-        while p.sent < cfg.iters {
-            res.waiter.wait(&mut done, "a send")?;
-            for mut c in done.drain() {
-                p.handle(&res.qp, &mut c)?;
             }
         }
         stats::deltas_us(&stamps, 2.0, &mut samples);

@@ -16,12 +16,19 @@
 //! back with the write's completion. With `-e` the write completions are
 //! awaited on the completion channel; the peer's writes raise no completion
 //! and are still detected by polling memory (as in perftest).
+//!
+//! `--raw` posts and polls through the library's `unsafe` raw path
+//! (`post_send_raw`, `poll_raw`) — a control isolating what the safe layer
+//! costs per operation, as `read_lat --raw`.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completions, SendRequest, SharedBuffer};
+use ibverbs::{
+    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, SharedBuffer,
+    WorkCompletion,
+};
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -35,6 +42,10 @@ use perf::{ns_since, report, stats, QpSpec, Resources, Result, Test};
 struct Cli {
     #[command(flatten)]
     common: CommonArgs,
+    /// Post and poll through the unsafe raw path (a control measuring the
+    /// safe layer's cost); busy polling only
+    #[arg(long)]
+    raw: bool,
 }
 
 /// Spins until byte `offset` of `buf` equals `value` (volatile reads).
@@ -59,8 +70,85 @@ fn wait_byte(buf: &SharedBuffer, offset: usize, value: u8, cfg: &Config, iter: u
     }
 }
 
+/// What one size's loop needs.
+struct Lap<'a> {
+    cfg: &'a Config,
+    inbox: &'a SharedBuffer,
+    remote: RemoteMemory,
+    inline: bool,
+    server: bool,
+    base: Instant,
+}
+
+/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+fn raw_loop(
+    res: &Resources,
+    lap: &Lap<'_>,
+    head: &mut LocalBuffer,
+    stamps: &mut Vec<u64>,
+) -> Result<()> {
+    let last = head.len() - 1;
+    let mut sge = sys::ibv_sge {
+        addr: head.addr(),
+        length: head.len() as u32,
+        lkey: head.lkey(),
+    };
+    let mut flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    if lap.inline {
+        flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    let mut wc = [WorkCompletion::default(); 1];
+    for i in 0..lap.cfg.iters {
+        let value = ((i + 1) % 256) as u8;
+        if lap.server {
+            wait_byte(lap.inbox, last, value, lap.cfg, i)?;
+        }
+        // The previous write's completion was polled: the device is done
+        // reading `head`.
+        head[last] = value;
+        stamps.push(ns_since(lap.base));
+        let mut wr = sys::ibv_send_wr {
+            wr_id: i,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: sys::IBV_WR_RDMA_WRITE,
+            send_flags: flags,
+            ..Default::default()
+        };
+        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+            remote_addr: lap.remote.addr,
+            rkey: lap.remote.rkey.0,
+        };
+        // SAFETY: `head` is registered (its lkey), borrowed mutably by this
+        // loop and not touched until this write's completion is polled
+        // below; `wr_id` has bit 63 clear; the chain is one NULL-terminated
+        // request.
+        unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting write {i}: {e}"))?;
+        if !lap.server {
+            wait_byte(lap.inbox, last, value, lap.cfg, i)?;
+        }
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        while res.cq.poll_raw(&mut wc)? == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0
+                && start.get_or_insert_with(Instant::now).elapsed() > lap.cfg.timeout
+            {
+                return Err(format!("no completion for RDMA write {i} within the timeout").into());
+            }
+        }
+        if !wc[0].is_success() {
+            return Err(format!("RDMA write {i} failed: {}", wc[0].status()).into());
+        }
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     let cfg = Config::new(&cli.common, None, args::LAT)?;
+    if cli.raw && cfg.events {
+        return Err("--raw polls the CQ; it cannot be combined with -e".into());
+    }
     let max = cfg.max_size() as usize;
     let spec = QpSpec {
         send_wr: cfg.tx_depth,
@@ -99,21 +187,33 @@ fn run(cli: Cli) -> Result<()> {
         stamps.clear();
         peer.barrier(cfg.timeout)?;
         let base = Instant::now();
-        for i in 0..cfg.iters {
-            let value = ((i + 1) % 256) as u8;
-            if server {
-                wait_byte(&inbox, last, value, &cfg, i)?;
+        if cli.raw {
+            let lap = Lap {
+                cfg: &cfg,
+                inbox: &inbox,
+                remote,
+                inline,
+                server,
+                base,
+            };
+            raw_loop(&res, &lap, &mut head, &mut stamps)?;
+        } else {
+            for i in 0..cfg.iters {
+                let value = ((i + 1) % 256) as u8;
+                if server {
+                    wait_byte(&inbox, last, value, &cfg, i)?;
+                }
+                head[last] = value;
+                stamps.push(ns_since(base));
+                res.qp
+                    .post_send(SendRequest::write(head, remote).inline(inline).wr_id(i))
+                    .map_err(|e| format!("posting write {i}: {}", e.error))?;
+                if !server {
+                    wait_byte(&inbox, last, value, &cfg, i)?;
+                }
+                // Get the source back from the write's completion.
+                head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA write")?;
             }
-            head[last] = value;
-            stamps.push(ns_since(base));
-            res.qp
-                .post_send(SendRequest::write(head, remote).inline(inline).wr_id(i))
-                .map_err(|e| format!("posting write {i}: {}", e.error))?;
-            if !server {
-                wait_byte(&inbox, last, value, &cfg, i)?;
-            }
-            // Get the source back from the write's completion.
-            head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA write")?;
         }
         stats::deltas_us(&stamps, 2.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;

@@ -426,6 +426,33 @@ fn read_lat_raw_control() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn write_lat_raw_control() {
+    // Both sizes: one inline (-I default), one not.
+    let (s, c) = pair(
+        "write_lat",
+        19019,
+        &["-n", "10", "-a", "--max-size", "1K", "--raw"],
+    );
+    check_table(&c, LAT, &sweep(1 << 10), 10, 7);
+    check_table(&s, LAT, &sweep(1 << 10), 10, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_lat_raw_control() {
+    // More iterations than the send queue (-t 4): unsignaled sends and
+    // reposted raw receives.
+    let (s, c) = pair(
+        "send_lat",
+        19020,
+        &["-n", "40", "-a", "--max-size", "1K", "-t", "4", "--raw"],
+    );
+    check_table(&c, LAT, &sweep(1 << 10), 40, 7);
+    check_table(&s, LAT, &sweep(1 << 10), 40, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn read_lat_extended_verbs() {
     let (s, c) = pair(
         "read_lat",

@@ -156,6 +156,20 @@ pub const TOOLS: &[Tool] = &[
         true,
     ),
     perftest("send_lat", "send_lat", "ib_send_lat", Metric::Latency, true),
+    // Controls: the same binaries through the unsafe raw path. Safe ≈ raw
+    // means a gap to C is not the safe layer's per-operation cost.
+    Tool {
+        key: "write_lat-raw",
+        label: "write_lat raw",
+        rust_args: &["--raw"],
+        ..perftest("", "write_lat", "ib_write_lat", Metric::Latency, true)
+    },
+    Tool {
+        key: "send_lat-raw",
+        label: "send_lat raw",
+        rust_args: &["--raw"],
+        ..perftest("", "send_lat", "ib_send_lat", Metric::Latency, true)
+    },
     perftest("read_lat", "read_lat", "ib_read_lat", Metric::Latency, true),
     // A control: the same binary through the unsafe raw path. Safe ≈ raw
     // means a gap to C is not the safe layer's per-operation cost.
@@ -502,7 +516,7 @@ mod tests {
 
     #[test]
     fn abba_order() {
-        let tools = select_tools(Some(&["write_lat".to_string()])).unwrap();
+        let tools = select_tools(Some(&["write_bw".to_string()])).unwrap();
         let s = Settings {
             tools: &tools,
             sizes: &[2, 64],
@@ -603,6 +617,8 @@ mod tests {
                 "write_lat",
                 "write_bw",
                 "send_lat",
+                "write_lat-raw",
+                "send_lat-raw",
                 "read_lat",
                 "read_lat-raw",
                 "read_lat-ext",

@@ -225,42 +225,46 @@ two processes' interaction with rxe's deferred work and the emulated CPUs, outsi
 calls; it is not resolved. On real hardware (no TCG, no rxe kworkers) the raw-path control is the \
 number to watch: the safe layer adds uncontended locks (the send table per post, the table registry per polled batch) and no allocation per operation.";
 
-/// The raw-path control: for every size measured both through the safe
-/// API (`read_lat`) and the unsafe raw path (`read_lat-raw`), the Rust
-/// safe/raw ratio. Near 1 means a gap to C is not the safe layer's cost.
+/// The raw-path controls: for every tool with a `-raw` twin (`read_lat`,
+/// `write_lat`, `send_lat`) and every size measured both through the safe
+/// API and the unsafe raw path, the Rust safe/raw ratio. Near 1 means a
+/// gap to C is not the safe layer's cost. `read_lat` also gets its
+/// extended-verbs twin.
 pub fn control_lines(a: &Analysis) -> Vec<String> {
     let mut out = Vec::new();
-    for safe in a.cells.iter().filter(|c| c.tool.key == "read_lat") {
-        let Some(raw) = a
-            .cells
-            .iter()
-            .find(|c| c.tool.key == "read_lat-raw" && c.size == safe.size)
-        else {
-            continue;
+    for tool in ["send_lat", "write_lat", "read_lat"] {
+        let twin = |safe: &Cell, suffix: &str| {
+            let key = format!("{tool}-{suffix}");
+            a.cells
+                .iter()
+                .find(|c| c.tool.key == key && c.size == safe.size)
         };
-        let (Some(s), Some(r)) = (safe.rust.summary.as_ref(), raw.rust.summary.as_ref()) else {
-            continue;
-        };
-        let ext = a
-            .cells
-            .iter()
-            .find(|c| c.tool.key == "read_lat-ext" && c.size == safe.size)
-            .and_then(|c| c.rust.summary.as_ref())
-            .map_or(String::new(), |e| {
-                format!(
-                    "; extended verbs {:.2} µs, extended/legacy {:.3}",
-                    e.median,
-                    e.median / s.median
-                )
-            });
-        out.push(format!(
-            "read_lat {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; raw/C {}{ext}",
-            size(safe.size),
-            s.median,
-            r.median,
-            s.median / r.median,
-            ratio(raw)
-        ));
+        for safe in a.cells.iter().filter(|c| c.tool.key == tool) {
+            let Some(raw) = twin(safe, "raw") else {
+                continue;
+            };
+            let (Some(s), Some(r)) = (safe.rust.summary.as_ref(), raw.rust.summary.as_ref()) else {
+                continue;
+            };
+            let ext = twin(safe, "ext")
+                .and_then(|c| c.rust.summary.as_ref())
+                .map_or(String::new(), |e| {
+                    format!(
+                        "; extended verbs {:.2} µs, extended/legacy {:.3}",
+                        e.median,
+                        e.median / s.median
+                    )
+                });
+            out.push(format!(
+                "{tool} {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; safe/C {}, raw/C {}{ext}",
+                size(safe.size),
+                s.median,
+                r.median,
+                s.median / r.median,
+                ratio(safe),
+                ratio(raw)
+            ));
+        }
     }
     out
 }
