@@ -18,6 +18,7 @@ mod post;
 mod post_ex;
 mod raw;
 mod recv;
+mod transition;
 pub(crate) use recv::post_recv_common;
 
 pub use attr::*;
@@ -27,6 +28,7 @@ pub use post::*;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
+pub use transition::check_qp_transition;
 
 device_enum! {
     /// Transport service type of a queue pair.
