@@ -60,7 +60,7 @@ struct Progress {
 impl Progress {
     fn handle(&mut self, qp: &QueuePair, c: &mut Completion) -> Result<()> {
         c.result()?;
-        if c.raw_wr_id() & RECV != 0 {
+        if c.wr_id() & RECV != 0 {
             if u64::from(c.byte_len()) != self.size {
                 return Err(format!(
                     "received a {}-byte message, expected {} bytes",
@@ -76,7 +76,7 @@ impl Progress {
             qp.post_recv(RecvRequest::new(buf).wr_id(RECV))
                 .map_err(|e| format!("reposting a receive: {}", e.error))?;
         } else {
-            self.sent = c.raw_wr_id() + 1;
+            self.sent = c.wr_id() + 1;
         }
         Ok(())
     }
