@@ -211,19 +211,26 @@ pub fn target_lines(a: &Analysis) -> Vec<String> {
 /// printed with every report that misses one. Findings, not tuning: the
 /// numbers above are what the code does.
 const WHAT_REMAINS: &str = "Small-message latency (2 B – 1 KiB) of the Rust tools misses the \
-1.03 target against perftest under TCG; at 4 KiB and above the two are level, and bandwidth is \
-within a few per cent. Measured so far: (1) the library's safe layer is not where the time goes — \
-the same binary through the raw verbs (`read_lat raw`: `post_send_raw` + `poll_raw`, no \
-bookkeeping) shows the same gap, and safe/raw stays within run-to-run noise in quiet runs; \
-(2) both processes make the same system calls per iteration (one doorbell `write`, `strace -c`), \
-use the same clock source (TSC; `Instant::now` costs ~0.15 µs in the VM), and dropping the spin \
-hint (`PAUSE`, which leaves the TCG translation block) changed nothing; (3) over 20 000 reads the \
-two take about the same wall-clock time per iteration, while perftest's per-iteration deltas are \
-bimodal (median ~19 µs, mean 34–41 µs) and ours sit higher in median but not in mean; adding a \
-pause after each completion made ours slower, not faster. What differs is therefore between the \
-two processes' interaction with rxe's deferred work and the emulated CPUs, outside the verbs \
-calls; it is not resolved. On real hardware (no TCG, no rxe kworkers) the raw-path control is the \
-number to watch: the safe layer adds uncontended locks (the send table per post, the table registry per polled batch) and no allocation per operation.";
+1.03 target against perftest under TCG; at 4 KiB and above the two are mostly level, and \
+bandwidth is within a few per cent. Every latency tool the bench compares has a raw-path twin (the \
+same binary through `post_send_raw`/`post_recv_raw`/`poll_raw`, no bookkeeping, the C tool's \
+loop). What they show differs by operation: (1) for RDMA reads (and atomics, same shape) the raw \
+path shows the same gap as the safe one (safe/raw ≈ 1.0), so that gap is not the safe layer; (2) \
+for send and write latency the raw path has been level with perftest while the safe path was \
+1.3–1.7× at ≤ 1 KiB in the same run — there the safe path's per-operation work is visible. Pinning \
+it down failed so far: in a direct A/B inside one VM (5 000 iterations each, write_lat 2 B) a raw \
+loop polling through the safe `poll`, or with 4 CQ entries per poll, or with an extra mutex \
+round trip per completion, all landed between the safe (83–88 µs) and raw (59–89 µs) results, \
+the raw loop's own spread covering most of the range; callgrind counts ~540 instructions per safe \
+post beyond the provider's, not enough at TCG speeds for 20–40 µs. Both paths make the same system \
+calls per iteration (one doorbell `write`, `strace -c`), use the same clock (TSC), and dropping \
+the spin hint changed nothing. Over 20 000 reads perftest's per-iteration deltas are bimodal \
+(median ~19 µs, mean 34–41 µs) and ours sit higher in median but not in mean: with two vCPUs, \
+two busy-polling processes and rxe's kworkers compete for the emulated CPUs, and when rxe's \
+deferred work runs decides most of the latency. Not resolved. On real hardware (no TCG, no rxe \
+kworkers) compare the raw-path rows with the safe rows: that difference is the library's cost \
+(uncontended locks — the send table per post, the table registry per polled batch — and no \
+allocation per operation).";
 
 /// The raw-path controls: for every tool with a `-raw` twin (`read_lat`,
 /// `write_lat`, `send_lat`) and every size measured both through the safe
