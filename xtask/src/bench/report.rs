@@ -217,12 +217,14 @@ same binary through `post_send_raw`/`post_recv_raw`/`poll_raw`, no bookkeeping, 
 loop). What they show differs by operation: (1) for RDMA reads (and atomics, same shape) the raw \
 path shows the same gap as the safe one (safe/raw ≈ 1.0), so that gap is not the safe layer; (2) \
 for send and write latency the raw path has been level with perftest while the safe path was \
-1.3–1.7× at ≤ 1 KiB in the same run — there the safe path's per-operation work is visible. Pinning \
-it down failed so far: in a direct A/B inside one VM (5 000 iterations each, write_lat 2 B) a raw \
-loop polling through the safe `poll`, or with 4 CQ entries per poll, or with an extra mutex \
-round trip per completion, all landed between the safe (83–88 µs) and raw (59–89 µs) results, \
-the raw loop's own spread covering most of the range; callgrind counts ~540 instructions per safe \
-post beyond the provider's, not enough at TCG speeds for 20–40 µs. Both paths make the same system \
+1.3–1.7× at ≤ 1 KiB in the same run — there the safe path's per-operation work is visible. In a \
+direct A/B inside one VM (write_lat 2 B, 5 000 iterations: C 51–57 µs, raw 50–71 µs, safe 79–98 µs) \
+raw posts with the safe poll land in between, so both halves contribute; 4-entry or heap-buffer \
+polls, perftest's wait order, or skipping the delivery step changed nothing beyond the noise. It \
+is not computation: under callgrind the whole client executes about the same instructions (+1 %) \
+with the safe poll as with the raw one, a safe post ~540 beyond the provider's, and a mutex round \
+trip costs ~30 ns in the VM. Every \
+tool, perftest included, is context-switched ~1.6 times per iteration (`perf stat`). Both paths make the same system \
 calls per iteration (one doorbell `write`, `strace -c`), use the same clock (TSC), and dropping \
 the spin hint changed nothing. Over 20 000 reads perftest's per-iteration deltas are bimodal \
 (median ~19 µs, mean 34–41 µs) and ours sit higher in median but not in mean: with two vCPUs, \
