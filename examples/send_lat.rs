@@ -136,11 +136,12 @@ impl<'a> RawRecvs<'a> {
             num_sge: 1,
             ..Default::default()
         };
-        // SAFETY: piece `k` lies inside the registered region, which this
-        // value keeps alive until every posted receive has completed or
-        // flushed (see Drop); nothing reads the region while receives are
-        // posted (messages are checked by length only); `wr_id` has bit 63
-        // clear; the chain is one NULL-terminated request.
+        // Piece `k` lies inside the registered region, which this value
+        // keeps alive until every posted receive has completed or flushed
+        // (see Drop); nothing reads the region while receives are posted
+        // (messages are checked by length only).
+        // SAFETY: registered, kept alive and unread (above); bit 63 of
+        // `wr_id` clear; one NULL-terminated request.
         unsafe { self.qp.post_recv_raw(&mut wr) }.map_err(|e| format!("posting a receive: {e}"))?;
         self.posted += 1;
         Ok(())

@@ -397,6 +397,20 @@ pub(crate) fn check_bufs(
 }
 
 /// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
+/// How many requests of the `n`-long chain at `base` the provider took:
+/// all on success, none without a `bad` pointer, else those before `bad`.
+/// Address arithmetic only, so a provider's out-of-chain `bad` cannot make
+/// it undefined: it counts as nothing posted or all of the chain.
+pub(super) fn posted_count<T>(rc: i32, base: *const T, bad: *const T, n: usize) -> usize {
+    if rc == 0 {
+        return n;
+    }
+    (bad as usize)
+        .checked_sub(base as usize)
+        .map_or(0, |d| d / std::mem::size_of::<T>().max(1))
+        .min(n)
+}
+
 pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     let mut n = 0;
     for (slot, b) in out.iter_mut().zip(sg.iter()) {
@@ -735,14 +749,7 @@ impl QueuePair {
         // before the lock is released, so no completion can be retired
         // first) or into inline data the provider copies during the call.
         let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr_base, &mut bad) };
-        let posted = if rc == 0 {
-            n
-        } else if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into the chain we built.
-            (unsafe { bad.offset_from(wr_base) }).clamp(0, n as isize) as usize
-        };
+        let posted = posted_count(rc, wr_base, bad, n);
         for (i, r) in wrs.iter_mut().enumerate().take(posted) {
             let tag = st.scratch.tags[i];
             let payload = Payload {
@@ -757,5 +764,23 @@ impl QueuePair {
             st.unreserve(table, tag);
         }
         (posted, crate::error::ret_errno("ibv_post_send", rc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::posted_count;
+
+    #[test]
+    fn posted_count_from_bad_pointer() {
+        let chain = [0u64; 4];
+        let base = chain.as_ptr();
+        assert_eq!(posted_count(0, base, std::ptr::null(), 4), 4);
+        assert_eq!(posted_count(22, base, std::ptr::null(), 4), 0);
+        assert_eq!(posted_count(22, base, base, 4), 0);
+        assert_eq!(posted_count(12, base, base.wrapping_add(2), 4), 2);
+        // A pointer outside the chain never counts more than the chain.
+        assert_eq!(posted_count(12, base, base.wrapping_add(9), 4), 4);
+        assert_eq!(posted_count(12, base, base.wrapping_sub(1), 4), 0);
     }
 }

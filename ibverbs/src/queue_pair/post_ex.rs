@@ -229,12 +229,15 @@ impl QueuePair {
         // QP's only posting critical section (ibv_wr_post(3), CONCURRENCY).
         unsafe { start(qpx) };
         let result = match self.build_ex(qpx, wrs, &mut st) {
-            // SAFETY: inside the region opened above. The SGEs point into
-            // buffers owned by `wrs` (moved into the slots below before the
-            // lock is released); inline data and atomic-write values are
-            // copied by the builders. On failure ibv_wr_complete(3) aborts
-            // the whole region.
-            Ok(()) => crate::error::ret_errno("ibv_wr_complete", unsafe { complete(qpx) }),
+            Ok(()) => {
+                // The SGEs point into buffers owned by `wrs` (moved into the
+                // slots below before the lock is released); inline data and
+                // atomic-write values are copied by the builders. On failure
+                // ibv_wr_complete(3) aborts the whole region.
+                // SAFETY: inside the region opened above, buffers held.
+                let rc = unsafe { complete(qpx) };
+                crate::error::ret_errno("ibv_wr_complete", rc)
+            }
             Err(e) => {
                 // SAFETY: inside the region opened above; discards it.
                 unsafe { abort(qpx) };

@@ -121,14 +121,7 @@ pub(crate) fn post_recv_common(
     // The chain and its SGEs live in the locked scratch; the buffers are
     // owned by `wrs` until moved into their slots below, under the lock.
     let rc = post(base, &mut bad);
-    let posted = if rc == 0 {
-        n
-    } else if bad.is_null() {
-        0
-    } else {
-        // SAFETY: `bad` points into the chain.
-        (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-    };
+    let posted = super::post::posted_count(rc, base, bad, n);
     for (i, r) in wrs.iter_mut().enumerate().take(posted) {
         let tag = st.scratch.tags[i];
         st.store(
