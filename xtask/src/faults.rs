@@ -255,7 +255,10 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
     let f = quote(&peer.to_string_lossy());
     let d = quote(&out.to_string_lossy());
     let mut s = String::new();
-    let _ = writeln!(s, "set -u; F={f}; D={d}; PEER=\"$XTASK_PEER_ADDR\"");
+    let _ = writeln!(
+        s,
+        "set -u; F={f}; D={d}; PEER=\"$XTASK_PEER_ADDR\"; PORT=/sys/class/infiniband/rxe1/ports/1/state"
+    );
     let _ = writeln!(s, "ulimit -l unlimited");
     let _ = writeln!(s, "rdma resource show > $D/base.{role}.res");
     // `link down|up`: ask the host to drop or restore eth1's carrier and
@@ -306,34 +309,35 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                 if let Some((after, dur)) = sc.link_down {
                     let _ = writeln!(
                         s,
-                        "sleep {after}; link down >> $D/{i}.link; sleep {dur}; echo \"port before up: $(cat /sys/class/infiniband/rxe1/ports/1/state)\" >> $D/{i}.link; link up >> $D/{i}.link"
-                    );
-                    let _ = writeln!(
-                        s,
-                        "for n in $(seq 100); do grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state && break; sleep 0.1; done"
+                        "sleep {after}; link down >> $D/{i}.link; sleep {dur}; echo \"port before up: $(cat $PORT)\" >> $D/{i}.link; link up >> $D/{i}.link"
                     );
                 }
                 if let Some((after, dur)) = sc.if_down {
                     let _ = writeln!(
                         s,
-                        "sleep {after}; ip link set eth1 down 2>>$E || echo 'ip link set down failed' >> $E; sleep {dur}; ip link set eth1 up"
+                        "sleep {after}; ip link set eth1 down 2>>$E || echo 'ip link set down failed' >> $E; sleep {dur}; ip link set eth1 up 2>>$E || echo 'ip link set up failed' >> $E"
                     );
+                }
+                if sc.link_down.is_some() || sc.if_down.is_some() {
                     // Let rxe1 come back (port ACTIVE, GIDs re-added).
                     let _ = writeln!(
                         s,
-                        "for n in $(seq 100); do grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state && break; sleep 0.1; done"
+                        "for n in $(seq 100); do grep -q ACTIVE $PORT && break; sleep 0.1; done"
                     );
                 }
                 if let Some((after, dur)) = sc.blackhole {
                     let _ = writeln!(
                         s,
-                        "sleep {after}; tc qdisc add dev eth1 root netem loss 100% 2>>$E || echo 'tc netem loss 100% failed' >> $E; sleep {dur}; tc qdisc del dev eth1 root"
+                        "sleep {after}; tc qdisc add dev eth1 root netem loss 100% 2>>$E || echo 'tc netem loss 100% failed' >> $E; sleep {dur}; tc qdisc del dev eth1 root 2>>$E || echo 'tc qdisc del failed' >> $E"
                     );
                 }
             }
             let _ = writeln!(s, "wait $pid; echo exit=$? >> $D/{i}.{side}.out");
             if sc.netem.is_some() {
-                let _ = writeln!(s, "tc qdisc del dev eth1 root");
+                let _ = writeln!(
+                    s,
+                    "tc qdisc del dev eth1 root 2>>$E || echo 'tc qdisc del failed' >> $E"
+                );
             }
         }
         // The kernel releases a dead process's objects asynchronously.

@@ -110,8 +110,7 @@ pub fn run_script(vm: &VmConfig, repo: &Path, run_dir: &Path) -> String {
         // vm::serve_link_request).
         env.push((
             "XTASK_LINK_REQUEST".into(),
-            run_dir
-                .join(format!("{}.link", vm.name()))
+            crate::vm::link_request_path(run_dir, &vm.name())
                 .to_string_lossy()
                 .into_owned(),
         ));

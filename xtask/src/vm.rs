@@ -587,7 +587,7 @@ fn supervise(
 /// as when a cable is pulled — the guest's port goes DOWN while its
 /// interface stays configured, unlike `ip link set down`.
 fn serve_link_request(r: &mut Running, run_dir: &Path) {
-    let req = run_dir.join(format!("{}.link", r.name));
+    let req = link_request_path(run_dir, &r.name);
     let Ok(text) = fs::read_to_string(&req) else {
         return;
     };
@@ -613,7 +613,15 @@ fn serve_link_request(r: &mut Running, run_dir: &Path) {
         }
         other => format!("{seq} error unknown link state {other:?}\n"),
     };
-    let _ = fs::write(run_dir.join(format!("{}.link.done", r.name)), answer);
+    let mut done = req.into_os_string();
+    done.push(".done");
+    let _ = fs::write(done, answer);
+}
+
+/// Where the guest of VM `name` asks for link changes (its
+/// `XTASK_LINK_REQUEST`); the host answers in the same path + `.done`.
+pub fn link_request_path(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join(format!("{name}.link"))
 }
 
 /// Runs one QMP command (`{"execute": …}`) on a QEMU QMP socket; an error

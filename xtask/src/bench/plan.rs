@@ -156,29 +156,15 @@ pub const TOOLS: &[Tool] = &[
         true,
     ),
     perftest("send_lat", "send_lat", "ib_send_lat", Metric::Latency, true),
-    // Controls: the same binaries through the unsafe raw path. Safe ≈ raw
-    // means a gap to C is not the safe layer's per-operation cost.
-    Tool {
-        key: "write_lat-raw",
-        label: "write_lat raw",
-        rust_args: &["--raw"],
-        ..perftest("", "write_lat", "ib_write_lat", Metric::Latency, true)
-    },
-    Tool {
-        key: "send_lat-raw",
-        label: "send_lat raw",
-        rust_args: &["--raw"],
-        ..perftest("", "send_lat", "ib_send_lat", Metric::Latency, true)
-    },
+    raw_control(
+        "write_lat-raw",
+        "write_lat raw",
+        "write_lat",
+        "ib_write_lat",
+    ),
+    raw_control("send_lat-raw", "send_lat raw", "send_lat", "ib_send_lat"),
     perftest("read_lat", "read_lat", "ib_read_lat", Metric::Latency, true),
-    // A control: the same binary through the unsafe raw path. Safe ≈ raw
-    // means a gap to C is not the safe layer's per-operation cost.
-    Tool {
-        key: "read_lat-raw",
-        label: "read_lat raw",
-        rust_args: &["--raw"],
-        ..perftest("", "read_lat", "ib_read_lat", Metric::Latency, true)
-    },
+    raw_control("read_lat-raw", "read_lat raw", "read_lat", "ib_read_lat"),
     // Legacy vs extended verbs: the same tool through ibv_create_qp_ex /
     // ibv_wr_* and ibv_create_cq_ex / start-next-end polling.
     Tool {
@@ -206,6 +192,23 @@ pub const TOOLS: &[Tool] = &[
     perftest("send_bw", "send_bw", "ib_send_bw", Metric::Bandwidth, false),
     perftest("read_bw", "read_bw", "ib_read_bw", Metric::Bandwidth, false),
 ];
+
+/// A control: the latency tool `example` through the unsafe raw path
+/// (`--raw`). Safe ≈ raw means a gap to C is not the safe layer's
+/// per-operation cost.
+const fn raw_control(
+    key: &'static str,
+    label: &'static str,
+    example: &'static str,
+    c_program: &'static str,
+) -> Tool {
+    Tool {
+        key,
+        label,
+        rust_args: &["--raw"],
+        ..perftest("", example, c_program, Metric::Latency, true)
+    }
+}
 
 const fn perftest(
     key: &'static str,
