@@ -130,6 +130,11 @@ pub(crate) struct WqTable<S> {
     pub(crate) id: u32,
     mode: Mode,
     capacity: u32,
+    /// Ring: slot index = sequence & mask. The slot count is a power of two
+    /// (at least `capacity`), so indices stay distinct across the wrap of
+    /// the 32-bit sequence; `capacity` alone (say 3) would not divide 2^32
+    /// and the sequence after 2^32 - 1 would land on a live slot.
+    mask: u32,
     pub(crate) queue: &'static str,
     state: Mutex<TableState<S>>,
 }
@@ -144,8 +149,12 @@ impl<S> WqTable<S> {
     pub(crate) fn new(mode: Mode, capacity: u32, queue: &'static str, scratch: S) -> Arc<Self> {
         let id = NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
         let capacity = capacity.clamp(1, 1 << 24);
-        let mut slots = Vec::with_capacity(capacity as usize);
-        slots.resize_with(capacity as usize, Slot::default);
+        let count = match mode {
+            Mode::Ring => capacity.next_power_of_two(),
+            Mode::Slab => capacity,
+        };
+        let mut slots = Vec::with_capacity(count as usize);
+        slots.resize_with(count as usize, Slot::default);
         let (free, gens) = match mode {
             Mode::Ring => (Vec::new(), Vec::new()),
             Mode::Slab => ((0..capacity).rev().collect(), vec![0; capacity as usize]),
@@ -154,6 +163,7 @@ impl<S> WqTable<S> {
             id,
             mode,
             capacity,
+            mask: count - 1,
             queue,
             state: Mutex::new(TableState {
                 slots,
@@ -202,7 +212,7 @@ impl<S> TableState<S> {
             Mode::Ring => {
                 let seq = self.head;
                 self.head = self.head.wrapping_add(1);
-                (seq, (seq % table.capacity) as usize)
+                (seq, (seq & table.mask) as usize)
             }
             Mode::Slab => {
                 let idx = self.free.pop().expect("caller checked available()");
@@ -216,14 +226,16 @@ impl<S> TableState<S> {
         slot.tag = tag;
         slot.occupied = true;
         slot.user_wr_id = user_wr_id;
-        slot.payload = payload;
+        // A free slot's payload is empty (retire, unreserve and take_all
+        // take it out): overwrite it without running its drop glue.
+        std::mem::forget(std::mem::replace(&mut slot.payload, payload));
         tag
     }
 
     /// Moves the payload into a reserved slot once the device took the request.
     pub(crate) fn store(&mut self, table: &WqTable<S>, tag: u32, payload: Payload) {
         let idx = match table.mode {
-            Mode::Ring => (tag % table.capacity) as usize,
+            Mode::Ring => (tag & table.mask) as usize,
             Mode::Slab => (tag & 0xff_ffff) as usize,
         };
         let slot = &mut self.slots[idx];
@@ -241,7 +253,7 @@ impl<S> TableState<S> {
                     return None;
                 }
                 self.head = tag;
-                (tag % table.capacity) as usize
+                (tag & table.mask) as usize
             }
             Mode::Slab => {
                 let idx = tag & 0xff_ffff;
@@ -268,13 +280,13 @@ impl<S> TableState<S> {
                     return None;
                 }
                 while self.tail != tag {
-                    let idx = (self.tail % table.capacity) as usize;
+                    let idx = (self.tail & table.mask) as usize;
                     let slot = &mut self.slots[idx];
                     slot.occupied = false;
                     drop(std::mem::take(&mut slot.payload));
                     self.tail = self.tail.wrapping_add(1);
                 }
-                let idx = (tag % table.capacity) as usize;
+                let idx = (tag & table.mask) as usize;
                 self.tail = self.tail.wrapping_add(1);
                 let slot = &mut self.slots[idx];
                 slot.occupied = false;
@@ -347,5 +359,55 @@ impl<S: Send> Retire for WqTable<S> {
     }
     fn retire(&self, tag: u32) -> Option<Retired> {
         self.lock().retire(self, tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tagged(st: &TableState<()>, table: &WqTable<()>, tag: u32) -> u64 {
+        let idx = (tag & table.mask) as usize;
+        assert!(st.slots[idx].occupied && st.slots[idx].tag == tag);
+        st.slots[idx].user_wr_id
+    }
+
+    #[test]
+    fn ring_sequence_wraps_onto_distinct_slots() {
+        // Depth 3 does not divide 2^32: the slots must still be distinct
+        // for every outstanding sequence number across the wrap.
+        let table = WqTable::new(Mode::Ring, 3, "send queue", ());
+        let mut st = table.lock();
+        st.head = u32::MAX - 1;
+        st.tail = u32::MAX - 1;
+        let a = st.reserve(&table, 10, Payload::default());
+        let b = st.reserve(&table, 11, Payload::default());
+        let c = st.reserve(&table, 12, Payload::default());
+        assert_eq!((a, b, c), (u32::MAX - 1, u32::MAX, 0));
+        assert_eq!(st.available(Mode::Ring, table.capacity()), 0);
+        assert_eq!(
+            [a, b, c].map(|t| tagged(&st, &table, t)),
+            [10, 11, 12],
+            "a wrapped sequence overwrote a live slot"
+        );
+        assert_eq!(st.retire(&table, a).map(|r| r.user_wr_id), Some(10));
+        let d = st.reserve(&table, 13, Payload::default());
+        assert_eq!([b, c, d].map(|t| tagged(&st, &table, t)), [11, 12, 13]);
+        // Retiring the newest retires the unsignaled ones before it.
+        assert_eq!(st.retire(&table, d).map(|r| r.user_wr_id), Some(13));
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
+        assert!(st.retire(&table, b).is_none(), "a retired tag came back");
+    }
+
+    #[test]
+    fn ring_unreserve_only_the_newest() {
+        let table = WqTable::new(Mode::Ring, 5, "send queue", ());
+        let mut st = table.lock();
+        let a = st.reserve(&table, 1, Payload::default());
+        let b = st.reserve(&table, 2, Payload::default());
+        assert!(st.unreserve(&table, a).is_none());
+        assert!(st.unreserve(&table, b).is_some());
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 1);
+        assert_eq!(st.retire(&table, a).map(|r| r.user_wr_id), Some(1));
     }
 }
