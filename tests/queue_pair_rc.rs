@@ -352,3 +352,111 @@ fn large_transfers_up_to_one_mebibyte() {
         );
     }
 }
+
+/// Polls `cq` with `poll_one` until a completion arrives (10 s at most).
+fn poll_one_within(cq: &ibverbs::CompletionQueue) -> ibverbs::Completion {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(c) = cq.poll_one().unwrap() {
+            return c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no completion in 10 s"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn poll_one_hands_back_buffers_and_callers_wr_ids() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    assert!(p.cq_a.poll_one().unwrap().is_none(), "empty CQ");
+    let target = p.pd.alloc_shared(64, remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+
+    // A safe write, a safe send into a posted receive, then a raw write.
+    let mut src = p.pd.alloc(16, local()).unwrap();
+    src.copy_from_slice(&pattern(16, 9));
+    p.b.post_recv(RecvRequest::new(p.pd.alloc(32, local()).unwrap()).wr_id(9))
+        .unwrap();
+    p.a.post_send(SendRequest::write(src, remote.slice(0, 16).unwrap()).wr_id(7))
+        .unwrap();
+    p.a.post_send(SendRequest::send_inline(b"hello").wr_id(8))
+        .unwrap();
+    let raw_src = p.pd.alloc(8, local()).unwrap();
+    let mut sge = ibverbs::sys::ibv_sge {
+        addr: raw_src.addr(),
+        length: 8,
+        lkey: raw_src.lkey(),
+    };
+    let mut wr = ibverbs::sys::ibv_send_wr {
+        wr_id: 5,
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: ibverbs::sys::IBV_WR_RDMA_WRITE,
+        send_flags: ibverbs::sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.rdma = ibverbs::sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+        remote_addr: remote.addr + 32,
+        rkey: remote.rkey.0,
+    };
+    // SAFETY: `raw_src` is registered and lives (unread, unwritten) until
+    // the write's completion is polled below; bit 63 of wr_id is clear.
+    unsafe { p.a.post_send_raw(&mut wr) }.unwrap();
+
+    let mut w = poll_one_within(&p.cq_a);
+    w.result().unwrap();
+    assert_eq!((w.wr_id(), w.opcode()), (7, WcOpcode::RdmaWrite));
+    assert_eq!(
+        w.wc().as_raw().wr_id,
+        7,
+        "the raw entry carries the caller's wr_id"
+    );
+    assert!(!w.is_orphan());
+    assert_eq!(
+        &w.take_local().expect("the write's source")[..],
+        &pattern(16, 9)[..]
+    );
+    let s = poll_one_within(&p.cq_a);
+    assert_eq!(
+        (s.wr_id(), s.opcode(), s.is_success()),
+        (8, WcOpcode::Send, true)
+    );
+    let mut r = poll_one_within(&p.cq_a);
+    assert_eq!((r.wr_id(), r.is_success()), (5, true));
+    assert!(
+        r.is_orphan(),
+        "a raw request's completion carries no buffer"
+    );
+    assert!(r.take_local().is_none());
+    assert_eq!(p.a.send_outstanding(), 0);
+    assert!(p.cq_a.poll_one().unwrap().is_none());
+
+    let mut got = poll_one_within(&p.cq_b);
+    assert_eq!((got.wr_id(), got.byte_len()), (9, 5));
+    assert_eq!(
+        &got.take_local().expect("the receive buffer")[..5],
+        b"hello"
+    );
+    let mut written = [0u8; 16];
+    target.copy_to_slice(0, &mut written).unwrap();
+    assert_eq!(written[..], pattern(16, 9)[..]);
+
+    // A failed request: the error names the caller's wr_id and the buffer
+    // still comes back.
+    let bad = ibverbs::RemoteMemory {
+        rkey: ibverbs::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000),
+        ..remote
+    };
+    let src = p.pd.alloc(8, local()).unwrap();
+    p.a.post_send(SendRequest::write(src, bad.slice(0, 8).unwrap()).wr_id(42))
+        .unwrap();
+    let mut e = poll_one_within(&p.cq_a);
+    match e.result() {
+        Err(ibverbs::Error::WorkCompletion { wr_id, .. }) => assert_eq!(wr_id, 42),
+        other => panic!("expected a failed write, got {other:?}"),
+    }
+    assert_eq!(e.take_local().map(|b| b.len()), Some(8));
+}

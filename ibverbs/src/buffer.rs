@@ -121,14 +121,17 @@ impl Region {
         }
     }
 
+    #[inline]
     pub(crate) fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
+    #[inline]
     pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
         sge_length(self.len)?;
         Ok(self.sge_prechecked())
@@ -136,6 +139,7 @@ impl Region {
 
     /// The SGE of a region whose length [`Region::sge`] already accepted
     /// (posting validates every request before building any C request).
+    #[inline]
     pub(crate) fn sge_prechecked(&self) -> sys::ibv_sge {
         debug_assert!(u32::try_from(self.len).is_ok());
         sys::ibv_sge {
@@ -196,22 +200,27 @@ macro_rules! region_common {
             pub(crate) fn from_region(region: Region) -> Self {
                 $ty { region }
             }
+            #[inline]
             pub(crate) fn region(&self) -> &Region {
                 &self.region
             }
             /// Length in bytes.
+            #[inline]
             pub fn len(&self) -> usize {
                 self.region.len
             }
             /// Whether the buffer is empty.
+            #[inline]
             pub fn is_empty(&self) -> bool {
                 self.region.len == 0
             }
             /// Device address of the first byte.
+            #[inline]
             pub fn addr(&self) -> u64 {
                 self.region.addr()
             }
             /// Local key of its region.
+            #[inline]
             pub fn lkey(&self) -> u32 {
                 self.region.mr.lkey
             }
@@ -255,6 +264,7 @@ region_common!(LocalBuffer);
 
 impl Deref for LocalBuffer {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: this handle exclusively owns the range (posting moves it
         // away, so the device is not writing it now) and no peer may write
@@ -264,6 +274,7 @@ impl Deref for LocalBuffer {
 }
 
 impl DerefMut for LocalBuffer {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`, and `&mut self` makes the access unique.
         unsafe { std::slice::from_raw_parts_mut(self.region.ptr.as_ptr(), self.region.len) }
@@ -300,21 +311,26 @@ pub struct FrozenBuffer {
 
 impl FrozenBuffer {
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.region.len
     }
     /// Whether it is empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.region.len == 0
     }
     /// Device address.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.region.addr()
     }
     /// Local key.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.region.mr.lkey
     }
+    #[inline]
     pub(crate) fn region(&self) -> &Region {
         &self.region
     }
@@ -329,6 +345,7 @@ impl FrozenBuffer {
 
 impl Deref for FrozenBuffer {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: nothing writes a frozen range: no `&mut` exists (the
         // LocalBuffer was consumed), it may only be posted where the device
@@ -368,6 +385,7 @@ impl SharedBuffer {
         })
     }
 
+    #[inline]
     fn check(&self, offset: usize, len: usize) -> Result<*mut u8> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => {
@@ -386,6 +404,7 @@ impl SharedBuffer {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is out of bounds.
+    #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = self.check(offset, dst.len())?;
         for (i, d) in dst.iter_mut().enumerate() {
@@ -400,6 +419,7 @@ impl SharedBuffer {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is out of bounds.
+    #[inline]
     pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         let dst = self.check(offset, src.len())?;
         for (i, s) in src.iter().enumerate() {
@@ -481,6 +501,7 @@ pub enum Buf {
 }
 
 impl Buf {
+    #[inline]
     pub(crate) fn region(&self) -> &Region {
         match self {
             Buf::Local(b) => b.region(),
@@ -489,14 +510,17 @@ impl Buf {
         }
     }
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.region().len
     }
     /// Whether it is empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// The local buffer, if it is one.
+    #[inline]
     pub fn into_local(self) -> Option<LocalBuffer> {
         match self {
             Buf::Local(b) => Some(b),
@@ -504,6 +528,7 @@ impl Buf {
         }
     }
     /// The shared buffer, if it is one.
+    #[inline]
     pub fn into_shared(self) -> Option<SharedBuffer> {
         match self {
             Buf::Shared(b) => Some(b),
@@ -511,6 +536,7 @@ impl Buf {
         }
     }
     /// The frozen buffer, if it is one.
+    #[inline]
     pub fn into_frozen(self) -> Option<FrozenBuffer> {
         match self {
             Buf::Frozen(b) => Some(b),
@@ -521,6 +547,7 @@ impl Buf {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when out of bounds.
+    #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let bytes: &[u8] = match self {
             Buf::Local(b) => b,

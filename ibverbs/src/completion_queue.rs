@@ -238,6 +238,56 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// Polls at most one completion and returns it: the lean form of
+    /// [`poll`](Self::poll) for loops that wait for one request at a time.
+    /// No [`Completions`] batch is involved, and an empty CQ costs one
+    /// `ibv_poll_cq` call. Buffers come back as with `poll`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(cq: &ibverbs::CompletionQueue) -> ibverbs::Result<()> {
+    /// let c = loop {
+    ///     if let Some(c) = cq.poll_one()? {
+    ///         break c;
+    ///     }
+    /// };
+    /// c.result()?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_poll_cq")]
+    #[inline]
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
+        // SAFETY: live CQ; `wc` has room for the one entry asked for.
+        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, wc.as_mut_ptr()) };
+        if n == 0 {
+            return Ok(None);
+        }
+        ret_count("ibv_poll_cq", n)?;
+        // SAFETY: the provider reported one entry, so it wrote `wc` whole.
+        let wc = unsafe { wc.assume_init() };
+        Ok(Some(self.complete_one(wc)))
+    }
+
+    /// The [`Completion`] of one raw entry polled by `poll_one`.
+    fn complete_one(&self, mut raw: sys::ibv_wc) -> Completion {
+        if self.inner.rxe_inv_quirk {
+            fix_rxe_inv_flag(&mut raw);
+        }
+        let mut c = Completion::unclaimed(raw, None);
+        if let Some((id, tag)) = WqTable::<()>::decode(raw.wr_id) {
+            let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+            c.claim(&tables, id, tag);
+        }
+        c
+    }
+
     /// Turns the first `n` raw completions of `out` into [`Completion`]s,
     /// handing back the buffers of safely posted requests.
     pub(crate) fn deliver(&self, out: &mut Completions, n: usize, stamped: bool) {
@@ -250,20 +300,9 @@ impl CompletionQueue {
         }
         let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
         for (i, wc) in raw.iter().enumerate() {
-            let wc = WorkCompletion { raw: *wc };
-            let mut c = Completion {
-                wc,
-                wr_id: wc.raw.wr_id,
-                payload: None,
-                timestamp: stamped.then(|| out.stamps[i]),
-            };
-            if let Some((id, tag)) = WqTable::<()>::decode(wc.raw.wr_id) {
-                if let Some(t) = tables.iter().find(|t| t.id() == id) {
-                    if let Some(r) = t.retire(tag) {
-                        c.wr_id = r.user_wr_id;
-                        c.payload = Some(r.payload);
-                    }
-                }
+            let mut c = Completion::unclaimed(*wc, stamped.then(|| out.stamps[i]));
+            if let Some((id, tag)) = WqTable::<()>::decode(wc.wr_id) {
+                c.claim(&tables, id, tag);
             }
             out.items.push_back(c);
         }
@@ -368,14 +407,17 @@ impl Completions {
         }
     }
     /// Completions held.
+    #[inline]
     pub fn len(&self) -> usize {
         self.items.len()
     }
     /// Whether none is held.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
     /// Takes the oldest completion.
+    #[inline]
     pub fn pop(&mut self) -> Option<Completion> {
         self.items.pop_front()
     }
@@ -398,12 +440,20 @@ impl std::fmt::Debug for Completions {
 /// A work completion together with the buffers its request owned.
 ///
 /// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
-/// immediate data, source QP, ….
+/// immediate data, source QP, …. For a safely posted request the raw
+/// entry's `wr_id` ([`WorkCompletion::as_raw`]) is the caller's, as
+/// [`wr_id`](Self::wr_id) reports it, not the library's slot tag.
+///
+/// Small enough (at most 128 bytes, checked by a test) to be moved around
+/// without a `memcpy` call.
 pub struct Completion {
+    /// The raw entry, its `wr_id` replaced by the caller's once claimed.
     wc: WorkCompletion,
-    wr_id: u64,
-    payload: Option<Payload>,
+    /// The request's buffers (address handles and memory-window bindings
+    /// it kept alive are released when it is claimed).
+    sg: SgList,
     timestamp: Option<u64>,
+    claimed: bool,
 }
 
 impl std::ops::Deref for Completion {
@@ -414,11 +464,42 @@ impl std::ops::Deref for Completion {
 }
 
 impl Completion {
+    /// A completion not (yet) matched to a posted request.
+    fn unclaimed(raw: sys::ibv_wc, timestamp: Option<u64>) -> Completion {
+        Completion {
+            wc: WorkCompletion { raw },
+            sg: SgList::Empty,
+            timestamp,
+            claimed: false,
+        }
+    }
+
+    /// Retires slot `tag` of table `id` (one of the CQ's `tables`), taking
+    /// the request's buffers and the caller's `wr_id`. A stale or unknown
+    /// slot leaves the completion an orphan.
+    fn claim(&mut self, tables: &[Arc<dyn Retire>], id: u32, tag: u32) {
+        if let Some(r) = tables
+            .iter()
+            .find(|t| t.id() == id)
+            .and_then(|t| t.retire(tag))
+        {
+            // The address handle or window binding the request kept alive
+            // is released here: the device is done with it.
+            let Payload { sg, ah, keep } = r.payload;
+            drop((ah, keep));
+            self.wc.raw.wr_id = r.user_wr_id;
+            self.sg = sg;
+            self.claimed = true;
+        }
+    }
+
     /// The `wr_id` given when posting.
+    #[inline]
     pub fn wr_id(&self) -> u64 {
-        self.wr_id
+        self.wc.raw.wr_id
     }
     /// The raw work completion.
+    #[inline]
     pub fn wc(&self) -> &WorkCompletion {
         &self.wc
     }
@@ -426,22 +507,23 @@ impl Completion {
     /// [`CompletionQueue::poll_ex`] from a CQ created with
     /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
     /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
+    #[inline]
     pub fn timestamp(&self) -> Option<u64> {
         self.timestamp
     }
     /// Whether no posted request matched (raw-path requests, or a stale
     /// completion of a destroyed queue pair).
+    #[inline]
     pub fn is_orphan(&self) -> bool {
-        self.payload.is_none()
+        !self.claimed
     }
     /// Takes the scatter/gather list back.
+    #[inline]
     pub fn take_buffers(&mut self) -> SgList {
-        self.payload
-            .as_mut()
-            .map(|p| std::mem::take(&mut p.sg))
-            .unwrap_or_default()
+        std::mem::take(&mut self.sg)
     }
     /// Takes the (first) buffer back.
+    #[inline]
     pub fn take_buf(&mut self) -> Option<Buf> {
         match self.take_buffers() {
             SgList::Empty => None,
@@ -450,10 +532,12 @@ impl Completion {
         }
     }
     /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer).
+    #[inline]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
         self.take_buf().and_then(Buf::into_local)
     }
     /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer).
+    #[inline]
     pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
         self.take_buf().and_then(Buf::into_shared)
     }
@@ -467,8 +551,7 @@ impl Completion {
         if !self.wc.has_grh() {
             return None;
         }
-        let p = self.payload.as_ref()?;
-        let first = p.sg.iter().next()?;
+        let first = self.sg.iter().next()?;
         let mut grh = [0u8; 40];
         first.copy_to_slice(0, &mut grh).ok()?;
         grh_source_gid(&grh)
@@ -478,13 +561,14 @@ impl Completion {
     ///
     /// # Errors
     /// [`Error::WorkCompletion`](crate::Error::WorkCompletion).
+    #[inline]
     pub fn result(&self) -> Result<()> {
         self.wc.result().map_err(|e| match e {
             crate::Error::WorkCompletion {
                 status, vendor_err, ..
             } => crate::Error::WorkCompletion {
                 status,
-                wr_id: self.wr_id,
+                wr_id: self.wr_id(),
                 vendor_err,
             },
             e => e,
@@ -495,19 +579,27 @@ impl Completion {
 impl std::fmt::Debug for Completion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Completion")
-            .field("wr_id", &self.wr_id)
+            .field("wr_id", &self.wr_id())
             .field("status", &self.wc.status())
             .field("opcode", &self.wc.opcode())
             .field("byte_len", &self.wc.byte_len())
             .field("imm_data", &self.wc.imm_data())
-            .field("buffers", &self.payload.as_ref().map(|p| p.sg.len()))
+            .field("buffers", &self.claimed.then(|| self.sg.len()))
             .finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::grh_source_gid;
+    use super::{grh_source_gid, Completion};
+
+    #[test]
+    fn completion_moves_without_memcpy() {
+        // Above 128 bytes a move becomes a `memcpy` call, and a completion
+        // is moved on every poll (out of the CQ, out of `poll_one`).
+        assert!(std::mem::size_of::<Completion>() <= 128);
+        assert!(std::mem::size_of::<Option<Completion>>() <= 128);
+    }
 
     #[test]
     fn grh_ipv6_and_roce_v2_ipv4() {

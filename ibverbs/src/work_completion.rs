@@ -111,26 +111,32 @@ impl WorkCompletion {
         self.raw.wr_id
     }
     /// Status.
+    #[inline]
     pub fn status(&self) -> WcStatus {
         WcStatus::from_raw(self.raw.status)
     }
     /// Whether the status is success.
+    #[inline]
     pub fn is_success(&self) -> bool {
         self.raw.status == sys::IBV_WC_SUCCESS
     }
     /// The opcode (only meaningful on success, as in C).
+    #[inline]
     pub fn opcode(&self) -> WcOpcode {
         WcOpcode::from_raw(self.raw.opcode)
     }
     /// Vendor error syndrome.
+    #[inline]
     pub fn vendor_err(&self) -> u32 {
         self.raw.vendor_err
     }
     /// Bytes received or transferred.
+    #[inline]
     pub fn byte_len(&self) -> u32 {
         self.raw.byte_len
     }
     /// Immediate data in host byte order, when the completion carries it.
+    #[inline]
     pub fn imm_data(&self) -> Option<u32> {
         if self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
             return None;
@@ -139,6 +145,7 @@ impl WorkCompletion {
         Some(u32::from_be(unsafe { self.raw.__bindgen_anon_1.imm_data }))
     }
     /// Invalidated rkey, when the completion carries one.
+    #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32> {
         if self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_INV.0 == 0 {
             return None;
@@ -147,31 +154,38 @@ impl WorkCompletion {
         Some(unsafe { self.raw.__bindgen_anon_1.invalidated_rkey })
     }
     /// Local QP number the completion belongs to.
+    #[inline]
     pub fn qp_num(&self) -> u32 {
         self.raw.qp_num
     }
     /// Source QP number (UD receives).
+    #[inline]
     pub fn src_qp(&self) -> u32 {
         self.raw.src_qp
     }
     /// Whether a GRH precedes the payload (UD receives: the first 40 bytes
     /// of the receive buffer).
+    #[inline]
     pub fn has_grh(&self) -> bool {
         self.raw.wc_flags & sys::ibv_wc_flags::IBV_WC_GRH.0 != 0
     }
     /// Source LID (InfiniBand).
+    #[inline]
     pub fn slid(&self) -> u16 {
         self.raw.slid
     }
     /// Service level.
+    #[inline]
     pub fn sl(&self) -> u8 {
         self.raw.sl
     }
     /// P_Key index (GSI QPs).
+    #[inline]
     pub fn pkey_index(&self) -> u16 {
         self.raw.pkey_index
     }
     /// Raw `wc_flags`.
+    #[inline]
     pub fn wc_flags(&self) -> u32 {
         self.raw.wc_flags
     }
@@ -179,6 +193,7 @@ impl WorkCompletion {
     ///
     /// # Errors
     /// [`Error::WorkCompletion`] with the status.
+    #[inline]
     pub fn result(&self) -> Result<(), Error> {
         if self.is_success() {
             Ok(())
@@ -191,6 +206,7 @@ impl WorkCompletion {
         }
     }
     /// The raw C struct.
+    #[inline]
     pub fn as_raw(&self) -> &sys::ibv_wc {
         &self.raw
     }

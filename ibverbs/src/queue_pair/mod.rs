@@ -18,16 +18,18 @@ mod post;
 mod post_ex;
 mod raw;
 mod recv;
+mod request;
 mod transition;
+pub(crate) use post::{check_bufs, RecvScratch};
 pub(crate) use recv::post_recv_common;
 
 pub use attr::*;
 pub use builder::*;
 pub use connect::*;
-pub use post::*;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
+pub use request::*;
 pub use transition::check_qp_transition;
 
 device_enum! {

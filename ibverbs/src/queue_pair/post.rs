@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
+use super::request::{Op, PostError, SendRequest};
+use crate::buffer::Buf;
 use crate::error::{Error, Result};
 use crate::memory_region::AccessFlags;
 use crate::wq_table::{Payload, SgList};
-use crate::{AddressHandle, QpNumber, QpType, QueuePair};
+use crate::{QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
 /// `ibv_send_wr` or `ibv_recv_wr`) without allocating: one request and
@@ -41,324 +42,8 @@ pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
 /// Scratch space of a receive queue or SRQ.
 pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Op {
-    Send,
-    Write(RemoteMemory),
-    Read(RemoteMemory),
-    CompareSwap {
-        remote: RemoteMemory,
-        compare: u64,
-        swap: u64,
-    },
-    FetchAdd {
-        remote: RemoteMemory,
-        add: u64,
-    },
-    AtomicWrite {
-        remote: RemoteMemory,
-        value: [u8; 8],
-    },
-    #[cfg(ibverbs_flush)]
-    Flush {
-        remote: RemoteMemory,
-        kind: u8,
-        level: u8,
-    },
-}
-
-impl Op {
-    fn device_writes_local(&self) -> bool {
-        matches!(
-            self,
-            Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }
-        )
-    }
-    pub(super) fn name(&self) -> &'static str {
-        match self {
-            Op::Send => "send",
-            Op::Write(_) => "RDMA write",
-            Op::Read(_) => "RDMA read",
-            Op::CompareSwap { .. } => "atomic compare-and-swap",
-            Op::FetchAdd { .. } => "atomic fetch-and-add",
-            Op::AtomicWrite { .. } => "atomic write",
-            #[cfg(ibverbs_flush)]
-            Op::Flush { .. } => "flush",
-        }
-    }
-}
-
-/// Where a UD send goes.
-#[derive(Debug, Clone)]
-pub(super) struct UdDest {
-    pub(super) ah: AddressHandle,
-    pub(super) qpn: QpNumber,
-    pub(super) qkey: u32,
-}
-
-/// A send-queue work request that owns its buffers.
-///
-/// Build it with one of the constructors, adjust with the setters, and post
-/// it with [`QueuePair::post_send`]. The buffers come back in the
-/// [`Completion`](crate::Completion). Requests are signaled by default.
-///
-/// # References
-/// `ibv_post_send(3)`
-#[derive(Debug)]
-#[must_use = "a work request does nothing until posted"]
-pub struct SendRequest<'a> {
-    pub(super) wr_id: u64,
-    pub(super) op: Op,
-    pub(super) sg: SgList,
-    pub(super) inline: Option<&'a [u8]>,
-    pub(super) flags: u32,
-    pub(super) imm: Option<u32>,
-    pub(super) invalidate: Option<u32>,
-    pub(super) ud: Option<UdDest>,
-}
-
-impl<'a> SendRequest<'a> {
-    fn new(op: Op, sg: SgList) -> Self {
-        SendRequest {
-            wr_id: 0,
-            op,
-            sg,
-            inline: None,
-            flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            imm: None,
-            invalidate: None,
-            ud: None,
-        }
-    }
-
-    /// A send of `buf` (`IBV_WR_SEND`).
-    pub fn send(buf: impl DeviceReadable) -> Self {
-        Self::new(Op::Send, SgList::One(buf.into()))
-    }
-
-    /// A send gathering several buffers in order.
-    pub fn send_sgl(bufs: Vec<Buf>) -> Self {
-        Self::new(Op::Send, SgList::Many(bufs))
-    }
-
-    /// A send of `data` copied inline into the work request
-    /// (`IBV_SEND_INLINE`): the bytes are copied before `post_send` returns,
-    /// so `data` needs no registration and is free again right after.
-    pub fn send_inline(data: &'a [u8]) -> Self {
-        let mut r = Self::new(Op::Send, SgList::Empty);
-        r.inline = Some(data);
-        r
-    }
-
-    /// An RDMA write of `buf` to the peer's `remote` memory.
-    pub fn write(buf: impl DeviceReadable, remote: RemoteMemory) -> Self {
-        Self::new(Op::Write(remote), SgList::One(buf.into()))
-    }
-
-    /// An RDMA write gathering several buffers.
-    pub fn write_sgl(bufs: Vec<Buf>, remote: RemoteMemory) -> Self {
-        Self::new(Op::Write(remote), SgList::Many(bufs))
-    }
-
-    /// An RDMA write of inline `data` (copied at post time).
-    pub fn write_inline(data: &'a [u8], remote: RemoteMemory) -> Self {
-        let mut r = Self::new(Op::Write(remote), SgList::Empty);
-        r.inline = Some(data);
-        r
-    }
-
-    /// An RDMA read of the peer's `remote` memory into `buf`.
-    pub fn read(buf: impl DeviceWritable, remote: RemoteMemory) -> Self {
-        Self::new(Op::Read(remote), SgList::One(buf.into()))
-    }
-
-    /// Atomic compare-and-swap on the 8 bytes at `remote.addr` (8-byte
-    /// aligned); the original value lands in `result` (8 bytes, aligned).
-    pub fn compare_and_swap(
-        result: impl DeviceWritable,
-        remote: RemoteMemory,
-        compare: u64,
-        swap: u64,
-    ) -> Self {
-        Self::new(
-            Op::CompareSwap {
-                remote,
-                compare,
-                swap,
-            },
-            SgList::One(result.into()),
-        )
-    }
-
-    /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the original
-    /// value lands in `result`.
-    pub fn fetch_and_add(result: impl DeviceWritable, remote: RemoteMemory, add: u64) -> Self {
-        Self::new(Op::FetchAdd { remote, add }, SgList::One(result.into()))
-    }
-
-    /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes
-    /// at `remote.addr` (8-byte aligned) as one atomic unit, byte for byte
-    /// (use `to_le_bytes`/`to_be_bytes` for the peer's byte order). Posted
-    /// only with [`QueuePair::post_send_ex`] on a queue pair created with
-    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
-    /// copied at post time, so the request carries no buffer.
-    #[doc(alias = "ibv_wr_atomic_write")]
-    pub fn atomic_write(remote: RemoteMemory, value: [u8; 8]) -> Self {
-        Self::new(Op::AtomicWrite { remote, value }, SgList::Empty)
-    }
-
-    /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
-    /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
-    /// whole memory region) globally visible or persistent. Posted with
-    /// [`QueuePair::post_send_ex`] on a queue pair created with
-    /// `SendOps::FLUSH`; the peer's region needs the matching
-    /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
-    /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
-    #[cfg(ibverbs_flush)]
-    #[doc(alias = "ibv_wr_flush")]
-    pub fn flush(remote: RemoteMemory, kind: crate::FlushType, level: crate::FlushLevel) -> Self {
-        Self::new(
-            Op::Flush {
-                remote,
-                kind: kind.bits(),
-                level: level as u8,
-            },
-            SgList::Empty,
-        )
-    }
-
-    /// The id reported in the completion.
-    pub fn wr_id(mut self, wr_id: u64) -> Self {
-        self.wr_id = wr_id;
-        self
-    }
-
-    /// Adds immediate data (send → `SEND_WITH_IMM`, RDMA write →
-    /// `RDMA_WRITE_WITH_IMM`); given in host order.
-    pub fn imm(mut self, imm: u32) -> Self {
-        self.imm = Some(imm);
-        self
-    }
-
-    /// Makes a send also invalidate the peer's memory window (or region)
-    /// with remote key `rkey` (`IBV_WR_SEND_WITH_INV`): the receiver's
-    /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
-    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
-    pub fn invalidate(mut self, rkey: crate::RemoteKey) -> Self {
-        self.invalidate = Some(rkey.0);
-        self
-    }
-
-    fn flag(mut self, flag: sys::ibv_send_flags, on: bool) -> Self {
-        if on {
-            self.flags |= flag.0;
-        } else {
-            self.flags &= !flag.0;
-        }
-        self
-    }
-
-    /// Whether a completion is generated (default true). Unsignaled
-    /// requests may only carry inline data or
-    /// [`FrozenBuffer`](crate::FrozenBuffer)s: their buffers are released
-    /// when a later signaled request completes, not handed back.
-    pub fn signaled(self, on: bool) -> Self {
-        self.flag(sys::ibv_send_flags::IBV_SEND_SIGNALED, on)
-    }
-
-    /// Solicited event at the receiver.
-    pub fn solicited(self, on: bool) -> Self {
-        self.flag(sys::ibv_send_flags::IBV_SEND_SOLICITED, on)
-    }
-
-    /// Wait for earlier RDMA reads/atomics before starting (fence).
-    pub fn fence(self, on: bool) -> Self {
-        self.flag(sys::ibv_send_flags::IBV_SEND_FENCE, on)
-    }
-
-    /// Send the buffer's bytes inline (copied at post time).
-    pub fn inline(self, on: bool) -> Self {
-        self.flag(sys::ibv_send_flags::IBV_SEND_INLINE, on)
-    }
-
-    /// Destination of a UD send: address handle, remote QP and Q_Key.
-    pub fn ud(mut self, ah: &AddressHandle, qpn: QpNumber, qkey: u32) -> Self {
-        self.ud = Some(UdDest {
-            ah: ah.clone(),
-            qpn,
-            qkey,
-        });
-        self
-    }
-
-    /// Takes the buffers back out of an unposted request.
-    pub fn into_buffers(self) -> SgList {
-        self.sg
-    }
-
-    pub(super) fn is_signaled(&self) -> bool {
-        self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
-    }
-}
-
-/// A receive work request that owns its buffers.
-///
-/// # References
-/// `ibv_post_recv(3)`
-#[derive(Debug)]
-#[must_use = "a work request does nothing until posted"]
-pub struct RecvRequest {
-    pub(super) wr_id: u64,
-    pub(super) sg: SgList,
-}
-
-impl RecvRequest {
-    pub(crate) fn sg(&self) -> &SgList {
-        &self.sg
-    }
-
-    /// Receive into `buf`.
-    pub fn new(buf: impl DeviceWritable) -> Self {
-        RecvRequest {
-            wr_id: 0,
-            sg: SgList::One(buf.into()),
-        }
-    }
-    /// Receive scattering over several buffers (none may be frozen).
-    pub fn sgl(bufs: Vec<Buf>) -> Self {
-        RecvRequest {
-            wr_id: 0,
-            sg: SgList::Many(bufs),
-        }
-    }
-    /// The id reported in the completion.
-    pub fn wr_id(mut self, wr_id: u64) -> Self {
-        self.wr_id = wr_id;
-        self
-    }
-    /// Takes the buffers back out of an unposted request.
-    pub fn into_buffers(self) -> SgList {
-        self.sg
-    }
-}
-
-/// A request the device did not take, handed back with the reason.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-pub struct PostError<R> {
-    /// Why.
-    #[source]
-    pub error: Error,
-    /// The request, buffers included.
-    pub request: R,
-}
-
-impl<R> From<PostError<R>> for Error {
-    fn from(e: PostError<R>) -> Error {
-        e.error
-    }
-}
-
+/// Checks a request's buffers: SGE count, protection domain, write access
+/// where the device writes, and lengths an SGE can describe.
 pub(crate) fn check_bufs(
     sg: &SgList,
     pd: &crate::ProtectionDomain,
@@ -366,37 +51,47 @@ pub(crate) fn check_bufs(
     max_sge: u32,
     what: &str,
 ) -> Result<()> {
-    if sg.len() > max_sge as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{what} has {} scatter/gather entries, the queue allows {max_sge}",
-            sg.len()
-        )));
-    }
-    for b in sg.iter() {
-        let region = b.region();
-        if !Arc::ptr_eq(&region.mr.pd.inner, &pd.inner) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: buffer registered in another protection domain"
-            )));
-        }
-        if device_writes {
-            if matches!(b, Buf::Frozen(_)) {
+    match sg {
+        SgList::Empty => Ok(()),
+        // The common case, without the list iterator.
+        SgList::One(b) if max_sge >= 1 => check_buf(b, pd, device_writes, what),
+        _ => {
+            if sg.len() > max_sge as usize {
                 return Err(Error::InvalidArgument(format!(
-                    "{what}: the device would write a frozen (shared read-only) buffer"
+                    "{what} has {} scatter/gather entries, the queue allows {max_sge}",
+                    sg.len()
                 )));
             }
-            if !region.mr.access.contains(AccessFlags::LOCAL_WRITE) {
-                return Err(Error::InvalidArgument(format!(
-                    "{what}: the device would write a buffer registered without LOCAL_WRITE"
-                )));
-            }
+            sg.iter()
+                .try_for_each(|b| check_buf(b, pd, device_writes, what))
         }
-        region.sge()?;
     }
-    Ok(())
 }
 
-/// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
+/// One buffer of [`check_bufs`].
+#[inline]
+fn check_buf(b: &Buf, pd: &crate::ProtectionDomain, device_writes: bool, what: &str) -> Result<()> {
+    let region = b.region();
+    if !Arc::ptr_eq(&region.mr.pd.inner, &pd.inner) {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: buffer registered in another protection domain"
+        )));
+    }
+    if device_writes {
+        if matches!(b, Buf::Frozen(_)) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the device would write a frozen (shared read-only) buffer"
+            )));
+        }
+        if !region.mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: the device would write a buffer registered without LOCAL_WRITE"
+            )));
+        }
+    }
+    region.sge().map(drop)
+}
+
 /// How many requests of the `n`-long chain at `base` the provider took:
 /// all on success, none without a `bad` pointer, else those before `bad`.
 /// Address arithmetic only, so a provider's out-of-chain `bad` cannot make
@@ -411,6 +106,7 @@ pub(super) fn posted_count<T>(rc: i32, base: *const T, bad: *const T, n: usize) 
         .min(n)
 }
 
+/// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
 pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     let mut n = 0;
     for (slot, b) in out.iter_mut().zip(sg.iter()) {
@@ -578,6 +274,11 @@ impl QueuePair {
     /// Posts one send-queue work request. Its buffers stay owned by the
     /// queue pair until the completion is polled.
     ///
+    /// A request with at most one buffer (or inline data) takes a short
+    /// path: its C request and SGE are built on the stack and its buffer
+    /// goes straight into its slot, costing little more than the raw
+    /// [`post_send_raw`](Self::post_send_raw).
+    ///
     /// # Errors
     /// The request is handed back in a [`PostError`] with
     /// [`Error::InvalidArgument`] (checked before posting: QP type, SGE
@@ -599,15 +300,61 @@ impl QueuePair {
     #[doc(alias = "ibv_post_send")]
     // The refused request comes back by value: boxing it would allocate.
     #[allow(clippy::result_large_err)]
-    pub fn post_send<'a>(&self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
-        let mut one = [wr];
-        match self.post_send_slice(&mut one).1 {
+    #[inline]
+    pub fn post_send<'a>(&self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
+        match self.post_single(&mut wr) {
             Ok(()) => Ok(()),
-            Err(error) => {
-                let [request] = one;
-                Err(PostError { error, request })
-            }
+            Err(error) => Err(PostError { error, request: wr }),
         }
+    }
+
+    /// Posts one request; on success its buffers are in their slot (`r`
+    /// keeps none), on error `r` is unchanged.
+    fn post_single(&self, r: &mut SendRequest<'_>) -> Result<()> {
+        if let (None, SgList::Many(_)) = (r.inline, &r.sg) {
+            return self.post_send_slice(std::slice::from_mut(r)).1;
+        }
+        // Before the SGE is built: check_send refuses a region an SGE
+        // cannot describe (`sge_prechecked` only debug-asserts it).
+        self.check_send(r, false)?;
+        let (mut sge, num_sge) = match (r.inline, &r.sg) {
+            (Some(data), _) => (inline_sge(data), i32::from(!data.is_empty())),
+            (None, SgList::One(b)) => (b.region().sge_prechecked(), 1),
+            // No buffer (a scatter list went the chain path above).
+            _ => (sys::ibv_sge::default(), 0),
+        };
+        let table = &self.inner.send;
+        let mut st = table.lock();
+        // Refused here, not by the provider: see post_send_slice.
+        self.check_sendable("ibv_post_send")?;
+        table.check_room(&st, 1)?;
+        let mut wr = c_send_wr(r);
+        wr.sg_list = &mut sge;
+        wr.num_sge = num_sge;
+        // The buffers go into the slot now and come back if the provider
+        // refuses the request; the lock is held throughout, so no
+        // completion can retire the slot before the post returns.
+        let payload = Payload {
+            sg: std::mem::take(&mut r.sg),
+            ah: r.ud.as_ref().map(|u| u.ah.clone()),
+            keep: None,
+        };
+        let tag = st.reserve(table, r.wr_id, payload);
+        wr.wr_id = table.encode(tag);
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; `wr` is one request (`next` is NULL) whose SGE
+        // points into the buffer now held by the reserved slot (a buffer's
+        // memory does not move with its handle) or into inline data the
+        // provider copies during the call.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            // The newest reservation, under the lock: always undoable.
+            if let Some(p) = st.unreserve(table, tag) {
+                r.sg = p.sg;
+            }
+            return crate::error::ret_errno("ibv_post_send", rc);
+        }
+        Ok(())
     }
 
     /// Posts a chain of requests with one doorbell. Posted requests are
@@ -657,90 +404,21 @@ impl QueuePair {
         for (i, r) in wrs.iter().enumerate() {
             let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
             let num_sge = if let Some(data) = r.inline {
-                sges[0] = sys::ibv_sge {
-                    addr: data.as_ptr() as u64,
-                    length: data.len() as u32,
-                    lkey: 0,
-                };
+                sges[0] = inline_sge(data);
                 usize::from(!data.is_empty())
             } else {
                 fill_sges(&r.sg, sges)
             };
-            let mut flags = r.flags;
-            if r.inline.is_some() {
-                flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-            }
-            let mut wr = sys::ibv_send_wr {
-                wr_id: table.encode(scratch.tags[i]),
-                next: if i + 1 < n {
-                    // SAFETY: `i + 1 < n <= wrs.len()` (depth checked by check_room).
-                    unsafe { wr_base.add(i + 1) }
-                } else {
-                    std::ptr::null_mut()
-                },
-                sg_list: sges.as_mut_ptr(),
-                num_sge: num_sge as i32,
-                send_flags: flags,
-                ..Default::default()
-            };
-            if let Some(rkey) = r.invalidate {
-                wr.__bindgen_anon_1.invalidate_rkey = rkey;
+            let mut wr = c_send_wr(r);
+            wr.wr_id = table.encode(scratch.tags[i]);
+            wr.next = if i + 1 < n {
+                // SAFETY: `i + 1 < n <= wrs.len()` (depth checked by check_room).
+                unsafe { wr_base.add(i + 1) }
             } else {
-                wr.__bindgen_anon_1.imm_data = r.imm.map(u32::to_be).unwrap_or(0);
-            }
-            wr.opcode = match (&r.op, r.imm.is_some()) {
-                (Op::Send, false) if r.invalidate.is_some() => sys::IBV_WR_SEND_WITH_INV,
-                (Op::Send, false) => sys::IBV_WR_SEND,
-                (Op::Send, true) => sys::IBV_WR_SEND_WITH_IMM,
-                (Op::Write(_), false) => sys::IBV_WR_RDMA_WRITE,
-                (Op::Write(_), true) => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
-                (Op::Read(_), _) => sys::IBV_WR_RDMA_READ,
-                (Op::CompareSwap { .. }, _) => sys::IBV_WR_ATOMIC_CMP_AND_SWP,
-                (Op::FetchAdd { .. }, _) => sys::IBV_WR_ATOMIC_FETCH_AND_ADD,
-                // Refused by check_send(.., false): the value has no field
-                // in `ibv_send_wr`.
-                (Op::AtomicWrite { .. }, _) => sys::IBV_WR_ATOMIC_WRITE,
-                #[cfg(ibverbs_flush)]
-                (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
+                std::ptr::null_mut()
             };
-            match r.op {
-                Op::Send | Op::AtomicWrite { .. } => {}
-                #[cfg(ibverbs_flush)]
-                Op::Flush { .. } => {}
-                Op::Write(m) | Op::Read(m) => {
-                    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr: m.addr,
-                        rkey: m.rkey.0,
-                    };
-                }
-                Op::CompareSwap {
-                    remote,
-                    compare,
-                    swap,
-                } => {
-                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: compare,
-                        swap,
-                        rkey: remote.rkey.0,
-                    };
-                }
-                Op::FetchAdd { remote, add } => {
-                    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: add,
-                        swap: 0,
-                        rkey: remote.rkey.0,
-                    };
-                }
-            }
-            if let Some(ud) = &r.ud {
-                wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah: ud.ah.as_ptr(),
-                    remote_qpn: ud.qpn.0,
-                    remote_qkey: ud.qkey,
-                };
-            }
+            wr.sg_list = sges.as_mut_ptr();
+            wr.num_sge = num_sge as i32;
             scratch.wrs[i] = wr;
         }
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
@@ -765,6 +443,88 @@ impl QueuePair {
         }
         (posted, crate::error::ret_errno("ibv_post_send", rc))
     }
+}
+
+/// The SGE of inline data (the provider copies the bytes; no key).
+fn inline_sge(data: &[u8]) -> sys::ibv_sge {
+    sys::ibv_sge {
+        addr: data.as_ptr() as u64,
+        length: data.len() as u32,
+        lkey: 0,
+    }
+}
+
+/// The C request for a checked `r`: opcode, flags, immediate or key to
+/// invalidate, and the remote, atomic or UD fields. The caller sets
+/// `wr_id`, `next` and the SGEs.
+fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
+    let mut flags = r.flags;
+    if r.inline.is_some() {
+        flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    let mut wr = sys::ibv_send_wr {
+        send_flags: flags,
+        ..Default::default()
+    };
+    if let Some(rkey) = r.invalidate {
+        wr.__bindgen_anon_1.invalidate_rkey = rkey;
+    } else {
+        wr.__bindgen_anon_1.imm_data = r.imm.map(u32::to_be).unwrap_or(0);
+    }
+    wr.opcode = match (&r.op, r.imm.is_some()) {
+        (Op::Send, false) if r.invalidate.is_some() => sys::IBV_WR_SEND_WITH_INV,
+        (Op::Send, false) => sys::IBV_WR_SEND,
+        (Op::Send, true) => sys::IBV_WR_SEND_WITH_IMM,
+        (Op::Write(_), false) => sys::IBV_WR_RDMA_WRITE,
+        (Op::Write(_), true) => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+        (Op::Read(_), _) => sys::IBV_WR_RDMA_READ,
+        (Op::CompareSwap { .. }, _) => sys::IBV_WR_ATOMIC_CMP_AND_SWP,
+        (Op::FetchAdd { .. }, _) => sys::IBV_WR_ATOMIC_FETCH_AND_ADD,
+        // Refused by check_send(.., false): the value has no field in
+        // `ibv_send_wr`.
+        (Op::AtomicWrite { .. }, _) => sys::IBV_WR_ATOMIC_WRITE,
+        #[cfg(ibverbs_flush)]
+        (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
+    };
+    match r.op {
+        Op::Send | Op::AtomicWrite { .. } => {}
+        #[cfg(ibverbs_flush)]
+        Op::Flush { .. } => {}
+        Op::Write(m) | Op::Read(m) => {
+            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: m.addr,
+                rkey: m.rkey.0,
+            };
+        }
+        Op::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: compare,
+                swap,
+                rkey: remote.rkey.0,
+            };
+        }
+        Op::FetchAdd { remote, add } => {
+            wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: add,
+                swap: 0,
+                rkey: remote.rkey.0,
+            };
+        }
+    }
+    if let Some(ud) = &r.ud {
+        wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ud.ah.as_ptr(),
+            remote_qpn: ud.qpn.0,
+            remote_qkey: ud.qkey,
+        };
+    }
+    wr
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 
 use ibverbs_sys as sys;
 
-use super::post::{fill_sges, Op, SendRequest};
+use super::post::fill_sges;
+use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
 use crate::wq_table::Payload;
 use crate::{PostError, QueuePair};

@@ -2,9 +2,10 @@
 
 use ibverbs_sys as sys;
 
-use super::post::{check_bufs, fill_sges, RecvRequest, RecvScratch};
+use super::post::{check_bufs, fill_sges, RecvScratch};
+use super::request::RecvRequest;
 use crate::error::{Error, Result};
-use crate::wq_table::{Payload, WqTable};
+use crate::wq_table::{Payload, SgList, WqTable};
 use crate::{PostError, QpState, QueuePair};
 
 impl QueuePair {
@@ -87,8 +88,10 @@ pub(crate) fn post_recv_common(
     wrs: &mut [RecvRequest],
     post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
 ) -> (usize, Result<()>) {
-    if wrs.is_empty() {
-        return (0, Ok(()));
+    match wrs {
+        [] => return (0, Ok(())),
+        [r] if !matches!(r.sg, SgList::Many(_)) => return post_recv_single(table, r, post),
+        _ => {}
     }
     let mut st = table.lock();
     if let Err(e) = table.check_room(&st, wrs.len()) {
@@ -139,4 +142,46 @@ pub(crate) fn post_recv_common(
         st.unreserve(table, tag);
     }
     (posted, crate::error::ret_errno("ibv_post_recv", rc))
+}
+
+/// One request with at most one buffer: its C request and SGE are built on
+/// the stack and the buffer goes straight into its slot (back into `r` if
+/// the provider refuses it).
+fn post_recv_single(
+    table: &WqTable<RecvScratch>,
+    r: &mut RecvRequest,
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
+) -> (usize, Result<()>) {
+    let mut st = table.lock();
+    if let Err(e) = table.check_room(&st, 1) {
+        return (0, Err(e));
+    }
+    let (mut sge, num_sge) = match &r.sg {
+        SgList::One(b) => (b.region().sge_prechecked(), 1),
+        _ => (sys::ibv_sge::default(), 0),
+    };
+    let payload = Payload {
+        sg: std::mem::take(&mut r.sg),
+        ah: None,
+        keep: None,
+    };
+    let tag = st.reserve(table, r.wr_id, payload);
+    let mut wr = sys::ibv_recv_wr {
+        wr_id: table.encode(tag),
+        next: std::ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge,
+    };
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // One request whose SGE points into the buffer now held by the
+    // reserved slot; the lock is held until the call returned.
+    let rc = post(&mut wr, &mut bad);
+    if rc != 0 {
+        // The newest reservation, under the lock: always undoable.
+        if let Some(p) = st.unreserve(table, tag) {
+            r.sg = p.sg;
+        }
+        return (0, crate::error::ret_errno("ibv_post_recv", rc));
+    }
+    (1, Ok(()))
 }

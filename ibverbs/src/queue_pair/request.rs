@@ -1,0 +1,352 @@
+//! Work requests that own their buffers: what [`QueuePair::post_send`]
+//! and [`QueuePair::post_recv`] take, and the error that hands a refused
+//! request back.
+
+use ibverbs_sys as sys;
+
+use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
+use crate::error::Error;
+use crate::wq_table::SgList;
+#[allow(unused_imports)] // doc links
+use crate::QueuePair;
+use crate::{AddressHandle, QpNumber};
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Op {
+    Send,
+    Write(RemoteMemory),
+    Read(RemoteMemory),
+    CompareSwap {
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteMemory,
+        add: u64,
+    },
+    AtomicWrite {
+        remote: RemoteMemory,
+        value: [u8; 8],
+    },
+    #[cfg(ibverbs_flush)]
+    Flush {
+        remote: RemoteMemory,
+        kind: u8,
+        level: u8,
+    },
+}
+
+impl Op {
+    pub(super) fn device_writes_local(&self) -> bool {
+        matches!(
+            self,
+            Op::Read(_) | Op::CompareSwap { .. } | Op::FetchAdd { .. }
+        )
+    }
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Op::Send => "send",
+            Op::Write(_) => "RDMA write",
+            Op::Read(_) => "RDMA read",
+            Op::CompareSwap { .. } => "atomic compare-and-swap",
+            Op::FetchAdd { .. } => "atomic fetch-and-add",
+            Op::AtomicWrite { .. } => "atomic write",
+            #[cfg(ibverbs_flush)]
+            Op::Flush { .. } => "flush",
+        }
+    }
+}
+
+/// Where a UD send goes.
+#[derive(Debug, Clone)]
+pub(super) struct UdDest {
+    pub(super) ah: AddressHandle,
+    pub(super) qpn: QpNumber,
+    pub(super) qkey: u32,
+}
+
+/// A send-queue work request that owns its buffers.
+///
+/// Build it with one of the constructors, adjust with the setters, and post
+/// it with [`QueuePair::post_send`]. The buffers come back in the
+/// [`Completion`](crate::Completion). Requests are signaled by default.
+///
+/// # References
+/// `ibv_post_send(3)`
+#[derive(Debug)]
+#[must_use = "a work request does nothing until posted"]
+pub struct SendRequest<'a> {
+    pub(super) wr_id: u64,
+    pub(super) op: Op,
+    pub(super) sg: SgList,
+    pub(super) inline: Option<&'a [u8]>,
+    pub(super) flags: u32,
+    pub(super) imm: Option<u32>,
+    pub(super) invalidate: Option<u32>,
+    pub(super) ud: Option<UdDest>,
+}
+
+impl<'a> SendRequest<'a> {
+    #[inline]
+    fn new(op: Op, sg: SgList) -> Self {
+        SendRequest {
+            wr_id: 0,
+            op,
+            sg,
+            inline: None,
+            flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            imm: None,
+            invalidate: None,
+            ud: None,
+        }
+    }
+
+    /// A send of `buf` (`IBV_WR_SEND`).
+    #[inline]
+    pub fn send(buf: impl DeviceReadable) -> Self {
+        Self::new(Op::Send, SgList::One(buf.into()))
+    }
+
+    /// A send gathering several buffers in order.
+    pub fn send_sgl(bufs: Vec<Buf>) -> Self {
+        Self::new(Op::Send, SgList::Many(bufs))
+    }
+
+    /// A send of `data` copied inline into the work request
+    /// (`IBV_SEND_INLINE`): the bytes are copied before `post_send` returns,
+    /// so `data` needs no registration and is free again right after.
+    #[inline]
+    pub fn send_inline(data: &'a [u8]) -> Self {
+        let mut r = Self::new(Op::Send, SgList::Empty);
+        r.inline = Some(data);
+        r
+    }
+
+    /// An RDMA write of `buf` to the peer's `remote` memory.
+    #[inline]
+    pub fn write(buf: impl DeviceReadable, remote: RemoteMemory) -> Self {
+        Self::new(Op::Write(remote), SgList::One(buf.into()))
+    }
+
+    /// An RDMA write gathering several buffers.
+    pub fn write_sgl(bufs: Vec<Buf>, remote: RemoteMemory) -> Self {
+        Self::new(Op::Write(remote), SgList::Many(bufs))
+    }
+
+    /// An RDMA write of inline `data` (copied at post time).
+    #[inline]
+    pub fn write_inline(data: &'a [u8], remote: RemoteMemory) -> Self {
+        let mut r = Self::new(Op::Write(remote), SgList::Empty);
+        r.inline = Some(data);
+        r
+    }
+
+    /// An RDMA read of the peer's `remote` memory into `buf`.
+    #[inline]
+    pub fn read(buf: impl DeviceWritable, remote: RemoteMemory) -> Self {
+        Self::new(Op::Read(remote), SgList::One(buf.into()))
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote.addr` (8-byte
+    /// aligned); the original value lands in `result` (8 bytes, aligned).
+    #[inline]
+    pub fn compare_and_swap(
+        result: impl DeviceWritable,
+        remote: RemoteMemory,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        Self::new(
+            Op::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+            SgList::One(result.into()),
+        )
+    }
+
+    /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the original
+    /// value lands in `result`.
+    #[inline]
+    pub fn fetch_and_add(result: impl DeviceWritable, remote: RemoteMemory, add: u64) -> Self {
+        Self::new(Op::FetchAdd { remote, add }, SgList::One(result.into()))
+    }
+
+    /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes
+    /// at `remote.addr` (8-byte aligned) as one atomic unit, byte for byte
+    /// (use `to_le_bytes`/`to_be_bytes` for the peer's byte order). Posted
+    /// only with [`QueuePair::post_send_ex`] on a queue pair created with
+    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
+    /// copied at post time, so the request carries no buffer.
+    #[doc(alias = "ibv_wr_atomic_write")]
+    pub fn atomic_write(remote: RemoteMemory, value: [u8; 8]) -> Self {
+        Self::new(Op::AtomicWrite { remote, value }, SgList::Empty)
+    }
+
+    /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
+    /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
+    /// whole memory region) globally visible or persistent. Posted with
+    /// [`QueuePair::post_send_ex`] on a queue pair created with
+    /// `SendOps::FLUSH`; the peer's region needs the matching
+    /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
+    /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
+    #[cfg(ibverbs_flush)]
+    #[doc(alias = "ibv_wr_flush")]
+    pub fn flush(remote: RemoteMemory, kind: crate::FlushType, level: crate::FlushLevel) -> Self {
+        Self::new(
+            Op::Flush {
+                remote,
+                kind: kind.bits(),
+                level: level as u8,
+            },
+            SgList::Empty,
+        )
+    }
+
+    /// The id reported in the completion.
+    #[inline]
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// Adds immediate data (send → `SEND_WITH_IMM`, RDMA write →
+    /// `RDMA_WRITE_WITH_IMM`); given in host order.
+    #[inline]
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// Makes a send also invalidate the peer's memory window (or region)
+    /// with remote key `rkey` (`IBV_WR_SEND_WITH_INV`): the receiver's
+    /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
+    #[doc(alias = "IBV_WR_SEND_WITH_INV")]
+    #[inline]
+    pub fn invalidate(mut self, rkey: crate::RemoteKey) -> Self {
+        self.invalidate = Some(rkey.0);
+        self
+    }
+
+    #[inline]
+    fn flag(mut self, flag: sys::ibv_send_flags, on: bool) -> Self {
+        if on {
+            self.flags |= flag.0;
+        } else {
+            self.flags &= !flag.0;
+        }
+        self
+    }
+
+    /// Whether a completion is generated (default true). Unsignaled
+    /// requests may only carry inline data or
+    /// [`FrozenBuffer`](crate::FrozenBuffer)s: their buffers are released
+    /// when a later signaled request completes, not handed back.
+    #[inline]
+    pub fn signaled(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_SIGNALED, on)
+    }
+
+    /// Solicited event at the receiver.
+    #[inline]
+    pub fn solicited(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_SOLICITED, on)
+    }
+
+    /// Wait for earlier RDMA reads/atomics before starting (fence).
+    #[inline]
+    pub fn fence(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_FENCE, on)
+    }
+
+    /// Send the buffer's bytes inline (copied at post time).
+    #[inline]
+    pub fn inline(self, on: bool) -> Self {
+        self.flag(sys::ibv_send_flags::IBV_SEND_INLINE, on)
+    }
+
+    /// Destination of a UD send: address handle, remote QP and Q_Key.
+    pub fn ud(mut self, ah: &AddressHandle, qpn: QpNumber, qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah: ah.clone(),
+            qpn,
+            qkey,
+        });
+        self
+    }
+
+    /// Takes the buffers back out of an unposted request.
+    #[inline]
+    pub fn into_buffers(self) -> SgList {
+        self.sg
+    }
+
+    #[inline]
+    pub(super) fn is_signaled(&self) -> bool {
+        self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
+    }
+}
+
+/// A receive work request that owns its buffers.
+///
+/// # References
+/// `ibv_post_recv(3)`
+#[derive(Debug)]
+#[must_use = "a work request does nothing until posted"]
+pub struct RecvRequest {
+    pub(super) wr_id: u64,
+    pub(super) sg: SgList,
+}
+
+impl RecvRequest {
+    #[inline]
+    pub(crate) fn sg(&self) -> &SgList {
+        &self.sg
+    }
+
+    /// Receive into `buf`.
+    #[inline]
+    pub fn new(buf: impl DeviceWritable) -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::One(buf.into()),
+        }
+    }
+    /// Receive scattering over several buffers (none may be frozen).
+    pub fn sgl(bufs: Vec<Buf>) -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::Many(bufs),
+        }
+    }
+    /// The id reported in the completion.
+    #[inline]
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+    /// Takes the buffers back out of an unposted request.
+    #[inline]
+    pub fn into_buffers(self) -> SgList {
+        self.sg
+    }
+}
+
+/// A request the device did not take, handed back with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct PostError<R> {
+    /// Why.
+    #[source]
+    pub error: Error,
+    /// The request, buffers included.
+    pub request: R,
+}
+
+impl<R> From<PostError<R>> for Error {
+    fn from(e: PostError<R>) -> Error {
+        e.error
+    }
+}
