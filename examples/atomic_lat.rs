@@ -13,7 +13,6 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use ibverbs::{AccessFlags, AtomicCap, Completions, SendRequest};
@@ -22,7 +21,7 @@ use ibverbs::{AccessFlags, AtomicCap, Completions, SendRequest};
 mod perf;
 
 use perf::args::{self, CommonArgs, Config};
-use perf::{ns_since, report, stats, QpSpec, Resources, Result, Table, Test};
+use perf::{report, stats, QpSpec, Resources, Result, Table, Test};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Op {
@@ -107,13 +106,13 @@ fn run(cli: Cli) -> Result<()> {
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     let size = 8;
     peer.barrier(cfg.timeout)?;
-    let base = Instant::now();
+    let base = perf::Clock::start();
     for i in 0..cfg.iters {
         let req = match cli.op {
             Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),
             Op::Faa => SendRequest::fetch_and_add(result, word, 1),
         };
-        stamps.push(ns_since(base));
+        stamps.push(base.stamp());
         res.qp
             .post_send(req.wr_id(i))
             .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
@@ -128,6 +127,7 @@ fn run(cli: Cli) -> Result<()> {
             .into());
         }
     }
+    base.convert(&mut stamps);
     stats::deltas_us(&stamps, 1.0, &mut samples);
     let summary = stats::summarize(&mut samples).ok_or("no samples")?;
     report::lat_row(size, cfg.iters, &summary);

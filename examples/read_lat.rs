@@ -27,7 +27,7 @@ use ibverbs::{
 mod perf;
 
 use perf::args::{self, CommonArgs, Config};
-use perf::{ns_since, report, stats, QpSpec, Resources, Result, Table, Test};
+use perf::{report, stats, QpSpec, Resources, Result, Table, Test};
 
 /// RDMA read latency test (perftest's ib_read_lat).
 #[derive(Parser, Debug)]
@@ -52,7 +52,7 @@ fn raw_loop(
     cfg: &Config,
     head: &LocalBuffer,
     from: RemoteMemory,
-    base: Instant,
+    base: perf::Clock,
     stamps: &mut Vec<u64>,
 ) -> Result<()> {
     let mut sge = sys::ibv_sge {
@@ -62,7 +62,7 @@ fn raw_loop(
     };
     let mut wc = [WorkCompletion::default(); 1];
     for i in 0..cfg.iters {
-        stamps.push(ns_since(base));
+        stamps.push(base.stamp());
         let mut wr = sys::ibv_send_wr {
             wr_id: i,
             sg_list: &mut sge,
@@ -147,12 +147,12 @@ fn run(cli: Cli) -> Result<()> {
         let from = source.slice(0, size).ok_or("remote range")?;
         stamps.clear();
         peer.barrier(cfg.timeout)?;
-        let base = Instant::now();
+        let base = perf::Clock::start();
         if cli.raw {
             raw_loop(&res, &cfg, &head, from, base, &mut stamps)?;
         } else {
             for i in 0..cfg.iters {
-                stamps.push(ns_since(base));
+                stamps.push(base.stamp());
                 let wr = SendRequest::read(head, from).wr_id(i);
                 if cli.extended {
                     res.qp.post_send_ex(wr)
@@ -163,6 +163,7 @@ fn run(cli: Cli) -> Result<()> {
                 head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
             }
         }
+        base.convert(&mut stamps);
         stats::deltas_us(&stamps, 1.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;
         report::lat_row(size, cfg.iters, &summary);

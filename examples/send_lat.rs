@@ -30,7 +30,7 @@ use ibverbs::{
 mod perf;
 
 use perf::args::{self, CommonArgs, Config};
-use perf::{ns_since, report, stats, QpSpec, Resources, Result, Test};
+use perf::{report, stats, QpSpec, Resources, Result, Test};
 
 /// Send latency test (perftest's ib_send_lat).
 #[derive(Parser, Debug)]
@@ -175,7 +175,7 @@ fn raw_loop(
     recvs: &mut RawRecvs<'_>,
     src: &FrozenBuffer,
     server: bool,
-    base: Instant,
+    base: perf::Clock,
     stamps: &mut Vec<u64>,
 ) -> Result<()> {
     let (qp, cq) = (recvs.qp, recvs.cq);
@@ -247,7 +247,7 @@ fn raw_loop(
             send_flags: flags,
             ..Default::default()
         };
-        stamps.push(ns_since(base));
+        stamps.push(base.stamp());
         // SAFETY: `src` is registered (its lkey) and frozen (no Rust
         // writes); the caller keeps it alive until this loop has polled the
         // completion of the last (signaled) send; `wr_id` has bit 63 clear.
@@ -333,23 +333,19 @@ fn run(cli: Cli) -> Result<()> {
         };
         stamps.clear();
         peer.barrier(cfg.timeout)?;
-        let base = Instant::now();
+        let base = perf::Clock::start();
         if let Some(recvs) = raw_recvs.as_mut() {
             raw_loop(&cfg, recvs, &frozen, server, base, &mut stamps)?;
         } else {
             for i in 0..cfg.iters {
                 // The server answers message i; the client waits for it below.
                 while server && p.received <= i {
-                    res.waiter.wait(&mut done, "a receive")?;
-                    for mut c in done.drain() {
-                        p.handle(&res.qp, &mut c)?;
-                    }
+                    let mut c = res.waiter.wait_one(&mut done, "a receive")?;
+                    p.handle(&res.qp, &mut c)?;
                 }
                 while i - p.sent >= depth {
-                    res.waiter.wait(&mut done, "a send")?;
-                    for mut c in done.drain() {
-                        p.handle(&res.qp, &mut c)?;
-                    }
+                    let mut c = res.waiter.wait_one(&mut done, "a send")?;
+                    p.handle(&res.qp, &mut c)?;
                 }
                 let req = if inline {
                     SendRequest::send_inline(&frozen)
@@ -357,24 +353,21 @@ fn run(cli: Cli) -> Result<()> {
                     SendRequest::send(frozen.clone())
                 };
                 let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
-                stamps.push(ns_since(base));
+                stamps.push(base.stamp());
                 res.qp
                     .post_send(req.wr_id(i).signaled(signaled))
                     .map_err(|e| format!("posting send {i}: {}", e.error))?;
                 while !server && p.received <= i {
-                    res.waiter.wait(&mut done, "a receive")?;
-                    for mut c in done.drain() {
-                        p.handle(&res.qp, &mut c)?;
-                    }
-                }
-            }
-            while p.sent < cfg.iters {
-                res.waiter.wait(&mut done, "a send")?;
-                for mut c in done.drain() {
+                    let mut c = res.waiter.wait_one(&mut done, "a receive")?;
                     p.handle(&res.qp, &mut c)?;
                 }
             }
+            while p.sent < cfg.iters {
+                let mut c = res.waiter.wait_one(&mut done, "a send")?;
+                p.handle(&res.qp, &mut c)?;
+            }
         }
+        base.convert(&mut stamps);
         stats::deltas_us(&stamps, 2.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;
         report::lat_row(size, cfg.iters, &summary);

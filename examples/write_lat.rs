@@ -34,7 +34,7 @@ use ibverbs::{
 mod perf;
 
 use perf::args::{self, CommonArgs, Config};
-use perf::{ns_since, report, stats, QpSpec, Resources, Result, Test};
+use perf::{report, stats, QpSpec, Resources, Result, Test};
 
 /// RDMA write latency test (perftest's ib_write_lat).
 #[derive(Parser, Debug)]
@@ -77,7 +77,7 @@ struct Lap<'a> {
     remote: RemoteMemory,
     inline: bool,
     server: bool,
-    base: Instant,
+    base: perf::Clock,
 }
 
 /// The `--raw` loop: the C tool's loop, written against the raw verbs.
@@ -106,7 +106,7 @@ fn raw_loop(
         // The previous write's completion was polled: the device is done
         // reading `head`.
         head[last] = value;
-        stamps.push(ns_since(lap.base));
+        stamps.push(lap.base.stamp());
         let mut wr = sys::ibv_send_wr {
             wr_id: i,
             sg_list: &mut sge,
@@ -186,7 +186,7 @@ fn run(cli: Cli) -> Result<()> {
         let inline = size <= u64::from(cfg.inline);
         stamps.clear();
         peer.barrier(cfg.timeout)?;
-        let base = Instant::now();
+        let base = perf::Clock::start();
         if cli.raw {
             let lap = Lap {
                 cfg: &cfg,
@@ -204,7 +204,7 @@ fn run(cli: Cli) -> Result<()> {
                     wait_byte(&inbox, last, value, &cfg, i)?;
                 }
                 head[last] = value;
-                stamps.push(ns_since(base));
+                stamps.push(base.stamp());
                 res.qp
                     .post_send(SendRequest::write(head, remote).inline(inline).wr_id(i))
                     .map_err(|e| format!("posting write {i}: {}", e.error))?;
@@ -215,6 +215,7 @@ fn run(cli: Cli) -> Result<()> {
                 head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA write")?;
             }
         }
+        base.convert(&mut stamps);
         stats::deltas_us(&stamps, 2.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;
         report::lat_row(size, cfg.iters, &summary);

@@ -17,9 +17,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Completions, ConnectOptions, Context,
-    DeviceAttr, Endpoint, GidIndex, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType, QueuePair,
-    RemoteMemory,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, ConnectOptions,
+    Context, DeviceAttr, Endpoint, GidIndex, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
+    QueuePair, RemoteMemory,
 };
 
 use args::Config;
@@ -116,6 +116,21 @@ impl Waiter {
         Ok(poll_cq(&self.cq, self.extended, done)?)
     }
 
+    /// Waits for the next completion: busy polling takes it with
+    /// `poll_one`; sleeping (and extended CQs) go through `done`, which may
+    /// keep further completions for the next call.
+    pub fn wait_one(&mut self, done: &mut Completions, what: &str) -> Result<Completion> {
+        if self.channel.is_none() && !self.extended {
+            return wait_one(&self.cq, self.timeout, what);
+        }
+        loop {
+            if let Some(c) = done.pop() {
+                return Ok(c);
+            }
+            self.wait(done, what)?;
+        }
+    }
+
     /// Polls until at least one completion arrived; an error after the
     /// timeout. `what` names the awaited event in the error.
     pub fn wait(&mut self, done: &mut Completions, what: &str) -> Result<usize> {
@@ -164,6 +179,22 @@ fn wait_busy(
         let n = poll_cq(cq, extended, done)?;
         if n > 0 {
             return Ok(n);
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
+            return Err(timed_out(timeout, what));
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Busy-polls `cq` for one completion, an error after `timeout`.
+fn wait_one(cq: &CompletionQueue, timeout: Duration, what: &str) -> Result<Completion> {
+    let mut spins = 0u32;
+    let mut start: Option<Instant> = None;
+    loop {
+        if let Some(c) = cq.poll_one()? {
+            return Ok(c);
         }
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
@@ -431,6 +462,54 @@ pub fn ns_since(base: Instant) -> u64 {
     base.elapsed().as_nanos() as u64
 }
 
+/// Per-iteration timestamps of the latency tools, taken as perftest takes
+/// them (`get_cycles`): on x86-64 the TSC, a single instruction on the
+/// timed path instead of a clock read and its arithmetic. [`Clock::convert`]
+/// converts them afterwards with a tick rate measured against the
+/// monotonic clock over the whole run. Elsewhere: nanoseconds since start.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+    ticks0: u64,
+}
+
+impl Clock {
+    /// Starts the clock.
+    pub fn start() -> Clock {
+        let start = Instant::now();
+        Clock {
+            start,
+            ticks0: Clock { start, ticks0: 0 }.stamp(),
+        }
+    }
+
+    /// A timestamp in ticks.
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: RDTSC exists on every x86-64 CPU and reads a counter;
+            // it has no memory effects or preconditions.
+            unsafe { std::arch::x86_64::_rdtsc() }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            ns_since(self.start)
+        }
+    }
+
+    /// Turns `stamps` (from [`Clock::stamp`]) into nanoseconds since
+    /// [`Clock::start`], at the tick rate measured from start to now.
+    pub fn convert(&self, stamps: &mut [u64]) {
+        let ns = ns_since(self.start) as f64;
+        let ticks = self.stamp().wrapping_sub(self.ticks0) as f64;
+        let ns_per_tick = if ticks > 0.0 { ns / ticks } else { 1.0 };
+        for s in stamps {
+            *s = (s.wrapping_sub(self.ticks0) as f64 * ns_per_tick) as u64;
+        }
+    }
+}
+
 /// Number of buffers of `size` bytes a pool holds: at most `want`, within
 /// [`POOL_BUDGET`] but at least one.
 pub fn pool_count(size: u64, want: u64) -> u64 {
@@ -512,20 +591,13 @@ pub fn wait_local(
     done: &mut Completions,
     what: &str,
 ) -> Result<ibverbs::LocalBuffer> {
-    loop {
-        waiter.wait(done, what)?;
-        if let Some(mut c) = done.pop() {
-            c.result()?;
-            if !done.is_empty() {
-                return Err(
-                    format!("unexpected extra completions while waiting for {what}").into(),
-                );
-            }
-            return c.take_local().ok_or_else(|| {
-                format!("the completion of {what} did not return its buffer").into()
-            });
-        }
+    let mut c = waiter.wait_one(done, what)?;
+    c.result()?;
+    if !done.is_empty() {
+        return Err(format!("unexpected extra completions while waiting for {what}").into());
     }
+    c.take_local()
+        .ok_or_else(|| format!("the completion of {what} did not return its buffer").into())
 }
 
 /// Splits `region` into `count` receive buffers of `size` bytes (the last
