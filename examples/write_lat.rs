@@ -66,7 +66,9 @@ fn wait_byte(buf: &SharedBuffer, offset: usize, value: u8, cfg: &Config, iter: u
             )
             .into());
         }
-        std::hint::spin_loop();
+        // No `spin_loop()` (PAUSE), as in perftest's loops: it delays
+        // noticing the event, and under QEMU's TCG it leaves the
+        // translated-code loop on every spin.
     }
 }
 
