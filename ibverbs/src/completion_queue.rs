@@ -12,7 +12,7 @@ use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::extended_cq::ExCq;
 use crate::gid::Gid;
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::{Payload, Retire, SgList, WqTable};
+use crate::wq_table::{Retire, SgList, WqTable};
 use crate::{CompletionChannel, Context};
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
@@ -478,16 +478,12 @@ impl Completion {
     /// the request's buffers and the caller's `wr_id`. A stale or unknown
     /// slot leaves the completion an orphan.
     fn claim(&mut self, tables: &[Arc<dyn Retire>], id: u32, tag: u32) {
-        if let Some(r) = tables
+        if let Some((wr_id, sg)) = tables
             .iter()
             .find(|t| t.id() == id)
             .and_then(|t| t.retire(tag))
         {
-            // The address handle or window binding the request kept alive
-            // is released here: the device is done with it.
-            let Payload { sg, ah, keep } = r.payload;
-            drop((ah, keep));
-            self.wc.raw.wr_id = r.user_wr_id;
+            self.wc.raw.wr_id = wr_id;
             self.sg = sg;
             self.claimed = true;
         }

@@ -350,15 +350,23 @@ impl<S> WqTable<S> {
 /// queues, receive queues and SRQs alike.
 pub(crate) trait Retire: Send + Sync {
     fn id(&self) -> u32;
-    fn retire(&self, tag: u32) -> Option<Retired>;
+    /// Retires slot `tag`: the caller's `wr_id` and the request's buffers.
+    /// What else it kept alive (address handle, window binding) is
+    /// released here, after the table's lock.
+    fn retire(&self, tag: u32) -> Option<(u64, SgList)>;
 }
 
 impl<S: Send> Retire for WqTable<S> {
     fn id(&self) -> u32 {
         self.id
     }
-    fn retire(&self, tag: u32) -> Option<Retired> {
-        self.lock().retire(self, tag)
+    fn retire(&self, tag: u32) -> Option<(u64, SgList)> {
+        let r = self.lock().retire(self, tag)?;
+        let Payload { sg, ah, keep } = r.payload;
+        if ah.is_some() || keep.is_some() {
+            drop((ah, keep));
+        }
+        Some((r.user_wr_id, sg))
     }
 }
 
