@@ -210,29 +210,23 @@ pub fn target_lines(a: &Analysis) -> Vec<String> {
 /// The state of the investigation of missed latency targets (issue #4),
 /// printed with every report that misses one. Findings, not tuning: the
 /// numbers above are what the code does.
-const WHAT_REMAINS: &str = "Small-message latency (2 B – 1 KiB) of the Rust tools misses the \
-1.03 target against perftest under TCG; at 4 KiB and above the two are mostly level, and \
-bandwidth is within a few per cent. Every latency tool the bench compares has a raw-path twin (the \
-same binary through `post_send_raw`/`post_recv_raw`/`poll_raw`, no bookkeeping, the C tool's \
-loop). What they show differs by operation: (1) for RDMA reads (and atomics, same shape) the raw \
-path shows the same gap as the safe one (safe/raw ≈ 1.0), so that gap is not the safe layer; (2) \
-for send and write latency the raw path has been level with perftest while the safe path was \
-1.3–1.7× at ≤ 1 KiB in the same run — there the safe path's per-operation work is visible. In a \
-direct A/B inside one VM (write_lat 2 B, 5 000 iterations: C 51–57 µs, raw 50–71 µs, safe 79–98 µs) \
-raw posts with the safe poll land in between, so both halves contribute; 4-entry or heap-buffer \
-polls, perftest's wait order, or skipping the delivery step changed nothing beyond the noise. It \
-is not computation: under callgrind the whole client executes about the same instructions (+1 %) \
-with the safe poll as with the raw one, a safe post ~540 beyond the provider's, and a mutex round \
-trip costs ~30 ns in the VM. Every \
-tool, perftest included, is context-switched ~1.6 times per iteration (`perf stat`). Both paths make the same system \
-calls per iteration (one doorbell `write`, `strace -c`), use the same clock (TSC), and dropping \
-the spin hint changed nothing. Over 20 000 reads perftest's per-iteration deltas are bimodal \
-(median ~19 µs, mean 34–41 µs) and ours sit higher in median but not in mean: with two vCPUs, \
-two busy-polling processes and rxe's kworkers compete for the emulated CPUs, and when rxe's \
-deferred work runs decides most of the latency. Not resolved. On real hardware (no TCG, no rxe \
-kworkers) compare the raw-path rows with the safe rows: that difference is the library's cost \
-(uncontended locks — the send table per post, the table registry per polled batch — and no \
-allocation per operation).";
+const WHAT_REMAINS: &str = "Under TCG, latency has a cliff that magnifies sub-microsecond \
+differences: adding a busy wait after each completion to the raw-path read_lat loop (2 B) moved \
+its t_min from 18.0 µs to 19.8 µs at +0.5 µs and to 25.0 µs at +1 µs. Between noticing a \
+completion and ringing the next doorbell the safe path spends ~0.65 µs more than the raw one in \
+the two steps measured with TSC stamps in the VM (~0.3 µs in post_send before the provider call, \
+~0.35 µs claiming the completion: two uncontended locks and the slot), plus taking the buffer \
+back and building the request, which puts reads and atomics past the cliff (safe ~1.7x perftest at \
+<= 1 KiB while the raw path is at 0.95-1.23); send and write ping-pongs, where a completion is \
+followed by the peer's message rather than the next doorbell, moved from 1.4-1.8x to 0.9-1.45x \
+of perftest, landing differently from run to run. The likely mechanism is rxe's deferred work: a doorbell \
+that arrives while its kworker still runs on the other vCPU is handled at once, a later one \
+waits for a halted emulated CPU to wake. Already done: single-request post and poll_one \
+without the batch machinery (~310 instructions per post beyond the provider's, ~240 to claim a \
+completion, callgrind), a Completion small enough to move without memcpy, TSC stamps as \
+perftest's get_cycles, no PAUSE in the tools' busy loops. rc_pingpong (batched polling, \
+reposting in batches) was not profiled separately. On real hardware compare the raw-path rows \
+with the safe rows: that difference is the library's cost.";
 
 /// The raw-path controls: for every tool with a `-raw` twin (`read_lat`,
 /// `write_lat`, `send_lat`) and every size measured both through the safe
