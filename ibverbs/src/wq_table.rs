@@ -362,10 +362,10 @@ impl<S: Send> Retire for WqTable<S> {
     }
     fn retire(&self, tag: u32) -> Option<(u64, SgList)> {
         let r = self.lock().retire(self, tag)?;
+        // The lock is released (the guard was a temporary): the address
+        // handle and window binding the request kept alive go here.
         let Payload { sg, ah, keep } = r.payload;
-        if ah.is_some() || keep.is_some() {
-            drop((ah, keep));
-        }
+        drop((ah, keep));
         Some((r.user_wr_id, sg))
     }
 }
