@@ -481,6 +481,7 @@ fn host_env(o: &BenchOptions) -> report::Env {
         qemu,
         vm_mem: o.vm.mem.clone(),
         vm_smp: o.vm.smp,
+        vm_kernel_args: o.vm.kernel_args.clone(),
         load_before: load_avg(),
         other_vms_before: other_qemus(),
         command: format!("cargo xtask {}", args.join(" ")),

@@ -663,6 +663,7 @@ mod tests {
                 timeout: 10,
                 env: vec![],
                 verbose: false,
+                kernel_args: vec![],
             },
         };
         let list = scenarios(&o);

@@ -141,6 +141,7 @@ mod tests {
             timeout: 10,
             env: vec![("A".into(), "b c".into())],
             verbose: false,
+            kernel_args: vec![],
         }
     }
 

@@ -55,6 +55,8 @@ pub struct VmConfig {
     pub smp: u32,
     pub link: Option<Link>,
     pub verbose: bool,
+    /// Extra guest kernel arguments (`--kernel-arg`).
+    pub kernel_args: Vec<String>,
 }
 
 impl VmConfig {
@@ -74,6 +76,7 @@ impl VmConfig {
             smp: opts.smp,
             link: None,
             verbose: opts.verbose,
+            kernel_args: opts.kernel_args.clone(),
         }
     }
 
@@ -270,6 +273,10 @@ impl Session {
         });
         for s in &self.shares {
             append.push_str(&format!(" xtask.share={}", s.display()));
+        }
+        for a in &vm.kernel_args {
+            append.push(' ');
+            append.push_str(a);
         }
         let mut cmd = Command::new("qemu-system-x86_64");
         cmd.args(["-nodefaults", "-no-user-config", "-no-reboot"])
@@ -797,6 +804,7 @@ mod tests {
             timeout: 10,
             env: vec![("A".into(), "b c".into())],
             verbose: false,
+            kernel_args: vec![],
         }
     }
 

@@ -21,6 +21,9 @@ pub struct Env {
     pub qemu: String,
     pub vm_mem: String,
     pub vm_smp: u32,
+    /// Extra guest kernel arguments (`--kernel-arg`), e.g. `idle=poll`.
+    #[serde(default)]
+    pub vm_kernel_args: Vec<String>,
     pub load_before: String,
     pub load_after: String,
     /// QEMU processes on the host that are not ours, before and after (other engineers' VMs).
@@ -466,8 +469,16 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
         (
             "VM",
             format!(
-                "QEMU {} (TCG), {} vCPUs, {} RAM; rxe0 GID[1] {}",
-                env.qemu, env.vm_smp, env.vm_mem, env.vm_gid1
+                "QEMU {} (TCG), {} vCPUs, {} RAM; rxe0 GID[1] {}; extra kernel arguments: {}",
+                env.qemu,
+                env.vm_smp,
+                env.vm_mem,
+                env.vm_gid1,
+                if env.vm_kernel_args.is_empty() {
+                    "none (idle vCPUs halt)".to_string()
+                } else {
+                    format!("`{}`", env.vm_kernel_args.join(" "))
+                }
             ),
         ),
         ("rdma-core", env.rdma_core.clone()),
