@@ -23,7 +23,9 @@ pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
-    tables: Mutex<Vec<Arc<dyn Retire>>>,
+    /// The in-flight tables of the queues reporting here, by table id
+    /// (the id beside the table: the lookup makes no virtual call).
+    tables: Mutex<Vec<(u32, Arc<dyn Retire>)>>,
     unacked: AtomicU32,
     cqe: u32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
@@ -205,14 +207,15 @@ impl CompletionQueue {
 
     pub(crate) fn register(&self, table: Arc<dyn Retire>) {
         let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
-        if !t.iter().any(|x| x.id() == table.id()) {
-            t.push(table);
+        let id = table.id();
+        if !t.iter().any(|x| x.0 == id) {
+            t.push((id, table));
         }
     }
 
     pub(crate) fn unregister(&self, id: u32) {
         let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
-        t.retain(|x| x.id() != id);
+        t.retain(|x| x.0 != id);
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -280,12 +283,11 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(&mut raw);
         }
-        let mut c = Completion::unclaimed(raw, None);
-        if let Some((id, tag)) = WqTable::<()>::decode(raw.wr_id) {
+        let claimed = WqTable::<()>::decode(raw.wr_id).and_then(|(id, tag)| {
             let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
-            c.claim(&tables, id, tag);
-        }
-        c
+            claim(&tables, id, tag)
+        });
+        Completion::new(raw, None, claimed)
     }
 
     /// Turns the first `n` raw completions of `out` into [`Completion`]s,
@@ -300,11 +302,10 @@ impl CompletionQueue {
         }
         let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
         for (i, wc) in raw.iter().enumerate() {
-            let mut c = Completion::unclaimed(*wc, stamped.then(|| out.stamps[i]));
-            if let Some((id, tag)) = WqTable::<()>::decode(wc.wr_id) {
-                c.claim(&tables, id, tag);
-            }
-            out.items.push_back(c);
+            let claimed =
+                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| claim(&tables, id, tag));
+            let stamp = stamped.then(|| out.stamps[i]);
+            out.items.push_back(Completion::new(*wc, stamp, claimed));
         }
     }
 
@@ -437,6 +438,14 @@ impl std::fmt::Debug for Completions {
     }
 }
 
+/// Retires slot `tag` of table `id` (one of a CQ's `tables`): the
+/// caller's `wr_id` and the request's buffers. A stale or unknown slot
+/// gives `None` (an orphan completion).
+#[inline]
+fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32) -> Option<(u64, SgList)> {
+    tables.iter().find(|t| t.0 == id)?.1.retire(tag)
+}
+
 /// A work completion together with the buffers its request owned.
 ///
 /// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
@@ -464,28 +473,28 @@ impl std::ops::Deref for Completion {
 }
 
 impl Completion {
-    /// A completion not (yet) matched to a posted request.
-    fn unclaimed(raw: sys::ibv_wc, timestamp: Option<u64>) -> Completion {
-        Completion {
-            wc: WorkCompletion { raw },
-            sg: SgList::Empty,
-            timestamp,
-            claimed: false,
-        }
-    }
-
-    /// Retires slot `tag` of table `id` (one of the CQ's `tables`), taking
-    /// the request's buffers and the caller's `wr_id`. A stale or unknown
-    /// slot leaves the completion an orphan.
-    fn claim(&mut self, tables: &[Arc<dyn Retire>], id: u32, tag: u32) {
-        if let Some((wr_id, sg)) = tables
-            .iter()
-            .find(|t| t.id() == id)
-            .and_then(|t| t.retire(tag))
-        {
-            self.wc.raw.wr_id = wr_id;
-            self.sg = sg;
-            self.claimed = true;
+    /// The completion of raw entry `raw`; `claimed` is what its request
+    /// left in its slot (the caller's `wr_id` and buffers), `None` for an
+    /// orphan. Built whole: no field is assigned (and its old value
+    /// dropped) afterwards.
+    #[inline]
+    fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<(u64, SgList)>) -> Self {
+        match claimed {
+            Some((wr_id, sg)) => {
+                raw.wr_id = wr_id;
+                Completion {
+                    wc: WorkCompletion { raw },
+                    sg,
+                    timestamp,
+                    claimed: true,
+                }
+            }
+            None => Completion {
+                wc: WorkCompletion { raw },
+                sg: SgList::Empty,
+                timestamp,
+                claimed: false,
+            },
         }
     }
 

@@ -354,29 +354,31 @@ impl QueuePair {
         let mut wr = c_send_wr(r);
         wr.sg_list = &mut sge;
         wr.num_sge = num_sge;
-        // The buffers go into the slot now and come back if the provider
-        // refuses the request; the lock is held throughout, so no
-        // completion can retire the slot before the post returns.
+        // Doorbell first, bookkeeping after: the request goes out under
+        // the slot's future tag and its buffers move into the slot once the
+        // provider took it. The lock is held throughout, so a completion
+        // (even one polled by another thread before this returns) can only
+        // be claimed after the slot holds them; a refused request leaves
+        // nothing to undo.
+        let tag = st.next_tag(table);
+        wr.wr_id = table.encode(tag);
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; `wr` is one request (`next` is NULL) whose SGE
+        // points into the buffer `r` still owns (it moves into the slot
+        // below without its memory moving, and stays there until the
+        // completion is claimed) or into inline data the provider copies
+        // during the call.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return crate::error::ret_errno("ibv_post_send", rc);
+        }
         let payload = Payload {
             sg: std::mem::take(&mut r.sg),
             ah: r.ud.as_ref().map(|u| u.ah.clone()),
             keep: None,
         };
-        let tag = st.reserve(table, r.wr_id, payload);
-        wr.wr_id = table.encode(tag);
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP; `wr` is one request (`next` is NULL) whose SGE
-        // points into the buffer now held by the reserved slot (a buffer's
-        // memory does not move with its handle) or into inline data the
-        // provider copies during the call.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            // The newest reservation, under the lock: always undoable.
-            if let Some(p) = st.unreserve(table, tag) {
-                r.sg = p.sg;
-            }
-            return crate::error::ret_errno("ibv_post_send", rc);
-        }
+        let reserved = st.reserve(table, r.wr_id, payload);
+        debug_assert_eq!(reserved, tag);
         Ok(())
     }
 

@@ -145,8 +145,8 @@ pub(crate) fn post_recv_common(
 }
 
 /// One request with at most one buffer: its C request and SGE are built on
-/// the stack and the buffer goes straight into its slot (back into `r` if
-/// the provider refuses it).
+/// the stack, and the buffer moves into its slot once the provider took
+/// the request (it stays in `r` if refused).
 fn post_recv_single(
     table: &WqTable<RecvScratch>,
     r: &mut RecvRequest,
@@ -160,12 +160,10 @@ fn post_recv_single(
         SgList::One(b) => (b.region().sge_prechecked(), 1),
         _ => (sys::ibv_sge::default(), 0),
     };
-    let payload = Payload {
-        sg: std::mem::take(&mut r.sg),
-        ah: None,
-        keep: None,
-    };
-    let tag = st.reserve(table, r.wr_id, payload);
+    // Doorbell first, bookkeeping after (as post_send's single request):
+    // the lock is held until the buffer is in its slot, so no completion
+    // can be claimed before; a refused request leaves nothing to undo.
+    let tag = st.next_tag(table);
     let mut wr = sys::ibv_recv_wr {
         wr_id: table.encode(tag),
         next: std::ptr::null_mut(),
@@ -173,15 +171,18 @@ fn post_recv_single(
         num_sge,
     };
     let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-    // One request whose SGE points into the buffer now held by the
-    // reserved slot; the lock is held until the call returned.
+    // One request whose SGE points into the buffer `r` still owns (its
+    // memory does not move when it moves into the slot below).
     let rc = post(&mut wr, &mut bad);
     if rc != 0 {
-        // The newest reservation, under the lock: always undoable.
-        if let Some(p) = st.unreserve(table, tag) {
-            r.sg = p.sg;
-        }
         return (0, crate::error::ret_errno("ibv_post_recv", rc));
     }
+    let payload = Payload {
+        sg: std::mem::take(&mut r.sg),
+        ah: None,
+        keep: None,
+    };
+    let reserved = st.reserve(table, r.wr_id, payload);
+    debug_assert_eq!(reserved, tag);
     (1, Ok(()))
 }
