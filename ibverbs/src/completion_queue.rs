@@ -237,7 +237,9 @@ impl CompletionQueue {
         // SAFETY: live CQ; `raw` has `room` writable entries.
         let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), room as i32, raw.as_mut_ptr()) };
         let n = ret_count("ibv_poll_cq", n)?;
-        self.deliver(out, n, false);
+        if n > 0 {
+            self.deliver(out, n, false);
+        }
         Ok(n)
     }
 

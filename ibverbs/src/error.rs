@@ -174,19 +174,28 @@ pub(crate) fn ret_ptr<T>(verb: &'static str, ptr: *mut T) -> Result<std::ptr::No
 
 /// Verbs that return a non-negative count, or negative on failure
 /// (`ibv_poll_cq` returns a negative value; `errno` is not reliable there).
+/// The success test is inlined (a busy-polling loop calls it on every
+/// empty poll); building the error is not.
 #[inline]
 pub(crate) fn ret_count(verb: &'static str, rc: i32) -> Result<usize> {
     if rc >= 0 {
         Ok(rc as usize)
     } else {
-        let source = io::Error::last_os_error();
-        let source = if source.raw_os_error().unwrap_or(0) == 0 {
-            io::Error::other(format!("returned {rc}"))
-        } else {
-            source
-        };
-        Err(Error::Verb { verb, source })
+        Err(count_error(verb, rc))
     }
+}
+
+/// The error of a negative count `rc` (see [`ret_count`]).
+#[cold]
+#[inline(never)]
+fn count_error(verb: &'static str, rc: i32) -> Error {
+    let source = io::Error::last_os_error();
+    let source = if source.raw_os_error().unwrap_or(0) == 0 {
+        io::Error::other(format!("returned {rc}"))
+    } else {
+        source
+    };
+    Error::Verb { verb, source }
 }
 
 #[cfg(test)]
