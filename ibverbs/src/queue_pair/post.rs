@@ -122,28 +122,37 @@ impl QueuePair {
     pub(super) fn check_send(&self, r: &SendRequest<'_>, extended: bool) -> Result<()> {
         let caps = &self.inner.caps;
         let ty = self.inner.qp_type;
-        // The plain request (a signaled send, RDMA write or read on an RC
-        // queue pair, without immediate data, invalidation, UD destination
-        // or inline bytes) passes every check below but the buffers': the
-        // short way, as it is the data path's common case.
+        // The plain requests of an RC queue pair (a send, RDMA write or read
+        // without immediate data, invalidation or UD destination) pass every
+        // check below but the ones named here: the short way, as they are
+        // the data path's common case.
         let inline_flag = r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
-        if ty == QpType::Rc
-            && matches!(r.op, Op::Send | Op::Write(_) | Op::Read(_))
-            && r.is_signaled()
-            && r.imm.is_none()
-            && r.invalidate.is_none()
-            && r.ud.is_none()
-            && r.inline.is_none()
-            && (!inline_flag || r.sg.total_len() <= u64::from(caps.max_inline_data))
-        {
-            let writes = matches!(r.op, Op::Read(_));
-            return check_bufs(
-                &r.sg,
-                &self.inner.pd,
-                writes,
-                caps.max_send_sge,
-                r.op.name(),
-            );
+        if ty == QpType::Rc && r.imm.is_none() && r.invalidate.is_none() && r.ud.is_none() {
+            match (r.inline, &r.op, &r.sg) {
+                // Inline bytes: only their length can be wrong, and they
+                // carry no buffer, so the request may be unsignaled too.
+                (Some(data), Op::Send | Op::Write(_), SgList::Empty)
+                    if data.len() <= caps.max_inline_data as usize =>
+                {
+                    return Ok(());
+                }
+                // A signaled request with its buffers: their checks.
+                (None, Op::Send | Op::Write(_) | Op::Read(_), _)
+                    if r.is_signaled()
+                        && (!inline_flag
+                            || r.sg.total_len() <= u64::from(caps.max_inline_data)) =>
+                {
+                    let writes = matches!(r.op, Op::Read(_));
+                    return check_bufs(
+                        &r.sg,
+                        &self.inner.pd,
+                        writes,
+                        caps.max_send_sge,
+                        r.op.name(),
+                    );
+                }
+                _ => {}
+            }
         }
         let what = r.op.name();
         #[cfg(ibverbs_flush)]
