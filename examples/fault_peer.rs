@@ -557,6 +557,17 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     }
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let _ = (&stream).write_all(format!("DONE {} {}\n", st.status, st.verified).as_bytes());
+    // Keep the QP (the responder) until the client is done: if the ACK of
+    // its last message was lost, its retransmission needs us to answer.
+    // Returning now would destroy the QP, and the client (rxe retries
+    // forever with retry_cnt 7) would wait for its deadline.
+    if !peer_line.contains("DONE") {
+        let left = (deadline + Duration::from_secs(30)).saturating_duration_since(Instant::now());
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_secs(1))))
+            .ok();
+        let _ = read_line(&stream);
+    }
     Ok(st)
 }
 
