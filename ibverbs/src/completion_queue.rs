@@ -481,22 +481,14 @@ impl Completion {
     /// dropped) afterwards.
     #[inline]
     fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<(u64, SgList)>) -> Self {
-        match claimed {
-            Some((wr_id, sg)) => {
-                raw.wr_id = wr_id;
-                Completion {
-                    wc: WorkCompletion { raw },
-                    sg,
-                    timestamp,
-                    claimed: true,
-                }
-            }
-            None => Completion {
-                wc: WorkCompletion { raw },
-                sg: SgList::Empty,
-                timestamp,
-                claimed: false,
-            },
+        let is_claimed = claimed.is_some();
+        let (wr_id, sg) = claimed.unwrap_or((raw.wr_id, SgList::Empty));
+        raw.wr_id = wr_id;
+        Completion {
+            wc: WorkCompletion { raw },
+            sg,
+            timestamp,
+            claimed: is_claimed,
         }
     }
 

@@ -220,19 +220,19 @@ impl<S> TableState<S> {
         }
     }
 
-    /// Reserves a slot and returns its tag; the caller checked `available`.
+    /// Reserves a slot and returns its tag (the one [`next_tag`](Self::next_tag)
+    /// gave); the caller checked `available`.
     pub(crate) fn reserve(&mut self, table: &WqTable<S>, user_wr_id: u64, payload: Payload) -> u32 {
-        let (tag, idx) = match table.mode {
+        let tag = self.next_tag(table);
+        let idx = match table.mode {
             Mode::Ring => {
-                let seq = self.head;
                 self.head = self.head.wrapping_add(1);
-                (seq, (seq & table.mask) as usize)
+                (tag & table.mask) as usize
             }
             Mode::Slab => {
                 let idx = self.free.pop().expect("caller checked available()");
-                let g = self.gens[idx as usize].wrapping_add(1);
-                self.gens[idx as usize] = g;
-                ((u32::from(g) << 24) | idx, idx as usize)
+                self.gens[idx as usize] = (tag >> 24) as u8;
+                idx as usize
             }
         };
         let slot = &mut self.slots[idx];
@@ -443,7 +443,7 @@ mod tests {
     fn next_tag_is_the_tag_reserve_gives() {
         // The single-request posts send under next_tag and reserve after
         // the doorbell: the two must agree in both modes, across the ring's
-        // wrap and a slab slot's reuse (its generation advances).
+        // wrap and a slab slot's reuse.
         for mode in [Mode::Ring, Mode::Slab] {
             let table = WqTable::new(mode, 3, "queue", ());
             let mut st = table.lock();
@@ -457,6 +457,28 @@ mod tests {
                 assert_eq!(tag, expect, "{mode:?} round {round}");
                 assert_eq!(st.retire(&table, tag).map(|r| r.user_wr_id), Some(round));
             }
+        }
+    }
+
+    #[test]
+    fn slab_reuse_gets_a_fresh_tag() {
+        // One slot, reused: every reservation must get a tag no earlier one
+        // had (the generation advances), or a stale completion of a retired
+        // request would retire the live one.
+        let table = WqTable::new(Mode::Slab, 1, "srq", ());
+        let mut st = table.lock();
+        let mut seen = Vec::new();
+        for round in 0..300u64 {
+            let tag = st.reserve(&table, round, Payload::default());
+            if let Some(&stale) = seen.last() {
+                assert!(
+                    st.retire(&table, stale).is_none(),
+                    "stale tag {stale:#x} matched"
+                );
+            }
+            assert_ne!(seen.last(), Some(&tag), "round {round} reused the last tag");
+            assert_eq!(st.retire(&table, tag).map(|r| r.user_wr_id), Some(round));
+            seen.push(tag);
         }
     }
 }

@@ -369,14 +369,12 @@ impl QueuePair {
         // (even one polled by another thread before this returns) can only
         // be claimed after the slot holds them; a refused request leaves
         // nothing to undo.
-        let tag = st.next_tag(table);
-        wr.wr_id = table.encode(tag);
+        wr.wr_id = table.encode(st.next_tag(table));
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP; `wr` is one request (`next` is NULL) whose SGE
-        // points into the buffer `r` still owns (it moves into the slot
-        // below without its memory moving, and stays there until the
-        // completion is claimed) or into inline data the provider copies
-        // during the call.
+        // The SGE points into the buffer `r` still owns: it moves into the
+        // slot below without its memory moving and stays there until the
+        // completion is claimed (inline data is copied during the call).
+        // SAFETY: live QP; `wr` is one request (`next` NULL), SGE as above.
         let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return crate::error::ret_errno("ibv_post_send", rc);
@@ -386,8 +384,8 @@ impl QueuePair {
             ah: r.ud.as_ref().map(|u| u.ah.clone()),
             keep: None,
         };
-        let reserved = st.reserve(table, r.wr_id, payload);
-        debug_assert_eq!(reserved, tag);
+        // Under the same lock: the tag `next_tag` gave.
+        st.reserve(table, r.wr_id, payload);
         Ok(())
     }
 

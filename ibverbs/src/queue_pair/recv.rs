@@ -163,9 +163,8 @@ fn post_recv_single(
     // Doorbell first, bookkeeping after (as post_send's single request):
     // the lock is held until the buffer is in its slot, so no completion
     // can be claimed before; a refused request leaves nothing to undo.
-    let tag = st.next_tag(table);
     let mut wr = sys::ibv_recv_wr {
-        wr_id: table.encode(tag),
+        wr_id: table.encode(st.next_tag(table)),
         next: std::ptr::null_mut(),
         sg_list: &mut sge,
         num_sge,
@@ -182,7 +181,7 @@ fn post_recv_single(
         ah: None,
         keep: None,
     };
-    let reserved = st.reserve(table, r.wr_id, payload);
-    debug_assert_eq!(reserved, tag);
+    // Under the same lock: the tag `next_tag` gave.
+    st.reserve(table, r.wr_id, payload);
     (1, Ok(()))
 }
