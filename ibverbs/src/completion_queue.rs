@@ -3,7 +3,9 @@
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ibverbs_sys as sys;
 
@@ -11,6 +13,7 @@ use crate::buffer::Buf;
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::extended_cq::ExCq;
 use crate::gid::Gid;
+use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
 use crate::wq_table::{Retire, SgList, WqTable};
 use crate::{CompletionChannel, Context};
@@ -206,7 +209,7 @@ impl CompletionQueue {
     }
 
     pub(crate) fn register(&self, table: Arc<dyn Retire>) {
-        let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.inner.tables.lock();
         let id = table.id();
         if !t.iter().any(|x| x.0 == id) {
             t.push((id, table));
@@ -214,7 +217,7 @@ impl CompletionQueue {
     }
 
     pub(crate) fn unregister(&self, id: u32) {
-        let mut t = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.inner.tables.lock();
         t.retain(|x| x.0 != id);
     }
 
@@ -281,15 +284,26 @@ impl CompletionQueue {
     }
 
     /// The [`Completion`] of one raw entry polled by `poll_one`.
+    #[inline]
     fn complete_one(&self, mut raw: sys::ibv_wc) -> Completion {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(&mut raw);
         }
-        let claimed = WqTable::<()>::decode(raw.wr_id).and_then(|(id, tag)| {
-            let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
-            claim(&tables, id, tag)
-        });
+        let claimed = if is_prepared(raw.wr_id) {
+            // SAFETY: a prepared posting's wr_id, from the entry just polled
+            // (each entry is claimed once).
+            Some((unsafe { claim_prepared(raw.wr_id) }, SgList::Empty))
+        } else {
+            self.claim_table(raw.wr_id)
+        };
         Completion::new(raw, None, claimed)
+    }
+
+    /// Claims a table slot (no lock for other `wr_id`s).
+    fn claim_table(&self, wr_id: u64) -> Option<(u64, SgList)> {
+        let (id, tag) = WqTable::<()>::decode(wr_id)?;
+        let tables = self.inner.tables.lock();
+        claim(&tables, id, tag)
     }
 
     /// Turns the first `n` raw completions of `out` into [`Completion`]s,
@@ -302,10 +316,15 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             raw.iter_mut().for_each(fix_rxe_inv_flag);
         }
-        let tables = self.inner.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let tables = self.inner.tables.lock();
         for (i, wc) in raw.iter().enumerate() {
-            let claimed =
-                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| claim(&tables, id, tag));
+            let claimed = if is_prepared(wc.wr_id) {
+                // SAFETY: a prepared posting's wr_id, from an entry just
+                // polled (each entry is claimed once).
+                Some((unsafe { claim_prepared(wc.wr_id) }, SgList::Empty))
+            } else {
+                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| claim(&tables, id, tag))
+            };
             let stamp = stamped.then(|| out.stamps[i]);
             out.items.push_back(Completion::new(*wc, stamp, claimed));
         }
@@ -461,10 +480,21 @@ pub struct Completion {
     /// The raw entry, its `wr_id` replaced by the caller's once claimed.
     wc: WorkCompletion,
     /// The request's buffers (address handles and memory-window bindings
-    /// it kept alive are released when it is claimed).
-    sg: SgList,
+    /// it kept alive are released when it is claimed). Dropped by `Drop`
+    /// only when not empty: the common empty case costs no call.
+    sg: std::mem::ManuallyDrop<SgList>,
     timestamp: Option<u64>,
     claimed: bool,
+}
+
+impl Drop for Completion {
+    #[inline]
+    fn drop(&mut self) {
+        if !matches!(*self.sg, SgList::Empty) {
+            // SAFETY: `sg` is dropped only here, once, and never used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.sg) }
+        }
+    }
 }
 
 impl std::ops::Deref for Completion {
@@ -481,12 +511,17 @@ impl Completion {
     /// dropped) afterwards.
     #[inline]
     fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<(u64, SgList)>) -> Self {
-        let is_claimed = claimed.is_some();
-        let (wr_id, sg) = claimed.unwrap_or((raw.wr_id, SgList::Empty));
-        raw.wr_id = wr_id;
+        // A match, not `unwrap_or`: no spare SgList to drop.
+        let (sg, is_claimed) = match claimed {
+            Some((wr_id, sg)) => {
+                raw.wr_id = wr_id;
+                (sg, true)
+            }
+            None => (SgList::Empty, false),
+        };
         Completion {
             wc: WorkCompletion { raw },
-            sg,
+            sg: std::mem::ManuallyDrop::new(sg),
             timestamp,
             claimed: is_claimed,
         }
@@ -519,7 +554,7 @@ impl Completion {
     /// Takes the scatter/gather list back.
     #[inline]
     pub fn take_buffers(&mut self) -> SgList {
-        std::mem::take(&mut self.sg)
+        std::mem::take(&mut *self.sg)
     }
     /// Takes the (first) buffer back.
     #[inline]

@@ -490,20 +490,28 @@ impl QueuePair {
 
     /// Refuses data-path requests on a QP that is not ready to send (see
     /// [`QueuePair::post_send`]). Call with the send table locked.
+    #[inline]
     pub(crate) fn check_sendable(&self, verb: &'static str) -> Result<()> {
         // SAFETY: live QP; libibverbs records the state of every successful
         // modify, and this crate's modifies hold the send lock the caller holds.
-        let state = QpState::from_raw(unsafe { (*self.as_ptr()).state });
-        let name = match state {
+        let state = unsafe { (*self.as_ptr()).state };
+        if state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR {
+            return Err(not_sendable(verb, QpState::from_raw(state)));
+        }
+        Ok(())
+    }
+}
+
+/// The error of a send posted before RTS (out of line: the data path only
+/// compares the state).
+#[cold]
+fn not_sendable(verb: &'static str, state: QpState) -> crate::Error {
+    crate::Error::from_errno(verb, libc::EINVAL).with_hint(Some(format!(
+        "the queue pair is in {}: sends need RTS (connect it first)",
+        match state {
             QpState::Reset => "RESET",
             QpState::Init => "INIT",
-            QpState::Rtr => "RTR",
-            _ => return Ok(()),
-        };
-        Err(
-            Error::from_errno(verb, libc::EINVAL).with_hint(Some(format!(
-                "the queue pair is in {name}: sends need RTS (connect it first)"
-            ))),
-        )
-    }
+            _ => "RTR",
+        }
+    )))
 }

@@ -6,8 +6,11 @@
 //! 64-bit `wr_id` given to the device names the table and the slot:
 //!
 //! ```text
-//! bit 63 = 1 | bits 62..32 = table id | bits 31..0 = sequence (ring) or index+generation (slab)
+//! bit 63 = 1 | bit 62 = 0 | bits 61..32 = table id | bits 31..0 = sequence (ring) or index+generation (slab)
 //! ```
+//!
+//! (A `wr_id` with bits 63 and 62 set is a posting of a
+//! [`PreparedSend`](crate::PreparedSend): see `queue_pair/prepared.rs`.)
 //!
 //! Table ids are never reused, so a stale completion (from a destroyed QP)
 //! can never release another table's buffers. Send and receive queues
@@ -19,7 +22,9 @@
 //! once, and payloads move in and out.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::buffer::{Buf, RemoteMemory};
 use crate::error::{Error, Result};
@@ -28,6 +33,10 @@ use crate::AddressHandle;
 use crate::MemoryWindow;
 
 pub(crate) const SAFE_BIT: u64 = 1 << 63;
+/// With [`SAFE_BIT`]: the `wr_id` is a prepared request's posting.
+pub(crate) const PREPARED_BIT: u64 = 1 << 62;
+/// Table ids fit below [`PREPARED_BIT`].
+const TABLE_ID_MASK: u32 = 0x3fff_ffff;
 
 static NEXT_TABLE_ID: AtomicU32 = AtomicU32::new(1);
 
@@ -147,7 +156,7 @@ pub(crate) struct Retired {
 
 impl<S> WqTable<S> {
     pub(crate) fn new(mode: Mode, capacity: u32, queue: &'static str, scratch: S) -> Arc<Self> {
-        let id = NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+        let id = NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed) & TABLE_ID_MASK;
         let capacity = capacity.clamp(1, 1 << 24);
         let count = match mode {
             Mode::Ring => capacity.next_power_of_two(),
@@ -180,20 +189,24 @@ impl<S> WqTable<S> {
         self.capacity
     }
 
+    /// parking_lot's lock: its uncontended path is inline (no call on the
+    /// data path) and it does not poison (the slots stay consistent if a
+    /// thread panicked holding it: every mutation is a single move).
+    #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, TableState<S>> {
-        // A poisoned lock only means another thread panicked while holding
-        // it; the slots stay consistent (every mutation is a single move).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     pub(crate) fn encode(&self, tag: u32) -> u64 {
         SAFE_BIT | (u64::from(self.id) << 32) | u64::from(tag)
     }
 
-    /// Decodes a device `wr_id` into (table id, tag) when it came from the
-    /// safe path.
+    /// Decodes a device `wr_id` into (table id, tag) when it came from a
+    /// table (the safe path, not a prepared request).
+    #[inline]
     pub(crate) fn decode(wr_id: u64) -> Option<(u32, u32)> {
-        (wr_id & SAFE_BIT != 0).then_some((((wr_id >> 32) & 0x7fff_ffff) as u32, wr_id as u32))
+        (wr_id & (SAFE_BIT | PREPARED_BIT) == SAFE_BIT)
+            .then_some((((wr_id >> 32) as u32) & TABLE_ID_MASK, wr_id as u32))
     }
 }
 
@@ -398,6 +411,20 @@ mod tests {
         let idx = (tag & table.mask) as usize;
         assert!(st.slots[idx].occupied && st.slots[idx].tag == tag);
         st.slots[idx].user_wr_id
+    }
+
+    #[test]
+    fn table_ids_stay_clear_of_the_prepared_bit() {
+        let table = WqTable::new(Mode::Ring, 1, "send queue", ());
+        for id in [0, 1, TABLE_ID_MASK] {
+            let wr_id = SAFE_BIT | (u64::from(id) << 32) | 7;
+            assert_eq!(wr_id & PREPARED_BIT, 0);
+            assert_eq!(WqTable::<()>::decode(wr_id), Some((id, 7)));
+        }
+        assert_eq!(table.encode(5) & PREPARED_BIT, 0);
+        assert_eq!(WqTable::<()>::decode(table.encode(5)), Some((table.id, 5)));
+        assert_eq!(WqTable::<()>::decode(SAFE_BIT | PREPARED_BIT | 8), None);
+        assert_eq!(WqTable::<()>::decode(42), None);
     }
 
     #[test]

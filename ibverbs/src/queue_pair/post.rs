@@ -489,7 +489,7 @@ fn inline_sge(data: &[u8]) -> sys::ibv_sge {
 /// The C request for a checked `r`: opcode, flags, immediate or key to
 /// invalidate, and the remote, atomic or UD fields. The caller sets
 /// `wr_id`, `next` and the SGEs.
-fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
+pub(super) fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
     let mut flags = r.flags;
     if r.inline.is_some() {
         flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;

@@ -1,0 +1,227 @@
+//! Prepared send requests (`QueuePair::prepare_send`, `PreparedSend::post`):
+//! posted many times, buffers reachable only when nothing is outstanding,
+//! every refusal undone (device tests).
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::{pair, pattern, remote_all, wait, wait_ok};
+use ibverbs::{AccessFlags, Error, QpType, QueuePair, RecvRequest, SendRequest, SgList, WcOpcode};
+
+fn local() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+}
+
+/// Polls one completion with `poll_one` (the path the latency tools use).
+fn poll_one_ok(cq: &ibverbs::CompletionQueue) -> ibverbs::Completion {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(c) = cq.poll_one().unwrap() {
+            c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            return c;
+        }
+        assert!(std::time::Instant::now() < deadline, "no completion");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_read_reposts_and_gives_the_bytes_back_between_postings() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let source =
+        p.pd.register(
+            pattern(4096, 3),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let remote = source.memory_region().remote().unwrap();
+    let dst = p.pd.alloc(256, local()).unwrap();
+    let mut read =
+        p.a.prepare_send(SendRequest::read(dst, remote.slice(1024, 256).unwrap()).wr_id(9))
+            .unwrap();
+    assert_eq!(read.wr_id(), 9);
+    assert!(!read.is_posted());
+    for round in 0..200 {
+        read.bytes_mut(0).unwrap().fill(0);
+        read.post().unwrap();
+        assert!(read.is_posted(), "round {round}");
+        assert!(read.bytes(0).is_none(), "bytes reachable while posted");
+        assert!(read.buffers().is_none());
+        // Alternate the two claim paths: poll_one and the batch poll.
+        let mut c = if round % 2 == 0 {
+            poll_one_ok(&p.cq_a)
+        } else {
+            wait_ok(&p.cq_a)
+        };
+        assert_eq!((c.wr_id(), c.opcode()), (9, WcOpcode::RdmaRead));
+        assert!(!c.is_orphan());
+        assert!(matches!(c.take_buffers(), SgList::Empty));
+        assert!(
+            !read.is_posted(),
+            "round {round}: the completion kept a count"
+        );
+        assert_eq!(read.bytes(0).unwrap(), &pattern(4096, 3)[1024..1280]);
+    }
+    let back = match read.into_buffers() {
+        Ok(SgList::One(b)) => b.into_local().unwrap(),
+        other => panic!("buffers not given back: {other:?}"),
+    };
+    assert_eq!(&back[..], &pattern(4096, 3)[1024..1280]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_send_carries_the_payload_changed_between_postings() {
+    let p = pair(QpType::Rc, local(), |b| b.max_recv_wr(8));
+    let msg = p.pd.alloc(64, local()).unwrap();
+    let mut send = p.a.prepare_send(SendRequest::send(msg).wr_id(4)).unwrap();
+    for round in 0..20u8 {
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+        send.bytes_mut(0)
+            .unwrap()
+            .copy_from_slice(&pattern(64, round));
+        send.post().unwrap();
+        let c = poll_one_ok(&p.cq_a);
+        assert_eq!((c.wr_id(), c.opcode()), (4, WcOpcode::Send));
+        let mut r = wait_ok(&p.cq_b);
+        assert_eq!(&r.take_local().unwrap()[..], &pattern(64, round)[..]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_inline_send_owns_a_copy_of_its_bytes() {
+    let p = pair(QpType::Rc, local(), |b| {
+        b.max_inline_data(64).max_recv_wr(4)
+    });
+    let mut data = pattern(32, 9);
+    let mut send =
+        p.a.prepare_send(SendRequest::send_inline(&data).wr_id(2))
+            .unwrap();
+    // The request copied the bytes: changing (or dropping) the source
+    // does not change what is sent.
+    data.fill(0);
+    drop(data);
+    for _ in 0..3 {
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(32, local()).unwrap()))
+            .unwrap();
+        send.post().unwrap();
+        assert_eq!(poll_one_ok(&p.cq_a).wr_id(), 2);
+        let mut r = wait_ok(&p.cq_b);
+        assert_eq!(&r.take_local().unwrap()[..], &pattern(32, 9)[..]);
+    }
+    assert!(matches!(send.into_buffers(), Ok(SgList::Empty)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_atomic_may_be_posted_again_before_it_completed() {
+    let p = pair(QpType::Rc, remote_all(), |b| b.max_send_wr(8));
+    let attr = p.dev.ctx.query_device().unwrap();
+    if attr.atomic_cap() == ibverbs::AtomicCap::None {
+        eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
+        return;
+    }
+    let target = p.pd.alloc_shared(8, remote_all()).unwrap();
+    let word = target.atomic_u64(0).unwrap();
+    word.store(10, Ordering::SeqCst);
+    let remote = target.remote().unwrap();
+    let result = p.pd.alloc(8, local()).unwrap();
+    let mut faa =
+        p.a.prepare_send(SendRequest::fetch_and_add(result, remote, 3).wr_id(77))
+            .unwrap();
+    for _ in 0..6 {
+        faa.post().unwrap();
+    }
+    assert!(faa.is_posted());
+    let done = wait(&p.cq_a, 6);
+    assert!(done
+        .iter()
+        .all(|c| c.wr_id() == 77 && c.opcode() == WcOpcode::FetchAdd && c.is_success()));
+    drop(done);
+    assert!(!faa.is_posted(), "six completions, six counts back");
+    assert_eq!(word.load(Ordering::SeqCst), 10 + 6 * 3);
+    // The result buffer holds one of the old values (the device wrote it
+    // six times; Rust reads it only now).
+    let old = u64::from_ne_bytes(faa.bytes(0).unwrap().try_into().unwrap());
+    assert!(
+        (10..10 + 6 * 3).contains(&old) && (old - 10) % 3 == 0,
+        "{old}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_requests_are_checked_once_and_refusals_are_undone() {
+    let p = pair(QpType::Rc, remote_all(), |b| b.max_send_wr(2));
+    // Unsignaled: its completion would never give the buffers back.
+    let buf = p.pd.alloc(8, local()).unwrap();
+    let e =
+        p.a.prepare_send(SendRequest::send(buf).signaled(false))
+            .unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument(_)), "{}", e.error);
+    // A buffer of another protection domain.
+    let other = p.dev.ctx.alloc_pd().unwrap();
+    let foreign = other.alloc(8, local()).unwrap();
+    let e = p.a.prepare_send(SendRequest::send(foreign)).unwrap_err();
+    assert!(matches!(e.error, Error::InvalidArgument(_)), "{}", e.error);
+
+    // A queue pair that is not ready to send refuses the posting before
+    // the provider sees it, and the posting's count is taken back.
+    let cq = p.dev.ctx.create_cq(4).build().unwrap();
+    let idle: QueuePair = p.pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let mut send = idle
+        .prepare_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()))
+        .unwrap();
+    let e = send.post().unwrap_err();
+    assert!(matches!(e, Error::Verb { .. }), "{e}");
+    assert!(!send.is_posted(), "a refused posting kept its count");
+    assert!(send.into_buffers().is_ok());
+
+    // A full send queue: the provider refuses, nothing stays outstanding.
+    let target = p.pd.alloc_shared(8, remote_all()).unwrap();
+    let mut write =
+        p.a.prepare_send(SendRequest::write(
+            p.pd.alloc(8, local()).unwrap(),
+            target.remote().unwrap(),
+        ))
+        .unwrap();
+    let depth = p.a.caps().max_send_wr as usize;
+    let mut posted = 0;
+    let refused = loop {
+        match write.post() {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted <= depth, "posted {posted} into a queue of {depth}");
+    };
+    assert!(matches!(refused, Error::Verb { .. }), "{refused}");
+    assert_eq!(posted, depth);
+    drop(wait(&p.cq_a, posted));
+    assert!(!write.is_posted());
+    assert!(write.into_buffers().is_ok());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_posted_request_keeps_its_buffers_until_the_completion() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let source =
+        p.pd.register(
+            pattern(1 << 16, 1),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let dst = p.pd.alloc(1 << 16, local()).unwrap();
+    let mut read =
+        p.a.prepare_send(SendRequest::read(dst, source.memory_region().remote().unwrap()).wr_id(5))
+            .unwrap();
+    read.post().unwrap();
+    // The device may still be writing `dst`: the posting owns it now.
+    drop(read);
+    let mut c = poll_one_ok(&p.cq_a);
+    assert_eq!(c.wr_id(), 5);
+    assert!(matches!(c.take_buffers(), SgList::Empty));
+}
