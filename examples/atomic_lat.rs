@@ -10,6 +10,11 @@
 //! `i` by `i + 1`, so the old value returned by operation `i` must be `i`,
 //! and the server checks that the word ends at `-n`. The server prints the
 //! client's results.
+//!
+//! The operation is prepared once ([`PreparedSend`](ibverbs::PreparedSend))
+//! and posted again each iteration with its new operands, as perftest
+//! reuses one `ibv_send_wr`; `--per-request` builds and posts a new
+//! owned-buffer request each time (`post_send`) instead.
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -42,6 +47,24 @@ struct Cli {
     /// Atomic operation.
     #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FAA")]
     op: Op,
+    /// Build and post a new owned-buffer request every iteration (post_send)
+    /// instead of re-posting a prepared one
+    #[arg(long)]
+    per_request: bool,
+}
+
+/// Checks the old value atomic operation `i` returned.
+fn check_old(i: u64, result: &[u8]) -> Result<()> {
+    let old = u64::from_ne_bytes(result[..8].try_into().map_err(|_| "result size")?);
+    // Devices return the old value in host order; accept big-endian too.
+    if old != i && old.swap_bytes() != i {
+        return Err(format!(
+            "atomic operation {i} returned old value {old}, expected {i} (did someone \
+             else touch the word?)"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -107,24 +130,38 @@ fn run(cli: Cli) -> Result<()> {
     let size = 8;
     peer.barrier(cfg.timeout)?;
     let base = perf::Clock::start();
-    for i in 0..cfg.iters {
+    if cli.per_request {
+        for i in 0..cfg.iters {
+            let req = match cli.op {
+                Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),
+                Op::Faa => SendRequest::fetch_and_add(result, word, 1),
+            };
+            stamps.push(base.stamp());
+            res.qp
+                .post_send(req.wr_id(i))
+                .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
+            result = perf::wait_local(&mut res.waiter, &mut done, "an atomic operation")?;
+            check_old(i, &result)?;
+        }
+    } else {
         let req = match cli.op {
-            Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),
+            Op::Cas => SendRequest::compare_and_swap(result, word, 0, 1),
             Op::Faa => SendRequest::fetch_and_add(result, word, 1),
         };
-        stamps.push(base.stamp());
-        res.qp
-            .post_send(req.wr_id(i))
-            .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
-        result = perf::wait_local(&mut res.waiter, &mut done, "an atomic operation")?;
-        let old = u64::from_ne_bytes(result[..8].try_into().map_err(|_| "result size")?);
-        // Devices return the old value in host order; accept big-endian too.
-        if old != i && old.swap_bytes() != i {
-            return Err(format!(
-                "atomic operation {i} returned old value {old}, expected {i} (did someone \
-                 else touch the word?)"
-            )
-            .into());
+        let mut op = res
+            .qp
+            .prepare_send(req)
+            .map_err(|e| format!("preparing the atomic operation: {}", e.error))?;
+        for i in 0..cfg.iters {
+            if cli.op == Op::Cas {
+                op.set_compare_swap(i, i + 1)?;
+            }
+            stamps.push(base.stamp());
+            op.post().map_err(|e| format!("posting atomic {i}: {e}"))?;
+            res.waiter
+                .wait_one(&mut done, "an atomic operation")?
+                .result()?;
+            check_old(i, op.bytes(0).ok_or("the result buffer is still posted")?)?;
         }
     }
     base.convert(&mut stamps);

@@ -8,6 +8,11 @@
 //! and repeats; latency is the time between consecutive posts (a read is a
 //! full round trip). The server prints the client's results.
 //!
+//! The read is prepared once ([`PreparedSend`](ibverbs::PreparedSend)) and
+//! posted again each iteration, as perftest reuses one `ibv_send_wr`.
+//! `--per-request` builds and posts a new owned-buffer request each time
+//! (`post_send`, the buffer back through the completion) instead.
+//!
 //! `--extended` uses the extended verbs (`post_send_ex`, `poll_ex`) for the
 //! legacy-vs-extended comparison of `cargo xtask bench`.
 //!
@@ -20,7 +25,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, WorkCompletion,
+    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, SgList, WorkCompletion,
 };
 
 #[path = "perf/mod.rs"]
@@ -44,6 +49,10 @@ struct Cli {
     /// start/next/end (poll_ex)
     #[arg(long)]
     extended: bool,
+    /// Build and post a new owned-buffer request every iteration (post_send)
+    /// instead of re-posting a prepared one
+    #[arg(long, conflicts_with = "raw")]
+    per_request: bool,
 }
 
 /// The `--raw` loop: the C tool's loop, written against the raw verbs.
@@ -150,6 +159,21 @@ fn run(cli: Cli) -> Result<()> {
         let base = perf::Clock::start();
         if cli.raw {
             raw_loop(&res, &cfg, &head, from, base, &mut stamps)?;
+        } else if !cli.extended && !cli.per_request {
+            let mut read = res
+                .qp
+                .prepare_send(SendRequest::read(head, from))
+                .map_err(|e| format!("preparing the read: {}", e.error))?;
+            for i in 0..cfg.iters {
+                stamps.push(base.stamp());
+                read.post().map_err(|e| format!("posting read {i}: {e}"))?;
+                res.waiter.wait_one(&mut done, "an RDMA read")?.result()?;
+            }
+            head = match read.into_buffers() {
+                Ok(SgList::One(b)) => b.into_local(),
+                _ => None,
+            }
+            .ok_or("the prepared read did not give its buffer back")?;
         } else {
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());

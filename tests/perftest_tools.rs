@@ -453,6 +453,32 @@ fn send_lat_raw_control() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn read_lat_per_request_posts() {
+    let (s, c) = pair(
+        "read_lat",
+        19021,
+        &["-n", "10", "-a", "--max-size", "256", "--per-request"],
+    );
+    check_table(&c, LAT, &sweep(256), 10, 7);
+    check_table(&s, LAT, &sweep(256), 10, 7);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn atomic_lat_per_request_posts() {
+    for (op, port) in [("CAS", 19022), ("FAA", 19023)] {
+        let (s, c) = pair("atomic_lat", port, &["-A", op, "-n", "20", "--per-request"]);
+        check_table(&c, LAT, &[8], 20, 7);
+        assert!(
+            s.stdout.contains("target word: 20 after 20 operations"),
+            "{op}: {}",
+            s.describe()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn read_lat_extended_verbs() {
     let (s, c) = pair(
         "read_lat",

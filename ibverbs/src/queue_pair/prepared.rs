@@ -246,6 +246,42 @@ impl PreparedSend {
         Ok(())
     }
 
+    /// Sets the operands of a prepared compare-and-swap for the postings
+    /// that follow (each posting copies the request).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the request is not a
+    /// compare-and-swap.
+    #[inline]
+    pub fn set_compare_swap(&mut self, compare: u64, swap: u64) -> Result<()> {
+        if self.wr.opcode != sys::IBV_WR_ATOMIC_CMP_AND_SWP {
+            return Err(Error::InvalidArgument(
+                "set_compare_swap on a request that is not a compare-and-swap".into(),
+            ));
+        }
+        // Writes to the union member an atomic request uses (safe: Copy
+        // integer fields).
+        self.wr.wr.atomic.compare_add = compare;
+        self.wr.wr.atomic.swap = swap;
+        Ok(())
+    }
+
+    /// Sets the addend of a prepared fetch-and-add for the postings that
+    /// follow.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the request is not a fetch-and-add.
+    #[inline]
+    pub fn set_add(&mut self, add: u64) -> Result<()> {
+        if self.wr.opcode != sys::IBV_WR_ATOMIC_FETCH_AND_ADD {
+            return Err(Error::InvalidArgument(
+                "set_add on a request that is not a fetch-and-add".into(),
+            ));
+        }
+        self.wr.wr.atomic.compare_add = add;
+        Ok(())
+    }
+
     /// Whether a posting may still be outstanding (its completion not yet
     /// polled).
     #[inline]
@@ -267,8 +303,14 @@ impl PreparedSend {
     /// The bytes of buffer `index`, or `None` while a posting is
     /// outstanding (or for a [`SharedBuffer`](crate::SharedBuffer), whose
     /// bytes peers may change: use [`buffers`](Self::buffers)).
+    #[inline]
     pub fn bytes(&mut self, index: usize) -> Option<&[u8]> {
-        match Arc::get_mut(&mut self.shared)?.sg.iter().nth(index)? {
+        let buf = match &Arc::get_mut(&mut self.shared)?.sg {
+            SgList::One(b) if index == 0 => b,
+            SgList::Many(v) => v.get(index)?,
+            _ => return None,
+        };
+        match buf {
             Buf::Local(b) => Some(b),
             Buf::Frozen(b) => Some(b),
             _ => None,
@@ -278,6 +320,7 @@ impl PreparedSend {
     /// The bytes of buffer `index` to change before the next posting, or
     /// `None` while a posting is outstanding (or for a frozen or shared
     /// buffer).
+    #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
         let sg = &mut Arc::get_mut(&mut self.shared)?.sg;
         let buf = match sg {

@@ -165,6 +165,14 @@ pub const TOOLS: &[Tool] = &[
     raw_control("send_lat-raw", "send_lat raw", "send_lat", "ib_send_lat"),
     perftest("read_lat", "read_lat", "ib_read_lat", Metric::Latency, true),
     raw_control("read_lat-raw", "read_lat raw", "read_lat", "ib_read_lat"),
+    // read_lat re-posts a prepared request (PreparedSend); this twin posts
+    // a new owned-buffer request each iteration (post_send).
+    Tool {
+        key: "read_lat-req",
+        label: "read_lat req",
+        rust_args: &["--per-request"],
+        ..perftest("", "read_lat", "ib_read_lat", Metric::Latency, true)
+    },
     // Legacy vs extended verbs: the same tool through ibv_create_qp_ex /
     // ibv_wr_* and ibv_create_cq_ex / start-next-end polling.
     Tool {
@@ -624,6 +632,7 @@ mod tests {
                 "send_lat-raw",
                 "read_lat",
                 "read_lat-raw",
+                "read_lat-req",
                 "read_lat-ext",
                 "atomic_lat-cas",
                 "atomic_lat-faa"

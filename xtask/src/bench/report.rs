@@ -238,7 +238,8 @@ difference is the library's cost.";
 /// `write_lat`, `send_lat`) and every size measured both through the safe
 /// API and the unsafe raw path, the Rust safe/raw ratio. Near 1 means a
 /// gap to C is not the safe layer's cost. `read_lat` also gets its
-/// extended-verbs twin.
+/// per-request (`post_send` each iteration, not a prepared request) and
+/// extended-verbs twins.
 pub fn control_lines(a: &Analysis) -> Vec<String> {
     let mut out = Vec::new();
     for tool in ["send_lat", "write_lat", "read_lat"] {
@@ -264,8 +265,17 @@ pub fn control_lines(a: &Analysis) -> Vec<String> {
                         e.median / s.median
                     )
                 });
+            let req = twin(safe, "req")
+                .and_then(|c| c.rust.summary.as_ref())
+                .map_or(String::new(), |e| {
+                    format!(
+                        "; per-request posts {:.2} µs, per-request/prepared {:.3}",
+                        e.median,
+                        e.median / s.median
+                    )
+                });
             out.push(format!(
-                "{tool} {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; safe/C {}, raw/C {}{ext}",
+                "{tool} {}: Rust safe {:.2} µs, Rust raw {:.2} µs, safe/raw {:.3}; safe/C {}, raw/C {}{req}{ext}",
                 size(safe.size),
                 s.median,
                 r.median,
