@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
     ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, Mtu, PortAttr,
-    PortNumber, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, SharedReceiveQueue,
+    PortNumber, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    SharedReceiveQueue,
 };
 
 use exchange::Limits;
@@ -779,9 +780,28 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         }
     }
 
+    // The send is prepared once per QP and posted again each iteration,
+    // as the C tools reuse one ibv_send_wr.
+    let sends = setup
+        .qps
+        .iter()
+        .map(|qp| {
+            let mut wr = if setup.inline {
+                SendRequest::send_inline(&setup.send_buf)
+            } else {
+                SendRequest::send(setup.send_buf.clone())
+            }
+            .wr_id(SEND_WRID);
+            if let Some(ud) = &ud_dest {
+                wr = wr.ud(&ud.ah, ud.qpn, QKEY);
+            }
+            qp.prepare_send(wr)
+                .map_err(|e| Failure(format!("Couldn't prepare the send: {}", e.error)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut pp = PingPong {
         setup: &setup,
-        ud: ud_dest.as_ref(),
+        sends,
         iters: c.iters,
         qpns: setup.qps.iter().map(|q| q.qp_num().0).collect(),
         pending: vec![RECV_WRID; setup.qps.len()],
@@ -841,7 +861,8 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
 /// The ping-pong loop's state.
 struct PingPong<'a> {
     setup: &'a Setup,
-    ud: Option<&'a UdDest>,
+    /// Per QP: its send, prepared once.
+    sends: Vec<PreparedSend>,
     iters: u32,
     /// Completions polled at a time (as the C tools).
     batch: usize,
@@ -959,19 +980,9 @@ impl PingPong<'_> {
         Ok(())
     }
 
-    fn post_send(&self, i: usize) -> Res<()> {
-        let s = self.setup;
-        let mut wr = if s.inline {
-            SendRequest::send_inline(&s.send_buf)
-        } else {
-            SendRequest::send(s.send_buf.clone())
-        }
-        .wr_id(SEND_WRID);
-        if let Some(ud) = self.ud {
-            wr = wr.ud(&ud.ah, ud.qpn, QKEY);
-        }
-        s.qps[i]
-            .post_send(wr)
-            .map_err(|e| Failure(format!("Couldn't post send: {}", e.error)))
+    fn post_send(&mut self, i: usize) -> Res<()> {
+        self.sends[i]
+            .post()
+            .map_err(|e| Failure(format!("Couldn't post send: {e}")))
     }
 }

@@ -1,72 +1,15 @@
-//! Prepared send requests: checked and built once, posted many times.
-//!
-//! A posting does not go through the send queue's in-flight table: its
-//! `wr_id` carries a pointer to the request's shared buffers, with bits 63
-//! and 62 set ([`SAFE_BIT`], [`PREPARED_BIT`]; table `wr_id`s keep bit 62
-//! clear, raw-path `wr_id`s bit 63). Each posting owns one strong count of
-//! that `Arc`, leaked into the `wr_id` before the doorbell and taken back
-//! by whoever polls the completion ([`claim_prepared`]). A completion is
-//! polled once, so each count is taken back once; one that never comes
-//! back (a completion consumed by `poll_raw`, a queue pair destroyed with
-//! postings outstanding) leaks the buffers, which is safe. Claiming is one
-//! atomic decrement, without locks: the claim sits between the completion
-//! and the next doorbell of a latency loop.
+//! [`PreparedSend`]: a send-queue request checked and built once.
 
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use super::post::fill_sges;
-use super::request::{PostError, SendRequest};
-use crate::buffer::Buf;
+use super::{Posting, Shared};
 use crate::error::{Error, Result};
-use crate::wq_table::{SgList, PREPARED_BIT, SAFE_BIT};
-use crate::{AddressHandle, QueuePair};
-
-/// What a prepared request's postings share: its buffers (and a UD
-/// destination's address handle). Every outstanding posting holds a strong
-/// count, so the bytes are reachable from Rust only when the handle's is
-/// the last one.
-#[derive(Debug)]
-struct Shared {
-    sg: SgList,
-    /// Held, never read: the C request points at it.
-    #[allow(dead_code)]
-    ah: Option<AddressHandle>,
-    /// The `wr_id` the completions report.
-    wr_id: u64,
-}
-
-// The pointer is stored shifted right by 3 bits below the two tag bits.
-const _: () = assert!(std::mem::align_of::<Shared>() >= 8);
-const PTR_MASK: u64 = (1 << 61) - 1;
-
-#[inline]
-fn encode(ptr: *const Shared) -> u64 {
-    SAFE_BIT | PREPARED_BIT | ((ptr as usize as u64) >> 3)
-}
-
-/// Whether a completion's `wr_id` is a prepared request's posting.
-#[inline]
-pub(crate) fn is_prepared(wr_id: u64) -> bool {
-    wr_id & (SAFE_BIT | PREPARED_BIT) == SAFE_BIT | PREPARED_BIT
-}
-
-/// Takes back the strong count a posting leaked into `wr_id` and returns
-/// the request's `wr_id`.
-///
-/// # Safety
-/// `wr_id` is [`is_prepared`] and comes from a polled work completion, each
-/// completion claimed at most once. (Only [`PreparedSend::post`] makes such
-/// `wr_id`s: tables keep bit 62 clear, the raw path's contract bit 63.)
-#[inline]
-pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
-    let ptr = ((wr_id & PTR_MASK) << 3) as usize as *const Shared;
-    // SAFETY: `ptr` is what `post` leaked with `Arc::into_raw` for this
-    // posting (caller's contract); the count it owns is released here once.
-    let shared = unsafe { Arc::from_raw(ptr) };
-    shared.wr_id
-}
+use crate::queue_pair::post::{c_send_wr, fill_sges};
+use crate::queue_pair::request::{PostError, SendRequest};
+use crate::wq_table::SgList;
+use crate::QueuePair;
 
 /// A send-queue work request checked and built once, then posted any number
 /// of times with [`post`](Self::post) — the safe counterpart of a C program
@@ -190,14 +133,14 @@ impl QueuePair {
         } else {
             fill_sges(&wr.sg, &mut sges)
         };
-        let mut c = super::post::c_send_wr(&wr);
+        let mut c = c_send_wr(&wr);
         c.sg_list = sges.as_mut_ptr();
         c.num_sge = num_sge as i32;
-        let shared = Arc::new(Shared {
-            sg: std::mem::take(&mut wr.sg),
-            ah: wr.ud.take().map(|u| u.ah),
-            wr_id: wr.wr_id,
-        });
+        let shared = Shared::new(
+            std::mem::take(&mut wr.sg),
+            wr.ud.take().map(|u| u.ah),
+            wr.wr_id,
+        );
         Ok(PreparedSend {
             qp: self.clone(),
             wr: c,
@@ -228,19 +171,19 @@ impl PreparedSend {
         self.qp.check_sendable("ibv_post_send")?;
         // Before the doorbell: another thread may poll the completion as
         // soon as the provider took the request.
-        let leaked = Arc::into_raw(Arc::clone(&self.shared));
-        self.wr.wr_id = encode(leaked);
+        let posting = Posting::new(&self.shared);
+        self.wr.wr_id = posting.wr_id();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP (`self.qp`); `wr` is one request (`next` NULL)
         // whose SGEs point into `sges` and describe the registered buffers
         // `shared` owns (checked by prepare_send, never replaced), kept
-        // alive by the count leaked above until the completion is claimed,
-        // or the inline bytes the provider copies during the call.
+        // alive by the posting's count until its completion is claimed, or
+        // the inline bytes the provider copies during the call.
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), &mut self.wr, &mut bad) };
         if rc != 0 {
-            // SAFETY: the provider refused the request, so no completion
-            // will carry `leaked`: its count is taken back once, here.
-            drop(unsafe { Arc::from_raw(leaked) });
+            // The provider refused the request: no completion will carry
+            // the posting's count.
+            posting.refused();
             return crate::error::ret_errno("ibv_post_send", rc);
         }
         Ok(())
@@ -286,7 +229,7 @@ impl PreparedSend {
     /// polled).
     #[inline]
     pub fn is_posted(&self) -> bool {
-        Arc::strong_count(&self.shared) > 1
+        Shared::is_posted(&self.shared)
     }
 
     /// The `wr_id` each posting's completion reports.
@@ -305,16 +248,7 @@ impl PreparedSend {
     /// bytes peers may change: use [`buffers`](Self::buffers)).
     #[inline]
     pub fn bytes(&mut self, index: usize) -> Option<&[u8]> {
-        let buf = match &Arc::get_mut(&mut self.shared)?.sg {
-            SgList::One(b) if index == 0 => b,
-            SgList::Many(v) => v.get(index)?,
-            _ => return None,
-        };
-        match buf {
-            Buf::Local(b) => Some(b),
-            Buf::Frozen(b) => Some(b),
-            _ => None,
-        }
+        Shared::bytes(&mut self.shared, index)
     }
 
     /// The bytes of buffer `index` to change before the next posting, or
@@ -322,21 +256,12 @@ impl PreparedSend {
     /// buffer).
     #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
-        let sg = &mut Arc::get_mut(&mut self.shared)?.sg;
-        let buf = match sg {
-            SgList::One(b) if index == 0 => b,
-            SgList::Many(v) => v.get_mut(index)?,
-            _ => return None,
-        };
-        match buf {
-            Buf::Local(b) => Some(b),
-            _ => None,
-        }
+        Shared::bytes_mut(&mut self.shared, index)
     }
 
     /// The buffers, or `None` while a posting is outstanding.
     pub fn buffers(&mut self) -> Option<&SgList> {
-        Some(&Arc::get_mut(&mut self.shared)?.sg)
+        Shared::buffers(&mut self.shared)
     }
 
     /// Gives the buffers back, or the request itself while a posting is
@@ -354,8 +279,8 @@ impl PreparedSend {
             inline,
             shared,
         } = self;
-        match Arc::try_unwrap(shared) {
-            Ok(bufs) => Ok(bufs.sg),
+        match Shared::into_buffers(shared) {
+            Ok(sg) => Ok(sg),
             Err(shared) => Err(PreparedSend {
                 qp,
                 wr,
@@ -364,31 +289,5 @@ impl PreparedSend {
                 shared,
             }),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wq_table::WqTable;
-
-    #[test]
-    fn a_postings_wr_id_carries_its_count_and_nothing_else_claims_it() {
-        let shared = Arc::new(Shared {
-            sg: SgList::Empty,
-            ah: None,
-            wr_id: 42,
-        });
-        let leaked = Arc::into_raw(Arc::clone(&shared));
-        let wr_id = encode(leaked);
-        assert!(is_prepared(wr_id));
-        // Neither a table slot nor a raw-path id.
-        assert_eq!(WqTable::<()>::decode(wr_id), None);
-        assert!(!is_prepared(wr_id & !SAFE_BIT));
-        assert!(!is_prepared(SAFE_BIT | (5 << 32) | 9));
-        assert_eq!(Arc::strong_count(&shared), 2);
-        // SAFETY: `wr_id` holds the count leaked above, claimed once.
-        assert_eq!(unsafe { claim_prepared(wr_id) }, 42);
-        assert_eq!(Arc::strong_count(&shared), 1);
     }
 }
