@@ -83,6 +83,18 @@
 //!     .collect();
 //! qp.post_send_list(&mut chain)?;
 //!
+//! // One request, many postings: checked and built once (as C code reuses
+//! // one ibv_send_wr); the bytes are reachable when nothing is outstanding.
+//! let mut read = qp
+//!     .prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))
+//!     .map_err(|e| e.error)?;
+//! read.post()?;
+//! let c = loop {
+//!     match cq.poll_one()? { Some(c) if c.wr_id() == 9 => break c, _ => {} }
+//! };
+//! c.result()?;
+//! let _fresh = read.bytes(0);                           // Some once completed
+//!
 //! // Completion events: sleep on a channel instead of spinning.
 //! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
 //! let cq2 = ctx.create_cq(16).channel(&channel).build()?;

@@ -215,24 +215,24 @@ pub fn target_lines(a: &Analysis) -> Vec<String> {
 /// numbers above are what the code does.
 const WHAT_REMAINS: &str = "Under TCG, latency has a cliff that magnifies sub-microsecond \
 differences: adding a busy wait after each completion to the raw-path read_lat loop (2 B) moved \
-its t_min from 18.0 µs to 19.8 µs at +0.5 µs and to 25.0 µs at +1 µs. Between noticing a \
-completion and ringing the next doorbell the safe path executes a few hundred instructions more \
-than the raw one (callgrind: ~214 to claim the completion, ~270 to check and build the request \
-before the provider call), ~0.5 µs of emulated time, which puts reads and atomics past the cliff \
-(safe 1.5-1.9x perftest at <= 1 KiB while the raw path is at 0.95-1.25); send and write \
-ping-pongs, where a completion is followed by the peer's message rather than the next doorbell, \
-land near the target, either side of it from run to run. The mechanism is rxe's per-QP task \
-(rxe_task.c): a doorbell arriving while the task that wrote the completion is still running \
-marks it ARMED and is served in the same pass; a later one queues work on the unbound rxe_wq \
-and waits for a kworker to be scheduled. It is not halted vCPUs: a full bench with the guest \
-booted idle=poll (--kernel-arg idle=poll) gave the same ratios. Already done: single-request \
-post and poll_one without the batch machinery, the doorbell rung before the slot bookkeeping, \
-claims without re-assignment or virtual calls, a Completion small enough to move without \
-memcpy, TSC stamps as perftest's get_cycles, no PAUSE in the tools' busy loops. rc_pingpong \
-runs ~2,900 instructions per client iteration against C's ~1,480 (callgrind, polling spins \
-included): two claims through the Completions batch, the send buffer's reference count, the \
-pending-mask logic. On real hardware compare the raw-path rows with the safe rows: that \
-difference is the library's cost.";
+its t_min from 18.0 µs to 19.8 µs at +0.5 µs and to 25.0 µs at +1 µs, and ten calls of an empty \
+non-inlined function there moved its median from ~19 µs to ~30 µs (every return is an indirect \
+jump TCG must look up). The mechanism is rxe's per-QP task (rxe_task.c): a doorbell arriving \
+while the task that wrote the completion is still running marks it ARMED and is served in the \
+same pass; a later one queues work on the unbound rxe_wq and waits for a kworker to be \
+scheduled. It is not halted vCPUs: a full bench with the guest booted idle=poll \
+(--kernel-arg idle=poll) gave the same ratios. The per-request safe path (read_lat req) makes \
+about a dozen calls between a completion and the next doorbell (claim through the CQ registry \
+and the table, check and build the request) and lands past the cliff. read_lat, atomic_lat and \
+the ping-pongs now re-post a prepared request (PreparedSend, as perftest re-posts its \
+ibv_send_wr): no calls beyond the raw loop's, a claim of one atomic decrement; reads moved \
+from 1.6-1.8x perftest to 1.1-1.25x, atomics did not move (not explained: their result check \
+moved off the path changed nothing). What is left on the prepared path is building and returning \
+the Completion (~70 instructions more than poll_raw): a probe with raw posts and the safe \
+poll_one still lands past the cliff in most runs. Also done earlier: the doorbell rung before \
+the slot bookkeeping, no batch for poll_one, a Completion small enough to move without memcpy, \
+TSC stamps as perftest's get_cycles, no PAUSE in the tools' busy loops. On real hardware \
+compare the raw-path rows with the safe rows: that difference is the library's cost.";
 
 /// The raw-path controls: for every tool with a `-raw` twin (`read_lat`,
 /// `write_lat`, `send_lat`) and every size measured both through the safe
