@@ -14,13 +14,19 @@
 //! The operation is prepared once ([`PreparedSend`](ibverbs::PreparedSend))
 //! and posted again each iteration with its new operands, as perftest
 //! reuses one `ibv_send_wr`; `--per-request` builds and posts a new
-//! owned-buffer request each time (`post_send`) instead.
+//! owned-buffer request each time (`post_send`) instead, and `--raw` goes
+//! through the library's `unsafe` raw path (`post_send_raw`, `poll_raw`),
+//! a control measuring the safe layer's cost.
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use ibverbs::{AccessFlags, AtomicCap, Completions, SendRequest};
+use ibverbs::{
+    sys, AccessFlags, AtomicCap, Completions, LocalBuffer, RemoteMemory, SendRequest,
+    WorkCompletion,
+};
 
 #[path = "perf/mod.rs"]
 mod perf;
@@ -49,8 +55,69 @@ struct Cli {
     op: Op,
     /// Build and post a new owned-buffer request every iteration (post_send)
     /// instead of re-posting a prepared one
-    #[arg(long)]
+    #[arg(long, conflicts_with = "raw")]
     per_request: bool,
+    /// Post and poll through the unsafe raw path (a control measuring the
+    /// safe layer's cost); busy polling only
+    #[arg(long)]
+    raw: bool,
+}
+
+/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+fn raw_loop(
+    res: &Resources,
+    cfg: &Config,
+    op: Op,
+    result: &LocalBuffer,
+    word: RemoteMemory,
+    base: perf::Clock,
+    stamps: &mut Vec<u64>,
+) -> Result<()> {
+    let mut sge = sys::ibv_sge {
+        addr: result.addr(),
+        length: 8,
+        lkey: result.lkey(),
+    };
+    let mut wc = [WorkCompletion::default(); 1];
+    for i in 0..cfg.iters {
+        let (opcode, compare_add, swap) = match op {
+            Op::Cas => (sys::IBV_WR_ATOMIC_CMP_AND_SWP, i, i + 1),
+            Op::Faa => (sys::IBV_WR_ATOMIC_FETCH_AND_ADD, 1, 0),
+        };
+        stamps.push(base.stamp());
+        let mut wr = sys::ibv_send_wr {
+            wr_id: i,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr: word.addr,
+            compare_add,
+            swap,
+            rkey: word.rkey.0,
+        };
+        // SAFETY: `result` is registered (its lkey), 8-byte aligned, owned
+        // by the caller and not touched until this operation's completion
+        // is polled below; `wr_id` has bit 63 clear; the chain is one
+        // NULL-terminated request.
+        unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        while res.cq.poll_raw(&mut wc)? == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
+                return Err(format!("no completion for atomic {i} within the timeout").into());
+            }
+        }
+        if !wc[0].is_success() {
+            return Err(format!("atomic {i} failed: {}", wc[0].status()).into());
+        }
+        check_old(i, result)?;
+    }
+    Ok(())
 }
 
 /// Checks the old value atomic operation `i` returned.
@@ -69,6 +136,9 @@ fn check_old(i: u64, result: &[u8]) -> Result<()> {
 
 fn run(cli: Cli) -> Result<()> {
     let mut cfg = Config::new(&cli.common, None, args::ATOMIC)?;
+    if cli.raw && cfg.events {
+        return Err("--raw polls the CQ; it cannot be combined with -e".into());
+    }
     cfg.inline = 0;
     let test = match cli.op {
         Op::Cas => Test::AtomicCas,
@@ -130,7 +200,9 @@ fn run(cli: Cli) -> Result<()> {
     let size = 8;
     peer.barrier(cfg.timeout)?;
     let base = perf::Clock::start();
-    if cli.per_request {
+    if cli.raw {
+        raw_loop(&res, &cfg, cli.op, &result, word, base, &mut stamps)?;
+    } else if cli.per_request {
         for i in 0..cfg.iters {
             let req = match cli.op {
                 Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),

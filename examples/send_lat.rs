@@ -9,9 +9,12 @@
 //! consecutive posts; both sides print their own table.
 //!
 //! Receives use a small pool of registered buffers posted before the first
-//! message and reposted from each receive completion. Sends carry a
+//! message and reposted from each receive completion, after the answer is
+//! posted (with a pool of one buffer, at once). Sends carry a
 //! `FrozenBuffer` (or inline data up to `-I`), so with `-t N` only every
-//! N-th send needs a completion.
+//! N-th send needs a completion; with `-t 1` (the default) every send is
+//! signaled and one prepared send ([`PreparedSend`](ibverbs::PreparedSend))
+//! is re-posted, as perftest reuses its `ibv_send_wr`.
 //!
 //! `--raw` posts sends and receives and polls through the library's
 //! `unsafe` raw path (`post_send_raw`, `post_recv_raw`, `poll_raw`) — a
@@ -47,6 +50,9 @@ struct Cli {
 /// `wr_id` bit of receive requests.
 const RECV: u64 = 1 << 62;
 
+/// `wr_id` of the prepared send (every send signaled: one completion each).
+const PREPARED_SEND: u64 = RECV - 1;
+
 /// Progress of one size.
 struct Progress {
     /// Receives completed.
@@ -55,6 +61,12 @@ struct Progress {
     sent: u64,
     /// The expected message size.
     size: u64,
+    /// Receive buffers back from their completions, reposted after the next
+    /// send is posted (off the path from a message to the answer); empty
+    /// when reposting at once (a pool of one buffer: the answer's answer
+    /// could otherwise find no receive posted).
+    repost: Vec<LocalBuffer>,
+    defer: bool,
 }
 
 impl Progress {
@@ -73,10 +85,23 @@ impl Progress {
             let buf = c
                 .take_local()
                 .ok_or("a receive completion without its buffer")?;
-            qp.post_recv(RecvRequest::new(buf).wr_id(RECV))
-                .map_err(|e| format!("reposting a receive: {}", e.error))?;
+            self.repost.push(buf);
+            if !self.defer {
+                self.repost_all(qp)?;
+            }
+        } else if c.wr_id() == PREPARED_SEND {
+            self.sent += 1;
         } else {
             self.sent = c.wr_id() + 1;
+        }
+        Ok(())
+    }
+
+    /// Reposts the receive buffers waiting for it.
+    fn repost_all(&mut self, qp: &QueuePair) -> Result<()> {
+        for buf in self.repost.drain(..) {
+            qp.post_recv(RecvRequest::new(buf).wr_id(RECV))
+                .map_err(|e| format!("reposting a receive: {}", e.error))?;
         }
         Ok(())
     }
@@ -330,6 +355,24 @@ fn run(cli: Cli) -> Result<()> {
             received: 0,
             sent: 0,
             size,
+            repost: Vec::with_capacity(pool as usize),
+            defer: pool >= 2,
+        };
+        // With every send signaled (depth 1, perftest's default) the send is
+        // prepared once and re-posted, as perftest reuses its ibv_send_wr.
+        let mut prepared = if depth == 1 && raw_recvs.is_none() {
+            let req = if inline {
+                SendRequest::send_inline(&frozen)
+            } else {
+                SendRequest::send(frozen.clone())
+            };
+            Some(
+                res.qp
+                    .prepare_send(req.wr_id(PREPARED_SEND))
+                    .map_err(|e| format!("preparing the send: {}", e.error))?,
+            )
+        } else {
+            None
         };
         stamps.clear();
         peer.barrier(cfg.timeout)?;
@@ -347,16 +390,22 @@ fn run(cli: Cli) -> Result<()> {
                     let mut c = res.waiter.wait_one(&mut done, "a send")?;
                     p.handle(&res.qp, &mut c)?;
                 }
-                let req = if inline {
-                    SendRequest::send_inline(&frozen)
+                if let Some(send) = prepared.as_mut() {
+                    stamps.push(base.stamp());
+                    send.post().map_err(|e| format!("posting send {i}: {e}"))?;
                 } else {
-                    SendRequest::send(frozen.clone())
-                };
-                let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
-                stamps.push(base.stamp());
-                res.qp
-                    .post_send(req.wr_id(i).signaled(signaled))
-                    .map_err(|e| format!("posting send {i}: {}", e.error))?;
+                    let req = if inline {
+                        SendRequest::send_inline(&frozen)
+                    } else {
+                        SendRequest::send(frozen.clone())
+                    };
+                    let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
+                    stamps.push(base.stamp());
+                    res.qp
+                        .post_send(req.wr_id(i).signaled(signaled))
+                        .map_err(|e| format!("posting send {i}: {}", e.error))?;
+                }
+                p.repost_all(&res.qp)?;
                 while !server && p.received <= i {
                     let mut c = res.waiter.wait_one(&mut done, "a receive")?;
                     p.handle(&res.qp, &mut c)?;
@@ -366,7 +415,11 @@ fn run(cli: Cli) -> Result<()> {
                 let mut c = res.waiter.wait_one(&mut done, "a send")?;
                 p.handle(&res.qp, &mut c)?;
             }
+            p.repost_all(&res.qp)?;
         }
+        // Every send completed: the prepared one holds no posting and gives
+        // its clone of the source buffer back when dropped.
+        drop(prepared.take());
         base.convert(&mut stamps);
         stats::deltas_us(&stamps, 2.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;

@@ -479,6 +479,20 @@ fn atomic_lat_per_request_posts() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn atomic_lat_raw_control() {
+    for (op, port) in [("CAS", 19024), ("FAA", 19025)] {
+        let (s, c) = pair("atomic_lat", port, &["-A", op, "-n", "20", "--raw"]);
+        check_table(&c, LAT, &[8], 20, 7);
+        assert!(
+            s.stdout.contains("target word: 20 after 20 operations"),
+            "{op}: {}",
+            s.describe()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn read_lat_extended_verbs() {
     let (s, c) = pair(
         "read_lat",

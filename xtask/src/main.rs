@@ -198,8 +198,8 @@ struct BenchArgs {
     /// Only these tools, comma-separated: rc_pingpong, write_lat, write_bw, send_lat,
     /// read_lat (= read_lat, re-posting a prepared request, + read_lat-raw, the same tool through
     /// the unsafe raw path as a control, + read_lat-req, a new post_send each iteration, +
-    /// read_lat-ext, on the extended verbs), atomic_lat (= atomic_lat-cas + atomic_lat-faa),
-    /// send_bw, read_bw
+    /// read_lat-ext, on the extended verbs), atomic_lat (= atomic_lat-cas + atomic_lat-faa, and
+    /// both through the raw path), send_bw, read_bw
     /// [default: all but send_bw and read_bw].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     tools: Option<Vec<String>>,

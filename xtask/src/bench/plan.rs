@@ -197,6 +197,23 @@ pub const TOOLS: &[Tool] = &[
         fixed_size: Some(8),
         ..perftest("", "atomic_lat", "ib_atomic_lat", Metric::Latency, true)
     },
+    // The atomics through the unsafe raw path: controls, as the raw rows above.
+    Tool {
+        key: "atomic_lat-cas-raw",
+        label: "atomic CAS raw",
+        c_args: &["-A", "CMP_AND_SWAP"],
+        rust_args: &["-A", "CAS", "--raw"],
+        fixed_size: Some(8),
+        ..perftest("", "atomic_lat", "ib_atomic_lat", Metric::Latency, true)
+    },
+    Tool {
+        key: "atomic_lat-faa-raw",
+        label: "atomic FAA raw",
+        c_args: &["-A", "FETCH_AND_ADD"],
+        rust_args: &["-A", "FAA", "--raw"],
+        fixed_size: Some(8),
+        ..perftest("", "atomic_lat", "ib_atomic_lat", Metric::Latency, true)
+    },
     perftest("send_bw", "send_bw", "ib_send_bw", Metric::Bandwidth, false),
     perftest("read_bw", "read_bw", "ib_read_bw", Metric::Bandwidth, false),
 ];
@@ -574,7 +591,7 @@ mod tests {
     #[test]
     fn command_lines() {
         let tools = select_tools(Some(&["rc_pingpong".into(), "atomic_lat".into()])).unwrap();
-        assert_eq!(tools.len(), 3);
+        assert_eq!(tools.len(), 5);
         let s = Settings {
             tools: &tools,
             sizes: &[4096],
@@ -635,7 +652,9 @@ mod tests {
                 "read_lat-req",
                 "read_lat-ext",
                 "atomic_lat-cas",
-                "atomic_lat-faa"
+                "atomic_lat-faa",
+                "atomic_lat-cas-raw",
+                "atomic_lat-faa-raw"
             ]
         );
         assert!(select_tools(Some(&["nope".into()])).is_err());

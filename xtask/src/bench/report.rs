@@ -235,14 +235,20 @@ TSC stamps as perftest's get_cycles, no PAUSE in the tools' busy loops. On real 
 compare the raw-path rows with the safe rows: that difference is the library's cost.";
 
 /// The raw-path controls: for every tool with a `-raw` twin (`read_lat`,
-/// `write_lat`, `send_lat`) and every size measured both through the safe
+/// `write_lat`, `send_lat`, the two atomics) and every size measured both through the safe
 /// API and the unsafe raw path, the Rust safe/raw ratio. Near 1 means a
 /// gap to C is not the safe layer's cost. `read_lat` also gets its
 /// per-request (`post_send` each iteration, not a prepared request) and
 /// extended-verbs twins.
 pub fn control_lines(a: &Analysis) -> Vec<String> {
     let mut out = Vec::new();
-    for tool in ["send_lat", "write_lat", "read_lat"] {
+    for tool in [
+        "send_lat",
+        "write_lat",
+        "read_lat",
+        "atomic_lat-cas",
+        "atomic_lat-faa",
+    ] {
         let twin = |safe: &Cell, suffix: &str| {
             let key = format!("{tool}-{suffix}");
             a.cells
