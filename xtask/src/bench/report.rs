@@ -223,11 +223,13 @@ same pass; a later one queues work on the unbound rxe_wq and waits for a kworker
 scheduled. It is not halted vCPUs: a full bench with the guest booted idle=poll \
 (--kernel-arg idle=poll) gave the same ratios. The per-request safe path (read_lat req) makes \
 about a dozen calls between a completion and the next doorbell (claim through the CQ registry \
-and the table, check and build the request) and lands past the cliff. read_lat, atomic_lat and \
-the ping-pongs now re-post a prepared request (PreparedSend, as perftest re-posts its \
-ibv_send_wr): no calls beyond the raw loop's, a claim of one atomic decrement; reads moved \
-from 1.6-1.8x perftest to 1.1-1.25x, atomics did not move (not explained: their result check \
-moved off the path changed nothing). What is left on the prepared path is building and returning \
+and the table, check and build the request) and lands past the cliff. read_lat, atomic_lat, \
+send_lat (depth 1) and the ping-pongs now re-post a prepared request (PreparedSend, as \
+perftest re-posts its ibv_send_wr): no calls beyond the raw loop's, a claim of one atomic \
+decrement; reads moved from 1.6-1.8x perftest to 1.1-1.6x (per-request twin 1.6-1.7x in the \
+same runs). Atomics did not move, and their raw control is as slow as the safe path \
+(safe/raw ~1.0): that gap is not the safe layer; what differs from perftest there was not \
+found. What is left on the prepared path is building and returning \
 the Completion (~70 instructions more than poll_raw): a probe with raw posts and the safe \
 poll_one still lands past the cliff in most runs. Also done earlier: the doorbell rung before \
 the slot bookkeeping, no batch for poll_one, a Completion small enough to move without memcpy, \
