@@ -39,6 +39,12 @@ struct Shared {
 
 // The pointer is stored shifted right by 3 bits below the two tag bits.
 const _: () = assert!(std::mem::align_of::<Shared>() >= 8);
+// Completions may be claimed (the count dropped) on any thread, and
+// PreparedSend's `unsafe impl Send` relies on its `Arc<Shared>` being Send.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Shared>()
+};
 const PTR_MASK: u64 = (1 << 61) - 1;
 
 impl Shared {
