@@ -20,7 +20,6 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use ibverbs::{
@@ -104,17 +103,7 @@ fn raw_loop(
         // is polled below; `wr_id` has bit 63 clear; the chain is one
         // NULL-terminated request.
         unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
-        let mut spins = 0u32;
-        let mut start: Option<Instant> = None;
-        while res.cq.poll_raw(&mut wc)? == 0 {
-            spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
-                return Err(format!("no completion for atomic {i} within the timeout").into());
-            }
-        }
-        if !wc[0].is_success() {
-            return Err(format!("atomic {i} failed: {}", wc[0].status()).into());
-        }
+        perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("atomic {i}"))?;
         check_old(i, result)?;
     }
     Ok(())

@@ -21,7 +21,6 @@
 //! control that isolates what the safe layer costs per operation.
 
 use std::process::ExitCode;
-use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
@@ -88,17 +87,7 @@ fn raw_loop(
         // not touched until this read's completion is polled below; `wr_id`
         // has bit 63 clear; the chain is one NULL-terminated request.
         unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting read {i}: {e}"))?;
-        let mut spins = 0u32;
-        let mut start: Option<Instant> = None;
-        while res.cq.poll_raw(&mut wc)? == 0 {
-            spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
-                return Err(format!("no completion for RDMA read {i} within the timeout").into());
-            }
-        }
-        if !wc[0].is_success() {
-            return Err(format!("RDMA read {i} failed: {}", wc[0].status()).into());
-        }
+        perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("RDMA read {i}"))?;
     }
     Ok(())
 }

@@ -129,19 +129,9 @@ fn raw_loop(
         if !lap.server {
             wait_byte(lap.inbox, last, value, lap.cfg, i)?;
         }
-        let mut spins = 0u32;
-        let mut start: Option<Instant> = None;
-        while res.cq.poll_raw(&mut wc)? == 0 {
-            spins = spins.wrapping_add(1);
-            if spins % 4096 == 0
-                && start.get_or_insert_with(Instant::now).elapsed() > lap.cfg.timeout
-            {
-                return Err(format!("no completion for RDMA write {i} within the timeout").into());
-            }
-        }
-        if !wc[0].is_success() {
-            return Err(format!("RDMA write {i} failed: {}", wc[0].status()).into());
-        }
+        perf::wait_raw(&res.cq, &mut wc, lap.cfg.timeout, || {
+            format!("RDMA write {i}")
+        })?;
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ibverbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, ConnectOptions,
     Context, DeviceAttr, Endpoint, GidIndex, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
-    QueuePair, RemoteMemory,
+    QueuePair, RemoteMemory, WorkCompletion,
 };
 
 use args::Config;
@@ -188,6 +188,30 @@ fn wait_busy(
         // noticing the event, and under QEMU's TCG it leaves the
         // translated-code loop on every spin.
     }
+}
+
+/// The raw loops' wait: busy-polls `cq` through `poll_raw` until one
+/// completion arrived and checks its status. `what` names the request in
+/// the errors, built only then (the loop does not allocate).
+#[inline]
+pub fn wait_raw(
+    cq: &CompletionQueue,
+    wc: &mut [WorkCompletion; 1],
+    timeout: Duration,
+    what: impl Fn() -> String,
+) -> Result<()> {
+    let mut spins = 0u32;
+    let mut start: Option<Instant> = None;
+    while cq.poll_raw(wc)? == 0 {
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
+            return Err(format!("no completion for {} within the timeout", what()).into());
+        }
+    }
+    if !wc[0].is_success() {
+        return Err(format!("{} failed: {}", what(), wc[0].status()).into());
+    }
+    Ok(())
 }
 
 /// Busy-polls `cq` for one completion, an error after `timeout`.
