@@ -10,10 +10,11 @@
 //! ```
 //!
 //! (A `wr_id` with bits 63 and 62 set is a posting of a
-//! [`PreparedSend`](crate::PreparedSend): see `queue_pair/prepared.rs`.)
+//! [`PreparedSend`](crate::PreparedSend): see `queue_pair/prepared/mod.rs`.)
 //!
-//! Table ids are never reused, so a stale completion (from a destroyed QP)
-//! can never release another table's buffers. Send and receive queues
+//! Table ids are not reused before 2^30 more queues were created, so a
+//! stale completion (from a destroyed QP) does not release another table's
+//! buffers. Send and receive queues
 //! complete in order and use a ring (a completion retires every earlier
 //! unsignaled request too, exactly as the hardware frees the slots); an SRQ
 //! completes out of order and uses a slab.
