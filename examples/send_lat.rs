@@ -360,15 +360,17 @@ fn run(cli: Cli) -> Result<()> {
         };
         // With every send signaled (depth 1, perftest's default) the send is
         // prepared once and re-posted, as perftest reuses its ibv_send_wr.
-        let mut prepared = if depth == 1 && raw_recvs.is_none() {
-            let req = if inline {
+        let request = || {
+            if inline {
                 SendRequest::send_inline(&frozen)
             } else {
                 SendRequest::send(frozen.clone())
-            };
+            }
+        };
+        let mut prepared = if depth == 1 && raw_recvs.is_none() {
             Some(
                 res.qp
-                    .prepare_send(req.wr_id(PREPARED_SEND))
+                    .prepare_send(request().wr_id(PREPARED_SEND))
                     .map_err(|e| format!("preparing the send: {}", e.error))?,
             )
         } else {
@@ -394,15 +396,11 @@ fn run(cli: Cli) -> Result<()> {
                     stamps.push(base.stamp());
                     send.post().map_err(|e| format!("posting send {i}: {e}"))?;
                 } else {
-                    let req = if inline {
-                        SendRequest::send_inline(&frozen)
-                    } else {
-                        SendRequest::send(frozen.clone())
-                    };
+                    let req = request().wr_id(i);
                     let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
                     stamps.push(base.stamp());
                     res.qp
-                        .post_send(req.wr_id(i).signaled(signaled))
+                        .post_send(req.signaled(signaled))
                         .map_err(|e| format!("posting send {i}: {}", e.error))?;
                 }
                 p.repost_all(&res.qp)?;
@@ -419,7 +417,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         // Every send completed: the prepared one holds no posting and gives
         // its clone of the source buffer back when dropped.
-        drop(prepared.take());
+        drop(prepared);
         base.convert(&mut stamps);
         stats::deltas_us(&stamps, 2.0, &mut samples);
         let summary = stats::summarize(&mut samples).ok_or("no samples")?;

@@ -289,13 +289,7 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(&mut raw);
         }
-        let claimed = if is_prepared(raw.wr_id) {
-            // SAFETY: a prepared posting's wr_id, from the entry just polled
-            // (each entry is claimed once).
-            Some((unsafe { claim_prepared(raw.wr_id) }, SgList::Empty))
-        } else {
-            self.claim_table(raw.wr_id)
-        };
+        let claimed = claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id));
         Completion::new(raw, None, claimed)
     }
 
@@ -318,13 +312,9 @@ impl CompletionQueue {
         }
         let tables = self.inner.tables.lock();
         for (i, wc) in raw.iter().enumerate() {
-            let claimed = if is_prepared(wc.wr_id) {
-                // SAFETY: a prepared posting's wr_id, from an entry just
-                // polled (each entry is claimed once).
-                Some((unsafe { claim_prepared(wc.wr_id) }, SgList::Empty))
-            } else {
+            let claimed = claim_if_prepared(wc.wr_id).or_else(|| {
                 WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| claim(&tables, id, tag))
-            };
+            });
             let stamp = stamped.then(|| out.stamps[i]);
             out.items.push_back(Completion::new(*wc, stamp, claimed));
         }
@@ -457,6 +447,15 @@ impl std::fmt::Debug for Completions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.items.iter()).finish()
     }
+}
+
+/// Claims the entry of a prepared posting (`None` for other `wr_id`s): its
+/// request's `wr_id`, no buffers. Called once per polled entry.
+#[inline]
+fn claim_if_prepared(wr_id: u64) -> Option<(u64, SgList)> {
+    // SAFETY: a prepared posting's wr_id from an entry just polled; each
+    // entry is claimed once (by complete_one or deliver).
+    is_prepared(wr_id).then(|| (unsafe { claim_prepared(wr_id) }, SgList::Empty))
 }
 
 /// Retires slot `tag` of table `id` (one of a CQ's `tables`): the

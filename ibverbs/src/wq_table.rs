@@ -10,7 +10,7 @@
 //! ```
 //!
 //! (A `wr_id` with bits 63 and 62 set is a posting of a
-//! [`PreparedSend`](crate::PreparedSend): see `queue_pair/prepared/mod.rs`.)
+//! [`PreparedSend`](crate::PreparedSend): see `queue_pair/prepared_send.rs`.)
 //!
 //! Table ids are not reused before 2^30 more queues were created, so a
 //! stale completion (from a destroyed QP) does not release another table's

@@ -16,7 +16,7 @@ mod builder;
 mod connect;
 mod post;
 mod post_ex;
-mod prepared;
+mod prepared_send;
 mod raw;
 mod recv;
 mod request;
@@ -30,8 +30,8 @@ pub use connect::*;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
-pub use prepared::PreparedSend;
-pub(crate) use prepared::{claim_prepared, is_prepared};
+pub use prepared_send::PreparedSend;
+pub(crate) use prepared_send::{claim_prepared, is_prepared};
 pub use request::*;
 pub use transition::check_qp_transition;
 

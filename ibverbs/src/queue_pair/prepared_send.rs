@@ -1,15 +1,105 @@
-//! [`PreparedSend`]: a send-queue request checked and built once.
+//! [`PreparedSend`]: a send-queue request checked and built once, posted
+//! many times.
+//!
+//! A posting does not go through the queue's in-flight table: its `wr_id`
+//! carries a pointer to the request's shared buffers, with bits 63 and 62
+//! set ([`SAFE_BIT`], [`PREPARED_BIT`]; table `wr_id`s keep bit 62 clear,
+//! raw-path `wr_id`s bit 63). Each posting owns one strong count of that
+//! `Arc`, leaked into the `wr_id` before the provider sees the request and
+//! taken back by whoever polls the completion ([`claim_prepared`]). A
+//! completion is polled once, so each count is taken back once; one that
+//! never comes back (a completion consumed by `poll_raw`, a queue pair
+//! destroyed or reset with postings outstanding) leaks the buffers, which
+//! is safe. Claiming is one atomic decrement, without locks: the claim sits
+//! between a completion and the next doorbell of a latency loop.
 
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use super::{Posting, Shared};
+use super::post::{c_send_wr, fill_sges};
+use super::request::{PostError, SendRequest};
+use crate::buffer::Buf;
 use crate::error::{Error, Result};
-use crate::queue_pair::post::{c_send_wr, fill_sges};
-use crate::queue_pair::request::{PostError, SendRequest};
-use crate::wq_table::SgList;
-use crate::QueuePair;
+use crate::wq_table::{SgList, PREPARED_BIT, SAFE_BIT};
+use crate::{AddressHandle, QueuePair};
+
+/// What a prepared request's postings share: its buffers (and a UD
+/// destination's address handle). Every outstanding posting holds a strong
+/// count, so the bytes are reachable from Rust only when the handle's is
+/// the last one.
+#[derive(Debug)]
+struct Shared {
+    sg: SgList,
+    /// Held, never read: the C request points at it.
+    #[allow(dead_code)]
+    ah: Option<AddressHandle>,
+    /// The `wr_id` the completions report.
+    wr_id: u64,
+}
+
+// The pointer is stored shifted right by 3 bits below the two tag bits.
+const _: () = assert!(std::mem::align_of::<Shared>() >= 8);
+// Completions may be claimed (the count dropped) on any thread, and
+// PreparedSend's `unsafe impl Send` relies on its `Arc<Shared>` being Send.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Shared>()
+};
+const PTR_MASK: u64 = (1 << 61) - 1;
+
+impl Shared {
+    fn new(sg: SgList, ah: Option<AddressHandle>, wr_id: u64) -> Arc<Shared> {
+        Arc::new(Shared { sg, ah, wr_id })
+    }
+}
+
+/// One posting's strong count, leaked into its `wr_id` until the
+/// completion is claimed.
+struct Posting(*const Shared);
+
+impl Posting {
+    #[inline]
+    fn new(shared: &Arc<Shared>) -> Posting {
+        Posting(Arc::into_raw(Arc::clone(shared)))
+    }
+
+    #[inline]
+    fn wr_id(&self) -> u64 {
+        SAFE_BIT | PREPARED_BIT | ((self.0 as usize as u64) >> 3)
+    }
+
+    /// The provider refused the request: no completion will carry the
+    /// count, so it is taken back here.
+    #[cold]
+    fn refused(self) {
+        // SAFETY: the count `new` leaked, not handed to any completion
+        // (the request was refused); taken back once, here.
+        drop(unsafe { Arc::from_raw(self.0) });
+    }
+}
+
+/// Whether a completion's `wr_id` is a prepared request's posting.
+#[inline]
+pub(crate) fn is_prepared(wr_id: u64) -> bool {
+    wr_id & (SAFE_BIT | PREPARED_BIT) == SAFE_BIT | PREPARED_BIT
+}
+
+/// Takes back the strong count a posting leaked into `wr_id` and returns
+/// the request's `wr_id`.
+///
+/// # Safety
+/// `wr_id` is [`is_prepared`] and comes from a polled work completion, each
+/// completion claimed at most once. (Only [`Posting`] makes such `wr_id`s:
+/// tables keep bit 62 clear, the raw path's contract bit 63.)
+#[inline]
+pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
+    let ptr = ((wr_id & PTR_MASK) << 3) as usize as *const Shared;
+    // SAFETY: `ptr` is what Posting::new leaked with `Arc::into_raw` for
+    // this posting (caller's contract); the count is released here once.
+    let shared = unsafe { Arc::from_raw(ptr) };
+    shared.wr_id
+}
 
 /// A send-queue work request checked and built once, then posted any number
 /// of times with [`post`](Self::post) — the safe counterpart of a C program
@@ -78,9 +168,13 @@ pub struct PreparedSend {
     /// The C request; `wr_id` is set per posting, `sg_list` points into
     /// `sges`, `next` is NULL.
     wr: sys::ibv_send_wr,
-    /// The SGEs (or the one SGE of the inline bytes).
+    /// The SGEs (or the one SGE of the inline bytes). Held, never read:
+    /// `wr` points into it.
+    #[allow(dead_code)]
     sges: Vec<sys::ibv_sge>,
-    /// The inline bytes (the provider copies them at each posting).
+    /// The inline bytes (the provider copies them at each posting). Held,
+    /// never read: the inline SGE points into it.
+    #[allow(dead_code)]
     inline: Vec<u8>,
     shared: Arc<Shared>,
 }
@@ -174,11 +268,11 @@ impl PreparedSend {
         let posting = Posting::new(&self.shared);
         self.wr.wr_id = posting.wr_id();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP (`self.qp`); `wr` is one request (`next` NULL)
-        // whose SGEs point into `sges` and describe the registered buffers
-        // `shared` owns (checked by prepare_send, never replaced), kept
-        // alive by the posting's count until its completion is claimed, or
-        // the inline bytes the provider copies during the call.
+        // `wr`'s SGEs point into `sges` and describe the registered buffers
+        // `shared` owns (checked by prepare_send, never replaced), kept alive
+        // by the posting's count until its completion is claimed, or the
+        // inline bytes the provider copies during the call.
+        // SAFETY: live QP (`self.qp`); one request (`next` NULL), SGEs as above.
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), &mut self.wr, &mut bad) };
         if rc != 0 {
             // The provider refused the request: no completion will carry
@@ -229,7 +323,7 @@ impl PreparedSend {
     /// polled).
     #[inline]
     pub fn is_posted(&self) -> bool {
-        Shared::is_posted(&self.shared)
+        Arc::strong_count(&self.shared) > 1
     }
 
     /// The `wr_id` each posting's completion reports.
@@ -243,12 +337,32 @@ impl PreparedSend {
         &self.qp
     }
 
+    /// The buffers, or `None` while a posting is outstanding (`get_mut`
+    /// acquires what the completions released with their counts).
+    pub fn buffers(&mut self) -> Option<&SgList> {
+        Some(&Arc::get_mut(&mut self.shared)?.sg)
+    }
+
+    /// Buffer `index` when no posting is outstanding.
+    #[inline]
+    fn buf(&mut self, index: usize) -> Option<&mut Buf> {
+        match &mut Arc::get_mut(&mut self.shared)?.sg {
+            SgList::One(b) if index == 0 => Some(b),
+            SgList::Many(v) => v.get_mut(index),
+            _ => None,
+        }
+    }
+
     /// The bytes of buffer `index`, or `None` while a posting is
     /// outstanding (or for a [`SharedBuffer`](crate::SharedBuffer), whose
     /// bytes peers may change: use [`buffers`](Self::buffers)).
     #[inline]
     pub fn bytes(&mut self, index: usize) -> Option<&[u8]> {
-        Shared::bytes(&mut self.shared, index)
+        match self.buf(index)? {
+            Buf::Local(b) => Some(b),
+            Buf::Frozen(b) => Some(b),
+            _ => None,
+        }
     }
 
     /// The bytes of buffer `index` to change before the next posting, or
@@ -256,12 +370,10 @@ impl PreparedSend {
     /// buffer).
     #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
-        Shared::bytes_mut(&mut self.shared, index)
-    }
-
-    /// The buffers, or `None` while a posting is outstanding.
-    pub fn buffers(&mut self) -> Option<&SgList> {
-        Shared::buffers(&mut self.shared)
+        match self.buf(index)? {
+            Buf::Local(b) => Some(b),
+            _ => None,
+        }
     }
 
     /// Gives the buffers back, or the request itself while a posting is
@@ -271,23 +383,38 @@ impl PreparedSend {
     /// `self`, unchanged, while [`is_posted`](Self::is_posted).
     // The request comes back by value, as PostError does.
     #[allow(clippy::result_large_err)]
-    pub fn into_buffers(self) -> std::result::Result<SgList, PreparedSend> {
-        let PreparedSend {
-            qp,
-            wr,
-            sges,
-            inline,
-            shared,
-        } = self;
-        match Shared::into_buffers(shared) {
-            Ok(sg) => Ok(sg),
-            Err(shared) => Err(PreparedSend {
-                qp,
-                wr,
-                sges,
-                inline,
-                shared,
-            }),
+    pub fn into_buffers(mut self) -> std::result::Result<SgList, PreparedSend> {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => Ok(std::mem::take(&mut shared.sg)),
+            None => Err(self),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wq_table::WqTable;
+
+    #[test]
+    fn a_postings_wr_id_carries_its_count_and_nothing_else_claims_it() {
+        let shared = Shared::new(SgList::Empty, None, 42);
+        let wr_id = Posting::new(&shared).wr_id();
+        assert!(is_prepared(wr_id));
+        // Neither a table slot nor a raw-path id.
+        assert_eq!(WqTable::<()>::decode(wr_id), None);
+        assert!(!is_prepared(wr_id & !SAFE_BIT));
+        assert!(!is_prepared(SAFE_BIT | (5 << 32) | 9));
+        assert_eq!(Arc::strong_count(&shared), 2);
+        // SAFETY: `wr_id` holds the count leaked above, claimed once.
+        assert_eq!(unsafe { claim_prepared(wr_id) }, 42);
+        assert_eq!(Arc::strong_count(&shared), 1);
+    }
+
+    #[test]
+    fn a_refused_posting_gives_its_count_back() {
+        let shared = Shared::new(SgList::Empty, None, 1);
+        Posting::new(&shared).refused();
+        assert_eq!(Arc::strong_count(&shared), 1);
     }
 }
