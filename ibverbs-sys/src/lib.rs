@@ -11,6 +11,14 @@
 //!   They are compiled from C by a small shim (bindgen's `wrap_static_fns`),
 //!   so each behaves exactly as in C, including the checks that return
 //!   `EOPNOTSUPP`/`ENOSYS` (or NULL with `errno`) when a provider lacks an op.
+//!   Exception: the five data-path inlines ([`ibv_post_send`],
+//!   [`ibv_post_recv`], [`ibv_post_srq_recv`], [`ibv_poll_cq`],
+//!   [`ibv_req_notify_cq`]) are written in Rust here, `#[inline]`, so a
+//!   post or a poll costs one call into the provider as in C rather than a
+//!   call into the shim and a second one from there. libibverbs fills every
+//!   op of `ibv_context::ops` (missing ones with stubs); should one still be
+//!   NULL they return `EOPNOTSUPP` (a negative count for `ibv_poll_cq`)
+//!   instead of calling it.
 //!   Exception: the `ibv_wr_*` and `ibv_wc_read_*` inlines call provider
 //!   function pointers without a NULL check, as in C; the provider fills only
 //!   the ops requested in `send_ops_flags`/`wc_flags`, so calling one that was
@@ -77,6 +85,106 @@ pub unsafe fn ibv_query_port(
 ) -> core::ffi::c_int {
     // SAFETY: forwarded contract of the C macro.
     unsafe { ___ibv_query_port(context, port_num, port_attr) }
+}
+
+/// The error the data-path inlines return for a NULL provider op.
+const EOPNOTSUPP: core::ffi::c_int = libc::EOPNOTSUPP;
+
+/// Posts a list of send work requests (`qp->context->ops.post_send`).
+///
+/// # Safety
+/// As `ibv_post_send(3)`: `qp` a live QP, `wr` a valid NULL-terminated
+/// chain whose buffers stay valid until their completions, `bad_wr`
+/// valid for writes.
+#[inline]
+pub unsafe fn ibv_post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> core::ffi::c_int {
+    // SAFETY: `qp` is live (caller), so is the context it points to.
+    match unsafe { (*(*qp).context).ops.post_send } {
+        // SAFETY: the provider's op with the caller's arguments, as in C.
+        Some(op) => unsafe { op(qp, wr, bad_wr) },
+        None => EOPNOTSUPP,
+    }
+}
+
+/// Posts a list of receive work requests (`qp->context->ops.post_recv`).
+///
+/// # Safety
+/// As `ibv_post_recv(3)`, see [`ibv_post_send`].
+#[inline]
+pub unsafe fn ibv_post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> core::ffi::c_int {
+    // SAFETY: `qp` is live (caller), so is the context it points to.
+    match unsafe { (*(*qp).context).ops.post_recv } {
+        // SAFETY: the provider's op with the caller's arguments, as in C.
+        Some(op) => unsafe { op(qp, wr, bad_wr) },
+        None => EOPNOTSUPP,
+    }
+}
+
+/// Posts a list of receive work requests to a shared receive queue
+/// (`srq->context->ops.post_srq_recv`).
+///
+/// # Safety
+/// As `ibv_post_srq_recv(3)`: `srq` a live SRQ, the rest as
+/// [`ibv_post_recv`].
+#[inline]
+pub unsafe fn ibv_post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> core::ffi::c_int {
+    // SAFETY: `srq` is live (caller), so is the context it points to.
+    match unsafe { (*(*srq).context).ops.post_srq_recv } {
+        // SAFETY: the provider's op with the caller's arguments, as in C.
+        Some(op) => unsafe { op(srq, wr, bad_wr) },
+        None => EOPNOTSUPP,
+    }
+}
+
+/// Polls up to `num_entries` work completions into `wc`
+/// (`cq->context->ops.poll_cq`): their number, or a negative value on
+/// failure.
+///
+/// # Safety
+/// As `ibv_poll_cq(3)`: `cq` a live CQ, `wc` valid for `num_entries`
+/// writes.
+#[inline]
+pub unsafe fn ibv_poll_cq(
+    cq: *mut ibv_cq,
+    num_entries: core::ffi::c_int,
+    wc: *mut ibv_wc,
+) -> core::ffi::c_int {
+    // SAFETY: `cq` is live (caller), so is the context it points to.
+    match unsafe { (*(*cq).context).ops.poll_cq } {
+        // SAFETY: the provider's op with the caller's arguments, as in C.
+        Some(op) => unsafe { op(cq, num_entries, wc) },
+        None => -EOPNOTSUPP,
+    }
+}
+
+/// Requests a completion event for the next (solicited) entry of `cq`
+/// (`cq->context->ops.req_notify_cq`).
+///
+/// # Safety
+/// As `ibv_req_notify_cq(3)`: `cq` a live CQ.
+#[inline]
+pub unsafe fn ibv_req_notify_cq(
+    cq: *mut ibv_cq,
+    solicited_only: core::ffi::c_int,
+) -> core::ffi::c_int {
+    // SAFETY: `cq` is live (caller), so is the context it points to.
+    match unsafe { (*(*cq).context).ops.req_notify_cq } {
+        // SAFETY: the provider's op with the caller's arguments, as in C.
+        Some(op) => unsafe { op(cq, solicited_only) },
+        None => EOPNOTSUPP,
+    }
 }
 
 /// Registers a memory region; like the `ibv_reg_mr` macro of `verbs.h`,

@@ -1,6 +1,7 @@
 //! Every `static inline` verb of `verbs.h` is callable: each name below must
 //! resolve to a linked symbol (the C shim built by bindgen's
-//! `wrap_static_fns`), plus the three verbs that `verbs.h` defines as macros.
+//! `wrap_static_fns`) or to one of the Rust inlines of `lib.rs` (the
+//! data-path verbs, and the three verbs that `verbs.h` defines as macros).
 //! A missing wrapper is a link error, so building this test is the check.
 
 macro_rules! linked {
@@ -141,4 +142,67 @@ fn device_list_smoke() {
     unsafe { assert!((*list.add(num as usize)).is_null()) };
     // SAFETY: freed exactly once.
     unsafe { ibverbs_sys::ibv_free_device_list(list) };
+}
+
+/// The Rust data-path inlines call the context's op, and return
+/// `EOPNOTSUPP` (negative for `ibv_poll_cq`) instead of calling a NULL one.
+#[test]
+fn data_path_inlines_call_the_op_and_never_a_null_one() {
+    use ibverbs_sys::*;
+    unsafe extern "C" fn poll(
+        _: *mut ibv_cq,
+        n: core::ffi::c_int,
+        _: *mut ibv_wc,
+    ) -> core::ffi::c_int {
+        n + 40
+    }
+    unsafe extern "C" fn post(
+        _: *mut ibv_qp,
+        _: *mut ibv_send_wr,
+        _: *mut *mut ibv_send_wr,
+    ) -> core::ffi::c_int {
+        7
+    }
+    // SAFETY: all-zero is a valid value of these plain C structs (NULL
+    // pointers, `None` ops, zero numbers).
+    let mut ctx_storage: ibv_context = unsafe { std::mem::zeroed() };
+    // Every access below goes through this pointer (the objects hold it).
+    let ctx: *mut ibv_context = &mut ctx_storage;
+    // SAFETY: as above.
+    let mut cq: ibv_cq = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
+    cq.context = ctx;
+    qp.context = ctx;
+    srq.context = ctx;
+    let null: *mut core::ffi::c_void = std::ptr::null_mut();
+    let mut bad_send: *mut ibv_send_wr = null.cast();
+    let mut bad_recv: *mut ibv_recv_wr = null.cast();
+    let eopnotsupp = libc::EOPNOTSUPP;
+    // SAFETY: the objects above are live; no op is set, so none is called.
+    unsafe {
+        assert_eq!(
+            ibv_post_send(&mut qp, null.cast(), &mut bad_send),
+            eopnotsupp
+        );
+        assert_eq!(
+            ibv_post_recv(&mut qp, null.cast(), &mut bad_recv),
+            eopnotsupp
+        );
+        assert_eq!(
+            ibv_post_srq_recv(&mut srq, null.cast(), &mut bad_recv),
+            eopnotsupp
+        );
+        assert_eq!(ibv_poll_cq(&mut cq, 1, null.cast()), -eopnotsupp);
+        assert_eq!(ibv_req_notify_cq(&mut cq, 0), eopnotsupp);
+    }
+    // SAFETY: the ops set here ignore their pointers.
+    unsafe {
+        (*ctx).ops.poll_cq = Some(poll);
+        (*ctx).ops.post_send = Some(post);
+        assert_eq!(ibv_poll_cq(&mut cq, 2, null.cast()), 42);
+        assert_eq!(ibv_post_send(&mut qp, null.cast(), &mut bad_send), 7);
+    }
 }

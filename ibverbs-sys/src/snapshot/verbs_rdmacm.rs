@@ -6482,21 +6482,6 @@ unsafe extern "C" {
     pub fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: ::core::ffi::c_uint);
 }
 unsafe extern "C" {
-    #[link_name = "ibv_poll_cq__extern"]
-    pub fn ibv_poll_cq(
-        cq: *mut ibv_cq,
-        num_entries: ::core::ffi::c_int,
-        wc: *mut ibv_wc,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_req_notify_cq__extern"]
-    pub fn ibv_req_notify_cq(
-        cq: *mut ibv_cq,
-        solicited_only: ::core::ffi::c_int,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     #[link_name = "ibv_modify_cq__extern"]
     pub fn ibv_modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> ::core::ffi::c_int;
 }
@@ -6526,14 +6511,6 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn ibv_destroy_srq(srq: *mut ibv_srq) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_post_srq_recv__extern"]
-    pub fn ibv_post_srq_recv(
-        srq: *mut ibv_srq,
-        recv_wr: *mut ibv_recv_wr,
-        bad_recv_wr: *mut *mut ibv_recv_wr,
-    ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
     #[link_name = "ibv_post_srq_ops__extern"]
@@ -6648,22 +6625,6 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[link_name = "ibv_destroy_rwq_ind_table__extern"]
     pub fn ibv_destroy_rwq_ind_table(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_post_send__extern"]
-    pub fn ibv_post_send(
-        qp: *mut ibv_qp,
-        wr: *mut ibv_send_wr,
-        bad_wr: *mut *mut ibv_send_wr,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_post_recv__extern"]
-    pub fn ibv_post_recv(
-        qp: *mut ibv_qp,
-        wr: *mut ibv_recv_wr,
-        bad_wr: *mut *mut ibv_recv_wr,
-    ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
