@@ -269,7 +269,7 @@ impl CompletionQueue {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_poll_cq")]
-    #[inline]
+    #[inline(always)]
     pub fn poll_one(&self) -> Result<Option<Completion>> {
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
@@ -284,7 +284,7 @@ impl CompletionQueue {
     }
 
     /// The [`Completion`] of one raw entry polled by `poll_one`.
-    #[inline]
+    #[inline(always)]
     fn complete_one(&self, mut raw: sys::ibv_wc) -> Completion {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(&mut raw);

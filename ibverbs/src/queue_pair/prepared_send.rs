@@ -257,7 +257,7 @@ impl PreparedSend {
     /// # References
     /// `ibv_post_send(3)`
     #[doc(alias = "ibv_post_send")]
-    #[inline]
+    #[inline(always)]
     pub fn post(&mut self) -> Result<()> {
         // The send queue's lock orders the state check with state changes
         // (see QueuePair::post_send): a refused posting was not queued.
