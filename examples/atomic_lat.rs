@@ -9,7 +9,11 @@
 //! operation is checked: fetch-and-add adds 1, compare-and-swap replaces
 //! `i` by `i + 1`, so the old value returned by operation `i` must be `i`,
 //! and the server checks that the word ends at `-n`. The server prints the
-//! client's results.
+//! client's results. Operations alternate between two 8-byte result
+//! slots, and the old value of operation `i` is checked once operation
+//! `i + 1` is posted: the check runs while the device works, not between a
+//! completion and the next post, the window the latency measures (perftest
+//! checks nothing there).
 //!
 //! The operation is prepared once ([`PreparedSend`](ibverbs::PreparedSend))
 //! and posted again each iteration with its new operands, as perftest
@@ -23,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use ibverbs::{
-    sys, AccessFlags, AtomicCap, Completions, LocalBuffer, RemoteMemory, SendRequest,
+    sys, AccessFlags, AtomicCap, Completions, LocalBuffer, PreparedSend, RemoteMemory, SendRequest,
     WorkCompletion,
 };
 
@@ -62,51 +66,75 @@ struct Cli {
     raw: bool,
 }
 
-/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+/// The `--raw` loop: the C tool's loop (one request, built once), written
+/// against the raw verbs. Operation `i` writes its old value to
+/// `slots[i % 2]`.
 fn raw_loop(
     res: &Resources,
     cfg: &Config,
     op: Op,
-    result: &LocalBuffer,
+    slots: &[LocalBuffer; 2],
     word: RemoteMemory,
     base: perf::Clock,
     stamps: &mut Vec<u64>,
 ) -> Result<()> {
-    let mut sge = sys::ibv_sge {
-        addr: result.addr(),
+    let mut sges = slots.each_ref().map(|slot| sys::ibv_sge {
+        addr: slot.addr(),
         length: 8,
-        lkey: result.lkey(),
+        lkey: slot.lkey(),
+    });
+    let sges = sges.as_mut_ptr();
+    let mut wr = sys::ibv_send_wr {
+        sg_list: sges,
+        num_sge: 1,
+        opcode: match op {
+            Op::Cas => sys::IBV_WR_ATOMIC_CMP_AND_SWP,
+            Op::Faa => sys::IBV_WR_ATOMIC_FETCH_AND_ADD,
+        },
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+        remote_addr: word.addr,
+        compare_add: 1,
+        swap: 0,
+        rkey: word.rkey.0,
     };
     let mut wc = [WorkCompletion::default(); 1];
     for i in 0..cfg.iters {
-        let (opcode, compare_add, swap) = match op {
-            Op::Cas => (sys::IBV_WR_ATOMIC_CMP_AND_SWP, i, i + 1),
-            Op::Faa => (sys::IBV_WR_ATOMIC_FETCH_AND_ADD, 1, 0),
-        };
+        wr.wr_id = i;
+        if op == Op::Cas {
+            wr.wr.atomic.compare_add = i;
+            wr.wr.atomic.swap = i + 1;
+        }
+        wr.sg_list = sges.wrapping_add(slot_of(i));
         stamps.push(base.stamp());
-        let mut wr = sys::ibv_send_wr {
-            wr_id: i,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-            remote_addr: word.addr,
-            compare_add,
-            swap,
-            rkey: word.rkey.0,
-        };
-        // SAFETY: `result` is registered (its lkey), 8-byte aligned, owned
-        // by the caller and not touched until this operation's completion
-        // is polled below; `wr_id` has bit 63 clear; the chain is one
-        // NULL-terminated request.
+        // SAFETY: the slot `sg_list` names is registered (its lkey), 8-byte
+        // aligned, owned by the caller and not read until this operation's
+        // completion is polled below (the check reads the other slot);
+        // `wr_id` has bit 63 clear; the chain is one NULL-terminated
+        // request.
         unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
+        if let Some(prev) = i.checked_sub(1) {
+            check_old(prev, &slots[slot_of(prev)])?;
+        }
         perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("atomic {i}"))?;
-        check_old(i, result)?;
     }
-    Ok(())
+    match cfg.iters.checked_sub(1) {
+        Some(last) => check_old(last, &slots[slot_of(last)]),
+        None => Ok(()),
+    }
+}
+
+/// The result slot (0 or 1) of operation `i`.
+fn slot_of(i: u64) -> usize {
+    (i % 2) as usize
+}
+
+/// Checks the old value prepared operation `i` returned (its completion
+/// polled).
+fn check_prepared(op: &mut PreparedSend, i: u64) -> Result<()> {
+    check_old(i, op.bytes(0).ok_or("the result buffer is still posted")?)
 }
 
 /// Checks the old value atomic operation `i` returned.
@@ -167,7 +195,8 @@ fn run(cli: Cli) -> Result<()> {
         return Ok(());
     }
 
-    let mut result = res.pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+    let (a, b) = res.pd.alloc(16, AccessFlags::LOCAL_WRITE)?.split_at(8);
+    let slots = [a, b];
     let (mut peer, local, remote) =
         perf::handshake(&cfg, &mut res, test, None, AccessFlags::LOCAL_WRITE, true)?;
     let word = perf::check_remote(&remote, 8, 8)?
@@ -187,42 +216,62 @@ fn run(cli: Cli) -> Result<()> {
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     let size = 8;
+    let request = |buf, i: u64| match cli.op {
+        Op::Cas => SendRequest::compare_and_swap(buf, word, i, i + 1),
+        Op::Faa => SendRequest::fetch_and_add(buf, word, 1),
+    };
     peer.barrier(cfg.timeout)?;
     let base = perf::Clock::start();
     if cli.raw {
-        raw_loop(&res, &cfg, cli.op, &result, word, base, &mut stamps)?;
+        raw_loop(&res, &cfg, cli.op, &slots, word, base, &mut stamps)?;
     } else if cli.per_request {
+        // Operation `i` owns slot `i % 2` until its completion gives it
+        // back; the other slot is checked while `i` is in flight.
+        let mut slots = slots.map(Some);
         for i in 0..cfg.iters {
-            let req = match cli.op {
-                Op::Cas => SendRequest::compare_and_swap(result, word, i, i + 1),
-                Op::Faa => SendRequest::fetch_and_add(result, word, 1),
-            };
+            let buf = slots[slot_of(i)].take().ok_or("result slot lost")?;
             stamps.push(base.stamp());
             res.qp
-                .post_send(req.wr_id(i))
+                .post_send(request(buf, i).wr_id(i))
                 .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
-            result = perf::wait_local(&mut res.waiter, &mut done, "an atomic operation")?;
-            check_old(i, &result)?;
+            if let Some(prev) = i.checked_sub(1) {
+                check_old(prev, slots[slot_of(prev)].as_deref().ok_or("slot lost")?)?;
+            }
+            slots[slot_of(i)] = Some(perf::wait_local(
+                &mut res.waiter,
+                &mut done,
+                "an atomic operation",
+            )?);
+        }
+        if let Some(last) = cfg.iters.checked_sub(1) {
+            check_old(last, slots[slot_of(last)].as_deref().ok_or("slot lost")?)?;
         }
     } else {
-        let req = match cli.op {
-            Op::Cas => SendRequest::compare_and_swap(result, word, 0, 1),
-            Op::Faa => SendRequest::fetch_and_add(result, word, 1),
+        // One prepared request per slot, posted alternately (perftest
+        // re-posts one `ibv_send_wr`).
+        let [a, b] = slots;
+        let prepare = |buf| {
+            res.qp
+                .prepare_send(request(buf, 0))
+                .map_err(|e| format!("preparing the atomic operation: {}", e.error))
         };
-        let mut op = res
-            .qp
-            .prepare_send(req)
-            .map_err(|e| format!("preparing the atomic operation: {}", e.error))?;
+        let mut ops = [prepare(a)?, prepare(b)?];
         for i in 0..cfg.iters {
+            let op = &mut ops[slot_of(i)];
             if cli.op == Op::Cas {
                 op.set_compare_swap(i, i + 1)?;
             }
             stamps.push(base.stamp());
             op.post().map_err(|e| format!("posting atomic {i}: {e}"))?;
+            if let Some(prev) = i.checked_sub(1) {
+                check_prepared(&mut ops[slot_of(prev)], prev)?;
+            }
             res.waiter
                 .wait_one(&mut done, "an atomic operation")?
                 .result()?;
-            check_old(i, op.bytes(0).ok_or("the result buffer is still posted")?)?;
+        }
+        if let Some(last) = cfg.iters.checked_sub(1) {
+            check_prepared(&mut ops[slot_of(last)], last)?;
         }
     }
     base.convert(&mut stamps);

@@ -54,7 +54,8 @@ struct Cli {
     per_request: bool,
 }
 
-/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+/// The `--raw` loop: the C tool's loop (one request, built once), written
+/// against the raw verbs.
 fn raw_loop(
     res: &Resources,
     cfg: &Config,
@@ -68,21 +69,21 @@ fn raw_loop(
         length: head.len() as u32,
         lkey: head.lkey(),
     };
+    let mut wr = sys::ibv_send_wr {
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: sys::IBV_WR_RDMA_READ,
+        send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+        remote_addr: from.addr,
+        rkey: from.rkey.0,
+    };
     let mut wc = [WorkCompletion::default(); 1];
     for i in 0..cfg.iters {
+        wr.wr_id = i;
         stamps.push(base.stamp());
-        let mut wr = sys::ibv_send_wr {
-            wr_id: i,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: sys::IBV_WR_RDMA_READ,
-            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-            remote_addr: from.addr,
-            rkey: from.rkey.0,
-        };
         // SAFETY: `head` is registered (its lkey), owned by the caller and
         // not touched until this read's completion is polled below; `wr_id`
         // has bit 63 clear; the chain is one NULL-terminated request.

@@ -82,7 +82,8 @@ struct Lap<'a> {
     base: perf::Clock,
 }
 
-/// The `--raw` loop: the C tool's loop, written against the raw verbs.
+/// The `--raw` loop: the C tool's loop (one request, built once), written
+/// against the raw verbs.
 fn raw_loop(
     res: &Resources,
     lap: &Lap<'_>,
@@ -99,6 +100,17 @@ fn raw_loop(
     if lap.inline {
         flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
     }
+    let mut wr = sys::ibv_send_wr {
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: sys::IBV_WR_RDMA_WRITE,
+        send_flags: flags,
+        ..Default::default()
+    };
+    wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+        remote_addr: lap.remote.addr,
+        rkey: lap.remote.rkey.0,
+    };
     let mut wc = [WorkCompletion::default(); 1];
     for i in 0..lap.cfg.iters {
         let value = ((i + 1) % 256) as u8;
@@ -108,19 +120,8 @@ fn raw_loop(
         // The previous write's completion was polled: the device is done
         // reading `head`.
         head[last] = value;
+        wr.wr_id = i;
         stamps.push(lap.base.stamp());
-        let mut wr = sys::ibv_send_wr {
-            wr_id: i,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: sys::IBV_WR_RDMA_WRITE,
-            send_flags: flags,
-            ..Default::default()
-        };
-        wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-            remote_addr: lap.remote.addr,
-            rkey: lap.remote.rkey.0,
-        };
         // SAFETY: `head` is registered (its lkey), borrowed mutably by this
         // loop and not touched until this write's completion is polled
         // below; `wr_id` has bit 63 clear; the chain is one NULL-terminated

@@ -215,6 +215,7 @@ pub fn wait_raw(
 }
 
 /// Busy-polls `cq` for one completion, an error after `timeout`.
+#[inline]
 fn wait_one(cq: &CompletionQueue, timeout: Duration, what: &str) -> Result<Completion> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
