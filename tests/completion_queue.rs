@@ -5,7 +5,56 @@ mod common;
 
 use std::os::fd::AsRawFd;
 
-use ibverbs::Completions;
+use common::{pair, pattern, remote_all};
+use ibverbs::{AccessFlags, Completions, QpType, SendRequest, SgList, WcOpcode, WorkCompletion};
+
+/// Polls one completion with `poll_one_into`.
+fn poll_into_ok(cq: &ibverbs::CompletionQueue, wc: &mut WorkCompletion) -> SgList {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(sg) = cq.poll_one_into(wc).unwrap() {
+            assert!(wc.is_success(), "{:?}", wc.status());
+            return sg;
+        }
+        assert!(std::time::Instant::now() < deadline, "no completion");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn poll_one_into_gives_the_callers_wr_id_and_the_buffers_back() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let source =
+        p.pd.register(
+            pattern(512, 5),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let remote = source.memory_region().remote().unwrap();
+    let mut wc = WorkCompletion::default();
+    // An owned-buffer request: the buffer comes back with the entry.
+    let dst = p.pd.alloc(128, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendRequest::read(dst, remote.slice(64, 128).unwrap()).wr_id(77))
+        .unwrap();
+    let back = match poll_into_ok(&p.cq_a, &mut wc) {
+        SgList::One(b) => b.into_local().unwrap(),
+        other => panic!("buffer not given back: {other:?}"),
+    };
+    assert_eq!((wc.raw_wr_id(), wc.opcode()), (77, WcOpcode::RdmaRead));
+    assert_eq!(&back[..], &pattern(512, 5)[64..192]);
+    // A prepared posting: no buffers, its count taken back.
+    let mut read =
+        p.a.prepare_send(SendRequest::read(back, remote.slice(0, 128).unwrap()).wr_id(78))
+            .unwrap();
+    for _ in 0..3 {
+        read.post().unwrap();
+        assert!(matches!(poll_into_ok(&p.cq_a, &mut wc), SgList::Empty));
+        assert_eq!(wc.raw_wr_id(), 78);
+        assert!(!read.is_posted(), "the completion kept a count");
+        assert_eq!(read.bytes(0).unwrap(), &pattern(512, 5)[..128]);
+    }
+    assert!(p.cq_a.poll_one_into(&mut wc).unwrap().is_none());
+}
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -17,6 +66,7 @@ fn create_poll_empty_and_arm() {
     assert_eq!(cq.poll(&mut out).unwrap(), 0);
     let mut raw = [ibverbs::WorkCompletion::default(); 4];
     assert_eq!(cq.poll_raw(&mut raw).unwrap(), 0);
+    assert!(cq.poll_one_into(&mut raw[0]).unwrap().is_none());
     cq.req_notify(false).unwrap();
     cq.req_notify(true).unwrap();
 }

@@ -283,14 +283,58 @@ impl CompletionQueue {
         Ok(Some(self.complete_one(wc)))
     }
 
+    /// Polls at most one completion into `wc`, without building a
+    /// [`Completion`]: the lightest safe poll, for loops that need only
+    /// the status and `wr_id` (a re-posted [`PreparedSend`] above all).
+    ///
+    /// `Ok(None)`: the CQ was empty (`wc` may have been overwritten).
+    /// `Ok(Some(buffers))`: `wc` holds the entry, its `wr_id` the caller's
+    /// for a safely posted request, and `buffers` the request's buffers
+    /// ([`SgList::Empty`] for a prepared posting, inline data, a request
+    /// posted through the raw path, or an orphan). A prepared posting's
+    /// count is taken back as by [`poll_one`](Self::poll_one).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`
+    ///
+    /// [`PreparedSend`]: crate::PreparedSend
+    #[doc(alias = "ibv_poll_cq")]
+    #[inline(always)]
+    pub fn poll_one_into(&self, wc: &mut WorkCompletion) -> Result<Option<SgList>> {
+        // SAFETY: live CQ; `wc` is one writable entry (WorkCompletion is
+        // repr(transparent) over ibv_wc).
+        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, &mut wc.raw) };
+        if n == 0 {
+            return Ok(None);
+        }
+        ret_count("ibv_poll_cq", n)?;
+        Ok(Some(match self.claim_entry(&mut wc.raw) {
+            Some((wr_id, sg)) => {
+                wc.raw.wr_id = wr_id;
+                sg
+            }
+            None => SgList::Empty,
+        }))
+    }
+
     /// The [`Completion`] of one raw entry polled by `poll_one`.
     #[inline(always)]
     fn complete_one(&self, mut raw: sys::ibv_wc) -> Completion {
-        if self.inner.rxe_inv_quirk {
-            fix_rxe_inv_flag(&mut raw);
-        }
-        let claimed = claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id));
+        let claimed = self.claim_entry(&mut raw);
         Completion::new(raw, None, claimed)
+    }
+
+    /// Fixes a polled entry (the rxe quirk) and claims its request: the
+    /// caller's `wr_id` and the buffers; `None` when not safely posted.
+    #[inline(always)]
+    fn claim_entry(&self, raw: &mut sys::ibv_wc) -> Option<(u64, SgList)> {
+        if self.inner.rxe_inv_quirk {
+            fix_rxe_inv_flag(raw);
+        }
+        claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id))
     }
 
     /// Claims a table slot (no lock for other `wr_id`s).
