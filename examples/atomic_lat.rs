@@ -256,6 +256,7 @@ fn run(cli: Cli) -> Result<()> {
                 .map_err(|e| format!("preparing the atomic operation: {}", e.error))
         };
         let mut ops = [prepare(a)?, prepare(b)?];
+        let mut wc = WorkCompletion::default();
         for i in 0..cfg.iters {
             let op = &mut ops[slot_of(i)];
             if cli.op == Op::Cas {
@@ -267,8 +268,7 @@ fn run(cli: Cli) -> Result<()> {
                 check_prepared(&mut ops[slot_of(prev)], prev)?;
             }
             res.waiter
-                .wait_one(&mut done, "an atomic operation")?
-                .result()?;
+                .wait_wc(&mut done, &mut wc, "an atomic operation")?;
         }
         if let Some(last) = cfg.iters.checked_sub(1) {
             check_prepared(&mut ops[slot_of(last)], last)?;

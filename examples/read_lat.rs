@@ -154,10 +154,11 @@ fn run(cli: Cli) -> Result<()> {
                 .qp
                 .prepare_send(SendRequest::read(head, from))
                 .map_err(|e| format!("preparing the read: {}", e.error))?;
+            let mut wc = WorkCompletion::default();
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());
                 read.post().map_err(|e| format!("posting read {i}: {e}"))?;
-                res.waiter.wait_one(&mut done, "an RDMA read")?.result()?;
+                res.waiter.wait_wc(&mut done, &mut wc, "an RDMA read")?;
             }
             head = match read.into_buffers() {
                 Ok(SgList::One(b)) => b.into_local(),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ibverbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, ConnectOptions,
     Context, DeviceAttr, Endpoint, GidIndex, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
-    QueuePair, RemoteMemory, WorkCompletion,
+    QueuePair, RemoteMemory, SgList, WorkCompletion,
 };
 
 use args::Config;
@@ -131,6 +131,29 @@ impl Waiter {
         }
     }
 
+    /// Waits for the next completion into `wc` (a failed one is an error)
+    /// and returns its request's buffers: busy polling takes it with
+    /// `poll_one_into`, building no `Completion`; otherwise as `wait_one`.
+    #[inline]
+    pub fn wait_wc(
+        &mut self,
+        done: &mut Completions,
+        wc: &mut WorkCompletion,
+        what: &str,
+    ) -> Result<SgList> {
+        let sg = if self.channel.is_none() && !self.extended {
+            wait_into(&self.cq, wc, self.timeout, what)?
+        } else {
+            let mut c = self.wait_one(done, what)?;
+            *wc = *c.wc();
+            c.take_buffers()
+        };
+        if !wc.is_success() {
+            return Err(format!("{what} failed: {}", wc.status()).into());
+        }
+        Ok(sg)
+    }
+
     /// Polls until at least one completion arrived; an error after the
     /// timeout. `what` names the awaited event in the error.
     pub fn wait(&mut self, done: &mut Completions, what: &str) -> Result<usize> {
@@ -217,11 +240,21 @@ pub fn wait_raw(
 /// Busy-polls `cq` for one completion, an error after `timeout`.
 #[inline]
 fn wait_one(cq: &CompletionQueue, timeout: Duration, what: &str) -> Result<Completion> {
+    spin(timeout, what, || cq.poll_one())
+}
+
+/// Calls `poll` until it gives something; an error after `timeout`.
+#[inline(always)]
+fn spin<T>(
+    timeout: Duration,
+    what: &str,
+    mut poll: impl FnMut() -> ibverbs::Result<Option<T>>,
+) -> Result<T> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
     loop {
-        if let Some(c) = cq.poll_one()? {
-            return Ok(c);
+        if let Some(got) = poll()? {
+            return Ok(got);
         }
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
@@ -231,6 +264,18 @@ fn wait_one(cq: &CompletionQueue, timeout: Duration, what: &str) -> Result<Compl
         // noticing the event, and under QEMU's TCG it leaves the
         // translated-code loop on every spin.
     }
+}
+
+/// Busy-polls `cq` for one completion into `wc`, an error after
+/// `timeout`.
+#[inline]
+fn wait_into(
+    cq: &CompletionQueue,
+    wc: &mut WorkCompletion,
+    timeout: Duration,
+    what: &str,
+) -> Result<SgList> {
+    spin(timeout, what, || cq.poll_one_into(wc))
 }
 
 fn wait_event(
