@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, Completion, Completions, FrozenBuffer, LocalBuffer, QueuePair, RecvRequest,
-    SendRequest, WorkCompletion,
+    sys, AccessFlags, Completions, FrozenBuffer, LocalBuffer, QueuePair, RecvRequest, SendRequest,
+    SgList, WorkCompletion,
 };
 
 #[path = "perf/mod.rs"]
@@ -70,29 +70,31 @@ struct Progress {
 }
 
 impl Progress {
-    fn handle(&mut self, qp: &QueuePair, c: &mut Completion) -> Result<()> {
-        c.result()?;
-        if c.wr_id() & RECV != 0 {
-            if u64::from(c.byte_len()) != self.size {
+    fn handle(&mut self, qp: &QueuePair, wc: &WorkCompletion, sg: SgList) -> Result<()> {
+        let wr_id = wc.raw_wr_id();
+        if wr_id & RECV != 0 {
+            if u64::from(wc.byte_len()) != self.size {
                 return Err(format!(
                     "received a {}-byte message, expected {} bytes",
-                    c.byte_len(),
+                    wc.byte_len(),
                     self.size
                 )
                 .into());
             }
             self.received += 1;
-            let buf = c
-                .take_local()
-                .ok_or("a receive completion without its buffer")?;
+            let buf = match sg {
+                SgList::One(b) => b.into_local(),
+                _ => None,
+            }
+            .ok_or("a receive completion without its buffer")?;
             self.repost.push(buf);
             if !self.defer {
                 self.repost_all(qp)?;
             }
-        } else if c.wr_id() == PREPARED_SEND {
+        } else if wr_id == PREPARED_SEND {
             self.sent += 1;
         } else {
-            self.sent = c.wr_id() + 1;
+            self.sent = wr_id + 1;
         }
         Ok(())
     }
@@ -342,6 +344,7 @@ fn run(cli: Cli) -> Result<()> {
     let server = cfg.is_server();
     let depth = u64::from(cfg.tx_depth);
     let mut done = Completions::with_capacity((depth + u64::from(pool)) as usize);
+    let mut wc = WorkCompletion::default();
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     for &size in &cfg.sizes {
@@ -385,12 +388,12 @@ fn run(cli: Cli) -> Result<()> {
             for i in 0..cfg.iters {
                 // The server answers message i; the client waits for it below.
                 while server && p.received <= i {
-                    let mut c = res.waiter.wait_one(&mut done, "a receive")?;
-                    p.handle(&res.qp, &mut c)?;
+                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
+                    p.handle(&res.qp, &wc, sg)?;
                 }
                 while i - p.sent >= depth {
-                    let mut c = res.waiter.wait_one(&mut done, "a send")?;
-                    p.handle(&res.qp, &mut c)?;
+                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
+                    p.handle(&res.qp, &wc, sg)?;
                 }
                 if let Some(send) = prepared.as_mut() {
                     stamps.push(base.stamp());
@@ -405,13 +408,13 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 p.repost_all(&res.qp)?;
                 while !server && p.received <= i {
-                    let mut c = res.waiter.wait_one(&mut done, "a receive")?;
-                    p.handle(&res.qp, &mut c)?;
+                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
+                    p.handle(&res.qp, &wc, sg)?;
                 }
             }
             while p.sent < cfg.iters {
-                let mut c = res.waiter.wait_one(&mut done, "a send")?;
-                p.handle(&res.qp, &mut c)?;
+                let sg = res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
+                p.handle(&res.qp, &wc, sg)?;
             }
             p.repost_all(&res.qp)?;
         }

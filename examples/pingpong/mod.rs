@@ -38,10 +38,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
-    ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, Mtu, PortAttr,
-    PortNumber, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
-    SharedReceiveQueue,
+    AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, ConnectOptions,
+    Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, Mtu, PortAttr, PortNumber,
+    PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, SgList,
+    SharedReceiveQueue, WorkCompletion,
 };
 
 use exchange::Limits;
@@ -891,8 +891,7 @@ impl PingPong<'_> {
     /// from the first send.
     fn run(&mut self, client: bool) -> Res<Duration> {
         let s = self.setup;
-        // Allocated once; the loop below does not allocate.
-        let mut wc = Completions::with_capacity(self.batch);
+        let mut wc = WorkCompletion::default();
         if client {
             for i in 0..s.qps.len() {
                 self.post_send(i)?;
@@ -911,9 +910,14 @@ impl PingPong<'_> {
                     .ctx("Couldn't request CQ notification")?;
             }
             loop {
-                let n = s.cq.poll(&mut wc).ctx("poll CQ failed")?;
-                while let Some(c) = wc.pop() {
-                    self.complete(c)?;
+                // Up to a batch, each entry polled straight into `wc`.
+                let mut n = 0;
+                while n < self.batch {
+                    match s.cq.poll_one_into(&mut wc).ctx("poll CQ failed")? {
+                        Some(sg) => self.complete(&wc, sg)?,
+                        None => break,
+                    }
+                    n += 1;
                 }
                 // Polling mode: back to the loop condition. Event mode:
                 // empty the CQ before sleeping again (a batch that was not
@@ -926,13 +930,13 @@ impl PingPong<'_> {
         Ok(start.elapsed())
     }
 
-    fn complete(&mut self, mut c: ibverbs::Completion) -> Res<()> {
+    fn complete(&mut self, c: &WorkCompletion, sg: SgList) -> Res<()> {
+        let wr_id = c.raw_wr_id();
         if !c.is_success() {
             return Err(format!(
-                "Failed status {} ({}) for wr_id {}",
+                "Failed status {} ({}) for wr_id {wr_id}",
                 c.status(),
                 c.status().as_raw(),
-                c.wr_id()
             )
             .into());
         }
@@ -942,12 +946,14 @@ impl PingPong<'_> {
             .iter()
             .position(|&q| q == qpn)
             .ok_or_else(|| format!("Couldn't find QPN {qpn:06x}"))?;
-        match c.wr_id() {
+        match wr_id {
             SEND_WRID => self.sent += 1,
             RECV_WRID => {
-                let buf = c
-                    .take_local()
-                    .ok_or("a receive completion without its buffer")?;
+                let buf = match sg {
+                    SgList::One(b) => b.into_local(),
+                    _ => None,
+                }
+                .ok_or("a receive completion without its buffer")?;
                 self.routs = self.routs.saturating_sub(1);
                 self.received += 1;
                 if self.keep_last && self.received == self.iters {
@@ -962,7 +968,7 @@ impl PingPong<'_> {
             other => return Err(format!("Completion for unknown wr_id {other}").into()),
         }
         self.watchdog.progress(self.sent, self.received);
-        self.pending[i] &= !c.wr_id();
+        self.pending[i] &= !wr_id;
         if self.sent < self.iters && self.pending[i] == 0 {
             self.post_send(i)?;
             self.pending[i] = RECV_WRID | SEND_WRID;
