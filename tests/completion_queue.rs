@@ -10,14 +10,9 @@ use ibverbs::{AccessFlags, Completions, QpType, SendRequest, SgList, WcOpcode, W
 
 /// Polls one completion with `poll_one_into`.
 fn poll_into_ok(cq: &ibverbs::CompletionQueue, wc: &mut WorkCompletion) -> SgList {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        if let Some(sg) = cq.poll_one_into(wc).unwrap() {
-            assert!(wc.is_success(), "{:?}", wc.status());
-            return sg;
-        }
-        assert!(std::time::Instant::now() < deadline, "no completion");
-    }
+    let sg = common::poll_until(|| cq.poll_one_into(wc).unwrap());
+    assert!(wc.is_success(), "{:?}", wc.status());
+    sg
 }
 
 #[test]

@@ -15,14 +15,9 @@ fn local() -> AccessFlags {
 
 /// Polls one completion with `poll_one` (the path the latency tools use).
 fn poll_one_ok(cq: &ibverbs::CompletionQueue) -> ibverbs::Completion {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        if let Some(c) = cq.poll_one().unwrap() {
-            c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
-            return c;
-        }
-        assert!(std::time::Instant::now() < deadline, "no completion");
-    }
+    let c = common::poll_until(|| cq.poll_one().unwrap());
+    c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+    c
 }
 
 #[test]
@@ -181,10 +176,14 @@ fn prepared_requests_are_checked_once_and_refusals_are_undone() {
     assert!(send.into_buffers().is_ok());
 
     // A full send queue: the provider refuses, nothing stays outstanding.
-    let target = p.pd.alloc_shared(8, remote_all()).unwrap();
+    // The writes are large (milliseconds each under SoftRoCE), so the
+    // device cannot retire one while the next few are posted (with 8-byte
+    // writes it sometimes did, and the queue never filled).
+    const LEN: usize = 1 << 20;
+    let target = p.pd.alloc_shared(LEN, remote_all()).unwrap();
     let mut write =
         p.a.prepare_send(SendRequest::write(
-            p.pd.alloc(8, local()).unwrap(),
+            p.pd.alloc(LEN, local()).unwrap(),
             target.remote().unwrap(),
         ))
         .unwrap();

@@ -87,104 +87,77 @@ pub unsafe fn ibv_query_port(
     unsafe { ___ibv_query_port(context, port_num, port_attr) }
 }
 
-/// The error the data-path inlines return for a NULL provider op.
-const EOPNOTSUPP: core::ffi::c_int = libc::EOPNOTSUPP;
-
-/// Posts a list of send work requests (`qp->context->ops.post_send`).
-///
-/// # Safety
-/// As `ibv_post_send(3)`: `qp` a live QP, `wr` a valid NULL-terminated
-/// chain whose buffers stay valid until their completions, `bad_wr`
-/// valid for writes.
-#[inline]
-pub unsafe fn ibv_post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
-) -> core::ffi::c_int {
-    // SAFETY: `qp` is live (caller), so is the context it points to.
-    match unsafe { (*(*qp).context).ops.post_send } {
-        // SAFETY: the provider's op with the caller's arguments, as in C.
-        Some(op) => unsafe { op(qp, wr, bad_wr) },
-        None => EOPNOTSUPP,
-    }
+/// Defines a data-path inline of `verbs.h`: `obj->context->ops.$op(obj,
+/// args…)`, or `$null` when the op is NULL.
+macro_rules! provider_op {
+    ($(#[$doc:meta])* fn $name:ident($obj:ident: $obj_ty:ty $(, $arg:ident: $arg_ty:ty)*)
+        => $op:ident, $null:expr) => {
+        $(#[$doc])*
+        #[inline]
+        pub unsafe fn $name($obj: $obj_ty $(, $arg: $arg_ty)*) -> core::ffi::c_int {
+            // SAFETY: `$obj` is live (the caller's contract), so is the
+            // context it points to.
+            match unsafe { (*(*$obj).context).ops.$op } {
+                // SAFETY: the provider's op with the caller's arguments, as
+                // the C inline calls it.
+                Some(op) => unsafe { op($obj $(, $arg)*) },
+                None => $null,
+            }
+        }
+    };
 }
 
-/// Posts a list of receive work requests (`qp->context->ops.post_recv`).
-///
-/// # Safety
-/// As `ibv_post_recv(3)`, see [`ibv_post_send`].
-#[inline]
-pub unsafe fn ibv_post_recv(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> core::ffi::c_int {
-    // SAFETY: `qp` is live (caller), so is the context it points to.
-    match unsafe { (*(*qp).context).ops.post_recv } {
-        // SAFETY: the provider's op with the caller's arguments, as in C.
-        Some(op) => unsafe { op(qp, wr, bad_wr) },
-        None => EOPNOTSUPP,
-    }
+provider_op! {
+    /// Posts a list of send work requests (`qp->context->ops.post_send`).
+    ///
+    /// # Safety
+    /// As `ibv_post_send(3)`: `qp` a live QP, `wr` a valid NULL-terminated
+    /// chain whose buffers stay valid until their completions, `bad_wr`
+    /// valid for writes.
+    fn ibv_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr)
+        => post_send, libc::EOPNOTSUPP
 }
 
-/// Posts a list of receive work requests to a shared receive queue
-/// (`srq->context->ops.post_srq_recv`).
-///
-/// # Safety
-/// As `ibv_post_srq_recv(3)`: `srq` a live SRQ, the rest as
-/// [`ibv_post_recv`].
-#[inline]
-pub unsafe fn ibv_post_srq_recv(
-    srq: *mut ibv_srq,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> core::ffi::c_int {
-    // SAFETY: `srq` is live (caller), so is the context it points to.
-    match unsafe { (*(*srq).context).ops.post_srq_recv } {
-        // SAFETY: the provider's op with the caller's arguments, as in C.
-        Some(op) => unsafe { op(srq, wr, bad_wr) },
-        None => EOPNOTSUPP,
-    }
+provider_op! {
+    /// Posts a list of receive work requests (`qp->context->ops.post_recv`).
+    ///
+    /// # Safety
+    /// As `ibv_post_recv(3)`, see [`ibv_post_send`].
+    fn ibv_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr)
+        => post_recv, libc::EOPNOTSUPP
 }
 
-/// Polls up to `num_entries` work completions into `wc`
-/// (`cq->context->ops.poll_cq`): their number, or a negative value on
-/// failure.
-///
-/// # Safety
-/// As `ibv_poll_cq(3)`: `cq` a live CQ, `wc` valid for `num_entries`
-/// writes.
-#[inline]
-pub unsafe fn ibv_poll_cq(
-    cq: *mut ibv_cq,
-    num_entries: core::ffi::c_int,
-    wc: *mut ibv_wc,
-) -> core::ffi::c_int {
-    // SAFETY: `cq` is live (caller), so is the context it points to.
-    match unsafe { (*(*cq).context).ops.poll_cq } {
-        // SAFETY: the provider's op with the caller's arguments, as in C.
-        Some(op) => unsafe { op(cq, num_entries, wc) },
-        None => -EOPNOTSUPP,
-    }
+provider_op! {
+    /// Posts a list of receive work requests to a shared receive queue
+    /// (`srq->context->ops.post_srq_recv`).
+    ///
+    /// # Safety
+    /// As `ibv_post_srq_recv(3)`: `srq` a live SRQ, the rest as
+    /// [`ibv_post_recv`].
+    fn ibv_post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr)
+        => post_srq_recv, libc::EOPNOTSUPP
 }
 
-/// Requests a completion event for the next (solicited) entry of `cq`
-/// (`cq->context->ops.req_notify_cq`).
-///
-/// # Safety
-/// As `ibv_req_notify_cq(3)`: `cq` a live CQ.
-#[inline]
-pub unsafe fn ibv_req_notify_cq(
-    cq: *mut ibv_cq,
-    solicited_only: core::ffi::c_int,
-) -> core::ffi::c_int {
-    // SAFETY: `cq` is live (caller), so is the context it points to.
-    match unsafe { (*(*cq).context).ops.req_notify_cq } {
-        // SAFETY: the provider's op with the caller's arguments, as in C.
-        Some(op) => unsafe { op(cq, solicited_only) },
-        None => EOPNOTSUPP,
-    }
+provider_op! {
+    /// Polls up to `num_entries` work completions into `wc`
+    /// (`cq->context->ops.poll_cq`): their number, or a negative value on
+    /// failure.
+    ///
+    /// # Safety
+    /// As `ibv_poll_cq(3)`: `cq` a live CQ, `wc` valid for `num_entries`
+    /// writes.
+    fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: core::ffi::c_int, wc: *mut ibv_wc)
+        => poll_cq, -libc::EOPNOTSUPP
+}
+
+provider_op! {
+    /// Requests a completion event for the next (solicited) entry of `cq`
+    /// (`cq->context->ops.req_notify_cq`).
+    ///
+    /// # Safety
+    /// As `ibv_req_notify_cq(3)`: `cq` a live CQ.
+    fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: core::ffi::c_int)
+        => req_notify_cq, libc::EOPNOTSUPP
 }
 
 /// Registers a memory region; like the `ibv_reg_mr` macro of `verbs.h`,

@@ -129,6 +129,17 @@ pub fn wait(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
     out
 }
 
+/// Calls `poll` until it gives something (at most 10 s).
+pub fn poll_until<T>(mut poll: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(got) = poll() {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "no completion");
+    }
+}
+
 /// Polls `cq` until one completion arrived and checks its success.
 pub fn wait_ok(cq: &CompletionQueue) -> Completion {
     let c = wait(cq, 1).pop().unwrap();
