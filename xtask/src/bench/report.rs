@@ -225,11 +225,14 @@ scheduled. It is not halted vCPUs: a full bench with the guest booted idle=poll 
 the safe path: atomic_lat read each old value between the completion and the next post (perftest \
 checks nothing) and rebuilt its ibv_send_wr each iteration; with the check moved to while the \
 next operation is in flight and the request built once, the raw controls of reads and atomics \
-match perftest (0.98-1.03). The safe paths (read_lat, atomic_lat re-post a PreparedSend) stay \
-past the cliff in most runs; what they add in that window is three atomic read-modify-writes \
-(the claim's decrement, the send lock, the posting's increment), building and returning the \
-Completion (~70 instructions more than poll_raw) and one call in the tool's wait; a probe with \
-raw posts and the safe poll_one lands past the cliff too. The per-request path (read_lat req) \
+match perftest. The safe paths (read_lat, atomic_lat re-post a PreparedSend) moved when they \
+stopped building and returning a 104-byte Completion in that window: CompletionQueue::poll_one_into \
+polls into the caller's WorkCompletion and returns only the buffers (an 8-round probe of the \
+prepared read_lat: past the cliff in 6 of 8 runs with poll_one, 2 of 8 with poll_one_into, C 2 \
+of 8). What they still add there is three atomic read-modify-writes (the claim's decrement, the \
+send lock, the posting's increment; out-of-line helpers under TCG): three such operations added to \
+the raw loop moved it past the cliff in 2 of 8 runs. Next: take the posting's count right after \
+the previous doorbell, outside the window. The per-request path (read_lat req) \
 makes about a dozen calls there. Also done: the data-path inlines of verbs.h are Rust (one \
 call into the provider per post or poll, as in C), poll_one and PreparedSend::post are inlined, \
 the doorbell rung before the slot bookkeeping, a Completion small enough to move without \
