@@ -231,8 +231,10 @@ polls into the caller's WorkCompletion and returns only the buffers (an 8-round 
 prepared read_lat: past the cliff in 6 of 8 runs with poll_one, 2 of 8 with poll_one_into, C 2 \
 of 8). What they still add there is three atomic read-modify-writes (the claim's decrement, the \
 send lock, the posting's increment; out-of-line helpers under TCG): three such operations added to \
-the raw loop moved it past the cliff in 2 of 8 runs. Next: take the posting's count right after \
-the previous doorbell, outside the window. The per-request path (read_lat req) \
+the raw loop moved it past the cliff in 2 of 8 runs, yet a probe build that skipped the \
+posting's count entirely made no measurable difference (prepared read_lat fast in 5 of 8 runs \
+without it, 7 of 8 with it; C 6 of 8): what is left is within the cliff's run-to-run flip, and \
+more rounds are needed to tell whether it is systematic. The per-request path (read_lat req) \
 makes about a dozen calls there. Also done: the data-path inlines of verbs.h are Rust (one \
 call into the provider per post or poll, as in C), poll_one and PreparedSend::post are inlined, \
 the doorbell rung before the slot bookkeeping, a Completion small enough to move without \
