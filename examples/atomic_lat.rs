@@ -109,11 +109,10 @@ fn raw_loop(
         }
         wr.sg_list = sges.wrapping_add(slot_of(i));
         stamps.push(base.stamp());
-        // SAFETY: the slot `sg_list` names is registered (its lkey), 8-byte
-        // aligned, owned by the caller and not read until this operation's
-        // completion is polled below (the check reads the other slot);
-        // `wr_id` has bit 63 clear; the chain is one NULL-terminated
-        // request.
+        // The check below reads the other slot, never this one.
+        // SAFETY: `sg_list`'s slot is registered (its lkey), 8-byte aligned,
+        // caller-owned and unread until its completion is polled below;
+        // `wr_id` has bit 63 clear; one NULL-terminated request.
         unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
         if let Some(prev) = i.checked_sub(1) {
             check_old(prev, &slots[slot_of(prev)])?;

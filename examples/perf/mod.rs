@@ -142,7 +142,7 @@ impl Waiter {
         what: &str,
     ) -> Result<SgList> {
         let sg = if self.channel.is_none() && !self.extended {
-            wait_into(&self.cq, wc, self.timeout, what)?
+            spin(self.timeout, what, || self.cq.poll_one_into(wc))?
         } else {
             let mut c = self.wait_one(done, what)?;
             *wc = *c.wc();
@@ -264,18 +264,6 @@ fn spin<T>(
         // noticing the event, and under QEMU's TCG it leaves the
         // translated-code loop on every spin.
     }
-}
-
-/// Busy-polls `cq` for one completion into `wc`, an error after
-/// `timeout`.
-#[inline]
-fn wait_into(
-    cq: &CompletionQueue,
-    wc: &mut WorkCompletion,
-    timeout: Duration,
-    what: &str,
-) -> Result<SgList> {
-    spin(timeout, what, || cq.poll_one_into(wc))
 }
 
 fn wait_event(
