@@ -132,7 +132,7 @@ fn slot_of(i: u64) -> usize {
 
 /// Checks the old value prepared operation `i` returned (its completion
 /// polled).
-fn check_prepared(op: &mut PreparedSend, i: u64) -> Result<()> {
+fn check_prepared(op: &PreparedSend, i: u64) -> Result<()> {
     check_old(i, op.bytes(0).ok_or("the result buffer is still posted")?)
 }
 
@@ -264,13 +264,13 @@ fn run(cli: Cli) -> Result<()> {
             stamps.push(base.stamp());
             op.post().map_err(|e| format!("posting atomic {i}: {e}"))?;
             if let Some(prev) = i.checked_sub(1) {
-                check_prepared(&mut ops[slot_of(prev)], prev)?;
+                check_prepared(&ops[slot_of(prev)], prev)?;
             }
             res.waiter
                 .wait_wc(&mut done, &mut wc, "an atomic operation")?;
         }
         if let Some(last) = cfg.iters.checked_sub(1) {
-            check_prepared(&mut ops[slot_of(last)], last)?;
+            check_prepared(&ops[slot_of(last)], last)?;
         }
     }
     base.convert(&mut stamps);

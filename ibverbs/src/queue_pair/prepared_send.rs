@@ -158,6 +158,16 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// bytes[0] = 1;
 /// # Ok(()) }
 /// ```
+/// nor read while the device may be writing them:
+/// ```compile_fail
+/// # use ibverbs::*;
+/// # fn demo(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
+/// let mut read = qp.prepare_send(SendRequest::read(buf, remote)).map_err(|e| e.error)?;
+/// let bytes = read.bytes(0).unwrap();
+/// read.post()?;          // a read Rust sees change under it
+/// println!("{}", bytes[0]);
+/// # Ok(()) }
+/// ```
 ///
 /// # References
 /// `ibv_post_send(3)`
@@ -356,9 +366,28 @@ impl PreparedSend {
     /// The bytes of buffer `index`, or `None` while a posting is
     /// outstanding (or for a [`SharedBuffer`](crate::SharedBuffer), whose
     /// bytes peers may change: use [`buffers`](Self::buffers)).
+    ///
+    /// One load of the reference count, no read-modify-write: a loop that
+    /// reads each result while the next posting is in flight (as
+    /// `atomic_lat` does) pays nothing more.
     #[inline]
-    pub fn bytes(&mut self, index: usize) -> Option<&[u8]> {
-        match self.buf(index)? {
+    pub fn bytes(&self, index: usize) -> Option<&[u8]> {
+        // Postings are made only by `post(&mut self)`, so none can start
+        // while the returned borrow of `self` lives; a count of 1 means
+        // every earlier posting's completion was claimed. The acquire fence
+        // pairs with the claim's release decrement: the device's writes,
+        // done before its completion, are visible. (No `Weak` of `shared`
+        // exists.)
+        if Arc::strong_count(&self.shared) != 1 {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let buf = match &self.shared.sg {
+            SgList::One(b) if index == 0 => b,
+            SgList::Many(v) => v.get(index)?,
+            _ => return None,
+        };
+        match buf {
             Buf::Local(b) => Some(b),
             Buf::Frozen(b) => Some(b),
             _ => None,
