@@ -160,11 +160,11 @@ fn run(cli: Cli) -> Result<()> {
                 read.post().map_err(|e| format!("posting read {i}: {e}"))?;
                 res.waiter.wait_wc(&mut done, &mut wc, "an RDMA read")?;
             }
-            head = match read.into_buffers() {
-                Ok(SgList::One(b)) => b.into_local(),
-                _ => None,
-            }
-            .ok_or("the prepared read did not give its buffer back")?;
+            head = read
+                .into_buffers()
+                .ok()
+                .and_then(SgList::into_local)
+                .ok_or("the prepared read did not give its buffer back")?;
         } else {
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());

@@ -82,11 +82,9 @@ impl Progress {
                 .into());
             }
             self.received += 1;
-            let buf = match sg {
-                SgList::One(b) => b.into_local(),
-                _ => None,
-            }
-            .ok_or("a receive completion without its buffer")?;
+            let buf = sg
+                .into_local()
+                .ok_or("a receive completion without its buffer")?;
             self.repost.push(buf);
             if !self.defer {
                 self.repost_all(qp)?;

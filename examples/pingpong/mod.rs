@@ -949,11 +949,9 @@ impl PingPong<'_> {
         match wr_id {
             SEND_WRID => self.sent += 1,
             RECV_WRID => {
-                let buf = match sg {
-                    SgList::One(b) => b.into_local(),
-                    _ => None,
-                }
-                .ok_or("a receive completion without its buffer")?;
+                let buf = sg
+                    .into_local()
+                    .ok_or("a receive completion without its buffer")?;
                 self.routs = self.routs.saturating_sub(1);
                 self.received += 1;
                 if self.keep_last && self.received == self.iters {

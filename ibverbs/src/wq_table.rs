@@ -69,6 +69,16 @@ impl SgList {
         };
         one.into_iter().chain(many.iter())
     }
+    /// The buffer of a one-buffer list, if it is a
+    /// [`LocalBuffer`](crate::LocalBuffer) (what a single-buffer request
+    /// gives back on completion).
+    #[inline]
+    pub fn into_local(self) -> Option<crate::LocalBuffer> {
+        match self {
+            SgList::One(b) => b.into_local(),
+            _ => None,
+        }
+    }
     /// Total bytes.
     pub fn total_len(&self) -> u64 {
         self.iter().map(|b| b.len() as u64).sum()
