@@ -132,6 +132,10 @@ pub struct VmOutcome {
     pub name: String,
     pub result: VmResult,
     pub console_log: PathBuf,
+    /// The kernel crashed while booting, before the VM's init ran: nothing
+    /// of the command ran (under TCG an early-boot oops, e.g. an `int3`
+    /// hit while the kernel patches its own code, happens now and then).
+    pub boot_crash: bool,
 }
 
 impl VmOutcome {
@@ -210,8 +214,31 @@ impl Session {
         let _ = fs::remove_dir_all(&self.run_dir);
     }
 
-    /// Boots all `vms` at once, streams their consoles and waits (at most `timeout`).
+    /// Boots all `vms` at once, streams their consoles and waits (at most
+    /// `timeout`). When a kernel crashed while booting — before any VM's
+    /// command could have run — all of them boot once more.
     pub fn run(&self, vms: &[VmConfig], timeout: Duration) -> Result<Vec<VmOutcome>> {
+        let outcomes = self.run_once(vms, timeout)?;
+        let crashed: Vec<&str> = outcomes
+            .iter()
+            .filter(|o| o.boot_crash)
+            .map(|o| o.name.as_str())
+            .collect();
+        if crashed.is_empty() {
+            return Ok(outcomes);
+        }
+        step!(
+            "{}: the kernel crashed while booting, before init ran (an emulation fault, not a \
+             result; console log kept); booting again, once",
+            crashed.join(", ")
+        );
+        for o in &outcomes {
+            let _ = fs::rename(&o.console_log, o.console_log.with_extension("boot-crash.log"));
+        }
+        self.run_once(vms, timeout)
+    }
+
+    fn run_once(&self, vms: &[VmConfig], timeout: Duration) -> Result<Vec<VmOutcome>> {
         let prefixed = vms.len() > 1;
         for vm in vms {
             self.write_scripts(vm)?;
@@ -437,6 +464,10 @@ impl Running {
             let _ = h.join();
         }
         let status_file = run_dir.join(format!("{}.status", self.name));
+        let boot_crash = !status_file.exists()
+            && early
+                .iter()
+                .any(|l| l.contains("Kernel panic") || l.contains("Oops:"));
         let result = match fs::read_to_string(&status_file) {
             Ok(s) => parse_status(s.trim()),
             Err(_) => {
@@ -467,6 +498,7 @@ impl Running {
             name: std::mem::take(&mut self.name),
             result,
             console_log: std::mem::take(&mut self.log_path),
+            boot_crash,
         }
     }
 }
