@@ -138,9 +138,52 @@ fn check(msg: &[u8], expect_seq: u64) -> Result<(), String> {
         return Err(format!("message {expect_seq}: carries sequence {seq}"));
     }
     if fnv(&msg[16..]) != h {
-        return Err(format!("message {seq}: checksum mismatch"));
+        return Err(format!(
+            "message {seq}: checksum mismatch ({})",
+            explain(msg, seq)
+        ));
     }
     Ok(())
+}
+
+/// Says where a message that fails its checksum differs from what was sent
+/// and, for each differing range, whose bytes it holds instead: another
+/// message's (a buffer written by the wrong transfer, or a packet that never
+/// landed and left the buffer's previous message), zeros, or unknown.
+fn explain(msg: &[u8], seq: u64) -> String {
+    let mut want = vec![0u8; msg.len()];
+    fill(&mut want, seq);
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for (i, (a, b)) in msg.iter().zip(&want).enumerate() {
+        if a != b {
+            match ranges.last_mut() {
+                // Bytes that happen to agree inside a bad range do not split it.
+                Some((_, end)) if i - *end < 64 => *end = i + 1,
+                _ => ranges.push((i, i + 1)),
+            }
+        }
+    }
+    let mut other = vec![0u8; msg.len()];
+    let mut out = format!("{} range(s) differ", ranges.len());
+    for &(start, end) in ranges.iter().take(4) {
+        let got = &msg[start..end];
+        let source = if got.iter().all(|&b| b == 0) {
+            "zeros".to_string()
+        } else {
+            (seq.saturating_sub(256)..seq + 64)
+                .find(|&s| {
+                    fill(&mut other, s);
+                    // Compare the payload part only: bytes 0..16 are headers.
+                    let from = start.max(16);
+                    from >= end || other[from..end] == msg[from..end]
+                })
+                .map_or("unknown bytes".to_string(), |s| {
+                    format!("message {s}'s bytes")
+                })
+        };
+        out.push_str(&format!("; [{start}, {end}) holds {source}"));
+    }
+    out
 }
 
 struct Stats {
@@ -427,26 +470,6 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         }
     };
     connect_qp(&s, &c, &qp, &client.ep, psn).map_err(|e| e.to_string())?;
-    // The harness times its faults from this line.
-    eprintln!("fault_peer server: connected");
-    (&stream)
-        .write_all(hello(&me, exposed, "").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(c.deadline);
-    if op == Op::Read {
-        // The client verifies; wait for its verdict line.
-        let line = read_line(&stream).unwrap_or_default();
-        st.msgs = msgs;
-        st.bytes = total;
-        if !line.starts_with("DONE") {
-            st.fail(format!("peer:{}", line.trim().replace(' ', "_")));
-        }
-        drop(read_src);
-        return Ok(st);
-    }
-    if recv_delay_ms > 0 {
-        std::thread::sleep(Duration::from_millis(recv_delay_ms));
-    }
     // Receive buffers (send op) or zero-length receives (write with imm).
     let recv_len = if op == Op::Send { msg_size } else { 0 };
     let mut pool: Vec<LocalBuffer> = Vec::new();
@@ -468,19 +491,51 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         };
         qp.post_recv(wr).map_err(|e| e.error.to_string())
     };
-    let mut outstanding = 0u64;
-    for _ in 0..RX_DEPTH.min(msgs as usize) {
-        post(&qp, pool.pop())?;
-        outstanding += 1;
-        st.posted += 1;
+    let initial = RX_DEPTH.min(msgs as usize) as u64;
+    let post_initial = |pool: &mut Vec<LocalBuffer>, st: &mut Stats| {
+        for _ in 0..initial {
+            post(&qp, pool.pop())?;
+            st.posted += 1;
+        }
+        Ok::<(), String>(())
+    };
+    // A responder posts its receives before it lets the peer send (as
+    // rc_pingpong and perftest do): a client that starts first meets an
+    // empty receive queue (RNR NAKs). The RNR scenario posts them late on
+    // purpose (--recv-delay-ms), after the hello.
+    if op != Op::Read && recv_delay_ms == 0 {
+        post_initial(&mut pool, &mut st)?;
     }
+    // The harness times its faults from this line.
+    eprintln!("fault_peer server: connected");
+    (&stream)
+        .write_all(hello(&me, exposed, "").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(c.deadline);
+    if op == Op::Read {
+        // The client verifies; wait for its verdict line.
+        let line = read_line(&stream).unwrap_or_default();
+        st.msgs = msgs;
+        st.bytes = total;
+        if !line.starts_with("DONE") {
+            st.fail(format!("peer:{}", line.trim().replace(' ', "_")));
+        }
+        drop(read_src);
+        return Ok(st);
+    }
+    if recv_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(recv_delay_ms));
+        post_initial(&mut pool, &mut st)?;
+    }
+    let mut outstanding = initial;
     let mut batch = Completions::with_capacity(32);
     let mut scratch = vec![0u8; msg_size];
-    let mut next_post = outstanding;
+    let mut next_post = initial;
     // The client reports its end over TCP; a client that gave up (error)
     // means no more data will come: then flush our receives back.
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut peer_line = String::new();
+    let mut peer_done: Option<(String, Instant)> = None;
     let mut last_check = Instant::now();
     while (st.msgs < msgs && st.status == "ok") || outstanding > 0 {
         if Instant::now() > deadline && st.status == "ok" {
@@ -498,12 +553,19 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
                 Ok(n) => peer_line.push_str(&String::from_utf8_lossy(&buf[..n])),
                 Err(_) => {}
             }
-            if let Some(rest) = peer_line.strip_prefix("DONE ") {
+            if let (None, Some(rest)) = (&peer_done, peer_line.strip_prefix("DONE ")) {
                 let status = rest.split_whitespace().next().unwrap_or("?").to_owned();
-                if status != "ok" || st.msgs < msgs {
-                    st.fail(format!("peer:{status}"));
-                    let _ = qp.to_err();
-                }
+                peer_done = Some((status, Instant::now()));
+            }
+        }
+        // The client's "DONE ok" can overtake our last completions (it
+        // follows the ACK, and the ACK our last poll): give them a moment to
+        // arrive before calling the transfer short.
+        if let Some((status, at)) = &peer_done {
+            let short = st.msgs < msgs && at.elapsed() > Duration::from_secs(2);
+            if st.status == "ok" && (status != "ok" || short) {
+                st.fail(format!("peer:{status}"));
+                let _ = qp.to_err();
             }
         }
         cq.poll(&mut batch).map_err(|e| e.to_string())?;

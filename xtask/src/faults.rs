@@ -27,6 +27,8 @@ pub struct FaultsOptions {
     pub quick: bool,
     /// Only scenarios whose name contains this.
     pub only: Option<String>,
+    /// Each selected scenario runs this many times.
+    pub repeat: u32,
     pub vm: VmOpts,
 }
 
@@ -50,6 +52,7 @@ impl Expect {
     }
 }
 
+#[derive(Clone)]
 struct Scenario {
     name: String,
     netem: Option<String>,
@@ -247,6 +250,17 @@ fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
     if let Some(only) = &o.only {
         v.retain(|s| s.name.contains(only.as_str()));
     }
+    if o.repeat > 1 {
+        v = v
+            .iter()
+            .flat_map(|s| {
+                (1..=o.repeat).map(move |k| Scenario {
+                    name: format!("{} #{k}", s.name),
+                    ..s.clone()
+                })
+            })
+            .collect();
+    }
     v
 }
 
@@ -280,6 +294,12 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                 let _ = writeln!(s, "timeout 60 $F cq-overrun -d rxe1 > $D/{i}.local.out 2>&1; echo exit=$? >> $D/{i}.local.out");
             }
         } else {
+            // rxe's own counters around the scenario (retries, NAKs, RNR):
+            // what the device did about the fault.
+            let _ = writeln!(
+                s,
+                "rdma statistic show link rxe1/1 > $D/{i}.{role}.stat-pre 2>&1"
+            );
             if let Some(n) = &sc.netem {
                 let _ = writeln!(s, "tc qdisc add dev eth1 root netem {n} 2>>$E || echo 'tc netem {n} failed' >> $E");
             }
@@ -333,6 +353,10 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                 }
             }
             let _ = writeln!(s, "wait $pid; echo exit=$? >> $D/{i}.{side}.out");
+            let _ = writeln!(
+                s,
+                "rdma statistic show link rxe1/1 > $D/{i}.{role}.stat-post 2>&1"
+            );
             if sc.netem.is_some() {
                 let _ = writeln!(
                     s,
@@ -383,6 +407,55 @@ struct Row {
     pass: bool,
 }
 
+/// `rdma statistic show link` output as counter → value.
+fn parse_counters(text: &str) -> BTreeMap<String, u64> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter_map(|w| Some((w[0].to_string(), w[1].parse().ok()?)))
+        .collect()
+}
+
+/// What rxe counted during scenario `i` on both hosts (the nonzero ones of
+/// interest), e.g. `client retries 3, server dup requests 120`.
+fn counters(i: usize, dir: &Path) -> Option<String> {
+    let delta = |role: usize| -> Option<BTreeMap<String, u64>> {
+        let read = |k: &str| {
+            fs::read_to_string(dir.join(format!("{i}.{role}.stat-{k}")))
+                .ok()
+                .map(|t| parse_counters(&t))
+        };
+        let (pre, post) = (read("pre")?, read("post")?);
+        Some(
+            post.iter()
+                .map(|(k, v)| (k.clone(), v.saturating_sub(*pre.get(k).unwrap_or(&0))))
+                .collect(),
+        )
+    };
+    let (server, client) = (delta(0)?, delta(1)?);
+    let pick = [
+        (&client, "completer_retry_err", "client retries"),
+        (&client, "rcvd_seq_err", "client seq NAKs"),
+        (&client, "rcvd_rnr_err", "client RNR NAKs"),
+        (&server, "duplicate_request", "server dup requests"),
+        (&server, "out_of_seq_request", "server out-of-seq"),
+        (&server, "send_rnr_err", "server RNR sent"),
+    ];
+    let parts: Vec<String> = pick
+        .iter()
+        .filter_map(|(m, k, label)| {
+            m.get(*k)
+                .filter(|v| **v > 0)
+                .map(|v| format!("{label} {v}"))
+        })
+        .collect();
+    Some(if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    })
+}
+
 fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> Row {
     let get = |side: &str| result_fields(&dir.join(format!("{i}.{side}.out")));
     let mut problems = Vec::new();
@@ -429,6 +502,12 @@ fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> R
                                 if sst != "ok" {
                                     problems.push(format!("server {sst}"));
                                 }
+                                // What the server found wrong with the data.
+                                let text = fs::read_to_string(dir.join(format!("{i}.server.out")))
+                                    .unwrap_or_default();
+                                for l in text.lines().filter(|l| l.contains(": message ")) {
+                                    problems.push(l.trim().to_string());
+                                }
                             } else {
                                 problems.push("server printed no RESULT".into());
                             }
@@ -465,6 +544,10 @@ fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> R
                             .and_then(|v| v.parse::<f64>().ok())
                             .unwrap_or(0.0)
                     );
+                    let obs = match counters(i, dir) {
+                        Some(c) => format!("{obs}; rxe: {c}"),
+                        None => obs,
+                    };
                     (
                         obs,
                         format!("{verified}/{msgs} msgs, {} MiB", num(c, "bytes") >> 20),
@@ -657,6 +740,7 @@ mod tests {
             total_mib: 8,
             quick: true,
             only: None,
+            repeat: 1,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -672,5 +756,45 @@ mod tests {
         assert!(s.contains("ip link set eth1 down"));
         assert!(s.contains("link down >>") && s.contains("link up >>"));
         assert!(s.contains("tc qdisc add dev eth1 root netem loss 2%"));
+        assert!(s.contains("rdma statistic show link rxe1/1 > $D/0.1.stat-pre"));
+        let o = FaultsOptions {
+            only: Some("loss 2% / send".into()),
+            repeat: 3,
+            ..o
+        };
+        let names: Vec<String> = scenarios(&o).into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "loss 2% / send #1",
+                "loss 2% / send #2",
+                "loss 2% / send #3"
+            ]
+        );
+    }
+
+    #[test]
+    fn rxe_counters_are_reported_as_deltas() {
+        let dir = std::env::temp_dir().join(format!("xtask-counters-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let line = |retry: u64, dup: u64| {
+            format!(
+                "link rxe1/1 sent_pkts 10 duplicate_request {dup} completer_retry_err {retry} \
+                 rcvd_seq_err 0\n"
+            )
+        };
+        fs::write(dir.join("4.0.stat-pre"), line(0, 100)).unwrap();
+        fs::write(dir.join("4.0.stat-post"), line(0, 130)).unwrap();
+        fs::write(dir.join("4.1.stat-pre"), line(2, 0)).unwrap();
+        fs::write(dir.join("4.1.stat-post"), line(5, 0)).unwrap();
+        assert_eq!(
+            counters(4, &dir).as_deref(),
+            Some("client retries 3, server dup requests 30")
+        );
+        fs::write(dir.join("4.1.stat-post"), line(2, 0)).unwrap();
+        fs::write(dir.join("4.0.stat-post"), line(0, 100)).unwrap();
+        assert_eq!(counters(4, &dir).as_deref(), Some("none"));
+        assert_eq!(counters(5, &dir), None);
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -164,6 +164,10 @@ struct FaultsArgs {
     /// Only the scenarios whose name contains this text.
     #[arg(long)]
     only: Option<String>,
+    /// Run each selected scenario this many times (one VM boot), to catch
+    /// intermittent failures.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -296,6 +300,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 total_mib: args.total_mib,
                 quick: args.quick,
                 only: args.only,
+                repeat: args.repeat,
                 vm: args.opts,
             })?;
             Ok(if ok {
