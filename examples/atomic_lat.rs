@@ -13,11 +13,12 @@
 //! slots, and the old value of operation `i` is checked once operation
 //! `i + 1` is posted: the check runs while the device works, not between a
 //! completion and the next post, the window the latency measures (perftest
-//! checks nothing there).
+//! checks nothing there). For the same reason the compare-and-swap
+//! operands of operation `i + 1` are set once `i` is posted.
 //!
-//! The operation is prepared once ([`PreparedSend`](ibverbs::PreparedSend))
-//! and posted again each iteration with its new operands, as perftest
-//! reuses one `ibv_send_wr`; `--per-request` builds and posts a new
+//! One operation per slot is prepared once
+//! ([`PreparedSend`](ibverbs::PreparedSend)) and posted again with its new
+//! operands, as perftest reuses one `ibv_send_wr`; `--per-request` builds and posts a new
 //! owned-buffer request each time (`post_send`) instead, and `--raw` goes
 //! through the library's `unsafe` raw path (`post_send_raw`, `poll_raw`),
 //! a control measuring the safe layer's cost.
@@ -100,20 +101,29 @@ fn raw_loop(
         swap: 0,
         rkey: word.rkey.0,
     };
-    let mut wc = [WorkCompletion::default(); 1];
-    for i in 0..cfg.iters {
+    // One request per slot, as the safe loop prepares one per slot; the
+    // next operation's request is set while this one is in flight.
+    let mut wrs = [wr, wr];
+    wrs[1].sg_list = sges.wrapping_add(1);
+    let set = |wr: &mut sys::ibv_send_wr, i: u64| {
         wr.wr_id = i;
         if op == Op::Cas {
             wr.wr.atomic.compare_add = i;
             wr.wr.atomic.swap = i + 1;
         }
-        wr.sg_list = sges.wrapping_add(slot_of(i));
+    };
+    set(&mut wrs[0], 0);
+    let mut wc = [WorkCompletion::default(); 1];
+    for i in 0..cfg.iters {
+        let wr = &mut wrs[slot_of(i)];
         stamps.push(base.stamp());
         // The check below reads the other slot, never this one.
         // SAFETY: `sg_list`'s slot is registered (its lkey), 8-byte aligned,
         // caller-owned and unread until its completion is polled below;
         // `wr_id` has bit 63 clear; one NULL-terminated request.
-        unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
+        unsafe { res.qp.post_send_raw(wr) }.map_err(|e| format!("posting atomic {i}: {e}"))?;
+        // Operation i - 1 completed: its request is free for i + 1.
+        set(&mut wrs[slot_of(i + 1)], i + 1);
         if let Some(prev) = i.checked_sub(1) {
             check_old(prev, &slots[slot_of(prev)])?;
         }
@@ -255,14 +265,20 @@ fn run(cli: Cli) -> Result<()> {
                 .map_err(|e| format!("preparing the atomic operation: {}", e.error))
         };
         let mut ops = [prepare(a)?, prepare(b)?];
+        // The operands of operation i + 1 are set while i is in flight
+        // (the request posted before it completed: the provider copied it).
+        let set = |op: &mut PreparedSend, i: u64| match cli.op {
+            Op::Cas => op.set_compare_swap(i, i + 1),
+            Op::Faa => Ok(()),
+        };
+        set(&mut ops[0], 0)?;
         let mut wc = WorkCompletion::default();
         for i in 0..cfg.iters {
-            let op = &mut ops[slot_of(i)];
-            if cli.op == Op::Cas {
-                op.set_compare_swap(i, i + 1)?;
-            }
             stamps.push(base.stamp());
-            op.post().map_err(|e| format!("posting atomic {i}: {e}"))?;
+            ops[slot_of(i)]
+                .post()
+                .map_err(|e| format!("posting atomic {i}: {e}"))?;
+            set(&mut ops[slot_of(i + 1)], i + 1)?;
             if let Some(prev) = i.checked_sub(1) {
                 check_prepared(&ops[slot_of(prev)], prev)?;
             }
