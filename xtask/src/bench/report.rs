@@ -233,9 +233,15 @@ of 8). What they still add there is three atomic read-modify-writes (the claim's
 send lock, the posting's increment; out-of-line helpers under TCG): three such operations added to \
 the raw loop moved it past the cliff in 2 of 8 runs, yet a probe build that skipped the \
 posting's count entirely made no measurable difference (prepared read_lat fast in 5 of 8 runs \
-without it, 7 of 8 with it; C 6 of 8): what is left is within the cliff's run-to-run flip, and \
-more rounds are needed to tell whether it is systematic. The per-request path (read_lat req) \
-makes about a dozen calls there. Also done: the data-path inlines of verbs.h are Rust (one \
+without it, 7 of 8 with it; C 6 of 8). atomic_lat still had work in the window: a \
+read-modify-write on the prepared request's Arc to read each old value (PreparedSend::bytes now \
+loads the count) and, for CAS, setting the next operands (now set while the operation before is \
+in flight); with both gone the safe atomics went from 1.54-1.64x to 1.06-1.14x. In 9- and \
+7-round runs the prepared reads and atomics pass in one run and miss in the other (within the \
+cliff's flip); rc_pingpong and the per-request path (read_lat req, about a dozen calls in the \
+window) miss at every small size in every run: systematic. A ping-pong's window holds a receive \
+claim through the receive queue's table (lock and slot) where C only reads wr_id; a prepared \
+receive, owned and re-posted like PreparedSend, is the next thing to try. Also done: the data-path inlines of verbs.h are Rust (one \
 call into the provider per post or poll, as in C), poll_one and PreparedSend::post are inlined, \
 the doorbell rung before the slot bookkeeping, a Completion small enough to move without \
 memcpy, TSC stamps as perftest's get_cycles, no PAUSE in the tools' busy loops. On real \
