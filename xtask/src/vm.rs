@@ -233,7 +233,10 @@ impl Session {
             crashed.join(", ")
         );
         for o in &outcomes {
-            let _ = fs::rename(&o.console_log, o.console_log.with_extension("boot-crash.log"));
+            let _ = fs::rename(
+                &o.console_log,
+                o.console_log.with_extension("boot-crash.log"),
+            );
         }
         self.run_once(vms, timeout)
     }
