@@ -167,15 +167,18 @@ fn explain(msg: &[u8], seq: u64) -> String {
     let mut out = format!("{} range(s) differ", ranges.len());
     for &(start, end) in ranges.iter().take(4) {
         let got = &msg[start..end];
+        // Bytes 0..16 are the header (sequence, checksum): a range there
+        // is no other message's payload.
+        let from = start.max(16);
         let source = if got.iter().all(|&b| b == 0) {
             "zeros".to_string()
+        } else if from >= end {
+            "a corrupted header".to_string()
         } else {
             (seq.saturating_sub(256)..seq + 64)
                 .find(|&s| {
                     fill(&mut other, s);
-                    // Compare the payload part only: bytes 0..16 are headers.
-                    let from = start.max(16);
-                    from >= end || other[from..end] == msg[from..end]
+                    other[from..end] == msg[from..end]
                 })
                 .map_or("unknown bytes".to_string(), |s| {
                     format!("message {s}'s bytes")

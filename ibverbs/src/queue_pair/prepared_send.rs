@@ -378,16 +378,11 @@ impl PreparedSend {
         // pairs with the claim's release decrement: the device's writes,
         // done before its completion, are visible. (No `Weak` of `shared`
         // exists.)
-        if Arc::strong_count(&self.shared) != 1 {
+        if self.is_posted() {
             return None;
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        let buf = match &self.shared.sg {
-            SgList::One(b) if index == 0 => b,
-            SgList::Many(v) => v.get(index)?,
-            _ => return None,
-        };
-        match buf {
+        match self.shared.sg.iter().nth(index)? {
             Buf::Local(b) => Some(b),
             Buf::Frozen(b) => Some(b),
             _ => None,
