@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressVector, Completion, CompletionQueue, Completions, Endpoint, LocalBuffer,
-    QpType, RecvRequest, SendRequest,
+    QpType, RecvRequest, SendRequest, WorkCompletion,
 };
 
 struct Counting;
@@ -172,6 +172,49 @@ fn post_and_poll_do_not_allocate() {
         (n, bytes),
         (0, 0),
         "{MEASURED} iterations of post_recv/post_send/poll/take allocated {n} times ({bytes} bytes)"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn prepared_send_and_receive_do_not_allocate() {
+    // The ping-pongs' data path: a prepared send and a prepared receive,
+    // re-posted, completions polled into one WorkCompletion.
+    let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let msg = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut send = p.a.prepare_send(SendRequest::send(msg).wr_id(1)).unwrap();
+    let into = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut recv = p.b.prepare_recv(RecvRequest::new(into).wr_id(2)).unwrap();
+    let mut wc = WorkCompletion::default();
+
+    let mut iteration = |i: usize| {
+        send.bytes_mut(0).expect("send idle")[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        recv.post().expect("post the receive");
+        send.post().expect("post the send");
+        let end = deadline();
+        while send.is_posted() || recv.is_posted() {
+            for cq in [&p.cq_a, &p.cq_b] {
+                if cq.poll_one_into(&mut wc).expect("ibv_poll_cq").is_some() {
+                    assert!(wc.is_success(), "iteration {i}: {:?}", wc.status());
+                }
+            }
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+        let got = recv.bytes(0).expect("receive idle");
+        assert_eq!(got[..8], (i as u64).to_le_bytes(), "message {i}");
+    };
+    for i in 0..WARM_UP {
+        iteration(i);
+    }
+    let (n, bytes) = count_allocations(|| {
+        for i in WARM_UP..WARM_UP + MEASURED {
+            iteration(i);
+        }
+    });
+    assert_eq!(
+        (n, bytes),
+        (0, 0),
+        "{MEASURED} iterations of prepared post/poll allocated {n} times ({bytes} bytes)"
     );
 }
 

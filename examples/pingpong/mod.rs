@@ -39,18 +39,24 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, ConnectOptions,
-    Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, Mtu, PortAttr, PortNumber,
-    PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, SgList,
-    SharedReceiveQueue, WorkCompletion,
+    Context, Endpoint, FrozenBuffer, Gid, GidIndex, Mtu, PortAttr, PortNumber, PreparedRecv,
+    PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, WorkCompletion,
 };
 
 use exchange::Limits;
 use wire::Dest;
 
-/// `wr_id` of receives (as in the C tools).
+/// `wr_id` of receives (as in the C tools), in the low byte: the rest
+/// holds the receive buffer's index.
 const RECV_WRID: u64 = 1;
 /// `wr_id` of sends.
 const SEND_WRID: u64 = 2;
+/// The low byte of a `wr_id`: `RECV_WRID` or `SEND_WRID`.
+const WRID_KIND: u64 = 0xff;
+/// Receive buffer `i`'s `wr_id`.
+const fn recv_wr_id(i: usize) -> u64 {
+    ((i as u64) << 8) | RECV_WRID
+}
 /// Q_Key of `ud_pingpong`.
 pub const QKEY: u32 = 0x1111_1111;
 /// Space for the GRH in front of every UD receive.
@@ -356,33 +362,6 @@ impl Drop for Watchdog {
     }
 }
 
-/// Where receives are posted.
-enum RecvQueue {
-    Qp(QueuePair),
-    Srq(SharedReceiveQueue),
-}
-
-impl RecvQueue {
-    fn post(&self, buf: LocalBuffer) -> Res<()> {
-        let wr = RecvRequest::new(buf).wr_id(RECV_WRID);
-        match self {
-            RecvQueue::Qp(qp) => qp.post_recv(wr),
-            RecvQueue::Srq(srq) => srq.post_recv(wr),
-        }
-        .map_err(|e| Failure(format!("Couldn't post receive: {}", e.error)))
-    }
-
-    /// Posts every request of `wrs` in one call (they are drained from it;
-    /// its capacity is kept, so this does not allocate).
-    fn post_list(&self, wrs: &mut Vec<RecvRequest>) -> Res<()> {
-        match self {
-            RecvQueue::Qp(qp) => qp.post_recv_list(wrs),
-            RecvQueue::Srq(srq) => srq.post_recv_list(wrs),
-        }
-        .map_err(|e| Failure(format!("Couldn't post receive: {e}")))
-    }
-}
-
 /// The device side of a run, set up and waiting for the peer's address.
 struct Setup {
     ctx: Context,
@@ -393,7 +372,8 @@ struct Setup {
     pd: ibverbs::ProtectionDomain,
     cq: CompletionQueue,
     qps: Vec<QueuePair>,
-    recv: RecvQueue,
+    /// One prepared receive per buffer, posted (the loop takes them).
+    recvs: Vec<PreparedRecv>,
     send_buf: FrozenBuffer,
     inline: bool,
     /// Offset of the payload in a receive buffer (the GRH for UD).
@@ -564,14 +544,21 @@ fn open(cfg: &Config) -> Res<Setup> {
     }
     let send_buf = send_buf.freeze();
 
-    let recv = match srq {
-        Some(srq) => RecvQueue::Srq(srq),
-        None => RecvQueue::Qp(qps[0].clone()),
-    };
-    for _ in 0..c.rx_depth {
+    // One prepared receive per buffer, re-posted as its message is
+    // consumed: a completion is claimed without the receive queue's table.
+    let mut recvs: Vec<PreparedRecv> = Vec::with_capacity(c.rx_depth as usize);
+    for i in 0..c.rx_depth as usize {
         let (buf, rest) = recv_area.split_at(recv_len);
         recv_area = rest;
-        recv.post(buf)?;
+        let wr = RecvRequest::new(buf).wr_id(recv_wr_id(i));
+        let mut recv = match &srq {
+            Some(srq) => srq.prepare_recv(wr),
+            None => qps[0].prepare_recv(wr),
+        }
+        .map_err(|e| Failure(format!("Couldn't post receive: {}", e.error)))?;
+        recv.post()
+            .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
+        recvs.push(recv);
     }
     if c.events {
         cq.req_notify(false)
@@ -613,7 +600,7 @@ fn open(cfg: &Config) -> Res<Setup> {
         pd,
         cq,
         qps,
-        recv,
+        recvs,
         send_buf,
         inline,
         recv_offset,
@@ -744,7 +731,7 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         connect: Duration::from_secs(exchange_secs),
     };
 
-    let setup = open(cfg)?;
+    let mut setup = open(cfg)?;
     let ud = cfg.transport == Transport::Ud;
     let count = if cfg.transport == Transport::Srq {
         SRQ_MAX_QP
@@ -799,9 +786,11 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
                 .map_err(|e| Failure(format!("Couldn't prepare the send: {}", e.error)))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let recvs = std::mem::take(&mut setup.recvs);
     let mut pp = PingPong {
         setup: &setup,
         sends,
+        recvs,
         iters: c.iters,
         qpns: setup.qps.iter().map(|q| q.qp_num().0).collect(),
         pending: vec![RECV_WRID; setup.qps.len()],
@@ -817,7 +806,6 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         routs: c.rx_depth,
         refill_at: cfg.num_qp,
         free: Vec::with_capacity(c.rx_depth as usize),
-        refill: Vec::with_capacity(c.rx_depth as usize),
         watchdog: &watchdog,
     };
     watchdog.arm();
@@ -837,7 +825,10 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         usec / f64::from(c.iters)
     );
 
-    if let Some(buf) = &pp.last {
+    if let Some(i) = pp.last {
+        let buf = pp.recvs[i]
+            .bytes(0)
+            .ok_or("-c: the last receive buffer is still posted")?;
         let payload = &buf[setup.recv_offset..];
         let mut bad = 0;
         for (page, i) in (0..cfg.size as usize).step_by(page_size()).enumerate() {
@@ -863,6 +854,9 @@ struct PingPong<'a> {
     setup: &'a Setup,
     /// Per QP: its send, prepared once.
     sends: Vec<PreparedSend>,
+    /// Per receive buffer: its receive, prepared once (`wr_id` >> 8 is the
+    /// index).
+    recvs: Vec<PreparedRecv>,
     iters: u32,
     /// Completions polled at a time (as the C tools).
     batch: usize,
@@ -873,16 +867,16 @@ struct PingPong<'a> {
     received: u32,
     /// Keep the `iters`-th receive buffer for `-c` instead of reposting it.
     keep_last: bool,
-    last: Option<LocalBuffer>,
+    /// The index of that buffer.
+    last: Option<usize>,
     /// Receives outstanding.
     routs: u32,
     /// As the C tools, receives are reposted in one batch once only this
     /// many are outstanding (1, or the number of QPs sharing the SRQ).
     refill_at: u32,
-    /// Receive buffers back from their completions, waiting for the refill.
-    free: Vec<LocalBuffer>,
-    /// The refill's requests (capacity reused: no allocation).
-    refill: Vec<RecvRequest>,
+    /// Receives back from their completions, waiting for the refill
+    /// (indices; capacity reused: no allocation).
+    free: Vec<usize>,
     watchdog: &'a Watchdog,
 }
 
@@ -914,7 +908,8 @@ impl PingPong<'_> {
                 let mut n = 0;
                 while n < self.batch {
                     match s.cq.poll_one_into(&mut wc).ctx("poll CQ failed")? {
-                        Some(sg) => self.complete(&wc, sg)?,
+                        // A prepared request's completion carries no buffers.
+                        Some(_) => self.complete(&wc)?,
                         None => break,
                     }
                     n += 1;
@@ -930,7 +925,7 @@ impl PingPong<'_> {
         Ok(start.elapsed())
     }
 
-    fn complete(&mut self, c: &WorkCompletion, sg: SgList) -> Res<()> {
+    fn complete(&mut self, c: &WorkCompletion) -> Res<()> {
         let wr_id = c.raw_wr_id();
         if !c.is_success() {
             return Err(format!(
@@ -946,12 +941,11 @@ impl PingPong<'_> {
             .iter()
             .position(|&q| q == qpn)
             .ok_or_else(|| format!("Couldn't find QPN {qpn:06x}"))?;
-        match wr_id {
-            SEND_WRID => self.sent += 1,
-            RECV_WRID => {
-                let buf = sg
-                    .into_local()
-                    .ok_or("a receive completion without its buffer")?;
+        let kind = wr_id & WRID_KIND;
+        match kind {
+            SEND_WRID if wr_id == SEND_WRID => self.sent += 1,
+            RECV_WRID if ((wr_id >> 8) as usize) < self.recvs.len() => {
+                let buf = (wr_id >> 8) as usize;
                 self.routs = self.routs.saturating_sub(1);
                 self.received += 1;
                 if self.keep_last && self.received == self.iters {
@@ -963,10 +957,10 @@ impl PingPong<'_> {
                     self.refill_receives()?;
                 }
             }
-            other => return Err(format!("Completion for unknown wr_id {other}").into()),
+            _ => return Err(format!("Completion for unknown wr_id {wr_id}").into()),
         }
         self.watchdog.progress(self.sent, self.received);
-        self.pending[i] &= !wr_id;
+        self.pending[i] &= !kind;
         if self.sent < self.iters && self.pending[i] == 0 {
             self.post_send(i)?;
             self.pending[i] = RECV_WRID | SEND_WRID;
@@ -974,13 +968,16 @@ impl PingPong<'_> {
         Ok(())
     }
 
+    /// Re-posts every consumed receive (one `ibv_post_recv` each, as the
+    /// C tools' refill).
     fn refill_receives(&mut self) -> Res<()> {
-        for buf in self.free.drain(..) {
-            self.refill.push(RecvRequest::new(buf).wr_id(RECV_WRID));
+        for &i in &self.free {
+            self.recvs[i]
+                .post()
+                .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
+            self.routs += 1;
         }
-        let n = self.refill.len() as u32;
-        self.setup.recv.post_list(&mut self.refill)?;
-        self.routs += n;
+        self.free.clear();
         Ok(())
     }
 

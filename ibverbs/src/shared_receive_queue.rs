@@ -154,6 +154,11 @@ impl SharedReceiveQueue {
         &self.inner.pd
     }
 
+    /// The scatter/gather entries a receive may have.
+    pub(crate) fn max_sge(&self) -> u32 {
+        self.inner.max_sge
+    }
+
     /// Capacity (actual).
     pub fn capacity(&self) -> u32 {
         self.inner.table.capacity()

@@ -16,6 +16,7 @@ mod builder;
 mod connect;
 mod post;
 mod post_ex;
+mod prepared_recv;
 mod prepared_send;
 mod raw;
 mod recv;
@@ -30,6 +31,7 @@ pub use connect::*;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
+pub use prepared_recv::PreparedRecv;
 pub use prepared_send::PreparedSend;
 pub(crate) use prepared_send::{claim_prepared, is_prepared};
 pub use request::*;

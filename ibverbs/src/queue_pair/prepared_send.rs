@@ -48,31 +48,106 @@ const _: () = {
 };
 const PTR_MASK: u64 = (1 << 61) - 1;
 
-impl Shared {
-    fn new(sg: SgList, ah: Option<AddressHandle>, wr_id: u64) -> Arc<Shared> {
-        Arc::new(Shared { sg, ah, wr_id })
+/// A prepared request's buffers and its postings' counts: what
+/// [`PreparedSend`] and [`PreparedRecv`](super::PreparedRecv) share.
+#[derive(Debug)]
+pub(super) struct Postings {
+    shared: Arc<Shared>,
+}
+
+impl Postings {
+    pub(super) fn new(sg: SgList, ah: Option<AddressHandle>, wr_id: u64) -> Postings {
+        Postings {
+            shared: Arc::new(Shared { sg, ah, wr_id }),
+        }
+    }
+
+    /// A new posting's count, to leak into its `wr_id` before the doorbell
+    /// (another thread may poll the completion as soon as the provider
+    /// took the request).
+    #[inline(always)]
+    pub(super) fn posting(&self) -> Posting {
+        Posting(Arc::into_raw(Arc::clone(&self.shared)))
+    }
+
+    #[inline]
+    pub(super) fn is_posted(&self) -> bool {
+        Arc::strong_count(&self.shared) > 1
+    }
+
+    #[inline]
+    pub(super) fn wr_id(&self) -> u64 {
+        self.shared.wr_id
+    }
+
+    /// The buffers, or `None` while a posting is outstanding (`get_mut`
+    /// acquires what the completions released with their counts).
+    #[inline]
+    pub(super) fn sg_mut(&mut self) -> Option<&mut SgList> {
+        Some(&mut Arc::get_mut(&mut self.shared)?.sg)
+    }
+
+    /// The bytes of buffer `index` (local or frozen), or `None` while a
+    /// posting is outstanding.
+    ///
+    /// One load of the reference count, no read-modify-write: a loop that
+    /// reads each result while the next posting is in flight pays nothing
+    /// more.
+    #[inline]
+    pub(super) fn bytes(&self, index: usize) -> Option<&[u8]> {
+        // Postings are made only by the owners' `post(&mut self)`, so none
+        // can start while the returned borrow of `self` lives; a count of 1
+        // means every earlier posting's completion was claimed. The acquire
+        // fence pairs with the claim's release decrement: the device's
+        // writes, done before its completion, are visible. (No `Weak` of
+        // `shared` exists.)
+        if self.is_posted() {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        match self.shared.sg.iter().nth(index)? {
+            Buf::Local(b) => Some(b),
+            Buf::Frozen(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The bytes of local buffer `index` to change before the next
+    /// posting, or `None` while a posting is outstanding (or for a frozen
+    /// or shared buffer).
+    #[inline]
+    pub(super) fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
+        let buf = match self.sg_mut()? {
+            SgList::One(b) if index == 0 => b,
+            SgList::Many(v) => v.get_mut(index)?,
+            _ => return None,
+        };
+        match buf {
+            Buf::Local(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The buffers, taken out, or `None` while a posting is outstanding.
+    pub(super) fn take(&mut self) -> Option<SgList> {
+        self.sg_mut().map(std::mem::take)
     }
 }
 
 /// One posting's strong count, leaked into its `wr_id` until the
 /// completion is claimed.
-struct Posting(*const Shared);
+pub(super) struct Posting(*const Shared);
 
 impl Posting {
     #[inline]
-    fn new(shared: &Arc<Shared>) -> Posting {
-        Posting(Arc::into_raw(Arc::clone(shared)))
-    }
-
-    #[inline]
-    fn wr_id(&self) -> u64 {
+    pub(super) fn wr_id(&self) -> u64 {
         SAFE_BIT | PREPARED_BIT | ((self.0 as usize as u64) >> 3)
     }
 
     /// The provider refused the request: no completion will carry the
     /// count, so it is taken back here.
     #[cold]
-    fn refused(self) {
+    pub(super) fn refused(self) {
         // SAFETY: the count `new` leaked, not handed to any completion
         // (the request was refused); taken back once, here.
         drop(unsafe { Arc::from_raw(self.0) });
@@ -186,7 +261,7 @@ pub struct PreparedSend {
     /// never read: the inline SGE points into it.
     #[allow(dead_code)]
     inline: Vec<u8>,
-    shared: Arc<Shared>,
+    postings: Postings,
 }
 
 // SAFETY: the raw pointers in `wr` point into `sges` and `inline` (owned
@@ -240,7 +315,7 @@ impl QueuePair {
         let mut c = c_send_wr(&wr);
         c.sg_list = sges.as_mut_ptr();
         c.num_sge = num_sge as i32;
-        let shared = Shared::new(
+        let postings = Postings::new(
             std::mem::take(&mut wr.sg),
             wr.ud.take().map(|u| u.ah),
             wr.wr_id,
@@ -250,7 +325,7 @@ impl QueuePair {
             wr: c,
             sges,
             inline,
-            shared,
+            postings,
         })
     }
 }
@@ -275,11 +350,11 @@ impl PreparedSend {
         self.qp.check_sendable("ibv_post_send")?;
         // Before the doorbell: another thread may poll the completion as
         // soon as the provider took the request.
-        let posting = Posting::new(&self.shared);
+        let posting = self.postings.posting();
         self.wr.wr_id = posting.wr_id();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // `wr`'s SGEs point into `sges` and describe the registered buffers
-        // `shared` owns (checked by prepare_send, never replaced), kept alive
+        // `postings` owns (checked by prepare_send, never replaced), kept alive
         // by the posting's count until its completion is claimed, or the
         // inline bytes the provider copies during the call.
         // SAFETY: live QP (`self.qp`); one request (`next` NULL), SGEs as above.
@@ -333,13 +408,13 @@ impl PreparedSend {
     /// polled).
     #[inline]
     pub fn is_posted(&self) -> bool {
-        Arc::strong_count(&self.shared) > 1
+        self.postings.is_posted()
     }
 
     /// The `wr_id` each posting's completion reports.
     #[inline]
     pub fn wr_id(&self) -> u64 {
-        self.shared.wr_id
+        self.postings.wr_id()
     }
 
     /// The queue pair the request posts to.
@@ -347,20 +422,9 @@ impl PreparedSend {
         &self.qp
     }
 
-    /// The buffers, or `None` while a posting is outstanding (`get_mut`
-    /// acquires what the completions released with their counts).
+    /// The buffers, or `None` while a posting is outstanding.
     pub fn buffers(&mut self) -> Option<&SgList> {
-        Some(&Arc::get_mut(&mut self.shared)?.sg)
-    }
-
-    /// Buffer `index` when no posting is outstanding.
-    #[inline]
-    fn buf(&mut self, index: usize) -> Option<&mut Buf> {
-        match &mut Arc::get_mut(&mut self.shared)?.sg {
-            SgList::One(b) if index == 0 => Some(b),
-            SgList::Many(v) => v.get_mut(index),
-            _ => None,
-        }
+        self.postings.sg_mut().map(|sg| &*sg)
     }
 
     /// The bytes of buffer `index`, or `None` while a posting is
@@ -372,21 +436,7 @@ impl PreparedSend {
     /// `atomic_lat` does) pays nothing more.
     #[inline]
     pub fn bytes(&self, index: usize) -> Option<&[u8]> {
-        // Postings are made only by `post(&mut self)`, so none can start
-        // while the returned borrow of `self` lives; a count of 1 means
-        // every earlier posting's completion was claimed. The acquire fence
-        // pairs with the claim's release decrement: the device's writes,
-        // done before its completion, are visible. (No `Weak` of `shared`
-        // exists.)
-        if self.is_posted() {
-            return None;
-        }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        match self.shared.sg.iter().nth(index)? {
-            Buf::Local(b) => Some(b),
-            Buf::Frozen(b) => Some(b),
-            _ => None,
-        }
+        self.postings.bytes(index)
     }
 
     /// The bytes of buffer `index` to change before the next posting, or
@@ -394,10 +444,7 @@ impl PreparedSend {
     /// buffer).
     #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
-        match self.buf(index)? {
-            Buf::Local(b) => Some(b),
-            _ => None,
-        }
+        self.postings.bytes_mut(index)
     }
 
     /// Gives the buffers back, or the request itself while a posting is
@@ -408,10 +455,7 @@ impl PreparedSend {
     // The request comes back by value, as PostError does.
     #[allow(clippy::result_large_err)]
     pub fn into_buffers(mut self) -> std::result::Result<SgList, PreparedSend> {
-        match Arc::get_mut(&mut self.shared) {
-            Some(shared) => Ok(std::mem::take(&mut shared.sg)),
-            None => Err(self),
-        }
+        self.postings.take().ok_or(self)
     }
 }
 
@@ -422,23 +466,23 @@ mod tests {
 
     #[test]
     fn a_postings_wr_id_carries_its_count_and_nothing_else_claims_it() {
-        let shared = Shared::new(SgList::Empty, None, 42);
-        let wr_id = Posting::new(&shared).wr_id();
+        let postings = Postings::new(SgList::Empty, None, 42);
+        let wr_id = postings.posting().wr_id();
         assert!(is_prepared(wr_id));
         // Neither a table slot nor a raw-path id.
         assert_eq!(WqTable::<()>::decode(wr_id), None);
         assert!(!is_prepared(wr_id & !SAFE_BIT));
         assert!(!is_prepared(SAFE_BIT | (5 << 32) | 9));
-        assert_eq!(Arc::strong_count(&shared), 2);
+        assert!(postings.is_posted());
         // SAFETY: `wr_id` holds the count leaked above, claimed once.
         assert_eq!(unsafe { claim_prepared(wr_id) }, 42);
-        assert_eq!(Arc::strong_count(&shared), 1);
+        assert!(!postings.is_posted());
     }
 
     #[test]
     fn a_refused_posting_gives_its_count_back() {
-        let shared = Shared::new(SgList::Empty, None, 1);
-        Posting::new(&shared).refused();
-        assert_eq!(Arc::strong_count(&shared), 1);
+        let postings = Postings::new(SgList::Empty, None, 1);
+        postings.posting().refused();
+        assert!(!postings.is_posted());
     }
 }
