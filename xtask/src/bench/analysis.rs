@@ -122,6 +122,21 @@ impl Cell {
         ))
     }
 
+    /// The 95 % bootstrap interval of [`ratio`](Self::ratio) (see `stats::ratio_interval`).
+    pub fn interval(&self) -> Option<(f64, f64)> {
+        stats::ratio_interval(&self.rust.values, &self.c.values)
+    }
+
+    /// A missed target whose whole interval lies beyond it: a miss the runs' spread cannot
+    /// explain.
+    pub fn clear_miss(&self) -> bool {
+        self.verdict() == Verdict::Miss
+            && self.interval().is_some_and(|(lo, hi)| {
+                let t = self.tool.metric.target();
+                !t.met(lo) && !t.met(hi)
+            })
+    }
+
     pub fn verdict(&self) -> Verdict {
         match self.ratio() {
             Some(r) if self.tool.metric.target().met(r) => Verdict::Pass,

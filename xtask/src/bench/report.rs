@@ -124,11 +124,17 @@ fn ratio(c: &Cell) -> String {
     c.ratio().map_or("—".into(), |r| format!("{r:.3}"))
 }
 
+/// The ratio's 95 % bootstrap interval.
+fn interval(c: &Cell) -> String {
+    c.interval()
+        .map_or("—".into(), |(lo, hi)| format!("{lo:.2}–{hi:.2}"))
+}
+
 /// The table printed at the end of `cargo xtask bench`.
 pub fn terminal_table(a: &Analysis) -> String {
     let head = [
-        "tool", "size", "metric", "C med", "Rust med", "Rust/C", "C rng", "Rust rng", "ok C",
-        "ok R", "target", "result",
+        "tool", "size", "metric", "C med", "Rust med", "Rust/C", "95% CI", "C rng", "Rust rng",
+        "ok C", "ok R", "target", "result",
     ];
     let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for c in &a.cells {
@@ -139,6 +145,7 @@ pub fn terminal_table(a: &Analysis) -> String {
             median(&c.c),
             median(&c.rust),
             ratio(c),
+            interval(c),
             rel_range(&c.c),
             rel_range(&c.rust),
             ok_count(&c.c),
@@ -156,7 +163,7 @@ pub fn terminal_table(a: &Analysis) -> String {
         for (i, cell) in r.iter().enumerate() {
             let pad = widths[i] - cell.chars().count();
             // text columns left, numbers right
-            if !(3..10).contains(&i) {
+            if !(3..11).contains(&i) {
                 line.push_str(cell);
                 line.push_str(&" ".repeat(pad));
             } else {
@@ -204,6 +211,20 @@ pub fn target_lines(a: &Analysis) -> Vec<String> {
         );
         if !misses.is_empty() {
             line.push_str(&format!("; not met: {}", misses.join(", ")));
+            let clear: Vec<String> = cells
+                .iter()
+                .filter(|c| c.clear_miss())
+                .map(|c| format!("{} {}", c.tool.label, size(c.size)))
+                .collect();
+            line.push_str(&format!(
+                ". Misses whose 95 % interval lies wholly beyond the target (the runs' spread \
+                 cannot explain them): {}",
+                if clear.is_empty() {
+                    "none".to_string()
+                } else {
+                    clear.join(", ")
+                }
+            ));
         }
         out.push(line);
     }
@@ -336,7 +357,9 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
     let _ = writeln!(m, "## Results\n");
     let _ = writeln!(
         m,
-        "Median over {} round(s) for each implementation; Rust/C is the ratio of the medians. \
+        "Median over {} round(s) for each implementation; Rust/C is the ratio of the medians; \
+         95 % CI is its percentile-bootstrap interval (both sides resampled, fixed seed): where it \
+         straddles the target, the runs' spread alone could put the cell on either side. \
          Spread is min–max over the rounds (with the range as a percentage of the median). \
          Latency is perftest's `t_typical` (µs) or `ibv_rc_pingpong`'s `usec/iter`; bandwidth is \
          perftest's `BW average` (MB/s).\n",
@@ -344,11 +367,11 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
     );
     let _ = writeln!(
         m,
-        "| tool | size | metric | iters | C median | Rust median | Rust/C | C min–max | Rust min–max | runs ok (C · Rust) | target | result |"
+        "| tool | size | metric | iters | C median | Rust median | Rust/C | 95 % CI | C min–max | Rust min–max | runs ok (C · Rust) | target | result |"
     );
     let _ = writeln!(
         m,
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
     );
     for c in &a.cells {
         let res = match c.verdict() {
@@ -357,7 +380,7 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
         };
         let _ = writeln!(
             m,
-            "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} · {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} · {} | {} | {} |",
             c.tool.label,
             size(c.size),
             c.tool.metric.label(),
@@ -365,6 +388,7 @@ pub fn markdown(plan: &Plan, a: &Analysis, env: &Env, png: Option<&str>) -> Stri
             median(&c.c),
             median(&c.rust),
             ratio(c),
+            interval(c),
             range(&c.c),
             rel_range(&c.c),
             range(&c.rust),

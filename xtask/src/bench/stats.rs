@@ -54,9 +54,64 @@ pub fn ratio(rust: &Summary, c: &Summary) -> f64 {
     rust.median / c.median
 }
 
+/// Resamples behind [`ratio_interval`].
+const RESAMPLES: usize = 4000;
+
+/// A 95 % percentile-bootstrap interval of Rust/C (the ratio of medians): both sides resampled
+/// with replacement, [`RESAMPLES`] times, by a fixed-seed generator, so a report rebuilt from
+/// the same runs shows the same interval. It says how far the same binaries' run-to-run spread
+/// alone could move the ratio: a cell whose interval straddles the target is not a result
+/// either way. `None` with fewer than 3 runs on a side.
+pub fn ratio_interval(rust: &[f64], c: &[f64]) -> Option<(f64, f64)> {
+    if rust.len() < 3 || c.len() < 3 {
+        return None;
+    }
+    // splitmix64: small, and good enough to pick indices.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    };
+    let mut scratch = Vec::with_capacity(rust.len().max(c.len()));
+    let mut resampled_median = |values: &[f64], next: &mut dyn FnMut(usize) -> usize| {
+        scratch.clear();
+        scratch.extend((0..values.len()).map(|_| values[next(values.len())]));
+        scratch.sort_by(f64::total_cmp);
+        quantile(&scratch, 0.5)
+    };
+    let mut ratios: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let r = resampled_median(rust, &mut next);
+            r / resampled_median(c, &mut next)
+        })
+        .filter(|r| r.is_finite())
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    ratios.sort_by(f64::total_cmp);
+    Some((quantile(&ratios, 0.025), quantile(&ratios, 0.975)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_interval_holds_the_ratio_and_narrows_with_agreeing_runs() {
+        let c = [100.0, 102.0, 98.0, 101.0, 99.0];
+        let (lo, hi) = ratio_interval(&[110.0, 111.0, 109.0, 110.0, 110.5], &c).unwrap();
+        assert!(lo <= 1.10 && 1.10 <= hi && hi - lo < 0.06, "{lo}..{hi}");
+        let noisy = [80.0, 140.0, 100.0, 120.0, 90.0];
+        let (nlo, nhi) = ratio_interval(&noisy, &c).unwrap();
+        assert!(nhi - nlo > hi - lo, "noisy runs give a wider interval");
+        // Deterministic: the same runs, the same interval.
+        assert_eq!(ratio_interval(&noisy, &c), Some((nlo, nhi)));
+        assert_eq!(ratio_interval(&[1.0, 2.0], &c), None);
+    }
 
     #[test]
     fn odd_and_even_medians() {
