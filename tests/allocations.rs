@@ -81,6 +81,24 @@ fn count_allocations(f: impl FnOnce()) -> (usize, usize) {
     )
 }
 
+/// Runs `iteration` WARM_UP times, then MEASURED times counting, and
+/// asserts that those allocated nothing; `what` names the data path.
+fn steady_state_allocates_nothing(what: &str, mut iteration: impl FnMut(usize)) {
+    for i in 0..WARM_UP {
+        iteration(i);
+    }
+    let (n, bytes) = count_allocations(|| {
+        for i in WARM_UP..WARM_UP + MEASURED {
+            iteration(i);
+        }
+    });
+    assert_eq!(
+        (n, bytes),
+        (0, 0),
+        "{MEASURED} iterations of {what} allocated {n} times ({bytes} bytes)"
+    );
+}
+
 #[test]
 fn the_counter_counts() {
     let (n, bytes) = count_allocations(|| {
@@ -133,7 +151,7 @@ fn post_and_poll_do_not_allocate() {
     let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut batch_b = Completions::with_capacity(16);
 
-    let mut iteration = |i: usize| {
+    let iteration = |i: usize| {
         let mut s = send.take().expect("send buffer is home");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
         p.b.post_recv(
@@ -160,19 +178,7 @@ fn post_and_poll_do_not_allocate() {
             assert!(Instant::now() < end, "iteration {i} timed out");
         }
     };
-    for i in 0..WARM_UP {
-        iteration(i);
-    }
-    let (n, bytes) = count_allocations(|| {
-        for i in WARM_UP..WARM_UP + MEASURED {
-            iteration(i);
-        }
-    });
-    assert_eq!(
-        (n, bytes),
-        (0, 0),
-        "{MEASURED} iterations of post_recv/post_send/poll/take allocated {n} times ({bytes} bytes)"
-    );
+    steady_state_allocates_nothing("post_recv/post_send/poll/take", iteration);
 }
 
 #[test]
@@ -187,7 +193,7 @@ fn prepared_send_and_receive_do_not_allocate() {
     let mut recv = p.b.prepare_recv(RecvRequest::new(into).wr_id(2)).unwrap();
     let mut wc = WorkCompletion::default();
 
-    let mut iteration = |i: usize| {
+    let iteration = |i: usize| {
         send.bytes_mut(0).expect("send idle")[..8].copy_from_slice(&(i as u64).to_le_bytes());
         recv.post().expect("post the receive");
         send.post().expect("post the send");
@@ -203,19 +209,7 @@ fn prepared_send_and_receive_do_not_allocate() {
         let got = recv.bytes(0).expect("receive idle");
         assert_eq!(got[..8], (i as u64).to_le_bytes(), "message {i}");
     };
-    for i in 0..WARM_UP {
-        iteration(i);
-    }
-    let (n, bytes) = count_allocations(|| {
-        for i in WARM_UP..WARM_UP + MEASURED {
-            iteration(i);
-        }
-    });
-    assert_eq!(
-        (n, bytes),
-        (0, 0),
-        "{MEASURED} iterations of prepared post/poll allocated {n} times ({bytes} bytes)"
-    );
+    steady_state_allocates_nothing("prepared post/poll", iteration);
 }
 
 #[test]
@@ -232,7 +226,7 @@ fn posting_lists_does_not_allocate() {
     let mut batch_a = Completions::with_capacity(16);
     let mut batch_b = Completions::with_capacity(16);
 
-    let mut iteration = |i: usize| {
+    let iteration = |i: usize| {
         for (j, slot) in recvs.iter_mut().enumerate() {
             let b = slot.take().expect("receive buffer is home");
             recv_list.push(RecvRequest::new(b).wr_id(j as u64));
@@ -270,19 +264,9 @@ fn posting_lists_does_not_allocate() {
             assert!(Instant::now() < end, "iteration {i} timed out");
         }
     };
-    for i in 0..WARM_UP {
-        iteration(i);
-    }
-    let (n, bytes) = count_allocations(|| {
-        for i in WARM_UP..WARM_UP + MEASURED {
-            iteration(i);
-        }
-    });
-    assert_eq!(
-        (n, bytes),
-        (0, 0),
-        "{MEASURED} iterations of post_recv_list/post_send_list ({N} each)/poll allocated \
-         {n} times ({bytes} bytes)"
+    steady_state_allocates_nothing(
+        &format!("post_recv_list/post_send_list ({N} each)/poll"),
+        iteration,
     );
 }
 
@@ -309,7 +293,7 @@ fn ud_send_with_address_handle_does_not_allocate() {
     let mut batch_a = Completions::with_capacity(16);
     let mut batch_b = Completions::with_capacity(16);
 
-    let mut iteration = |i: usize| {
+    let iteration = |i: usize| {
         let mut s = send.take().expect("send buffer is home");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
         b.post_recv(RecvRequest::new(
@@ -334,17 +318,5 @@ fn ud_send_with_address_handle_does_not_allocate() {
             assert!(Instant::now() < end, "iteration {i} timed out");
         }
     };
-    for i in 0..WARM_UP {
-        iteration(i);
-    }
-    let (n, bytes) = count_allocations(|| {
-        for i in WARM_UP..WARM_UP + MEASURED {
-            iteration(i);
-        }
-    });
-    assert_eq!(
-        (n, bytes),
-        (0, 0),
-        "{MEASURED} UD send/receive iterations allocated {n} times ({bytes} bytes)"
-    );
+    steady_state_allocates_nothing("UD send/receive", iteration);
 }

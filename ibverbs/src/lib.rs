@@ -95,6 +95,12 @@
 //! c.result()?;
 //! let _fresh = read.bytes(0);                           // Some once completed
 //!
+//! // The same for receives: one buffer, re-posted after each message.
+//! let mut recv = qp
+//!     .prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))
+//!     .map_err(|e| e.error)?;
+//! recv.post()?;                                         // bytes(0) is None until it completes
+//!
 //! // Completion events: sleep on a channel instead of spinning.
 //! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
 //! let cq2 = ctx.create_cq(16).channel(&channel).build()?;

@@ -260,9 +260,13 @@ loads the count) and, for CAS, setting the next operands (now set while the oper
 in flight); with both gone the safe atomics went from 1.54-1.64x to 1.06-1.14x. In 9- and \
 7-round runs the prepared reads and atomics pass in one run and miss in the other (within the \
 cliff's flip); rc_pingpong and the per-request path (read_lat req, about a dozen calls in the \
-window) miss at every small size in every run: systematic. A ping-pong's window holds a receive \
-claim through the receive queue's table (lock and slot) where C only reads wr_id; a prepared \
-receive, owned and re-posted like PreparedSend, is the next thing to try. Also done: the data-path inlines of verbs.h are Rust (one \
+window) missed at every small size in every run up to then. A ping-pong's window held a receive \
+claim through the receive queue's table (lock and slot) where C only reads wr_id; the ping-pongs \
+now re-post a PreparedRecv per buffer (one atomic decrement per claim), and an A/B probe in one \
+boot (rc_pingpong 2 B, 23 paired rounds) put the new binary at 0.97x the old and 0.99x C. The \
+per-request and extended read_lat variants claim through the table and build their request in \
+the window by design: they are the controls showing what the prepared path saves. Where a \
+cell's 95 % interval straddles the target, its ratio is within the runs' spread. Also done: the data-path inlines of verbs.h are Rust (one \
 call into the provider per post or poll, as in C), poll_one and PreparedSend::post are inlined, \
 the doorbell rung before the slot bookkeeping, a Completion small enough to move without \
 memcpy, TSC stamps as perftest's get_cycles, no PAUSE in the tools' busy loops. On real \
