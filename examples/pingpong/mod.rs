@@ -843,6 +843,7 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
             );
         }
     }
+    pp.reclaim_receives();
     drop(pp);
     drop(setup);
     drop(watchdog);
@@ -966,6 +967,32 @@ impl PingPong<'_> {
             self.pending[i] = RECV_WRID | SEND_WRID;
         }
         Ok(())
+    }
+
+    /// Gets the outstanding receives' buffers back before the teardown, as
+    /// a long-running program must (a posting never completed keeps its
+    /// buffers, and with them their memory region, for good): the queue
+    /// pairs move to ERR, which flushes their receives, and the flushes are
+    /// polled, for a second at most. A shared receive queue's receives are
+    /// not flushed by a queue pair's error; they stay with the SRQ until the
+    /// process exits. Failures here only leave buffers allocated.
+    fn reclaim_receives(&mut self) {
+        let s = self.setup;
+        if s.qps.iter().any(|qp| qp.srq().is_some()) {
+            return;
+        }
+        for qp in &s.qps {
+            let _ = qp.to_err();
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut wc = WorkCompletion::default();
+        while self.routs > 0 && Instant::now() < deadline {
+            match s.cq.poll_one_into(&mut wc) {
+                Ok(Some(_)) if wc.raw_wr_id() & WRID_KIND == RECV_WRID => self.routs -= 1,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
     }
 
     /// Re-posts every consumed receive (one `ibv_post_recv` each, as the
