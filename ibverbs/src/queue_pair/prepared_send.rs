@@ -11,7 +11,9 @@
 //! never comes back (a completion consumed by `poll_raw`, a queue pair
 //! destroyed or reset with postings outstanding) leaks the buffers, which
 //! is safe. Claiming is one atomic decrement, without locks: the claim sits
-//! between a completion and the next doorbell of a latency loop.
+//! between a completion and the next doorbell of a latency loop. The
+//! [`Postings`] defined here serve [`PreparedRecv`](super::PreparedRecv)
+//! too.
 
 use std::sync::Arc;
 
@@ -148,8 +150,8 @@ impl Posting {
     /// count, so it is taken back here.
     #[cold]
     pub(super) fn refused(self) {
-        // SAFETY: the count `new` leaked, not handed to any completion
-        // (the request was refused); taken back once, here.
+        // SAFETY: the count `Postings::posting` leaked, not handed to any
+        // completion (the request was refused); taken back once, here.
         drop(unsafe { Arc::from_raw(self.0) });
     }
 }
@@ -170,7 +172,7 @@ pub(crate) fn is_prepared(wr_id: u64) -> bool {
 #[inline]
 pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
     let ptr = ((wr_id & PTR_MASK) << 3) as usize as *const Shared;
-    // SAFETY: `ptr` is what Posting::new leaked with `Arc::into_raw` for
+    // SAFETY: `ptr` is what Postings::posting leaked with `Arc::into_raw` for
     // this posting (caller's contract); the count is released here once.
     let shared = unsafe { Arc::from_raw(ptr) };
     shared.wr_id
