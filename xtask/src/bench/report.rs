@@ -263,7 +263,11 @@ cliff's flip); rc_pingpong and the per-request path (read_lat req, about a dozen
 window) missed at every small size in every run up to then. A ping-pong's window held a receive \
 claim through the receive queue's table (lock and slot) where C only reads wr_id; the ping-pongs \
 now re-post a PreparedRecv per buffer (one atomic decrement per claim), and an A/B probe in one \
-boot (rc_pingpong 2 B, 23 paired rounds) put the new binary at 0.97x the old and 0.99x C. The \
+boot (rc_pingpong 2 B, 23 paired rounds) put the new binary at 0.97x the old and 0.99x C; a \
+16-round rc_pingpong bench then gave a pooled per-round ratio of 1.04 over all sizes (0.98 at \
+2 B, up to 1.12 at 64 B), every cell's interval straddling 1.03: level at 2 B, a few per cent \
+above elsewhere, not shown met. Its window still holds the prepared send's lock, state check \
+and count and the receive claim's count, where C has none. The \
 per-request and extended read_lat variants claim through the table and build their request in \
 the window by design: they are the controls showing what the prepared path saves. Where a \
 cell's 95 % interval straddles the target, its ratio is within the runs' spread. Also done: the data-path inlines of verbs.h are Rust (one \
