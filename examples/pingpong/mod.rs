@@ -954,18 +954,22 @@ impl PingPong<'_> {
                 } else {
                     self.free.push(buf);
                 }
-                if self.routs <= self.refill_at {
-                    self.refill_receives()?;
-                }
             }
             _ => return Err(format!("Completion for unknown wr_id {wr_id}").into()),
         }
-        self.watchdog.progress(self.sent, self.received);
         self.pending[i] &= !kind;
         if self.sent < self.iters && self.pending[i] == 0 {
             self.post_send(i)?;
             self.pending[i] = RECV_WRID | SEND_WRID;
         }
+        // Bookkeeping after the answer went out, as the library rings the
+        // doorbell before its own. The refill can wait until then: at most
+        // one message per QP is in flight and `refill_at` receives (one
+        // per QP) are still posted.
+        if kind == RECV_WRID && self.routs <= self.refill_at {
+            self.refill_receives()?;
+        }
+        self.watchdog.progress(self.sent, self.received);
         Ok(())
     }
 
