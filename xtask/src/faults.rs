@@ -318,6 +318,17 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                     );
                 }
             } else {
+                if sc.blackhole.is_some() {
+                    // The outage is a `tc qdisc change` of a netem that is
+                    // already in place: adding a root qdisc mid-transfer
+                    // swaps the queue, and a packet refused meanwhile is a
+                    // local transmit error (6.12's rxe then fails the QP
+                    // with LOC_QP_OP_ERR), not a silent path.
+                    let _ = writeln!(
+                        s,
+                        "tc qdisc add dev eth1 root netem loss 0% 2>>$E || echo 'tc netem loss 0% failed' >> $E"
+                    );
+                }
                 let _ = writeln!(
                     s,
                     "timeout 600 $F client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
@@ -348,7 +359,7 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                 if let Some((after, dur)) = sc.blackhole {
                     let _ = writeln!(
                         s,
-                        "sleep {after}; tc qdisc add dev eth1 root netem loss 100% 2>>$E || echo 'tc netem loss 100% failed' >> $E; sleep {dur}; tc qdisc del dev eth1 root 2>>$E || echo 'tc qdisc del failed' >> $E"
+                        "sleep {after}; tc qdisc change dev eth1 root netem loss 100% 2>>$E || echo 'tc netem loss 100% failed' >> $E; sleep {dur}; tc qdisc change dev eth1 root netem loss 0% 2>>$E || echo 'tc netem loss 0% failed' >> $E"
                     );
                 }
             }
@@ -357,7 +368,7 @@ fn script(role: usize, list: &[Scenario], peer: &Path, out: &Path) -> String {
                 s,
                 "rdma statistic show link rxe1/1 > $D/{i}.{role}.stat-post 2>&1"
             );
-            if sc.netem.is_some() {
+            if sc.netem.is_some() || (role == 1 && sc.blackhole.is_some()) {
                 let _ = writeln!(
                     s,
                     "tc qdisc del dev eth1 root 2>>$E || echo 'tc qdisc del failed' >> $E"
@@ -440,6 +451,11 @@ fn counters(i: usize, dir: &Path) -> Option<String> {
         (&server, "duplicate_request", "server dup requests"),
         (&server, "out_of_seq_request", "server out-of-seq"),
         (&server, "send_rnr_err", "server RNR sent"),
+        // rxe_xmit_packet failures (the qdisc refused a packet): 6.12's
+        // requester then fails the QP (LOC_QP_OP_ERR); 6.1's rolls the
+        // packet back and sends it again.
+        (&client, "send_err", "client xmit errors"),
+        (&server, "send_err", "server xmit errors"),
     ];
     let parts: Vec<String> = pick
         .iter()
@@ -628,7 +644,10 @@ fn table(rows: &[Row]) -> String {
 /// panicked under netem packet loss in our runs (a fault in
 /// `rxe_receiver → send_common_ack → rxe_init_packet`, and a double fault
 /// in interrupt context), and delivered corrupted multi-packet messages
-/// before that; 6.1's rxe ran the same scenarios cleanly.
+/// before that; 6.1's rxe ran the same scenarios cleanly. On 2026-11-23
+/// 6.12.117 ran the whole profile once without a fault of its own, then
+/// panicked in the next run's first row (`net_rx_action`, a NULL pointer,
+/// in the softirq that rxe's ACK transmit let run).
 fn newest_61_kernel() -> Option<String> {
     let out = std::process::Command::new("apt-cache")
         .args([
@@ -724,6 +743,19 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
         rows.len() - failed
     );
     fs::write(dir.join("report.md"), &report)?;
+    // What the peers printed in a failed row (CI keeps the log's tail).
+    for (i, row) in rows.iter().enumerate().filter(|(_, r)| !r.pass) {
+        for side in ["client", "server", "local"] {
+            let Ok(text) = fs::read_to_string(dir.join(format!("{i}.{side}.out"))) else {
+                continue;
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            println!("--- {} ({side}, last lines of {i}.{side}.out)", row.name);
+            for l in &lines[lines.len().saturating_sub(8)..] {
+                println!("    {l}");
+            }
+        }
+    }
     println!("\n{t}");
     println!("faults: {} passed, {failed} failed", rows.len() - failed);
     Ok(failed == 0 && outcomes.iter().all(|o| o.success()))
