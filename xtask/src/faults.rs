@@ -789,6 +789,26 @@ mod tests {
         assert!(s.contains("link down >>") && s.contains("link up >>"));
         assert!(s.contains("tc qdisc add dev eth1 root netem loss 2%"));
         assert!(s.contains("rdma statistic show link rxe1/1 > $D/0.1.stat-pre"));
+        // A path outage changes a netem the client installed before its
+        // transfer (never adds a root qdisc mid-transfer) and removes it
+        // after; the server side touches no qdisc for it.
+        let outage: Vec<Scenario> = list
+            .iter()
+            .filter(|s| s.blackhole.is_some())
+            .cloned()
+            .collect();
+        assert!(!outage.is_empty());
+        let c = script(1, &outage, Path::new("/r/fp"), Path::new("/r/out"));
+        let add = c.find("tc qdisc add dev eth1 root netem loss 0%").unwrap();
+        let start = c.find("$F client").unwrap();
+        let cut = c
+            .find("tc qdisc change dev eth1 root netem loss 100%")
+            .unwrap();
+        let del = c.find("tc qdisc del dev eth1 root").unwrap();
+        assert!(add < start && start < cut && cut < del);
+        assert!(!c.contains("tc qdisc add dev eth1 root netem loss 100%"));
+        let srv = script(0, &outage, Path::new("/r/fp"), Path::new("/r/out"));
+        assert!(!srv.contains("tc qdisc"));
         let o = FaultsOptions {
             only: Some("loss 2% / send".into()),
             repeat: 3,
