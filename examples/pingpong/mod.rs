@@ -442,13 +442,24 @@ fn open(cfg: &Config) -> Res<Setup> {
     };
     let pd = ctx.alloc_pd().ctx("Couldn't allocate PD")?;
 
-    // One registration: rx_depth receive buffers, then the send buffer.
+    // One registration: the receive buffers, then the send buffer.
     let (recv_len, recv_offset) = if cfg.transport == Transport::Ud {
         (size + GRH_LEN, GRH_LEN)
     } else {
         (size, 0)
     };
-    let total = (c.rx_depth as usize)
+    // As the C tools, every receive lands in one buffer: its prepared
+    // receive is posted `-r` times, and Rust can read it only once no
+    // posting is outstanding. A queue pair's error flushes them all before
+    // `-c` reads the last message; a shared receive queue's receives are
+    // not flushed, so an SRQ server with `-c` keeps one buffer per receive
+    // and leaves the last one unposted.
+    let recv_bufs = if cfg.transport == Transport::Srq && c.chk && c.servername.is_none() {
+        c.rx_depth as usize
+    } else {
+        1
+    };
+    let total = recv_bufs
         .checked_mul(recv_len)
         .and_then(|n| n.checked_add(size))
         .ok_or("-r times -s is too large")?;
@@ -524,9 +535,9 @@ fn open(cfg: &Config) -> Res<Setup> {
     // After the queues, so that a depth the device refuses fails before
     // this (possibly large) registration.
     let mem = pd.alloc(total, AccessFlags::LOCAL_WRITE).ctx(&format!(
-        "Couldn't register MR ({total} bytes: -r receive buffers of -s bytes each)"
+        "Couldn't register MR ({total} bytes: {recv_bufs} receive buffer(s) and a send buffer)"
     ))?;
-    let (mut recv_area, mut send_buf) = mem.split_at(c.rx_depth as usize * recv_len);
+    let (mut recv_area, mut send_buf) = mem.split_at(recv_bufs * recv_len);
     // rc/uc/ud fill their buffer with 0x7b, srq with 0.
     send_buf.fill(if cfg.transport == Transport::Srq {
         0
@@ -543,22 +554,28 @@ fn open(cfg: &Config) -> Res<Setup> {
         }
     }
     let send_buf = send_buf.freeze();
+    // Not zero: `-c` checks for zeros at page starts, which a buffer no
+    // message reached must not pass.
+    recv_area.fill(0x7b);
 
-    // One prepared receive per buffer, re-posted as its message is
+    // One prepared receive per buffer, re-posted as its messages are
     // consumed: a completion is claimed without the receive queue's table.
-    let mut recvs: Vec<PreparedRecv> = Vec::with_capacity(c.rx_depth as usize);
-    for i in 0..c.rx_depth as usize {
+    let mut recvs: Vec<PreparedRecv> = Vec::with_capacity(recv_bufs);
+    for i in 0..recv_bufs {
         let (buf, rest) = recv_area.split_at(recv_len);
         recv_area = rest;
         let wr = RecvRequest::new(buf).wr_id(recv_wr_id(i));
-        let mut recv = match &srq {
+        let recv = match &srq {
             Some(srq) => srq.prepare_recv(wr),
             None => qps[0].prepare_recv(wr),
         }
         .map_err(|e| Failure(format!("Couldn't post receive: {}", e.error)))?;
-        recv.post()
-            .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
         recvs.push(recv);
+    }
+    for i in 0..c.rx_depth as usize {
+        recvs[i % recv_bufs]
+            .post()
+            .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
     }
     if c.events {
         cq.req_notify(false)
@@ -801,7 +818,7 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         } else {
             2
         },
-        keep_last: c.chk && c.servername.is_none(),
+        check_last: c.chk && c.servername.is_none(),
         last: None,
         routs: c.rx_depth,
         refill_at: cfg.num_qp,
@@ -825,6 +842,9 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         usec / f64::from(c.iters)
     );
 
+    // The outstanding receives come back first: a buffer they share is
+    // Rust's again only then.
+    pp.reclaim_receives();
     if let Some(i) = pp.last {
         let buf = pp.recvs[i]
             .bytes(0)
@@ -843,7 +863,6 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
             );
         }
     }
-    pp.reclaim_receives();
     drop(pp);
     drop(setup);
     drop(watchdog);
@@ -866,8 +885,9 @@ struct PingPong<'a> {
     pending: Vec<u64>,
     sent: u32,
     received: u32,
-    /// Keep the `iters`-th receive buffer for `-c` instead of reposting it.
-    keep_last: bool,
+    /// `-c` on the server: note the buffer of the `iters`-th receive (and,
+    /// when each receive has its own, keep it instead of reposting it).
+    check_last: bool,
     /// The index of that buffer.
     last: Option<usize>,
     /// Receives outstanding.
@@ -949,8 +969,13 @@ impl PingPong<'_> {
                 let buf = (wr_id >> 8) as usize;
                 self.routs = self.routs.saturating_sub(1);
                 self.received += 1;
-                if self.keep_last && self.received == self.iters {
+                if self.check_last && self.received == self.iters {
                     self.last = Some(buf);
+                    if self.recvs.len() == 1 {
+                        // Shared by every receive: re-posted as before, read
+                        // once the queue pair's error flushed the rest.
+                        self.free.push(buf);
+                    }
                 } else {
                     self.free.push(buf);
                 }
