@@ -266,8 +266,16 @@ now re-post a PreparedRecv per buffer (one atomic decrement per claim), and an A
 boot (rc_pingpong 2 B, 23 paired rounds) put the new binary at 0.97x the old and 0.99x C; a \
 16-round rc_pingpong bench then gave a pooled per-round ratio of 1.04 over all sizes (0.98 at \
 2 B, up to 1.12 at 64 B), every cell's interval straddling 1.03: level at 2 B, a few per cent \
-above elsewhere, not shown met. Its window still holds the prepared send's lock, state check \
-and count and the receive claim's count, where C has none. The \
+above elsewhere, not shown met. The ping-pongs now also receive into one buffer posted -r times, \
+as the C tools (was one buffer per receive: 500x the memory at -s 65536). Four A/B probes in \
+single boots (64 B, 3 000 iterations per run, 68 paired rounds, ABBA order) put the safe \
+rc_pingpong at 1.040x ibv_rc_pingpong (95 % interval 1.006-1.074) and a build of the same loop on \
+the raw path (post_send_raw, post_recv_raw, poll_raw; experiment only) at 1.003x (0.967-1.039, \
+52 rounds); safe/raw 0.968-1.002 the other way round, i.e. the safe path costs about 3 % there, \
+and a build without the watchdog thread changed nothing (1.03x C). What the safe loop adds in its \
+window is the prepared send's lock (it orders the state check with modify_qp, so that a refused \
+posting was really not queued), the state check, the posting's count and the receive claim's \
+count, where C has none. The \
 per-request and extended read_lat variants claim through the table and build their request in \
 the window by design: they are the controls showing what the prepared path saves. Where a \
 cell's 95 % interval straddles the target, its ratio is within the runs' spread. Also done: the data-path inlines of verbs.h are Rust (one \
