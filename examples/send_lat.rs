@@ -8,9 +8,13 @@
 //! its receive completes, and so on. Latency is half the time between
 //! consecutive posts; both sides print their own table.
 //!
-//! Receives use a small pool of registered buffers posted before the first
-//! message and reposted from each receive completion, after the answer is
-//! posted (with a pool of one buffer, at once). Sends carry a
+//! Receives use a small pool of registered buffers, each with its
+//! [`PreparedRecv`](ibverbs::PreparedRecv) (perftest re-posts one
+//! `ibv_recv_wr`), posted before the first message and re-posted from each
+//! receive completion, after the answer is posted (with a pool of one
+//! buffer, at once): claiming a receive costs one reference count, no
+//! table. At the end the queue pair moves to ERR and the flushed receives
+//! are polled, so the buffers come back. Sends carry a
 //! `FrozenBuffer` (or inline data up to `-I`), so with `-t N` only every
 //! N-th send needs a completion; with `-t 1` (the default) every send is
 //! signaled and one prepared send ([`PreparedSend`](ibverbs::PreparedSend))
@@ -25,8 +29,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, Completions, FrozenBuffer, LocalBuffer, QueuePair, RecvRequest, SendRequest,
-    SgList, WorkCompletion,
+    sys, AccessFlags, Completions, FrozenBuffer, LocalBuffer, PreparedRecv, QueuePair, RecvRequest,
+    SendRequest, WorkCompletion,
 };
 
 #[path = "perf/mod.rs"]
@@ -61,16 +65,16 @@ struct Progress {
     sent: u64,
     /// The expected message size.
     size: u64,
-    /// Receive buffers back from their completions, reposted after the next
-    /// send is posted (off the path from a message to the answer); empty
-    /// when reposting at once (a pool of one buffer: the answer's answer
-    /// could otherwise find no receive posted).
-    repost: Vec<LocalBuffer>,
+    /// Receives (indices into the pool) back from their completions,
+    /// re-posted after the next send is posted (off the path from a message
+    /// to the answer); empty when re-posting at once (a pool of one buffer:
+    /// the answer's answer could otherwise find no receive posted).
+    repost: Vec<usize>,
     defer: bool,
 }
 
 impl Progress {
-    fn handle(&mut self, qp: &QueuePair, wc: &WorkCompletion, sg: SgList) -> Result<()> {
+    fn handle(&mut self, recvs: &mut [PreparedRecv], wc: &WorkCompletion) -> Result<()> {
         let wr_id = wc.raw_wr_id();
         if wr_id & RECV != 0 {
             if u64::from(wc.byte_len()) != self.size {
@@ -82,12 +86,13 @@ impl Progress {
                 .into());
             }
             self.received += 1;
-            let buf = sg
-                .into_local()
-                .ok_or("a receive completion without its buffer")?;
-            self.repost.push(buf);
+            let k = (wr_id & !RECV) as usize;
+            if k >= recvs.len() {
+                return Err(format!("a receive completion with unknown wr_id {wr_id:#x}").into());
+            }
+            self.repost.push(k);
             if !self.defer {
-                self.repost_all(qp)?;
+                self.repost_all(recvs)?;
             }
         } else if wr_id == PREPARED_SEND {
             self.sent += 1;
@@ -97,13 +102,64 @@ impl Progress {
         Ok(())
     }
 
-    /// Reposts the receive buffers waiting for it.
-    fn repost_all(&mut self, qp: &QueuePair) -> Result<()> {
-        for buf in self.repost.drain(..) {
-            qp.post_recv(RecvRequest::new(buf).wr_id(RECV))
-                .map_err(|e| format!("reposting a receive: {}", e.error))?;
+    /// Re-posts the receives waiting for it.
+    fn repost_all(&mut self, recvs: &mut [PreparedRecv]) -> Result<()> {
+        for k in self.repost.drain(..) {
+            recvs[k]
+                .post()
+                .map_err(|e| format!("reposting a receive: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// Splits `region` into `count` pieces of `size` bytes and prepares and
+/// posts one receive per piece, piece `k` with `wr_id` `RECV | k`.
+fn post_prepared_recvs(
+    qp: &QueuePair,
+    region: LocalBuffer,
+    count: u32,
+    size: u64,
+) -> Result<Vec<PreparedRecv>> {
+    let mut recvs = Vec::with_capacity(count as usize);
+    let mut rest = Some(region);
+    for k in 0..u64::from(count) {
+        let whole = rest.take().ok_or("receive region lost")?;
+        let piece = if k + 1 < u64::from(count) {
+            let (piece, tail) = whole.split_at(size as usize);
+            rest = Some(tail);
+            piece
+        } else {
+            whole
+        };
+        let mut recv = qp
+            .prepare_recv(RecvRequest::new(piece).wr_id(RECV | k))
+            .map_err(|e| format!("preparing a receive: {}", e.error))?;
+        recv.post().map_err(|e| format!("posting a receive: {e}"))?;
+        recvs.push(recv);
+    }
+    Ok(recvs)
+}
+
+/// Gets the prepared receives' buffers back, as a long-running program
+/// must (a posting never completed keeps them for good): the queue pair
+/// moves to ERR, which flushes them, and the flushes are polled, for
+/// `timeout` at most. Failures here only leave buffers allocated.
+fn reclaim_recvs(
+    qp: &QueuePair,
+    cq: &ibverbs::CompletionQueue,
+    recvs: &[PreparedRecv],
+    cfg: &Config,
+) {
+    if !recvs.iter().any(PreparedRecv::is_posted) || qp.to_err().is_err() {
+        return;
+    }
+    let start = Instant::now();
+    let mut wc = WorkCompletion::default();
+    while recvs.iter().any(PreparedRecv::is_posted) && start.elapsed() < cfg.timeout {
+        if cq.poll_one_into(&mut wc).is_err() {
+            return;
+        }
     }
 }
 
@@ -323,6 +379,7 @@ fn run(cli: Cli) -> Result<()> {
         AccessFlags::LOCAL_WRITE,
         false,
     )?;
+    let mut recvs: Vec<PreparedRecv> = Vec::new();
     let mut raw_recvs = if cli.raw {
         Some(RawRecvs::post_all(
             &res.qp,
@@ -333,7 +390,7 @@ fn run(cli: Cli) -> Result<()> {
             &cfg,
         )?)
     } else {
-        perf::post_recv_pool(&res.qp, recv_region, pool, max, RECV)?;
+        recvs = post_prepared_recvs(&res.qp, recv_region, pool, max)?;
         None
     };
     report::banner(Test::SendLat, &cfg, &res, &local, &remote, &[]);
@@ -386,12 +443,12 @@ fn run(cli: Cli) -> Result<()> {
             for i in 0..cfg.iters {
                 // The server answers message i; the client waits for it below.
                 while server && p.received <= i {
-                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
-                    p.handle(&res.qp, &wc, sg)?;
+                    res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
+                    p.handle(&mut recvs, &wc)?;
                 }
                 while i - p.sent >= depth {
-                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
-                    p.handle(&res.qp, &wc, sg)?;
+                    res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
+                    p.handle(&mut recvs, &wc)?;
                 }
                 if let Some(send) = prepared.as_mut() {
                     stamps.push(base.stamp());
@@ -404,17 +461,17 @@ fn run(cli: Cli) -> Result<()> {
                         .post_send(req.signaled(signaled))
                         .map_err(|e| format!("posting send {i}: {}", e.error))?;
                 }
-                p.repost_all(&res.qp)?;
+                p.repost_all(&mut recvs)?;
                 while !server && p.received <= i {
-                    let sg = res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
-                    p.handle(&res.qp, &wc, sg)?;
+                    res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
+                    p.handle(&mut recvs, &wc)?;
                 }
             }
             while p.sent < cfg.iters {
-                let sg = res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
-                p.handle(&res.qp, &wc, sg)?;
+                res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
+                p.handle(&mut recvs, &wc)?;
             }
-            p.repost_all(&res.qp)?;
+            p.repost_all(&mut recvs)?;
         }
         // Every send completed: the prepared one holds no posting and gives
         // its clone of the source buffer back when dropped.
@@ -433,6 +490,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     println!("{}", report::LINE);
     peer.barrier(cfg.timeout)?;
+    reclaim_recvs(&res.qp, &res.cq, &recvs, &cfg);
     Ok(())
 }
 
