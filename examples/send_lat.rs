@@ -122,16 +122,7 @@ fn post_prepared_recvs(
     size: u64,
 ) -> Result<Vec<PreparedRecv>> {
     let mut recvs = Vec::with_capacity(count as usize);
-    let mut rest = Some(region);
-    for k in 0..u64::from(count) {
-        let whole = rest.take().ok_or("receive region lost")?;
-        let piece = if k + 1 < u64::from(count) {
-            let (piece, tail) = whole.split_at(size as usize);
-            rest = Some(tail);
-            piece
-        } else {
-            whole
-        };
+    for (k, piece) in (0u64..).zip(perf::split_pool(region, count, size)) {
         let mut recv = qp
             .prepare_recv(RecvRequest::new(piece).wr_id(RECV | k))
             .map_err(|e| format!("preparing a receive: {}", e.error))?;

@@ -662,8 +662,26 @@ pub fn wait_local(
         .ok_or_else(|| format!("the completion of {what} did not return its buffer").into())
 }
 
-/// Splits `region` into `count` receive buffers of `size` bytes (the last
-/// one takes the rest) and posts them all with `wr_id`. The QP must be
+/// Splits `region` into `count` pieces of `size` bytes, the last one
+/// taking the rest (set-up only: allocates the list).
+pub fn split_pool(
+    region: ibverbs::LocalBuffer,
+    count: u32,
+    size: u64,
+) -> Vec<ibverbs::LocalBuffer> {
+    let mut pieces = Vec::with_capacity(count as usize);
+    let mut rest = region;
+    for _ in 1..count {
+        let (piece, tail) = rest.split_at(size as usize);
+        pieces.push(piece);
+        rest = tail;
+    }
+    pieces.push(rest);
+    pieces
+}
+
+/// Splits `region` into `count` receive buffers of `size` bytes (see
+/// [`split_pool`]) and posts them all with `wr_id`. The QP must be
 /// connected (receives cannot be posted in RESET).
 pub fn post_recv_pool(
     qp: &QueuePair,
@@ -672,14 +690,9 @@ pub fn post_recv_pool(
     size: u64,
     wr_id: u64,
 ) -> Result<()> {
-    let mut rest = region;
-    for _ in 1..count {
-        let (piece, tail) = rest.split_at(size as usize);
+    for piece in split_pool(region, count, size) {
         qp.post_recv(ibverbs::RecvRequest::new(piece).wr_id(wr_id))
             .map_err(|e| format!("posting a receive: {}", e.error))?;
-        rest = tail;
     }
-    qp.post_recv(ibverbs::RecvRequest::new(rest).wr_id(wr_id))
-        .map_err(|e| format!("posting a receive: {}", e.error))?;
     Ok(())
 }
