@@ -203,6 +203,62 @@ fn prepared_requests_are_checked_once_and_refusals_are_undone() {
     assert!(write.into_buffers().is_ok());
 }
 
+/// Posting reads the state the last modify left (no lock): a queue pair
+/// that went back to RESET, INIT or RTR refuses, one connected again posts,
+/// and a refusal keeps nothing outstanding.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_prepared_send_follows_the_queue_pairs_state_changes() {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = dev.ctx.create_cq(16).build().unwrap();
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let mut send = qp
+        .prepare_send(SendRequest::send(pd.alloc(16, local()).unwrap()).wr_id(1))
+        .unwrap();
+    let mut recv = qp
+        .prepare_recv(RecvRequest::new(pd.alloc(16, local()).unwrap()).wr_id(2))
+        .unwrap();
+    let refused = |send: &mut ibverbs::PreparedSend, state: &str| {
+        match send.post() {
+            Err(e) => {
+                assert_eq!(e.verb(), Some("ibv_post_send"), "in {state}: {e}");
+                assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "in {state}: {e}");
+                // Refused by the library, before the provider (rxe queues a
+                // request it then refuses, and runs it after the next connect).
+                assert!(e.to_string().contains("sends need RTS"), "in {state}: {e}");
+            }
+            Ok(()) => panic!("a posting in {state} was taken"),
+        }
+        assert!(!send.is_posted(), "a refusal in {state} kept its count");
+    };
+    refused(&mut send, "RESET");
+    for round in 0..3u8 {
+        common::connect_self(&dev, &qp, AccessFlags::empty());
+        send.bytes_mut(0).unwrap().fill(round);
+        recv.post().unwrap();
+        send.post().unwrap();
+        for c in wait(&cq, 2) {
+            c.result()
+                .unwrap_or_else(|e| panic!("round {round}: {e}: {c:?}"));
+        }
+        assert!(!send.is_posted() && !recv.is_posted());
+        assert_eq!(recv.bytes(0).unwrap(), &[round; 16][..]);
+        qp.reset().unwrap();
+        refused(&mut send, "RESET after RTS");
+    }
+    qp.to_init(dev.port, 0, AccessFlags::empty()).unwrap();
+    refused(&mut send, "INIT");
+    // An error state still takes postings (and flushes them).
+    qp.to_err().unwrap();
+    send.post().unwrap();
+    let c = wait(&cq, 1).pop().unwrap();
+    assert_eq!(c.wr_id(), 1);
+    assert!(c.result().is_err(), "{c:?}");
+    assert!(send.into_buffers().is_ok());
+    assert!(recv.into_buffers().is_ok());
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn dropping_a_posted_request_keeps_its_buffers_until_the_completion() {

@@ -495,7 +495,7 @@ impl QueuePair {
         // SAFETY: live QP; libibverbs records the state of every successful
         // modify, and this crate's modifies hold the send lock the caller holds.
         let state = unsafe { (*self.as_ptr()).state };
-        if state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR {
+        if !crate::queue_pair::state_sends(state) {
             return Err(not_sendable(verb, QpState::from_raw(state)));
         }
         Ok(())

@@ -499,11 +499,15 @@ impl QueuePair {
             // A state change holds the send queue's lock, so that posting
             // (which holds it too) sees the state libibverbs records in
             // `ibv_qp::state` before or after the change, never during it.
-            let _send = (attr.mask & STATE != 0).then(|| self.inner.send.lock());
+            let send = (attr.mask & STATE != 0).then(|| self.inner.send.lock());
             // SAFETY: live QP; `raw` is an initialised ibv_qp_attr that
             // outlives the call; the mask names only fields set through
             // QpAttr (the rest are zero).
             let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
+            if send.is_some() {
+                self.note_state();
+            }
+            drop(send);
             return ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)));
         }
         // RESET empties the QP's work queues: the device forgets every
@@ -520,6 +524,7 @@ impl QueuePair {
         let leaving_other_state = matches!(self.state(), Ok(s) if s != QpState::Reset);
         // SAFETY: as above.
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
+        self.note_state();
         ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))?;
         if leaving_other_state {
             let dropped_send = send_st.take_all();

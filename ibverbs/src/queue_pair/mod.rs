@@ -3,6 +3,7 @@
 //! ([`SendRequest`], [`RecvRequest`]).
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -98,8 +99,24 @@ pub(crate) struct QpInner {
     /// The extended QP and its `send_ops_flags` when created with
     /// `ibv_create_qp_ex` (the same object as `qp`).
     pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
+    /// What the prepared sends' lock-free path reads instead of taking the
+    /// send lock to read `ibv_qp::state`: bit 0 set when the state the last
+    /// state change left may post sends (not RESET, INIT or RTR), the bits
+    /// above a count of state changes. Written only with the send lock held,
+    /// after every modify that names the state ([`QueuePair::note_state`]).
+    pub(crate) send_epoch: AtomicU64,
     destroyed: bool,
 }
+
+/// Whether a queue pair in `state` (`ibv_qp::state`) may post sends:
+/// anything but RESET, INIT and RTR (ERR flushes them).
+#[inline]
+pub(crate) fn state_sends(state: u32) -> bool {
+    !(state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR)
+}
+
+/// Bit 0 of [`QpInner::send_epoch`].
+pub(crate) const EPOCH_SENDS: u64 = 1;
 
 // SAFETY: QP verbs (post, modify, query, destroy) are thread-safe in
 // libibverbs; the in-flight tables are behind Mutexes.
@@ -212,9 +229,23 @@ impl QueuePair {
                 qpx,
                 send,
                 recv,
+                // A new queue pair is in RESET.
+                send_epoch: AtomicU64::new(0),
                 destroyed: false,
             }),
         }
+    }
+
+    /// Records a state change (or an attempt: libibverbs updates
+    /// `ibv_qp::state` only on success) for the lock-free posting path.
+    /// Call with the send lock held, after `ibv_modify_qp`.
+    pub(crate) fn note_state(&self) {
+        // SAFETY: live QP; the caller holds the send lock, which every
+        // modify of this crate holds, so `state` is not being written.
+        let state = unsafe { (*self.as_ptr()).state };
+        let epoch = self.inner.send_epoch.load(Ordering::Relaxed);
+        let next = ((epoch >> 1) + 1) << 1 | u64::from(state_sends(state));
+        self.inner.send_epoch.store(next, Ordering::Release);
     }
 
     /// The QP number.

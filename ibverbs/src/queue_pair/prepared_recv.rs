@@ -225,9 +225,11 @@ impl PreparedRecv {
         if rc != 0 {
             // The provider refused the request: no completion will carry
             // the posting's count.
-            posting.refused();
+            self.postings.refused(posting);
             return crate::error::ret_errno(self.target.verb(), rc);
         }
+        // After the doorbell: the next posting's count.
+        self.postings.restock();
         Ok(())
     }
 

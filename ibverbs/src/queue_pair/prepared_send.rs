@@ -6,7 +6,13 @@
 //! set ([`SAFE_BIT`], [`PREPARED_BIT`]; table `wr_id`s keep bit 62 clear,
 //! raw-path `wr_id`s bit 63). Each posting owns one strong count of that
 //! `Arc`, leaked into the `wr_id` before the provider sees the request and
-//! taken back by whoever polls the completion ([`claim_prepared`]). A
+//! taken back by whoever polls the completion ([`claim_prepared`]); the
+//! handle keeps one spare count, so a posting leaks it with no atomic
+//! operation and the next is taken after the doorbell. Posting takes no
+//! lock: it reads the queue pair's state from one atomic word that modifies
+//! write under the send lock, and a refused posting checks afterwards, under
+//! that lock, that no state change overlapped it (else the provider may have
+//! queued it, and its count stays leaked). A
 //! completion is polled once, so each count is taken back once; one that
 //! never comes back (a completion consumed by `poll_raw`, a queue pair
 //! destroyed or reset with postings outstanding) leaks the buffers, which
@@ -15,6 +21,7 @@
 //! [`Postings`] defined here serve [`PreparedRecv`](super::PreparedRecv)
 //! too.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -23,6 +30,7 @@ use super::post::{c_send_wr, fill_sges};
 use super::request::{PostError, SendRequest};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
+use crate::queue_pair::EPOCH_SENDS;
 use crate::wq_table::{SgList, PREPARED_BIT, SAFE_BIT};
 use crate::{AddressHandle, QueuePair};
 
@@ -55,26 +63,57 @@ const PTR_MASK: u64 = (1 << 61) - 1;
 #[derive(Debug)]
 pub(super) struct Postings {
     shared: Arc<Shared>,
+    /// The next posting's count, taken in advance: a posting leaks it into
+    /// its `wr_id` with no atomic operation, and the count for the one
+    /// after is taken once the doorbell rang, so that the increment is not
+    /// in a latency loop's window between a completion and the next
+    /// doorbell. Not a posting: the device never sees it.
+    spare: Option<Arc<Shared>>,
 }
 
 impl Postings {
     pub(super) fn new(sg: SgList, ah: Option<AddressHandle>, wr_id: u64) -> Postings {
         Postings {
             shared: Arc::new(Shared { sg, ah, wr_id }),
+            spare: None,
         }
     }
 
-    /// A new posting's count, to leak into its `wr_id` before the doorbell
-    /// (another thread may poll the completion as soon as the provider
-    /// took the request).
+    /// A new posting's count (the spare one when there is one), to leak
+    /// into its `wr_id` before the doorbell (another thread may poll the
+    /// completion as soon as the provider took the request).
     #[inline(always)]
-    pub(super) fn posting(&self) -> Posting {
-        Posting(Arc::into_raw(Arc::clone(&self.shared)))
+    pub(super) fn posting(&mut self) -> Posting {
+        let count = match self.spare.take() {
+            Some(spare) => spare,
+            None => Arc::clone(&self.shared),
+        };
+        Posting(Arc::into_raw(count))
+    }
+
+    /// Takes the next posting's count, after a doorbell.
+    #[inline(always)]
+    pub(super) fn restock(&mut self) {
+        if self.spare.is_none() {
+            self.spare = Some(Arc::clone(&self.shared));
+        }
+    }
+
+    /// The provider refused the request: no completion will carry the
+    /// count, so it becomes the spare again.
+    #[cold]
+    pub(super) fn refused(&mut self, posting: Posting) {
+        // SAFETY: the count `posting` leaked, not handed to any completion
+        // (the request was refused, and not queued); taken back once, here.
+        let count = unsafe { Arc::from_raw(posting.0) };
+        if self.spare.is_none() {
+            self.spare = Some(count);
+        }
     }
 
     #[inline]
     pub(super) fn is_posted(&self) -> bool {
-        Arc::strong_count(&self.shared) > 1
+        Arc::strong_count(&self.shared) > 1 + usize::from(self.spare.is_some())
     }
 
     #[inline]
@@ -86,6 +125,12 @@ impl Postings {
     /// acquires what the completions released with their counts).
     #[inline]
     pub(super) fn sg_mut(&mut self) -> Option<&mut SgList> {
+        if self.is_posted() {
+            return None;
+        }
+        // The spare count goes (restocked at the next posting's doorbell),
+        // so that `get_mut` sees the handle's count alone.
+        self.spare = None;
         Some(&mut Arc::get_mut(&mut self.shared)?.sg)
     }
 
@@ -99,7 +144,8 @@ impl Postings {
     pub(super) fn bytes(&self, index: usize) -> Option<&[u8]> {
         // Postings are made only by the owners' `post(&mut self)`, so none
         // can start while the returned borrow of `self` lives; a count of 1
-        // means every earlier posting's completion was claimed. The acquire
+        // (2 with the spare) means every earlier posting's completion was
+        // claimed. The acquire
         // fence pairs with the claim's release decrement: the device's
         // writes, done before its completion, are visible. (No `Weak` of
         // `shared` exists.)
@@ -146,14 +192,12 @@ impl Posting {
         SAFE_BIT | PREPARED_BIT | ((self.0 as usize as u64) >> 3)
     }
 
-    /// The provider refused the request: no completion will carry the
-    /// count, so it is taken back here.
+    /// The provider refused the request but may have queued it (the queue
+    /// pair changed state during the call): the count stays leaked, so the
+    /// buffers stay allocated for good rather than be freed under a request
+    /// the device may still execute.
     #[cold]
-    pub(super) fn refused(self) {
-        // SAFETY: the count `Postings::posting` leaked, not handed to any
-        // completion (the request was refused); taken back once, here.
-        drop(unsafe { Arc::from_raw(self.0) });
-    }
+    pub(super) fn keep(self) {}
 }
 
 /// Whether a completion's `wr_id` is a prepared request's posting.
@@ -201,10 +245,11 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// the queue pair was destroyed with postings outstanding, keeps the
 /// buffers allocated for good (a leak, never a use after free).
 ///
-/// Posting costs the send queue's lock, the queue-pair state check, a
-/// reference count and the provider's `post_send`; claiming a completion
-/// costs one reference count, no lock. The request is not checked or built
-/// again. Postings do not take slots of the send queue's in-flight table:
+/// Posting costs one atomic load (the queue pair's state, as its last
+/// modify left it: no lock) and the provider's `post_send`; the reference
+/// count of the next posting is taken after the doorbell. Claiming a
+/// completion costs one reference count, no lock. The request is not
+/// checked or built again. Postings do not take slots of the send queue's in-flight table:
 /// when the device queue is full the provider refuses the posting
 /// (`ibv_post_send` fails with `ENOMEM`).
 ///
@@ -339,35 +384,68 @@ impl PreparedSend {
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_send`: `ENOMEM`
     /// when the send queue is full, `EINVAL` for a queue pair in RESET, INIT
     /// or RTR (refused before reaching the provider). Nothing was posted
-    /// then.
+    /// then, and the request can be posted again; only when the queue pair
+    /// changed state during the call (another thread modified it) may a
+    /// refused request have been queued by the provider, and its buffers
+    /// then stay allocated for good ([`is_posted`](Self::is_posted) stays
+    /// true).
     ///
     /// # References
     /// `ibv_post_send(3)`
     #[doc(alias = "ibv_post_send")]
     #[inline(always)]
     pub fn post(&mut self) -> Result<()> {
-        // The send queue's lock orders the state check with state changes
-        // (see QueuePair::post_send): a refused posting was not queued.
+        // No lock: the state the last modify left, with the count of state
+        // changes, is one atomic word that modifies write under the send
+        // lock. A refusal is checked against it afterwards (`refused`).
+        let epoch = self.qp.inner.send_epoch.load(Ordering::Acquire);
+        if epoch & EPOCH_SENDS == 0 {
+            return self.post_locked();
+        }
+        let (posting, rc) = ring(&self.qp, &mut self.wr, &mut self.postings);
+        if rc != 0 {
+            return self.refused(posting, rc, epoch);
+        }
+        // After the doorbell, out of a latency loop's window.
+        self.postings.restock();
+        Ok(())
+    }
+
+    /// The path of a queue pair whose last state change left it unable to
+    /// send (or never changed it): under the send lock, which orders the
+    /// check of `ibv_qp::state` with state changes (see
+    /// QueuePair::post_send), so a refused posting was not queued.
+    #[cold]
+    #[inline(never)]
+    fn post_locked(&mut self) -> Result<()> {
         let _st = self.qp.inner.send.lock();
         self.qp.check_sendable("ibv_post_send")?;
-        // Before the doorbell: another thread may poll the completion as
-        // soon as the provider took the request.
-        let posting = self.postings.posting();
-        self.wr.wr_id = posting.wr_id();
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // `wr`'s SGEs point into `sges` and describe the registered buffers
-        // `postings` owns (checked by prepare_send, never replaced), kept alive
-        // by the posting's count until its completion is claimed, or the
-        // inline bytes the provider copies during the call.
-        // SAFETY: live QP (`self.qp`); one request (`next` NULL), SGEs as above.
-        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), &mut self.wr, &mut bad) };
+        let (posting, rc) = ring(&self.qp, &mut self.wr, &mut self.postings);
         if rc != 0 {
-            // The provider refused the request: no completion will carry
-            // the posting's count.
-            posting.refused();
+            // No completion will carry the posting's count.
+            self.postings.refused(posting);
             return crate::error::ret_errno("ibv_post_send", rc);
         }
+        self.postings.restock();
         Ok(())
+    }
+
+    /// A refusal on the lock-free path. rxe (and others) write a request
+    /// into the send queue before finding the queue pair not ready, and
+    /// execute it once it is: the count comes back only if no state change
+    /// overlapped the call — the epoch, read under the send lock (held by
+    /// every modify for its whole call), is still the one the posting saw.
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self, posting: Posting, rc: i32, epoch: u64) -> Result<()> {
+        let st = self.qp.inner.send.lock();
+        if self.qp.inner.send_epoch.load(Ordering::Acquire) == epoch {
+            self.postings.refused(posting);
+        } else {
+            posting.keep();
+        }
+        drop(st);
+        crate::error::ret_errno("ibv_post_send", rc)
     }
 
     /// Sets the operands of a prepared compare-and-swap for the postings
@@ -461,6 +539,26 @@ impl PreparedSend {
     }
 }
 
+/// Leaks a count of `postings` into `wr`'s `wr_id` and rings `qp`'s
+/// doorbell; returns the posting and `ibv_post_send`'s code (a refused
+/// posting's count is the caller's to settle).
+#[inline(always)]
+fn ring(qp: &QueuePair, wr: &mut sys::ibv_send_wr, postings: &mut Postings) -> (Posting, i32) {
+    // Before the doorbell: another thread may poll the completion as soon
+    // as the provider took the request.
+    let posting = postings.posting();
+    wr.wr_id = posting.wr_id();
+    let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+    // `wr` is a PreparedSend's: its SGEs point into the request's `sges` and
+    // describe the registered buffers `postings` owns (checked by
+    // prepare_send, never replaced), kept alive by the posting's count until
+    // its completion is claimed, or the inline bytes the provider copies
+    // during the call.
+    // SAFETY: live QP (`qp`); one request (`next` NULL), SGEs as above.
+    let rc = unsafe { sys::ibv_post_send(qp.as_ptr(), wr, &mut bad) };
+    (posting, rc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,7 +566,7 @@ mod tests {
 
     #[test]
     fn a_postings_wr_id_carries_its_count_and_nothing_else_claims_it() {
-        let postings = Postings::new(SgList::Empty, None, 42);
+        let mut postings = Postings::new(SgList::Empty, None, 42);
         let wr_id = postings.posting().wr_id();
         assert!(is_prepared(wr_id));
         // Neither a table slot nor a raw-path id.
@@ -483,8 +581,15 @@ mod tests {
 
     #[test]
     fn a_refused_posting_gives_its_count_back() {
-        let postings = Postings::new(SgList::Empty, None, 1);
-        postings.posting().refused();
+        let mut postings = Postings::new(SgList::Empty, None, 1);
+        let posting = postings.posting();
+        postings.refused(posting);
+        assert!(!postings.is_posted());
+        // It became the spare: the next posting takes no new count.
+        let wr_id = postings.posting().wr_id();
+        assert!(postings.is_posted());
+        // SAFETY: `wr_id` holds the count leaked above, claimed once.
+        unsafe { claim_prepared(wr_id) };
         assert!(!postings.is_posted());
     }
 }
