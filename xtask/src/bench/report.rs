@@ -272,10 +272,19 @@ single boots (64 B, 3 000 iterations per run, 68 paired rounds, ABBA order) put 
 rc_pingpong at 1.040x ibv_rc_pingpong (95 % interval 1.006-1.074) and a build of the same loop on \
 the raw path (post_send_raw, post_recv_raw, poll_raw; experiment only) at 1.003x (0.967-1.039, \
 52 rounds); safe/raw 0.968-1.002 the other way round, i.e. the safe path costs about 3 % there, \
-and a build without the watchdog thread changed nothing (1.03x C). What the safe loop adds in its \
-window is the prepared send's lock (it orders the state check with modify_qp, so that a refused \
-posting was really not queued), the state check, the posting's count and the receive claim's \
-count, where C has none. The \
+and a build without the watchdog thread changed nothing (1.03x C). What the safe loop added in its \
+window was the prepared send's lock, its state check, the posting's count and the receive claim's \
+count. Since a751931 PreparedSend::post takes no lock: it reads the queue pair's state from one \
+atomic word that every state change writes under the send lock, a refusal on that path gives \
+its count back only if no state change overlapped it (re-checked under the lock; rxe queues a \
+request it refuses before RTS), and each posting's count is taken ahead, after the doorbell \
+before. The window now holds one atomic read-modify-write C does not have, the receive claim's \
+decrement. An A/B probe in one boot (64 B, 3 000 iterations, 90 rounds of C, previous build, new \
+build in rotated order) put it at 0.984x ibv_rc_pingpong (0.933-1.039) and 0.963x the previous \
+build (0.904-1.027; previous/C 1.021); a 16-round rc_pingpong bench right after, on a host where \
+C's own runs spread over 68-157 % of their median, read 1.14, 1.08, 1.30, 1.11 and 0.99 from 2 B \
+to 64 KiB, every interval straddling 1.03 (0.83-1.86): within the runs' spread at every size, \
+not shown met. The \
 per-request and extended read_lat variants claim through the table and build their request in \
 the window by design: they are the controls showing what the prepared path saves. Where a \
 cell's 95 % interval straddles the target, its ratio is within the runs' spread. Also done: the data-path inlines of verbs.h are Rust (one \
