@@ -275,6 +275,9 @@ fn finish(out: &Out) -> Result<bool> {
     for l in report::target_lines(&a) {
         println!("target {l}");
     }
+    if let Some(l) = report::self_noise_line(&a) {
+        println!("{l}");
+    }
     for l in report::control_lines(&a) {
         println!("control {l}");
     }
@@ -303,7 +306,7 @@ fn finish(out: &Out) -> Result<bool> {
     }
     println!(
         "(medians of {} round(s); absolute numbers from an emulated VM mean little — compare \
-         ratios; same-binary noise is about ±3 %)",
+         ratios; the same-binary check above says how far noise alone moves them)",
         the_plan.rounds
     );
     step!("bench: report {}", out.report().display());

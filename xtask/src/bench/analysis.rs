@@ -148,6 +148,11 @@ impl Cell {
     pub fn failures(&self) -> usize {
         self.c.failures.len() + self.rust.failures.len()
     }
+
+    /// The C tool against itself in this cell (see `stats::split_half_ratio`).
+    pub fn c_self_ratio(&self) -> Option<f64> {
+        stats::split_half_ratio(&self.c.values)
+    }
 }
 
 /// All cells, in tool-table and size order, plus the runs outside them.

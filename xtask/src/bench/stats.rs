@@ -96,9 +96,45 @@ pub fn ratio_interval(rust: &[f64], c: &[f64]) -> Option<(f64, f64)> {
     Some((quantile(&ratios, 0.025), quantile(&ratios, 0.975)))
 }
 
+/// The same binary against itself: the median of its runs in rounds 2, 3, 6, 7, 10, 11 … over
+/// the median of those in rounds 0, 1, 4, 5, 8, 9 … (an A/A comparison at half the rounds each;
+/// pairs of rounds, so that each half holds both ABBA positions and an order effect cancels as
+/// in Rust/C). How far this lies from 1 is what run-to-run noise alone does to a ratio of
+/// medians in this run. `None` with fewer than 4 runs.
+pub fn split_half_ratio(values: &[f64]) -> Option<f64> {
+    if values.len() < 4 {
+        return None;
+    }
+    let half = |which: usize| {
+        let mut v: Vec<f64> = values
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| (i / 2) % 2 == which)
+            .map(|(_, &x)| x)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        quantile(&v, 0.5)
+    };
+    let r = half(1) / half(0);
+    r.is_finite().then_some(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_half_ratio_compares_pairs_of_rounds() {
+        assert_eq!(split_half_ratio(&[1.0, 2.0, 3.0]), None);
+        // Rounds 0, 1, 4, 5: 100, 100, 100, 100; rounds 2, 3, 6, 7: 110, 120, 90, 115
+        // (median 112.5).
+        let r = split_half_ratio(&[100.0, 100.0, 110.0, 120.0, 100.0, 100.0, 90.0, 115.0]).unwrap();
+        assert!((r - 1.125).abs() < 1e-12, "{r}");
+        // An order effect (every second run 10 % slower) cancels.
+        let r = split_half_ratio(&[100.0, 110.0, 100.0, 110.0, 100.0, 110.0, 100.0, 110.0]);
+        assert_eq!(r, Some(1.0));
+        assert_eq!(split_half_ratio(&[5.0; 8]), Some(1.0));
+    }
 
     #[test]
     fn the_interval_holds_the_ratio_and_narrows_with_agreeing_runs() {
