@@ -249,9 +249,9 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// modify left it: no lock) and the provider's `post_send`; the reference
 /// count of the next posting is taken after the doorbell. Claiming a
 /// completion costs one reference count, no lock. The request is not
-/// checked or built again. Postings do not take slots of the send queue's in-flight table:
-/// when the device queue is full the provider refuses the posting
-/// (`ibv_post_send` fails with `ENOMEM`).
+/// checked or built again. Postings do not take slots of the send queue's
+/// in-flight table: when the device queue is full the provider refuses the
+/// posting (`ibv_post_send` fails with `ENOMEM`).
 ///
 /// # Example
 /// ```no_run

@@ -183,7 +183,6 @@ pub fn terminal_table(a: &Analysis) -> String {
     out
 }
 
-/// One line per target: how many cells meet it, and which miss.
 /// The same-binary check: in every cell with at least 4 C runs, the median of the C tool's
 /// runs in one half of the rounds against the other (alternate pairs of rounds; an A/A
 /// comparison at half the rounds, see `stats::split_half_ratio`). It
@@ -224,6 +223,7 @@ pub fn self_noise_line(a: &Analysis) -> Option<String> {
     Some(line)
 }
 
+/// One line per target: how many cells meet it, and which miss.
 pub fn target_lines(a: &Analysis) -> Vec<String> {
     let mut out = Vec::new();
     for (what, is_lat) in [("latency", true), ("bandwidth", false)] {
@@ -317,8 +317,8 @@ window was the prepared send's lock, its state check, the posting's count and th
 count. Since a751931 PreparedSend::post takes no lock: it reads the queue pair's state from one \
 atomic word that every state change writes under the send lock, a refusal on that path gives \
 its count back only if no state change overlapped it (re-checked under the lock; rxe queues a \
-request it refuses before RTS), and each posting's count is taken ahead, after the doorbell \
-before. The window now holds one atomic read-modify-write C does not have, the receive claim's \
+request it refuses before RTS), and each posting's count is taken ahead, after the previous \
+posting's doorbell. The window now holds one atomic read-modify-write C does not have, the receive claim's \
 decrement. An A/B probe in one boot (64 B, 3 000 iterations, 90 rounds of C, previous build, new \
 build in rotated order) put it at 0.984x ibv_rc_pingpong (0.933-1.039) and 0.963x the previous \
 build (0.904-1.027; previous/C 1.021); a 16-round rc_pingpong bench right after, on a host where \

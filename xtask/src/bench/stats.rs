@@ -106,16 +106,15 @@ pub fn split_half_ratio(values: &[f64]) -> Option<f64> {
         return None;
     }
     let half = |which: usize| {
-        let mut v: Vec<f64> = values
+        let v: Vec<f64> = values
             .iter()
             .enumerate()
             .filter(|(i, _)| (i / 2) % 2 == which)
             .map(|(_, &x)| x)
             .collect();
-        v.sort_by(f64::total_cmp);
-        quantile(&v, 0.5)
+        summarize(&v).map(|s| s.median)
     };
-    let r = half(1) / half(0);
+    let r = half(1)? / half(0)?;
     r.is_finite().then_some(r)
 }
 
