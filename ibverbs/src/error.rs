@@ -3,6 +3,7 @@
 
 use std::io;
 
+use crate::queue_pair::{SendOp, SendOption};
 use crate::work_completion::WcStatus;
 
 /// What can go wrong in this crate.
@@ -59,6 +60,93 @@ pub enum Error {
     /// No RDMA device matched.
     #[error("no RDMA device found{0}")]
     NoDevice(String),
+    /// The operation is not available on this queue pair type (a read or
+    /// an atomic on UC, anything but a send on UD). Nothing was posted.
+    #[error("{op} is not available on a {qp_type:?} queue pair")]
+    OpNotAvailable {
+        /// The request's operation.
+        op: SendOp,
+        /// The queue pair's transport.
+        qp_type: crate::QpType,
+    },
+    /// A send request carries an option its operation (or the queue pair's
+    /// type) does not take; DESIGN.md's request-option table lists every
+    /// cell. Checked before the provider sees the request: nothing was
+    /// posted and the request (buffers included) is handed back.
+    #[error("{option} is not allowed on {op} ({qp_type:?} queue pair)")]
+    OptionNotAllowed {
+        /// The offending option.
+        option: SendOption,
+        /// The request's operation.
+        op: SendOp,
+        /// The queue pair's transport.
+        qp_type: crate::QpType,
+    },
+    /// A send request lacks an option its operation needs on this queue
+    /// pair type (a UD send without its destination).
+    #[error("{op} on a {qp_type:?} queue pair needs {option}")]
+    OptionRequired {
+        /// The missing option.
+        option: SendOption,
+        /// The request's operation.
+        op: SendOp,
+        /// The queue pair's transport.
+        qp_type: crate::QpType,
+    },
+    /// More inline bytes than the queue pair's `max_inline_data`.
+    #[error("{len} bytes to send inline, the queue pair allows {max}")]
+    InlineTooLarge {
+        /// Bytes asked for.
+        len: u64,
+        /// The queue pair's `max_inline_data`.
+        max: u32,
+    },
+    /// An unsignaled request carries a buffer that only its own
+    /// completion could hand back (a `LocalBuffer` or `SharedBuffer`):
+    /// unsignaled requests may carry only inline data or `FrozenBuffer`s.
+    #[error(
+        "an unsignaled {op} must not carry exclusive buffers (they could not be handed back): \
+         use inline data or FrozenBuffer"
+    )]
+    UnsignaledExclusive {
+        /// The request's operation.
+        op: SendOp,
+    },
+    /// A bind or invalidate of this memory window is still outstanding:
+    /// one window request at a time, so that its completion decides what
+    /// the device holds (poll it first).
+    #[error("a bind or invalidate of this memory window is still outstanding: poll its completion first")]
+    WindowBusy,
+    /// An earlier bind or invalidate of this memory window ended without a
+    /// completion (its queue pair was reset or destroyed first): what the
+    /// device holds is unknown, so the window refuses further binds; drop
+    /// it (`ibv_dealloc_mw` revokes every binding).
+    #[error(
+        "an earlier bind or invalidate of this memory window ended without a completion: \
+         its binding is unknown; deallocate the window"
+    )]
+    WindowIndeterminate,
+    /// A receive posted to a queue pair in ERR: the device would hold it
+    /// without ever flushing it (rxe flushes only on the move to ERR).
+    /// Refused, buffers handed back; reset the queue pair to use it again.
+    #[error("{verb}: the queue pair is in ERR, a receive posted now would never be flushed")]
+    QueuePairInError {
+        /// The verb that was not called.
+        verb: &'static str,
+    },
+    /// A completion queue smaller than the work queues that report to it
+    /// could hold: an overrun loses completions (and with them the
+    /// buffers of their requests).
+    #[error(
+        "the completion queue holds {capacity} completions, but the queues reporting to it \
+         can have {needed} outstanding: create it with at least {needed} entries"
+    )]
+    CqTooSmall {
+        /// The CQ's capacity.
+        capacity: u32,
+        /// The sum of the depths of the queues that would report to it.
+        needed: u64,
+    },
 }
 
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0
