@@ -6,7 +6,9 @@
 mod common;
 
 use common::{pair, remote_all, wait, wait_ok};
-use ibverbs::{AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendRequest, WcStatus};
+use ibverbs::{
+    AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SendRequest, WcStatus,
+};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -145,11 +147,11 @@ fn invalid_arguments_are_rejected_before_posting() {
     // Inline data larger than the QP's cap.
     let cap = p.a.caps().max_inline_data as usize;
     let big = vec![0u8; cap + 1];
-    invalid(
-        p.a.post_send(SendRequest::send_inline(&big))
-            .unwrap_err()
-            .error,
-        "inline",
+    let e = p.a.post_send(SendRequest::send_inline(&big)).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InlineTooLarge { len, max } if len as usize == cap + 1 && max as usize == cap),
+        "{}",
+        e.error
     );
     // More SGEs than the QP allows.
     let sges = (0..p.a.caps().max_send_sge + 1)
@@ -162,12 +164,15 @@ fn invalid_arguments_are_rejected_before_posting() {
         "scatter/gather",
     );
     // Unsignaled request with an exclusive buffer.
-    invalid(
+    let e =
         p.a.post_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()).signaled(false))
-            .unwrap_err()
-            .error,
-        "unsignaled",
+            .unwrap_err();
+    assert!(
+        matches!(e.error, Error::UnsignaledExclusive { op: SendOp::Send }),
+        "{}",
+        e.error
     );
+    assert_eq!(e.request.into_buffers().total_len(), 8);
     // A buffer of another protection domain.
     let other_pd = p.dev.ctx.alloc_pd().unwrap();
     invalid(

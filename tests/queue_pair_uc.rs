@@ -230,8 +230,14 @@ fn uc_read_and_atomics_are_rejected_before_posting() {
     for (what, make, len) in cases {
         let err = p.a.post_send(make(&p.pd, remote)).unwrap_err();
         assert!(
-            matches!(err.error, Error::InvalidArgument(ref m) if m.contains("Uc")),
-            "UC {what} must be InvalidArgument naming the QP type, got {}",
+            matches!(
+                err.error,
+                Error::OpNotAvailable {
+                    qp_type: QpType::Uc,
+                    ..
+                }
+            ),
+            "UC {what} must be OpNotAvailable naming the QP type, got {}",
             err.error
         );
         assert_eq!(

@@ -9,7 +9,7 @@ mod common;
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionQueue, Endpoint, Error, Gid, LinkLayer,
     LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory,
-    SendRequest, WcOpcode,
+    SendOption, SendRequest, WcOpcode,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -292,7 +292,7 @@ fn ud_inline_sends() {
         t.a.post_send(SendRequest::send_inline(&big).ud(&t.ah_to_b, t.b.qp_num(), QKEY))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(ref m) if m.contains("inline")),
+        matches!(err.error, Error::InlineTooLarge { len, max } if len == cap as u64 + 1 && max as usize == cap),
         "oversized inline UD send: {}",
         err.error
     );
@@ -398,8 +398,14 @@ fn ud_rdma_and_atomics_are_rejected_before_posting() {
             };
             let err = t.a.post_send(req).unwrap_err();
             assert!(
-                matches!(err.error, Error::InvalidArgument(_)),
-                "UD {what} (destination given: {with_dest}) must be InvalidArgument, got {}",
+                matches!(
+                    err.error,
+                    Error::OpNotAvailable {
+                        qp_type: QpType::Ud,
+                        ..
+                    }
+                ),
+                "UD {what} (destination given: {with_dest}) must be OpNotAvailable, got {}",
                 err.error
             );
             assert_eq!(
@@ -431,8 +437,14 @@ fn ud_send_without_destination_is_rejected() {
         t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).wr_id(3))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(ref m) if m.contains("ud(")),
-        "a UD send without SendRequest::ud must be InvalidArgument naming ud(..), got {}",
+        matches!(
+            err.error,
+            Error::OptionRequired {
+                option: SendOption::UdDestination,
+                ..
+            }
+        ) && err.error.to_string().contains("SendRequest::ud"),
+        "a UD send without SendRequest::ud must be OptionRequired naming ud(..), got {}",
         err.error
     );
     let buf = err.request.into_buffers().total_len();
@@ -441,7 +453,7 @@ fn ud_send_without_destination_is_rejected() {
         t.a.post_send(SendRequest::send_inline(&payload))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(_)),
+        matches!(err.error, Error::OptionRequired { .. }),
         "an inline UD send without destination: {}",
         err.error
     );
@@ -450,7 +462,7 @@ fn ud_send_without_destination_is_rejected() {
         t.a.post_send(SendRequest::send_sgl(vec![filled(&t.pd, &payload).into()]))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(_)),
+        matches!(err.error, Error::OptionRequired { .. }),
         "{}",
         err.error
     );

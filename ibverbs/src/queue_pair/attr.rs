@@ -259,8 +259,29 @@ impl QpAttr {
         Ok(())
     }
 
+    /// `Ok` unless `cur_qp_state` is set to something other than
+    /// `current`, the state the device reports: the library validates
+    /// against the state it knows, never against the caller's claim.
+    fn check_claimed_state(&self, current: QpState) -> Result<()> {
+        if self.mask & CUR_STATE == 0 {
+            return Ok(());
+        }
+        let claimed = QpState::from_raw(self.raw.cur_qp_state);
+        if claimed == current {
+            return Ok(());
+        }
+        Err(Error::InvalidTransition {
+            from: current,
+            to: self.target(current),
+            reason: format!(
+                "cur_qp_state claims {claimed:?}, but the queue pair is in {current:?}"
+            ),
+        })
+    }
+
     /// Checks these attributes for a `qp_type` queue pair in state
-    /// `current` (or in `cur_qp_state`, when set): field widths, then the
+    /// `current` (or in `cur_qp_state`, when set: [`QueuePair::modify`] first
+    /// checks that claim against the state the device reports): field widths, then the
     /// state transition table ([`check_qp_transition`]).
     ///
     /// # Errors
@@ -457,15 +478,18 @@ impl QueuePair {
 
     /// Modifies the queue pair after checking `attr` against the IBA state
     /// transition table for its type ([`QpAttr::validate`]), from its
-    /// current state (queried, or `cur_qp_state` when set).
+    /// current state as the device reports it (`ibv_query_qp`). A
+    /// `cur_qp_state` must name that state: the kernel believes the claim,
+    /// so a false one would let an INIT queue pair skip RTR's attributes.
     ///
     /// A move to RESET discards the requests still outstanding on the QP's
     /// own queues, as the device does: their buffers are dropped.
     ///
     /// # Errors
     /// [`Error::InvalidTransition`] (illegal transition, missing or
-    /// forbidden attribute) and [`Error::InvalidArgument`] (a value wider
-    /// than its field) before anything reaches the device;
+    /// forbidden attribute, a `cur_qp_state` that is not the state) and
+    /// [`Error::InvalidArgument`] (a value wider than its field) before
+    /// anything reaches the device;
     /// [`Error::Verb`] naming `ibv_query_qp` or `ibv_modify_qp` (the kernel
     /// checks again: the device may have moved the QP meanwhile).
     ///
@@ -473,26 +497,38 @@ impl QueuePair {
     /// `ibv_modify_qp(3)`
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        let current = if attr.mask & CUR_STATE != 0 {
-            QpState::from_raw(attr.raw.cur_qp_state)
-        } else {
-            self.state()?
-        };
+        let current = self.state()?;
+        attr.check_claimed_state(current)?;
         attr.validate(self.qp_type(), current)?;
-        self.modify_unchecked(attr)
+        self.modify_raw(attr)
     }
 
     /// Modifies the queue pair without checking the state table here; the
     /// kernel and provider still validate (an `EINVAL` then says less than
     /// [`QueuePair::modify`] would).
     ///
-    /// # Errors
-    /// [`Error::Verb`] naming `ibv_modify_qp`.
-    ///
     /// # References
     /// `ibv_modify_qp(3)`
+    ///
+    /// A `cur_qp_state` is still checked against the state the device
+    /// reports (the kernel believes the caller's claim, so a false one
+    /// would let an INIT queue pair skip RTR's attributes).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTransition`] when `cur_qp_state` is not the queue
+    /// pair's state; [`Error::Verb`] naming `ibv_query_qp` (only with
+    /// `cur_qp_state`) or `ibv_modify_qp`.
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify_unchecked(&self, attr: &QpAttr) -> Result<()> {
+        if attr.mask & CUR_STATE != 0 {
+            attr.check_claimed_state(self.state()?)?;
+        }
+        self.modify_raw(attr)
+    }
+
+    /// `ibv_modify_qp` with the send lock (and, for RESET, the receive
+    /// lock) held as the posting paths need; no check of `attr`.
+    fn modify_raw(&self, attr: &QpAttr) -> Result<()> {
         let mut raw = attr.raw;
         let to_reset = attr.mask & STATE != 0 && raw.qp_state == sys::IBV_QPS_RESET;
         if !to_reset {

@@ -15,6 +15,7 @@ use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 mod attr;
 mod builder;
 mod connect;
+mod options;
 mod post;
 mod post_ex;
 mod prepared_recv;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use super::options::{check_options, Asked};
 use super::request::{Op, PostError, SendRequest};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
@@ -106,28 +107,46 @@ pub(super) fn posted_count<T>(rc: i32, base: *const T, bad: *const T, n: usize) 
         .min(n)
 }
 
-/// Writes the SGEs of a request `check_bufs` accepted (count and lengths).
+/// Writes the SGEs of a request `check_bufs` accepted (count and lengths)
+/// and returns how many. Empty buffers are left out: no SGE of length 0
+/// reaches the provider, since some devices read a data segment's byte
+/// count 0 as 2 GiB (mlx4/mlx5; rdma-core's mlx4 receive path passes it
+/// through), which would let a message run past the buffer. The request
+/// keeps the empty buffers all the same, and hands them back.
 pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     let mut n = 0;
-    for (slot, b) in out.iter_mut().zip(sg.iter()) {
-        *slot = b.region().sge_prechecked();
-        n += 1;
+    for b in sg.iter().filter(|b| !b.is_empty()) {
+        // `n` < the list's length <= `out.len()` (check_bufs: SGE count).
+        if let Some(slot) = out.get_mut(n) {
+            *slot = b.region().sge_prechecked();
+            n += 1;
+        }
     }
     n
 }
 
 impl QueuePair {
-    /// Checks a request before posting; `extended` says whether it goes
-    /// through the `ibv_wr_*` path (the only one for atomic write).
+    /// Checks a request before posting: DESIGN.md's request-option table
+    /// ([`check_options`]), then the queue pair's limits and the buffers.
+    /// `extended` says whether it goes through the `ibv_wr_*` path (the
+    /// only one for atomic write and flush).
     pub(super) fn check_send(&self, r: &SendRequest<'_>, extended: bool) -> Result<()> {
+        use sys::ibv_send_flags as F;
         let caps = &self.inner.caps;
         let ty = self.inner.qp_type;
-        // The plain requests of an RC queue pair (a send, RDMA write or read
-        // without immediate data, invalidation or UD destination) pass every
-        // check below but the ones named here: the short way, as they are
-        // the data path's common case.
-        let inline_flag = r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0;
-        if ty == QpType::Rc && r.imm.is_none() && r.invalidate.is_none() && r.ud.is_none() {
+        let inline_flag = r.flags & F::IBV_SEND_INLINE.0 != 0;
+        let solicited = r.flags & F::IBV_SEND_SOLICITED.0 != 0;
+        // The data path's common case: a signaled send, RDMA write or read of
+        // an RC queue pair whose options the table allows for certain (no
+        // immediate data, invalidation or UD destination; solicited only on
+        // a send; inline only on a send or write) needs only the checks
+        // named here.
+        if ty == QpType::Rc
+            && r.imm.is_none()
+            && r.invalidate.is_none()
+            && r.ud.is_none()
+            && (!solicited || matches!(r.op, Op::Send))
+        {
             match (r.inline, &r.op, &r.sg) {
                 // Inline bytes: only their length can be wrong, and they
                 // carry no buffer, so the request may be unsignaled too.
@@ -136,24 +155,39 @@ impl QueuePair {
                 {
                     return Ok(());
                 }
-                // A signaled request with its buffers: their checks.
-                (None, Op::Send | Op::Write(_) | Op::Read(_), _)
+                (None, Op::Send | Op::Write(_), _)
                     if r.is_signaled()
                         && (!inline_flag
                             || r.sg.total_len() <= u64::from(caps.max_inline_data)) =>
                 {
-                    let writes = matches!(r.op, Op::Read(_));
                     return check_bufs(
                         &r.sg,
                         &self.inner.pd,
-                        writes,
+                        false,
                         caps.max_send_sge,
                         r.op.name(),
                     );
                 }
+                // Never inline: the device writes a read's buffer.
+                (None, Op::Read(_), _) if r.is_signaled() && !inline_flag => {
+                    return check_bufs(&r.sg, &self.inner.pd, true, caps.max_send_sge, r.op.name());
+                }
                 _ => {}
             }
         }
+        let op = r.op.kind();
+        check_options(
+            op,
+            ty,
+            Asked {
+                inline: inline_flag || r.inline.is_some(),
+                imm: r.imm.is_some(),
+                solicited,
+                fence: r.flags & F::IBV_SEND_FENCE.0 != 0,
+                invalidate: r.invalidate.is_some(),
+                ud: r.ud.is_some(),
+            },
+        )?;
         let what = r.op.name();
         #[cfg(ibverbs_flush)]
         if let Op::Flush { .. } = &r.op {
@@ -164,11 +198,6 @@ impl QueuePair {
                         .into(),
                 ));
             }
-            if ty != QpType::Rc {
-                return Err(Error::InvalidArgument(format!(
-                    "flush needs an RC queue pair, not {ty:?}"
-                )));
-            }
         }
         if let Op::AtomicWrite { remote, .. } = &r.op {
             if !extended {
@@ -178,11 +207,6 @@ impl QueuePair {
                         .into(),
                 ));
             }
-            if ty != QpType::Rc {
-                return Err(Error::InvalidArgument(format!(
-                    "atomic write needs an RC queue pair, not {ty:?}"
-                )));
-            }
             if remote.addr % 8 != 0 || remote.len < 8 {
                 return Err(Error::InvalidArgument(format!(
                     "atomic write target {:#x} (len {}) is not an 8-byte-aligned 8-byte word",
@@ -190,49 +214,7 @@ impl QueuePair {
                 )));
             }
         }
-        match (ty, &r.op) {
-            (QpType::Ud, Op::Send) if r.ud.is_some() => {}
-            (QpType::Ud, Op::Send) => {
-                return Err(Error::InvalidArgument(
-                    "a UD send needs a destination: SendRequest::ud(ah, qpn, qkey)".into(),
-                ))
-            }
-            (QpType::Ud, _)
-            | (QpType::Uc, Op::Read(_))
-            | (QpType::Uc, Op::CompareSwap { .. })
-            | (QpType::Uc, Op::FetchAdd { .. }) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} is not available on a {ty:?} queue pair"
-                )))
-            }
-            _ => {}
-        }
-        if r.invalidate.is_some() && (!matches!(r.op, Op::Send) || r.imm.is_some()) {
-            return Err(Error::InvalidArgument(format!(
-                "only a send without immediate data can invalidate a remote key, not {what}{}",
-                if r.imm.is_some() {
-                    " with immediate data"
-                } else {
-                    ""
-                }
-            )));
-        }
-        if r.invalidate.is_some() && ty == QpType::Ud {
-            return Err(Error::InvalidArgument(
-                "send with invalidate needs a connected queue pair, not UD".into(),
-            ));
-        }
-        if r.imm.is_some() && !matches!(r.op, Op::Send | Op::Write(_)) {
-            return Err(Error::InvalidArgument(format!(
-                "immediate data is only for send and RDMA write, not {what}"
-            )));
-        }
         if let Some(ud) = &r.ud {
-            if ty != QpType::Ud {
-                return Err(Error::InvalidArgument(
-                    "a UD destination on a connected queue pair".into(),
-                ));
-            }
             if !Arc::ptr_eq(&ud.ah.pd().inner, &self.inner.pd.inner) {
                 return Err(Error::InvalidArgument(
                     "address handle from another protection domain".into(),
@@ -252,28 +234,20 @@ impl QueuePair {
                 )));
             }
         }
-        if let Some(data) = r.inline {
-            if data.len() > caps.max_inline_data as usize {
-                return Err(Error::InvalidArgument(format!(
-                    "{} bytes of inline data, the queue pair allows {}",
-                    data.len(),
-                    caps.max_inline_data
-                )));
-            }
-        } else if r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
-            let total = r.sg.total_len();
-            if total > u64::from(caps.max_inline_data) {
-                return Err(Error::InvalidArgument(format!(
-                    "{total} bytes to send inline, the queue pair allows {}",
-                    caps.max_inline_data
-                )));
+        let inline_len = match r.inline {
+            Some(data) => Some(data.len() as u64),
+            None => inline_flag.then(|| r.sg.total_len()),
+        };
+        if let Some(len) = inline_len {
+            if len > u64::from(caps.max_inline_data) {
+                return Err(Error::InlineTooLarge {
+                    len,
+                    max: caps.max_inline_data,
+                });
             }
         }
         if !r.is_signaled() && !self.inner.sq_sig_all && !r.sg.all_frozen() {
-            return Err(Error::InvalidArgument(format!(
-                "an unsignaled {what} must not carry exclusive buffers (they could not be \
-                 handed back): use inline data or FrozenBuffer"
-            )));
+            return Err(Error::UnsignaledExclusive { op });
         }
         check_bufs(
             &r.sg,
@@ -351,7 +325,8 @@ impl QueuePair {
         self.check_send(r, false)?;
         let (mut sge, num_sge) = match (r.inline, &r.sg) {
             (Some(data), _) => (inline_sge(data), i32::from(!data.is_empty())),
-            (None, SgList::One(b)) => (b.region().sge_prechecked(), 1),
+            // An empty buffer goes as no SGE (see fill_sges).
+            (None, SgList::One(b)) => (b.region().sge_prechecked(), i32::from(!b.is_empty())),
             // No buffer (a scatter list went the chain path above).
             _ => (sys::ibv_sge::default(), 0),
         };

@@ -157,7 +157,8 @@ fn post_recv_single(
         return (0, Err(e));
     }
     let (mut sge, num_sge) = match &r.sg {
-        SgList::One(b) => (b.region().sge_prechecked(), 1),
+        // An empty buffer goes as no SGE (see fill_sges).
+        SgList::One(b) => (b.region().sge_prechecked(), i32::from(!b.is_empty())),
         _ => (sys::ibv_sge::default(), 0),
     };
     // Doorbell first, bookkeeping after (as post_send's single request):

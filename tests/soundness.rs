@@ -1,0 +1,523 @@
+//! Soundness regressions (device tests): programs that made the device
+//! write where Rust held a reference, each asserting the safe outcome, and
+//! DESIGN.md's request-option table cell by cell on a real device.
+//!
+//! The memory-window, completion-queue and event programs live beside this
+//! file (`soundness_*.rs`); DESIGN.md's threat model names each.
+
+mod common;
+
+use common::{pair, remote_all, Pair};
+use ibverbs::{
+    AccessFlags, AddressVector, Endpoint, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
+    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest, WcFields,
+};
+
+/// An RDMA read's inline "data" as rxe reads it: one SGE
+/// `{addr: u64, length: u32, lkey: u32}`, little-endian.
+fn forged_sge(addr: u64, len: u32, lkey: u32) -> [u8; 16] {
+    let mut sge = [0u8; 16];
+    sge[..8].copy_from_slice(&addr.to_le_bytes());
+    sge[8..12].copy_from_slice(&len.to_le_bytes());
+    sge[12..].copy_from_slice(&lkey.to_le_bytes());
+    sge
+}
+
+/// The program, up to the post: a source the peer may read, a
+/// victim that is never posted (and which the caller borrows), and a
+/// result buffer whose bytes are a scatter entry pointing at the victim.
+struct InlineRead {
+    remote: RemoteMemory,
+    victim: LocalBuffer,
+    evil: LocalBuffer,
+    /// Keeps the source registered.
+    _src: LocalBuffer,
+}
+
+fn inline_read(p: &Pair) -> InlineRead {
+    let src =
+        p.pd.register(
+            vec![0xAB; 16],
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    let remote = src.memory_region().remote().unwrap();
+    let victim =
+        p.pd.register(vec![0u8; 16], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let mut evil =
+        p.pd.register(vec![0u8; 16], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    evil.copy_from_slice(&forged_sge(victim.addr(), 16, victim.lkey()));
+    InlineRead {
+        remote,
+        victim,
+        evil,
+        _src: src,
+    }
+}
+
+/// The refusal every path must give: inline on an RDMA read.
+#[track_caller]
+fn assert_inline_read_refused(e: &Error) {
+    assert!(
+        matches!(
+            e,
+            Error::OptionNotAllowed {
+                option: SendOption::Inline,
+                op: SendOp::RdmaRead,
+                qp_type: QpType::Rc
+            }
+        ),
+        "an inline RDMA read must be refused as OptionNotAllowed, got {e}"
+    );
+}
+
+/// After a refusal: the victim is untouched, the device saw nothing.
+#[track_caller]
+fn assert_untouched(p: &Pair, victim: &[u8]) {
+    common::assert_quiet(&p.cq_a);
+    assert_eq!(p.a.send_outstanding(), 0, "nothing was posted");
+    assert!(
+        victim.iter().all(|&b| b == 0),
+        "the device wrote behind a &[u8]: {victim:02x?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_inline_read_is_refused_on_every_classic_path() {
+    let p = pair(QpType::Rc, remote_all(), |b| b.max_inline_data(64));
+    let t = inline_read(&p);
+    let view: &[u8] = &t.victim; // a live shared borrow throughout
+
+    // post_send: refused, the result buffer (with its forged bytes) back.
+    let e =
+        p.a.post_send(SendRequest::read(t.evil, t.remote).inline(true))
+            .unwrap_err();
+    assert_inline_read_refused(&e.error);
+    let evil = e.request.into_buffers().into_local().expect("buffer back");
+    assert_untouched(&p, view);
+
+    // post_send_list: nothing posted, the request stays in the list.
+    let mut list = vec![SendRequest::read(evil, t.remote).inline(true)];
+    assert_inline_read_refused(&p.a.post_send_list(&mut list).unwrap_err());
+    assert_eq!(list.len(), 1, "the refused request stays in the list");
+    let evil = list.pop().unwrap().into_buffers().into_local().unwrap();
+    assert_untouched(&p, view);
+
+    // prepare_send: refused before anything is built.
+    let e =
+        p.a.prepare_send(SendRequest::read(evil, t.remote).inline(true))
+            .unwrap_err();
+    assert_inline_read_refused(&e.error);
+    let evil = e.request.into_buffers().into_local().unwrap();
+    assert_untouched(&p, view);
+
+    // The same read without the flag is an ordinary read: the source's
+    // bytes land in the result buffer, never in the victim.
+    p.a.post_send(SendRequest::read(evil, t.remote).wr_id(5))
+        .unwrap();
+    let mut c = common::wait_ok(&p.cq_a);
+    assert_eq!(c.wr_id(), 5);
+    assert_eq!(&c.take_local().unwrap()[..], &[0xAB; 16]);
+    assert_untouched(&p, view);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_inline_atomics_are_refused() {
+    let p = pair(QpType::Rc, remote_all(), |b| b.max_inline_data(64));
+    let target = p.pd.alloc_shared(8, remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+    let victim =
+        p.pd.register(vec![0u8; 16], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let view: &[u8] = &victim;
+    let evil = || {
+        let mut b =
+            p.pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)
+                .unwrap();
+        // An 8-byte result buffer holding the start of a forged SGE.
+        b.copy_from_slice(&victim.addr().to_le_bytes());
+        b
+    };
+    for (op, req) in [
+        (
+            SendOp::CompareAndSwap,
+            SendRequest::compare_and_swap(evil(), remote, 0, 1),
+        ),
+        (
+            SendOp::FetchAndAdd,
+            SendRequest::fetch_and_add(evil(), remote, 1),
+        ),
+    ] {
+        let e = p.a.post_send(req.inline(true)).unwrap_err();
+        assert!(
+            matches!(
+                e.error,
+                Error::OptionNotAllowed { option: SendOption::Inline, op: o, .. } if o == op
+            ),
+            "inline {op}: {}",
+            e.error
+        );
+        assert_eq!(e.request.into_buffers().total_len(), 8);
+    }
+    assert_untouched(&p, view);
+    // The peer's word is unchanged too: no atomic ran.
+    let mut word = [0u8; 8];
+    target.copy_to_slice(0, &mut word).unwrap();
+    assert_eq!(word, [0; 8]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_inline_read_is_refused_on_the_extended_path() {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = || {
+        dev.ctx
+            .create_cq(64)
+            .wc_fields(WcFields::standard())
+            .build()
+            .unwrap()
+    };
+    let (cq_a, cq_b) = (cq(), cq());
+    let qp = |cq: &ibverbs::CompletionQueue| {
+        pd.create_qp(QpType::Rc, cq, cq)
+            .max_inline_data(64)
+            .send_ops(SendOps::rc_data())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (qp(&cq_a), qp(&cq_b));
+    common::connect_pair(&dev, &a, &b, remote_all());
+    let p = Pair {
+        dev,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    };
+    let t = inline_read(&p);
+    let view: &[u8] = &t.victim;
+    let e =
+        p.a.post_send_ex(SendRequest::read(t.evil, t.remote).inline(true))
+            .unwrap_err();
+    assert_inline_read_refused(&e.error);
+    let evil = e.request.into_buffers().into_local().unwrap();
+    let mut list = vec![SendRequest::read(evil, t.remote).inline(true)];
+    assert_inline_read_refused(&p.a.post_send_list_ex(&mut list).unwrap_err());
+    assert_eq!(list.len(), 1);
+    let e =
+        p.a.post_send_ex(
+            SendRequest::compare_and_swap(
+                p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(),
+                t.remote,
+                0,
+                1,
+            )
+            .inline(true),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::OptionNotAllowed {
+                option: SendOption::Inline,
+                op: SendOp::CompareAndSwap,
+                ..
+            }
+        ),
+        "{}",
+        e.error
+    );
+    assert_untouched(&p, view);
+}
+
+/// The operations a test can build a request for (flush needs rdma-core 45).
+const OPS: [SendOp; 6] = [
+    SendOp::Send,
+    SendOp::RdmaWrite,
+    SendOp::RdmaRead,
+    SendOp::CompareAndSwap,
+    SendOp::FetchAndAdd,
+    SendOp::AtomicWrite,
+];
+
+/// DESIGN.md's request-option table, written out again: may `op` on a
+/// `ty` queue pair carry `option` (alone)?
+fn allowed(op: SendOp, ty: QpType, option: SendOption) -> bool {
+    use SendOp as O;
+    use SendOption as S;
+    match option {
+        S::Inline | S::Immediate => matches!(op, O::Send | O::RdmaWrite),
+        S::Solicited => op == O::Send,
+        S::Fence => true,
+        S::Invalidate => op == O::Send && ty == QpType::Rc,
+        S::UdDestination => ty == QpType::Ud,
+        _ => unreachable!(),
+    }
+}
+
+fn available(op: SendOp, ty: QpType) -> bool {
+    match ty {
+        QpType::Rc => true,
+        QpType::Uc => matches!(op, SendOp::Send | SendOp::RdmaWrite),
+        _ => op == SendOp::Send,
+    }
+}
+
+/// Every invalid cell of the table (one option at a time), on connected
+/// RC and UC pairs and an active UD queue pair: refused with the typed
+/// error naming the cell, through `post_send`, `post_send_list` and
+/// `prepare_send`, the request handed back whole and nothing posted.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_every_invalid_option_cell_is_refused() {
+    let mut cells = 0;
+    for ty in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let (p, ah) = match ty {
+            QpType::Ud => {
+                let p = ud_pair();
+                let ep = Endpoint::local(&p.b, p.dev.port, Some(p.dev.gid_index), 0).unwrap();
+                let port = p.dev.ctx.query_port(p.dev.port).unwrap();
+                let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
+                let ah = p.pd.create_ah(&av).unwrap();
+                (p, Some(ah))
+            }
+            _ => (pair(ty, remote_all(), |b| b.max_inline_data(64)), None),
+        };
+        let remote =
+            p.pd.alloc_shared(64, remote_all())
+                .unwrap()
+                .remote()
+                .unwrap();
+        let make = |op: SendOp| -> (SendRequest<'static>, u64) {
+            let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
+            match op {
+                SendOp::Send => (SendRequest::send(buf(16)), 16),
+                SendOp::RdmaWrite => (SendRequest::write(buf(16), remote), 16),
+                SendOp::RdmaRead => (SendRequest::read(buf(16), remote), 16),
+                SendOp::CompareAndSwap => (SendRequest::compare_and_swap(buf(8), remote, 0, 1), 8),
+                SendOp::FetchAndAdd => (SendRequest::fetch_and_add(buf(8), remote, 1), 8),
+                SendOp::AtomicWrite => (SendRequest::atomic_write(remote, [1; 8]), 0),
+                _ => unreachable!(),
+            }
+        };
+        for op in OPS {
+            for option in [
+                SendOption::Inline,
+                SendOption::Immediate,
+                SendOption::Solicited,
+                SendOption::Invalidate,
+                SendOption::UdDestination,
+                SendOption::Fence,
+                // None: the operation alone (a UD queue pair needs its destination).
+            ]
+            .map(Some)
+            .into_iter()
+            .chain([None])
+            {
+                let with = |r: SendRequest<'static>| -> SendRequest<'static> {
+                    // On UD every request carries its destination unless
+                    // the cell is about the destination itself.
+                    let r = match (&ah, option) {
+                        (Some(ah), Some(o)) if o != SendOption::UdDestination => {
+                            r.ud(ah, p.b.qp_num(), 0x1111)
+                        }
+                        _ => r,
+                    };
+                    match option {
+                        Some(SendOption::Inline) => r.inline(true),
+                        Some(SendOption::Immediate) => r.imm(7),
+                        Some(SendOption::Solicited) => r.solicited(true),
+                        Some(SendOption::Fence) => r.fence(true),
+                        Some(SendOption::Invalidate) => r.invalidate(remote.rkey),
+                        Some(SendOption::UdDestination) => match &ah {
+                            // UD without it: the "required" cell.
+                            Some(_) => r,
+                            None => {
+                                let other = ud_ah(&p);
+                                r.ud(&other, p.b.qp_num(), 0x1111)
+                            }
+                        },
+                        _ => r,
+                    }
+                };
+                let expect: Option<Error> = if !available(op, ty) {
+                    Some(Error::OpNotAvailable { op, qp_type: ty })
+                } else {
+                    match option {
+                        Some(SendOption::UdDestination) if ty == QpType::Ud => {
+                            Some(Error::OptionRequired {
+                                option: SendOption::UdDestination,
+                                op,
+                                qp_type: ty,
+                            })
+                        }
+                        Some(o) if !allowed(op, ty, o) => Some(Error::OptionNotAllowed {
+                            option: o,
+                            op,
+                            qp_type: ty,
+                        }),
+                        _ => None,
+                    }
+                };
+                let Some(expect) = expect else { continue };
+                cells += 1;
+                let same = |e: &Error| e.to_string() == expect.to_string();
+                let what = format!("{op} on {ty:?} with {option:?}");
+                // post_send
+                let (r, len) = make(op);
+                let e = p.a.post_send(with(r)).unwrap_err();
+                assert!(same(&e.error), "{what}: {} (expected {expect})", e.error);
+                assert_eq!(e.request.into_buffers().total_len(), len, "{what}");
+                // post_send_list
+                let (r, _) = make(op);
+                let mut list = vec![with(r)];
+                let e = p.a.post_send_list(&mut list).unwrap_err();
+                assert!(same(&e), "{what} (list): {e}");
+                assert_eq!(list.len(), 1, "{what} (list)");
+                // prepare_send
+                let (r, len) = make(op);
+                let e = p.a.prepare_send(with(r)).unwrap_err();
+                assert!(
+                    same(&e.error) || matches!(e.error, Error::Unsupported(_)),
+                    "{what} (prepared): {}",
+                    e.error
+                );
+                assert_eq!(e.request.into_buffers().total_len(), len, "{what}");
+            }
+        }
+        assert_eq!(p.a.send_outstanding(), 0, "{ty:?}: nothing was posted");
+        common::assert_quiet(&p.cq_a);
+        common::assert_quiet(&p.cq_b);
+    }
+    assert!(cells >= 40, "only {cells} invalid cells were tried");
+}
+
+/// Two active UD queue pairs, as a `Pair`.
+fn ud_pair() -> Pair {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq_a = dev.ctx.create_cq(64).build().unwrap();
+    let cq_b = dev.ctx.create_cq(64).build().unwrap();
+    let qp = |cq: &ibverbs::CompletionQueue| {
+        let qp: QueuePair = pd
+            .create_qp(QpType::Ud, cq, cq)
+            .max_inline_data(64)
+            .build()
+            .unwrap();
+        qp.activate_ud(dev.port, 0x1111, 0x42).unwrap();
+        qp
+    };
+    let (a, b) = (qp(&cq_a), qp(&cq_b));
+    Pair {
+        dev,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+/// An address handle to `p.b` (for a UD destination on a connected pair).
+fn ud_ah(p: &Pair) -> ibverbs::AddressHandle {
+    let ep = Endpoint::local(&p.b, p.dev.port, Some(p.dev.gid_index), 0).unwrap();
+    let port = p.dev.ctx.query_port(p.dev.port).unwrap();
+    let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
+    p.pd.create_ah(&av).unwrap()
+}
+
+/// Zero-length buffers never reach the provider as SGEs (some devices read
+/// a byte count of 0 as 2 GiB), yet ride with their request and come back.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_empty_buffers_are_left_out_of_the_scatter_list() {
+    let p = pair(QpType::Rc, remote_all(), |b| {
+        b.max_send_sge(4).max_recv_sge(4)
+    });
+    let local = AccessFlags::LOCAL_WRITE;
+    // A receive scattering over [empty, 16 bytes, empty]: the message lands
+    // in the 16 bytes.
+    let (empty_a, rest) = p.pd.alloc(16, local).unwrap().split_at(0);
+    let (mid, empty_b) = rest.split_at(16);
+    assert!(empty_a.is_empty() && empty_b.is_empty() && mid.len() == 16);
+    p.b.post_recv(RecvRequest::sgl(vec![empty_a.into(), mid.into(), empty_b.into()]).wr_id(1))
+        .unwrap();
+    let mut msg = p.pd.alloc(16, local).unwrap();
+    msg.copy_from_slice(&[0x5A; 16]);
+    p.a.post_send(SendRequest::send(msg).wr_id(2)).unwrap();
+    common::wait_ok(&p.cq_a);
+    let mut r = common::wait_ok(&p.cq_b);
+    assert_eq!(r.byte_len(), 16);
+    let ibverbs::SgList::Many(bufs) = r.take_buffers() else {
+        panic!("the scatter list comes back whole");
+    };
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    assert_eq!(lens, [0, 16, 0], "every buffer comes back, in order");
+
+    // A single empty receive buffer takes a zero-length message.
+    let (empty, _) = p.pd.alloc(8, local).unwrap().split_at(0);
+    p.b.post_recv(RecvRequest::new(empty).wr_id(3)).unwrap();
+    p.a.post_send(SendRequest::send_inline(&[]).wr_id(4))
+        .unwrap();
+    common::wait_ok(&p.cq_a);
+    let mut r = common::wait_ok(&p.cq_b);
+    assert_eq!((r.wr_id(), r.byte_len()), (3, 0));
+    assert_eq!(r.take_local().map(|b| b.len()), Some(0));
+}
+
+/// `cur_qp_state` is checked against the state the device reports: an
+/// INIT queue pair cannot claim RTR to skip RTR's attributes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_cur_qp_state_must_be_the_real_state() {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    qp.modify(
+        &QpAttr::new()
+            .qp_state(QpState::Init)
+            .pkey_index(0)
+            .port_num(dev.port)
+            .qp_access_flags(AccessFlags::empty()),
+    )
+    .unwrap();
+    let lie = QpAttr::new()
+        .qp_state(QpState::Rts)
+        .cur_qp_state(QpState::Rtr)
+        .sq_psn(0)
+        .timeout(14)
+        .retry_cnt(7)
+        .rnr_retry(7)
+        .max_rd_atomic(1);
+    for e in [
+        qp.modify(&lie).unwrap_err(),
+        qp.modify_unchecked(&lie).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                e,
+                Error::InvalidTransition {
+                    from: QpState::Init,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    assert_eq!(qp.state().unwrap(), QpState::Init);
+    // The truth is accepted (RTS -> RTS names the current state).
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    p.a.modify(
+        &QpAttr::new()
+            .qp_state(QpState::Rts)
+            .cur_qp_state(QpState::Rts),
+    )
+    .unwrap();
+}
