@@ -198,10 +198,16 @@ fn soundness_mw_type2_failed_bind_keeps_the_old_region() {
     let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     wait_ok(&p.cq_a);
 
-    // A type 2 window binds only when invalid (o10-37.2.30).
+    // A type 2 window binds only when invalid (o10-37.2.30). The status is
+    // MW_BIND_ERR per IBA; rxe (Linux 6.12) moves the QP to ERR and
+    // reports the failed bind itself as WR_FLUSH_ERR.
     p.a.bind_mw(&mw, &mem_b, rights(), 2).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
-    assert_eq!((c.wr_id(), c.status()), (2, WcStatus::MwBindErr));
+    assert_eq!(c.wr_id(), 2);
+    assert!(
+        matches!(c.status(), WcStatus::MwBindErr | WcStatus::WrFlushErr),
+        "{c:?}"
+    );
     assert_eq!(mw.rkey(), grant.rkey);
     assert_eq!(mw.remote(), Some(grant));
 
