@@ -39,8 +39,11 @@ fn require(p: &Pair, kind: MwType) -> bool {
 /// A region over heap memory (a `Vec`), which the allocator hands out
 /// again once freed.
 fn heap_region(pd: &ProtectionDomain) -> SharedBuffer {
-    pd.register_shared(vec![0u8; LEN], AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
-        .unwrap()
+    pd.register_shared(
+        vec![0u8; LEN],
+        AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+    )
+    .unwrap()
 }
 
 /// What safe code allocates next: zeroed buffers of the freed region's size.
@@ -251,7 +254,11 @@ fn failed_invalidate(kind: MwType) {
     p.a.invalidate_mw(&mw, 2).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!((c.wr_id(), c.status()), (2, WcStatus::WrFlushErr));
-    assert_eq!(mw.remote(), Some(grant), "a failed invalidate unbinds nothing");
+    assert_eq!(
+        mw.remote(),
+        Some(grant),
+        "a failed invalidate unbinds nothing"
+    );
     assert_eq!(mw.rkey(), grant.rkey);
 
     drop(mem_a);

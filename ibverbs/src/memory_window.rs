@@ -533,7 +533,7 @@ impl QueuePair {
                 ..Payload::default()
             },
         );
-        match post(table.encode(tag), &*mws) {
+        match post(table.encode(tag), &mws) {
             Ok((out, target, rkey)) => {
                 // No completion can be claimed before this: claiming takes
                 // the table's lock, held here.
