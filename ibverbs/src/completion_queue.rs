@@ -334,14 +334,15 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(raw);
         }
-        claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id))
+        claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id, raw.status))
     }
 
-    /// Claims a table slot (no lock for other `wr_id`s).
-    fn claim_table(&self, wr_id: u64) -> Option<(u64, SgList)> {
+    /// Claims a table slot (no lock for other `wr_id`s); `status` is the
+    /// completion's.
+    fn claim_table(&self, wr_id: u64, status: u32) -> Option<(u64, SgList)> {
         let (id, tag) = WqTable::<()>::decode(wr_id)?;
         let tables = self.inner.tables.lock();
-        claim(&tables, id, tag)
+        claim(&tables, id, tag, status)
     }
 
     /// Turns the first `n` raw completions of `out` into [`Completion`]s,
@@ -357,7 +358,8 @@ impl CompletionQueue {
         let tables = self.inner.tables.lock();
         for (i, wc) in raw.iter().enumerate() {
             let claimed = claim_if_prepared(wc.wr_id).or_else(|| {
-                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| claim(&tables, id, tag))
+                WqTable::<()>::decode(wc.wr_id)
+                    .and_then(|(id, tag)| claim(&tables, id, tag, wc.status))
             });
             let stamp = stamped.then(|| out.stamps[i]);
             out.items.push_back(Completion::new(*wc, stamp, claimed));
@@ -502,12 +504,18 @@ fn claim_if_prepared(wr_id: u64) -> Option<(u64, SgList)> {
     is_prepared(wr_id).then(|| (unsafe { claim_prepared(wr_id) }, SgList::Empty))
 }
 
-/// Retires slot `tag` of table `id` (one of a CQ's `tables`): the
+/// Retires slot `tag` of table `id` (one of a CQ's `tables`), whose
+/// completion has `status` (a memory window's request needs it): the
 /// caller's `wr_id` and the request's buffers. A stale or unknown slot
 /// gives `None` (an orphan completion).
 #[inline]
-fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32) -> Option<(u64, SgList)> {
-    tables.iter().find(|t| t.0 == id)?.1.retire(tag)
+fn claim(
+    tables: &[(u32, Arc<dyn Retire>)],
+    id: u32,
+    tag: u32,
+    status: u32,
+) -> Option<(u64, SgList)> {
+    tables.iter().find(|t| t.0 == id)?.1.retire(tag, status)
 }
 
 /// A work completion together with the buffers its request owned.

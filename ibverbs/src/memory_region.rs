@@ -6,6 +6,7 @@
 //! crate guarantees that the device never touches freed, moved or aliased
 //! memory.
 
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -187,8 +188,8 @@ pub(crate) struct MrInner {
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
     huge: bool,
-    // Dropped after `ibv_dereg_mr` ran in `Drop::drop`.
-    _storage: Box<dyn Storage>,
+    /// Freed in `Drop::drop` only after `ibv_dereg_mr` succeeded.
+    storage: ManuallyDrop<Box<dyn Storage>>,
 }
 
 // SAFETY: the MR is only passed to thread-safe verbs; the storage is Send +
@@ -199,11 +200,20 @@ unsafe impl Sync for MrInner {}
 
 impl Drop for MrInner {
     fn drop(&mut self) {
-        // A failure cannot be reported from Drop and must not panic; bound
-        // memory windows hold this MrInner, so EBUSY cannot happen.
-        // SAFETY: last reference: buffers, posted requests and windows hold
-        // the Arc; the storage is freed only afterwards (field drop order).
-        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        // SAFETY: last reference: buffers, posted requests and every memory
+        // window that may reach the region hold the Arc.
+        let rc = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc == 0 {
+            // SAFETY: the registration is gone, so the device can no longer
+            // reach the storage; dropped once, never used again.
+            unsafe { ManuallyDrop::drop(&mut self.storage) };
+        } else {
+            // The registration lives on (rxe refuses to deregister a region
+            // a window is still bound to, whatever the reason), and with it
+            // a key a peer may use: never free or reuse the pages. The
+            // storage and the PD the registration needs are leaked.
+            std::mem::forget(self.pd.clone());
+        }
     }
 }
 
@@ -361,7 +371,7 @@ impl ProtectionDomain {
             lkey,
             rkey,
             huge,
-            _storage: storage,
+            storage: ManuallyDrop::new(storage),
         }))
     }
 

@@ -7,11 +7,17 @@
 //! [`QueuePair::invalidate_mw`], or by the peer with a send-with-invalidate)
 //! revokes it, after which a peer's access fails with a remote access error.
 //!
-//! Ownership: a bound window keeps its region registered (it holds the
-//! region's `Arc`) until it is re-bound, invalidated locally, or dropped, so
-//! `ibv_dereg_mr` never meets a bound window. Windows granting remote write
-//! or atomic access are only bound over [`SharedBuffer`] memory, like
-//! memory regions: a peer's writes never race a Rust reference.
+//! Ownership: a window keeps every region the device may reach through it
+//! registered (it holds their `Arc`s) until a bind or invalidate of it
+//! *completed successfully* or `ibv_dealloc_mw` succeeded, so the storage
+//! of a region a peer can still write through the window is never freed.
+//! One bind or invalidate per window is outstanding at a time; the state
+//! logic is in `binding.rs` (see DESIGN.md, "Memory windows"). Windows
+//! granting remote write or atomic access are only bound over
+//! [`SharedBuffer`] memory, like memory regions: a peer's writes never race
+//! a Rust reference.
+
+mod binding;
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -23,6 +29,8 @@ use crate::error::{ret_ptr, Error, Result};
 use crate::memory_region::{AccessFlags, MrInner};
 use crate::wq_table::{Keep, Payload};
 use crate::{ProtectionDomain, QpState, QpType, QueuePair};
+
+use binding::{Binding, Bound, Outcome};
 
 /// The type of a memory window.
 ///
@@ -47,16 +55,14 @@ impl MwType {
     }
 }
 
-struct MwState {
-    rkey: u32,
-    /// The region of the current binding and what it grants.
-    bound: Option<(Arc<MrInner>, RemoteMemory)>,
-}
+type MwState = Binding<MrInner>;
 
 pub(crate) struct MwInner {
     mw: NonNull<sys::ibv_mw>,
     pd: ProtectionDomain,
     kind: MwType,
+    /// Also guards `ibv_mw::rkey`, which always names the committed key
+    /// between calls (providers read it as the window's current key).
     state: Mutex<MwState>,
 }
 
@@ -68,17 +74,79 @@ unsafe impl Sync for MwInner {}
 
 impl Drop for MwInner {
     fn drop(&mut self) {
-        // SAFETY: last reference: every work request naming the window holds
-        // a clone. Deallocation invalidates a binding; the bound region is
-        // released afterwards (field drop order). Errors cannot be reported
-        // from Drop.
-        unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+        // SAFETY: last reference: every outstanding request naming the
+        // window holds a clone in its slot. Deallocation revokes any
+        // binding; the regions are released afterwards (field drop order).
+        let rc = unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+        if rc != 0 {
+            // The window lives on in the device, bound to who knows which
+            // region: keep them all (and the PD they need) for good.
+            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            st.leak();
+            std::mem::forget(self.pd.clone());
+        }
     }
 }
 
 impl MwInner {
     fn lock(&self) -> std::sync::MutexGuard<'_, MwState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Settles the window's outstanding request and points `ibv_mw::rkey`
+    /// back at the committed key. Regions no longer reachable are dropped
+    /// after the lock.
+    fn settle(&self, outcome: Outcome) {
+        let mut st = self.lock();
+        let released = st.finish(outcome);
+        // SAFETY: live window; `ibv_mw::rkey` is touched only under its
+        // lock (held). Providers name the window by it in the next bind or
+        // invalidate, so after a failure it must not keep the failed key
+        // (rxe's provider leaves that undo to the caller).
+        unsafe { (*self.mw.as_ptr()).rkey = st.rkey() };
+        drop(st);
+        drop(released);
+    }
+}
+
+/// A window request's hold on its window, riding in the request's slot:
+/// reports how the request ended, once. Completed through
+/// [`complete`](Self::complete) with the completion's status; dropped
+/// without one (the queue pair was reset or destroyed, or the slot retired
+/// by a later completion), the outcome is unknown and the window keeps
+/// every region and refuses further requests.
+pub(crate) struct WindowOp {
+    mw: Option<MemoryWindow>,
+}
+
+impl WindowOp {
+    /// The completion of the request arrived with `status`.
+    pub(crate) fn complete(mut self, status: sys::ibv_wc_status) {
+        if let Some(mw) = self.mw.take() {
+            mw.inner.settle(if status == sys::IBV_WC_SUCCESS {
+                Outcome::Success
+            } else {
+                Outcome::Failed
+            });
+        }
+    }
+    /// The request was refused before the device saw it: nothing happened.
+    fn cancel(mut self) {
+        self.mw = None;
+    }
+}
+
+impl Drop for WindowOp {
+    fn drop(&mut self) {
+        if let Some(mw) = self.mw.take() {
+            mw.inner.settle(Outcome::Unknown);
+        }
+    }
+}
+
+impl std::fmt::Debug for WindowOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("WindowOp").field(&self.mw).finish()
     }
 }
 
@@ -141,7 +209,7 @@ impl ProtectionDomain {
                 mw,
                 pd: self.clone(),
                 kind,
-                state: Mutex::new(MwState { rkey, bound: None }),
+                state: Mutex::new(Binding::new(rkey)),
             }),
         })
     }
@@ -152,14 +220,16 @@ impl MemoryWindow {
     pub fn kind(&self) -> MwType {
         self.inner.kind
     }
-    /// The current remote key (the one of the latest bind posted).
+    /// The window's remote key as of the last bind or invalidate that
+    /// completed successfully (the allocation's key before any). A request
+    /// still outstanding, or one that failed, does not change it.
     pub fn rkey(&self) -> RemoteKey {
-        RemoteKey(self.inner.lock().rkey)
+        RemoteKey(self.inner.lock().rkey())
     }
-    /// What the latest bind granted, `None` when unbound or invalidated
-    /// locally.
+    /// What the last successfully completed bind granted; `None` before
+    /// any, or after a successful local invalidation.
     pub fn remote(&self) -> Option<RemoteMemory> {
-        self.inner.lock().bound.as_ref().map(|b| b.1)
+        self.inner.lock().bound().map(|b| b.1)
     }
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
@@ -278,18 +348,29 @@ impl QueuePair {
     /// valid once that completion succeeded (or, per IBA ordering, for
     /// sends posted after it on this QP).
     ///
-    /// The window holds `target`'s region until it is re-bound, invalidated
-    /// with [`QueuePair::invalidate_mw`], or dropped. A completion with an
-    /// error (for example `MW_BIND_ERR` when a type 2 window is bound again
-    /// before it was invalidated) leaves the device's binding unchanged;
-    /// [`MemoryWindow::rkey`] then names the key that failed.
+    /// The window changes only when the completion is polled through a safe
+    /// poll: on success, [`MemoryWindow::rkey`] and [`MemoryWindow::remote`]
+    /// become the new binding's and the regions of earlier bindings are
+    /// released. A completion with an error (for example `MW_BIND_ERR` when
+    /// a type 2 window is bound again before it was invalidated, or
+    /// `WR_FLUSH_ERR` on a failed queue pair) leaves the key and the
+    /// binding as they were; as the request may have run nonetheless, the
+    /// window then holds `target`'s region too, until a later bind or
+    /// invalidate succeeds or the window is dropped. Memory a peer may reach
+    /// through the window is never freed.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (QP type, protection domains, missing
-    /// `MW_BIND`, write rights over non-shared memory, rights other than the
-    /// four above), [`Error::QueueFull`], or
-    /// [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send` (sends need a
-    /// QP in RTS).
+    /// - [`Error::WindowBusy`] while a bind or invalidate of `mw` (posted on
+    ///   any queue pair) has not been polled yet;
+    /// - [`Error::WindowIndeterminate`] when an earlier one ended without a
+    ///   completion (its queue pair was reset or destroyed): the window can
+    ///   only be dropped;
+    /// - [`Error::InvalidArgument`] (QP type, protection domains, missing
+    ///   `MW_BIND`, write rights over non-shared memory, rights other than
+    ///   the four above);
+    /// - [`Error::QueueFull`];
+    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send` (sends need
+    ///   a QP in RTS).
     ///
     /// # References
     /// `ibv_bind_mw(3)`, `ibv_post_send(3)`
@@ -301,8 +382,8 @@ impl QueuePair {
     /// let mem = pd.alloc_shared(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     /// let mw = pd.alloc_mw(MwType::Type2)?;
     /// let grant = qp.bind_mw(&mw, &mem, AccessFlags::REMOTE_WRITE, 1)?;
-    /// // … after the bind's completion, send `grant` to the peer; later:
-    /// qp.invalidate_mw(&mw, 2)?; // the peer's writes now fail
+    /// // … poll the bind's completion, send `grant` to the peer; later:
+    /// qp.invalidate_mw(&mw, 2)?; // the peer's writes fail once it completed
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_bind_mw")]
@@ -334,48 +415,46 @@ impl QueuePair {
             len,
             rkey: RemoteKey(rkey),
         };
-        self.post_window(mw, wr_id, |wr_id, mws, _| {
+        self.post_window(mw, wr_id, |wr_id, mws| {
             let rkey = match mw.inner.kind {
-                MwType::Type1 => self.bind_type1(mw, wr_id, info)?,
+                MwType::Type1 => self.bind_type1(mw, mws, wr_id, info)?,
                 MwType::Type2 => {
                     // SAFETY: pure function of its argument.
-                    let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey) };
+                    let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey()) };
                     let mut wr = sys::ibv_send_wr {
                         wr_id,
                         opcode: sys::IBV_WR_BIND_MW,
                         send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
                         ..Default::default()
                     };
+                    // The provider names the window by `ibv_mw::rkey` (the
+                    // committed key); `rkey` is the one it gets if this runs.
                     wr.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
                         mw: mw.as_ptr(),
                         rkey,
                         bind_info: info,
                     };
                     self.post_one(&mut wr)?;
-                    // Providers name the window by `ibv_mw::rkey` in the next
-                    // bind or invalidate (rxe's kernel refuses a stale key),
-                    // and nothing else updates it for work-request binds.
-                    // SAFETY: live window, touched only under its lock (held).
-                    unsafe { (*mw.as_ptr()).rkey = rkey };
                     rkey
                 }
             };
-            mws.rkey = rkey;
-            mws.bound = Some((region.mr.clone(), remote(rkey)));
-            Ok(remote(rkey))
+            let granted = remote(rkey);
+            Ok((granted, Some((region.mr.clone(), granted)), rkey))
         })
     }
 
     /// Invalidates `mw` locally: once the completion (`wr_id`, signaled)
-    /// arrived, the peer's accesses with its key fail with a remote access
-    /// error. A type 2 window is invalidated with `IBV_WR_LOCAL_INV`; a type
-    /// 1 window (which IBA does not let `LOCAL_INV` touch) is unbound by a
-    /// zero-length bind. The window's region is released when the request
-    /// completed.
+    /// arrived successfully, the peer's accesses with its key fail with a
+    /// remote access error, and the window releases its regions. A type 2
+    /// window is invalidated with `IBV_WR_LOCAL_INV`; a type 1 window
+    /// (which IBA does not let `LOCAL_INV` touch) is unbound by a
+    /// zero-length bind. A completion with an error changes nothing: the
+    /// window keeps its binding, its key and its regions.
     ///
     /// # Errors
-    /// As [`QueuePair::bind_mw`]; [`Error::InvalidArgument`] for a type 1
-    /// window that is not bound.
+    /// As [`QueuePair::bind_mw`] ([`Error::WindowBusy`],
+    /// [`Error::WindowIndeterminate`], …); [`Error::InvalidArgument`] for a
+    /// type 1 window that cannot be bound to anything.
     ///
     /// # References
     /// `ibv_post_send(3)`, `ibv_bind_mw(3)`
@@ -386,12 +465,13 @@ impl QueuePair {
                 "the window belongs to another protection domain".into(),
             ));
         }
-        self.post_window(mw, wr_id, |wr_id, mws, old| match mw.inner.kind {
+        self.post_window(mw, wr_id, |wr_id, mws| match mw.inner.kind {
             // IBA does not let LOCAL_INV touch a type 1 window: a
             // zero-length bind unbinds it. Providers read the lkey of the
-            // bind's region even then, so it names the current binding's.
+            // bind's region even then, so it names a region the window
+            // holds (held until this request succeeded).
             MwType::Type1 => {
-                let old = old.ok_or_else(|| {
+                let old = mws.any_region().ok_or_else(|| {
                     Error::InvalidArgument(
                         "this type 1 window is not bound: there is nothing to invalidate".into(),
                     )
@@ -402,8 +482,8 @@ impl QueuePair {
                     length: 0,
                     mw_access_flags: 0,
                 };
-                mws.rkey = self.bind_type1(mw, wr_id, info)?;
-                Ok(())
+                let rkey = self.bind_type1(mw, mws, wr_id, info)?;
+                Ok(((), None, rkey))
             }
             MwType::Type2 => {
                 let mut wr = sys::ibv_send_wr {
@@ -412,57 +492,76 @@ impl QueuePair {
                     send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
                     ..Default::default()
                 };
-                wr.__bindgen_anon_1.invalidate_rkey = mws.rkey;
-                self.post_one(&mut wr)
+                wr.__bindgen_anon_1.invalidate_rkey = mws.rkey();
+                self.post_one(&mut wr)?;
+                Ok(((), None, mws.rkey()))
             }
         })
     }
 
-    /// Posts one memory-window request: with the send table locked and the
-    /// QP ready, reserves a slot that keeps the window and the region of its
-    /// current binding alive until the request completed (the device may
-    /// use the old binding until then), and calls `post` with the encoded
-    /// `wr_id`, the window's state (binding taken out) and the old region.
-    /// If `post` fails, the slot is released and the binding restored.
+    /// Posts one memory-window request. With the send table locked, the QP
+    /// ready and the window idle (no request of it outstanding on any QP,
+    /// no unknown outcome), reserves a slot holding a [`WindowOp`] (which
+    /// keeps the window alive and reports the request's outcome), and calls
+    /// `post` with the encoded `wr_id` and the window's state. `post` gives
+    /// the result, the binding the window gets if the request succeeds and
+    /// the key it then has; the window records them as outstanding. If
+    /// `post` fails, nothing was queued: the slot is released and the
+    /// window is as it was.
     fn post_window<T>(
         &self,
         mw: &MemoryWindow,
         wr_id: u64,
-        post: impl FnOnce(u64, &mut MwState, Option<&MrInner>) -> Result<T>,
+        post: impl FnOnce(u64, &MwState) -> Result<(T, Option<Bound<MrInner>>, u32)>,
     ) -> Result<T> {
         let table = &self.inner.send;
         let mut st = table.lock();
         self.check_sendable("ibv_post_send")?;
         table.check_room(&st, 1)?;
+        // Lock order: send table, then window (as a completion retiring a
+        // slot under its table's lock).
         let mut mws = mw.inner.lock();
-        let old = mws.bound.take();
-        let old_mr = old.as_ref().map(|b| b.0.clone());
-        let keep = Some(Keep::Window(mw.clone(), old));
+        mws.check_idle()?;
+        let op = WindowOp {
+            mw: Some(mw.clone()),
+        };
         let tag = st.reserve(
             table,
             wr_id,
             Payload {
-                keep,
+                keep: Some(Keep::Window(op)),
                 ..Payload::default()
             },
         );
-        let result = post(table.encode(tag), &mut mws, old_mr.as_deref());
-        if result.is_err() {
-            if let Some(Payload {
-                keep: Some(Keep::Window(_, old)),
-                ..
-            }) = st.unreserve(table, tag)
-            {
-                mws.bound = old;
+        match post(table.encode(tag), &mws) {
+            Ok((out, target, rkey)) => {
+                // No completion can be claimed before this: claiming takes
+                // the table's lock, held here.
+                mws.begin(target, rkey);
+                Ok(out)
+            }
+            Err(e) => {
+                if let Some(Payload {
+                    keep: Some(Keep::Window(op)),
+                    ..
+                }) = st.unreserve(table, tag)
+                {
+                    op.cancel();
+                }
+                Err(e)
             }
         }
-        result
     }
 
-    /// `ibv_bind_mw` (type 1); returns the window's new key.
+    /// `ibv_bind_mw` (type 1); returns the key the window gets if the bind
+    /// succeeds. The provider names the window by `ibv_mw::rkey` and sets it
+    /// to the new key once posted; it is set back to the committed key at
+    /// once (the window's lock, held by the caller while `mws` lives, guards
+    /// it) and advanced only by a successful completion.
     fn bind_type1(
         &self,
         mw: &MemoryWindow,
+        mws: &MwState,
         wr_id: u64,
         info: sys::ibv_mw_bind_info,
     ) -> Result<u32> {
@@ -472,11 +571,14 @@ impl QueuePair {
             bind_info: info,
         };
         // SAFETY: live QP and window; the region is registered and held by
-        // the slot or the window. The provider updates the window's key.
+        // the window (committed, doubtful, or the caller's target it records).
         let rc = unsafe { sys::ibv_bind_mw(self.as_ptr(), mw.as_ptr(), &mut bind) };
+        let raw = mw.as_ptr();
+        // SAFETY: live window; read after the provider's update, reset
+        // under the window's lock.
+        let new = unsafe { std::mem::replace(&mut (*raw).rkey, mws.rkey()) };
         crate::error::ret_errno("ibv_bind_mw", rc)?;
-        // SAFETY: live window; read after the provider's update.
-        Ok(unsafe { (*mw.as_ptr()).rkey })
+        Ok(new)
     }
 
     /// Posts one request that carries no buffer.

@@ -27,11 +27,10 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::buffer::{Buf, RemoteMemory};
+use crate::buffer::Buf;
 use crate::error::{Error, Result};
-use crate::memory_region::MrInner;
+use crate::memory_window::WindowOp;
 use crate::AddressHandle;
-use crate::MemoryWindow;
 
 pub(crate) const SAFE_BIT: u64 = 1 << 63;
 /// With [`SAFE_BIT`]: the `wr_id` is a prepared request's posting.
@@ -102,21 +101,21 @@ pub(crate) struct Payload {
     pub(crate) keep: Option<Keep>,
 }
 
-/// What a memory-window request keeps alive: the window, and the region of
-/// the binding it replaces (with what that binding granted, to restore it
-/// if the request is refused).
+/// What a request keeps alive besides its buffers, told how the request
+/// ended: released with the completion's status, or dropped without one
+/// (which the object must treat as "it may or may not have run").
+#[derive(Debug)]
 pub(crate) enum Keep {
-    Window(MemoryWindow, Option<(Arc<MrInner>, RemoteMemory)>),
+    /// A memory-window bind or invalidate: the window, which the status
+    /// settles (its regions are released only on success).
+    Window(WindowOp),
 }
 
-impl std::fmt::Debug for Keep {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Keep {
+    /// The request's completion arrived with `status`.
+    fn release(self, status: u32) {
         match self {
-            Keep::Window(mw, old) => f
-                .debug_tuple("Window")
-                .field(mw)
-                .field(&old.as_ref().map(|o| o.1))
-                .finish(),
+            Keep::Window(op) => op.complete(status),
         }
     }
 }
@@ -388,27 +387,31 @@ impl<S> WqTable<S> {
 /// queues, receive queues and SRQs alike.
 pub(crate) trait Retire: Send + Sync {
     fn id(&self) -> u32;
-    /// Retires slot `tag`: the caller's `wr_id` and the request's buffers.
-    /// What else it kept alive (address handle, window binding) is
-    /// released here, after the table's lock.
-    fn retire(&self, tag: u32) -> Option<(u64, SgList)>;
+    /// Retires slot `tag`, whose completion has `status`: the caller's
+    /// `wr_id` and the request's buffers. What else it kept alive (address
+    /// handle, memory window) is released here, after the table's lock,
+    /// and a window learns the status.
+    fn retire(&self, tag: u32, status: u32) -> Option<(u64, SgList)>;
 }
 
 impl<S: Send> Retire for WqTable<S> {
     fn id(&self) -> u32 {
         self.id
     }
-    fn retire(&self, tag: u32) -> Option<(u64, SgList)> {
+    fn retire(&self, tag: u32, status: u32) -> Option<(u64, SgList)> {
         let r = self.lock().retire(self, tag)?;
         // The lock is released (the guard was a temporary): the address
-        // handle and window binding the request kept alive go here.
+        // handle and memory window the request kept alive go here.
         let Payload { sg, ah, keep } = r.payload;
         if ah.is_none() && keep.is_none() {
             // Nothing to release: forgetting two `None`s leaks nothing and
             // skips their (outlined) drop glue on the common path.
             std::mem::forget((ah, keep));
         } else {
-            drop((ah, keep));
+            drop(ah);
+            if let Some(keep) = keep {
+                keep.release(status);
+            }
         }
         Some((r.user_wr_id, sg))
     }

@@ -340,7 +340,10 @@ impl QueuePair {
     /// Moves the queue pair to RESET, from any state, to reconnect it.
     /// Requests still outstanding are discarded without completions (their
     /// buffers are dropped); move to ERR and poll the flushed completions
-    /// first to get them back.
+    /// first to get them back. A memory window whose bind or invalidate is
+    /// discarded this way cannot know its binding any more: it keeps its
+    /// regions and refuses further requests
+    /// ([`Error::WindowIndeterminate`](crate::Error::WindowIndeterminate)).
     ///
     /// # Errors
     /// As [`QueuePair::modify`].
