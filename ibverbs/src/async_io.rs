@@ -649,7 +649,7 @@ impl std::fmt::Debug for CompletionFuture {
 /// # async fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
 /// let mut events = ibverbs::AsyncEvents::new(ctx)?;
 /// loop {
-///     let ev = events.next().await?; // acknowledged when dropped
+///     let ev = events.next().await?; // already acknowledged: plain data
 ///     println!("{:?} on port {:?}", ev.event_type(), ev.port());
 /// }
 /// # }
