@@ -159,7 +159,10 @@ mod tests {
         // The closer cleared "sends" but must wait for the posting.
         let t0 = std::time::Instant::now();
         while e.0.load(Ordering::SeqCst) & SENDS != 0 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "close never started");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "close never started"
+            );
             std::thread::yield_now();
         }
         assert!(e.enter().is_none(), "a posting started after close began");

@@ -117,7 +117,6 @@ pub(crate) fn state_sends(state: u32) -> bool {
     !(state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR)
 }
 
-
 // SAFETY: QP verbs (post, modify, query, destroy) are thread-safe in
 // libibverbs; the in-flight tables are behind Mutexes.
 unsafe impl Send for QpInner {}
