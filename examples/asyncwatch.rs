@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::{AsyncEvent, AsyncEventType, Context};
+use ibverbs::{AsyncElement, AsyncEvent, AsyncEventType, Context};
 
 /// Watch a device's asynchronous events (ibv_asyncwatch).
 #[derive(Parser, Debug)]
@@ -62,20 +62,15 @@ fn event_name(t: AsyncEventType) -> &'static str {
 
 /// One line per event: type name and number, then what it concerns.
 fn describe(ev: &AsyncEvent) -> String {
-    use AsyncEventType::*;
     let t = ev.event_type();
     let mut line = format!("  event_type {} ({})", event_name(t), t.as_raw());
-    if let Some(port) = ev.port() {
-        line.push_str(&format!(", port {port}"));
-    } else if let Some(qpn) = ev.qp_num() {
-        line.push_str(&format!(", QP number {qpn:#08x}"));
-    } else {
-        match t {
-            CqErr => line.push_str(", on a CQ"),
-            SrqErr | SrqLimitReached => line.push_str(", on an SRQ"),
-            WqFatal => line.push_str(", on a WQ"),
-            _ => {}
-        }
+    match ev.element() {
+        AsyncElement::Port(port) => line.push_str(&format!(", port {port}")),
+        AsyncElement::Qp(qpn) => line.push_str(&format!(", QP number {qpn:#08x}")),
+        AsyncElement::Wq(wqn) => line.push_str(&format!(", WQ number {wqn:#08x}")),
+        AsyncElement::Cq => line.push_str(", on a CQ"),
+        AsyncElement::Srq => line.push_str(", on an SRQ"),
+        _ => {}
     }
     line
 }
@@ -129,9 +124,9 @@ fn run(cli: Cli) -> Result<()> {
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(format!("poll on the async event fd: {e}").into()),
         }
+        // Acknowledged inside get_async_event: `ev` is plain data.
         let ev = ctx.get_async_event()?;
         println!("{}", describe(&ev));
-        drop(ev); // acknowledged here
         seen += 1;
     }
 }

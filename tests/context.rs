@@ -144,6 +144,6 @@ fn async_event_srq_limit_reached() {
     let ev = ctx.get_async_event().unwrap();
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
     assert_eq!(ev.port(), None);
-    drop(ev); // acknowledged here, before the SRQ is destroyed
+    assert_eq!(ev.element(), ibverbs::AsyncElement::Srq, "{ev:?}");
     ctx.set_async_nonblocking(false).unwrap();
 }

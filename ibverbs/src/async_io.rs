@@ -36,43 +36,101 @@ use crate::queue_pair::{PostError, QueuePair, RecvRequest, SendRequest};
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
+/// The `wr_id`s the dispatchers give, unique in the process. A completion
+/// is matched to a future only when its slot says the dispatcher posted it
+/// ([`Completion::is_dispatched`]): a request posted directly on the queue
+/// pair with the same `wr_id` never resolves a future.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// Verbs objects whose descriptor stays open, and the same, for as long as
 /// the object lives: `as_raw_fd` reads an immutable field of the C object
 /// (`ibv_comp_channel::fd`, `ibv_context::async_fd`), which libibverbs
 /// closes only when the object is destroyed, i.e. after the last handle
 /// (clone) is dropped.
-trait VerbsFd: AsRawFd {}
-impl VerbsFd for CompletionChannel {}
-impl VerbsFd for Context {}
+trait VerbsFd: AsRawFd {
+    /// The C object whose descriptor it is: the key of its [`Claim`]
+    /// (several `Context` handles may wrap one `ibv_context`, as rdma_cm's
+    /// ids do).
+    fn key(&self) -> usize;
+    /// What the descriptor is, for errors.
+    const DESCRIPTOR: &'static str;
+}
+impl VerbsFd for CompletionChannel {
+    fn key(&self) -> usize {
+        self.as_ptr() as usize
+    }
+    const DESCRIPTOR: &'static str = "completion channel";
+}
+impl VerbsFd for Context {
+    fn key(&self) -> usize {
+        self.as_ptr() as usize
+    }
+    const DESCRIPTOR: &'static str = "context's async events";
+}
 
-/// Registers the descriptor of `inner` with the current Tokio runtime's
-/// reactor, for readability. `what` names the caller in errors.
-fn register<T: VerbsFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
+/// The C objects whose descriptor an [`AsyncQueuePair`] or
+/// [`AsyncEvents`] drives, process-wide. epoll refuses a second
+/// registration (`EEXIST`) only within one epoll instance, i.e. one Tokio
+/// runtime; two dispatchers on two runtimes would poll the same CQs and
+/// consume each other's events. Touched only when a wrapper is created or
+/// dropped, never on the data path.
+static CLAIMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// One entry of [`CLAIMED`], released when dropped. Held beside the
+/// registration, whose handle keeps the C object alive, so the key cannot
+/// be reused by another object while claimed. (A forgotten claim stays:
+/// the object is then leaked too, with its handle.)
+struct Claim(usize);
+
+impl Claim {
+    fn take(key: usize, by: &'static str, descriptor: &'static str) -> Result<Claim> {
+        let mut claimed = lock(&CLAIMED);
+        if claimed.contains(&key) {
+            return Err(Error::AlreadyDriven { by, descriptor });
+        }
+        claimed.push(key);
+        Ok(Claim(key))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        lock(&CLAIMED).retain(|&k| k != self.0);
+    }
+}
+
+/// A descriptor registered with a runtime's reactor, and its claim.
+/// Fields drop in order: the registration (deregistered from epoll) before
+/// the claim is released.
+struct Registered<T: VerbsFd> {
+    fd: AsyncFd<T>,
+    _claim: Claim,
+}
+
+/// Claims the descriptor of `inner` process-wide and registers it with the
+/// current Tokio runtime's reactor, for readability. `by` names the caller
+/// in errors.
+fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registered<T>> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::InvalidArgument(format!(
-            "{what} needs a Tokio runtime: create it from within one (with IO enabled)"
+            "{by} needs a Tokio runtime: create it from within one (with IO enabled)"
         )));
     }
+    let claim = Claim::take(inner.key(), by, T::DESCRIPTOR)?;
     // `register_with_interest` needs the descriptor to stay open, referring
     // to the same file description, and to be what `as_raw_fd` returns, for
     // the whole life of the AsyncFd.
     // SAFETY: the AsyncFd owns `inner`, a handle keeping the verbs object and
     // its descriptor alive; `as_raw_fd` reads an immutable field (`VerbsFd`).
     let fd = unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) };
-    fd.map_err(|e| {
+    let fd = fd.map_err(|e| {
         let (_, source) = e.into_parts();
-        let exists = source.raw_os_error() == Some(libc::EEXIST);
         Error::Verb {
             verb: "epoll_ctl",
             source,
         }
-        .with_hint(exists.then(|| {
-            format!(
-                "{what}: the descriptor is already registered with this runtime \
-                 (one AsyncQueuePair per completion channel, one AsyncEvents per context)"
-            )
-        }))
-    })
+    })?;
+    Ok(Registered { fd, _claim: claim })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,13 +212,13 @@ struct Shared {
     qp: QueuePair,
     /// The distinct CQs of the queue pair (send, and recv if different).
     cqs: Vec<CompletionQueue>,
-    /// The distinct completion channels of those CQs, registered.
-    channels: Vec<AsyncFd<CompletionChannel>>,
+    /// The distinct completion channels of those CQs, claimed and
+    /// registered.
+    channels: Vec<Registered<CompletionChannel>>,
     state: Mutex<State>,
     waiters: Arc<Waiters>,
     /// Given to the reactor: wakes every waiting future.
     reactor_waker: Waker,
-    next_id: AtomicU64,
 }
 
 impl Shared {
@@ -175,7 +233,7 @@ impl Shared {
         drop_later: &mut Vec<Completion>,
     ) -> Result<()> {
         let mut cx = TaskContext::from_waker(&self.reactor_waker);
-        for fd in &self.channels {
+        for Registered { fd, .. } in &self.channels {
             while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
                 let mut guard = ready.map_err(|source| Error::Verb {
                     verb: "epoll_wait",
@@ -206,6 +264,12 @@ impl Shared {
             loop {
                 let n = cq.poll(&mut st.batch)?;
                 for c in st.batch.drain() {
+                    if !c.is_dispatched() {
+                        // Not posted through an AsyncQueuePair, whatever
+                        // its wr_id: never handed to a future.
+                        drop_later.push(c);
+                        continue;
+                    }
                     match st.slots.entry(c.wr_id()) {
                         Entry::Occupied(mut e) => match e.get() {
                             Slot::Waiting => {
@@ -219,7 +283,8 @@ impl Shared {
                             // wr_ids are unique; keep the first.
                             Slot::Done(_) => drop_later.push(c),
                         },
-                        // Not posted through the AsyncQueuePair.
+                        // Untracked (another dispatcher's cannot reach
+                        // these CQs: see `claim`).
                         Entry::Vacant(_) => drop_later.push(c),
                     }
                 }
@@ -244,7 +309,13 @@ impl Shared {
 /// The CQs and their channels must be dedicated to this queue pair and
 /// polled only through it: completions of requests posted in other ways are
 /// dropped (their buffers released), and another reader of the channel
-/// would steal its events.
+/// would steal its events. A future resolves only with the completion of
+/// the request it posted: completions are matched by a mark in the
+/// request's slot that only the dispatcher sets, so a request posted on
+/// [`queue_pair`](Self::queue_pair) directly with the same `wr_id` is not
+/// mistaken for it. Each channel is driven by one `AsyncQueuePair` in the
+/// process (all its clones), whatever the runtime: a second one is
+/// refused ([`Error::AlreadyDriven`]) until the first is dropped.
 ///
 /// # Example
 /// ```no_run
@@ -279,14 +350,16 @@ pub struct AsyncQueuePair {
 // Refused requests come back by value, as from `QueuePair::post_send`.
 #[allow(clippy::result_large_err)]
 impl AsyncQueuePair {
-    /// Wraps `qp`: makes its CQs' completion channels non-blocking and
-    /// registers them with the current Tokio runtime.
+    /// Wraps `qp`: claims its CQs' completion channels for this dispatcher
+    /// (process-wide, until the last clone is dropped), makes them
+    /// non-blocking and registers them with the current Tokio runtime.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a CQ of `qp` has no completion
-    /// channel, or when called outside a Tokio runtime; [`Error::Verb`]
-    /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered
-    /// (`EEXIST`: it already is, e.g. by another `AsyncQueuePair`).
+    /// channel, or when called outside a Tokio runtime;
+    /// [`Error::AlreadyDriven`] when a channel is already driven by another
+    /// `AsyncQueuePair` (on this runtime or another); [`Error::Verb`]
+    /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered.
     ///
     /// # Panics
     /// Tokio panics when the current runtime was built without IO
@@ -331,13 +404,13 @@ impl AsyncQueuePair {
                 }),
                 reactor_waker: Waker::from(Arc::clone(&waiters)),
                 waiters,
-                next_id: AtomicU64::new(1),
             }),
         })
     }
 
     /// The wrapped queue pair (to connect it, query it, …). Requests posted
-    /// on it directly are not tracked: their completions are dropped.
+    /// on it directly are not tracked: their completions are dropped, and
+    /// never resolve a future, whatever their `wr_id`.
     pub fn queue_pair(&self) -> &QueuePair {
         &self.shared.qp
     }
@@ -349,7 +422,7 @@ impl AsyncQueuePair {
     }
 
     fn track(&self) -> u64 {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         lock(&self.shared.state).slots.insert(id, Slot::Waiting);
         id
     }
@@ -383,10 +456,14 @@ impl AsyncQueuePair {
         wr: SendRequest<'a>,
     ) -> Result<CompletionFuture, PostError<SendRequest<'a>>> {
         let id = self.track();
-        match self.shared.qp.post_send(wr.wr_id(id).signaled(true)) {
+        let mut wr = wr.wr_id(id).signaled(true);
+        wr.dispatched = true;
+        match self.shared.qp.post_send(wr) {
             Ok(()) => Ok(self.future(id)),
-            Err(e) => {
+            Err(mut e) => {
                 self.untrack(id);
+                // The caller may post it again another way.
+                e.request.dispatched = false;
                 Err(e)
             }
         }
@@ -403,10 +480,14 @@ impl AsyncQueuePair {
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&self, wr: RecvRequest) -> Result<CompletionFuture, PostError<RecvRequest>> {
         let id = self.track();
-        match self.shared.qp.post_recv(wr.wr_id(id)) {
+        let mut wr = wr.wr_id(id);
+        wr.dispatched = true;
+        match self.shared.qp.post_recv(wr) {
             Ok(()) => Ok(self.future(id)),
-            Err(e) => {
+            Err(mut e) => {
                 self.untrack(id);
+                // The caller may post it again another way.
+                e.request.dispatched = false;
                 Err(e)
             }
         }
@@ -642,14 +723,15 @@ impl std::fmt::Debug for CompletionFuture {
 /// Makes the context's async-event descriptor non-blocking (it stays so:
 /// [`Context::get_async_event`] returns `EAGAIN` instead of blocking while
 /// nothing is pending) and registers it with the current Tokio runtime.
-/// One per context.
+/// One per context in the process, across runtimes (a second is refused
+/// until the first is dropped).
 ///
 /// # Example
 /// ```no_run
 /// # async fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
 /// let mut events = ibverbs::AsyncEvents::new(ctx)?;
 /// loop {
-///     let ev = events.next().await?; // acknowledged when dropped
+///     let ev = events.next().await?; // already acknowledged: plain data
 ///     println!("{:?} on port {:?}", ev.event_type(), ev.port());
 /// }
 /// # }
@@ -658,16 +740,18 @@ impl std::fmt::Debug for CompletionFuture {
 /// # References
 /// `ibv_get_async_event(3)`
 pub struct AsyncEvents {
-    fd: AsyncFd<Context>,
+    reg: Registered<Context>,
 }
 
 impl AsyncEvents {
     /// Watches `ctx`'s asynchronous events.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] outside a Tokio runtime; [`Error::Verb`]
-    /// naming `fcntl`, or `epoll_ctl` (`EEXIST` when the context is already
-    /// watched by another `AsyncEvents`).
+    /// [`Error::InvalidArgument`] outside a Tokio runtime;
+    /// [`Error::AlreadyDriven`] when the context's async events are already
+    /// watched by another `AsyncEvents` (on any runtime, through any handle
+    /// of the same `ibv_context`); [`Error::Verb`] naming `fcntl` or
+    /// `epoll_ctl`.
     ///
     /// # Panics
     /// Tokio panics when the current runtime was built without IO.
@@ -677,13 +761,13 @@ impl AsyncEvents {
     pub fn new(ctx: &Context) -> Result<AsyncEvents> {
         ctx.set_async_nonblocking(true)?;
         Ok(AsyncEvents {
-            fd: register(ctx.clone(), "AsyncEvents")?,
+            reg: register(ctx.clone(), "AsyncEvents")?,
         })
     }
 
     /// The context watched.
     pub fn context(&self) -> &Context {
-        self.fd.get_ref()
+        self.reg.fd.get_ref()
     }
 
     /// Waits for the next event. Cancel-safe: an event is taken from the
@@ -706,7 +790,7 @@ impl AsyncEvents {
     /// As [`AsyncEvents::next`].
     pub fn poll_next(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<AsyncEvent>> {
         loop {
-            let mut guard = match self.fd.poll_read_ready(cx) {
+            let mut guard = match self.reg.fd.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(source)) => {
                     return Poll::Ready(Err(Error::Verb {
@@ -716,7 +800,7 @@ impl AsyncEvents {
                 }
                 Poll::Ready(Ok(guard)) => guard,
             };
-            match self.fd.get_ref().get_async_event() {
+            match self.reg.fd.get_ref().get_async_event() {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => guard.clear_ready(),
                 other => return Poll::Ready(other),
             }
@@ -727,7 +811,7 @@ impl AsyncEvents {
 impl std::fmt::Debug for AsyncEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncEvents")
-            .field("context", self.fd.get_ref())
+            .field("context", self.reg.fd.get_ref())
             .finish()
     }
 }
@@ -744,6 +828,24 @@ mod tests {
         assert_send_sync::<AsyncQueuePair>();
         assert_send_sync::<CompletionFuture>();
         assert_send::<AsyncEvents>();
+    }
+
+    #[test]
+    fn a_claim_is_refused_while_held_and_free_once_dropped() {
+        // A key no live verbs object has (odd, so never an aligned pointer).
+        let key = 0x1001;
+        let first = Claim::take(key, "AsyncQueuePair", "completion channel").unwrap();
+        match Claim::take(key, "AsyncQueuePair", "completion channel") {
+            Err(Error::AlreadyDriven { by, descriptor }) => {
+                assert_eq!((by, descriptor), ("AsyncQueuePair", "completion channel"))
+            }
+            other => panic!("a second claim: {:?}", other.map(|_| ())),
+        }
+        let other = Claim::take(key + 2, "AsyncEvents", "context's async events").unwrap();
+        drop(first);
+        let again = Claim::take(key, "AsyncQueuePair", "completion channel").unwrap();
+        drop((again, other));
+        assert!(!lock(&CLAIMED).contains(&key));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::extended_cq::ExCq;
 use crate::gid::Gid;
 use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::{Retire, SgList, WqTable};
+use crate::wq_table::{Claimed, Retire, SgList, WqTable};
 use crate::{CompletionChannel, Context};
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
@@ -312,9 +312,9 @@ impl CompletionQueue {
         }
         ret_count("ibv_poll_cq", n)?;
         Ok(Some(match self.claim_entry(&mut wc.raw) {
-            Some((wr_id, sg)) => {
-                wc.raw.wr_id = wr_id;
-                sg
+            Some(c) => {
+                wc.raw.wr_id = c.wr_id;
+                c.sg
             }
             None => SgList::Empty,
         }))
@@ -330,7 +330,7 @@ impl CompletionQueue {
     /// Fixes a polled entry (the rxe quirk) and claims its request: the
     /// caller's `wr_id` and the buffers; `None` when not safely posted.
     #[inline(always)]
-    fn claim_entry(&self, raw: &mut sys::ibv_wc) -> Option<(u64, SgList)> {
+    fn claim_entry(&self, raw: &mut sys::ibv_wc) -> Option<Claimed> {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(raw);
         }
@@ -339,7 +339,7 @@ impl CompletionQueue {
 
     /// Claims a table slot (no lock for other `wr_id`s); `status` is the
     /// completion's.
-    fn claim_table(&self, wr_id: u64, status: u32) -> Option<(u64, SgList)> {
+    fn claim_table(&self, wr_id: u64, status: u32) -> Option<Claimed> {
         let (id, tag) = WqTable::<()>::decode(wr_id)?;
         let tables = self.inner.tables.lock();
         claim(&tables, id, tag, status)
@@ -498,10 +498,14 @@ impl std::fmt::Debug for Completions {
 /// Claims the entry of a prepared posting (`None` for other `wr_id`s): its
 /// request's `wr_id`, no buffers. Called once per polled entry.
 #[inline]
-fn claim_if_prepared(wr_id: u64) -> Option<(u64, SgList)> {
-    // SAFETY: a prepared posting's wr_id from an entry just polled; each
-    // entry is claimed once (by complete_one or deliver).
-    is_prepared(wr_id).then(|| (unsafe { claim_prepared(wr_id) }, SgList::Empty))
+fn claim_if_prepared(wr_id: u64) -> Option<Claimed> {
+    is_prepared(wr_id).then(|| Claimed {
+        // SAFETY: a prepared posting's wr_id from an entry just polled;
+        // each entry is claimed once (by complete_one or deliver).
+        wr_id: unsafe { claim_prepared(wr_id) },
+        dispatched: false,
+        sg: SgList::Empty,
+    })
 }
 
 /// Retires slot `tag` of table `id` (one of a CQ's `tables`), whose
@@ -514,7 +518,7 @@ fn claim(
     id: u32,
     tag: u32,
     status: u32,
-) -> Option<(u64, SgList)> {
+) -> Option<Claimed> {
     tables.iter().find(|t| t.0 == id)?.1.retire(tag, status)
 }
 
@@ -535,7 +539,19 @@ pub struct Completion {
     /// only when not empty: the common empty case costs no call.
     sg: std::mem::ManuallyDrop<SgList>,
     timestamp: Option<u64>,
-    claimed: bool,
+    origin: Origin,
+}
+
+/// Who posted a completion's request, as its slot (or prepared posting)
+/// said.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// No posted request matched: an orphan.
+    Orphan,
+    /// Posted through the safe API.
+    Caller,
+    /// Posted by the async dispatcher (`Claimed::dispatched`).
+    Dispatcher,
 }
 
 impl Drop for Completion {
@@ -561,21 +577,35 @@ impl Completion {
     /// orphan. Built whole: no field is assigned (and its old value
     /// dropped) afterwards.
     #[inline]
-    fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<(u64, SgList)>) -> Self {
+    fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<Claimed>) -> Self {
         // A match, not `unwrap_or`: no spare SgList to drop.
-        let (sg, is_claimed) = match claimed {
-            Some((wr_id, sg)) => {
-                raw.wr_id = wr_id;
-                (sg, true)
+        let (sg, origin) = match claimed {
+            Some(c) => {
+                raw.wr_id = c.wr_id;
+                let origin = if c.dispatched {
+                    Origin::Dispatcher
+                } else {
+                    Origin::Caller
+                };
+                (c.sg, origin)
             }
-            None => (SgList::Empty, false),
+            None => (SgList::Empty, Origin::Orphan),
         };
         Completion {
             wc: WorkCompletion { raw },
             sg: std::mem::ManuallyDrop::new(sg),
             timestamp,
-            claimed: is_claimed,
+            origin,
         }
+    }
+
+    /// Whether the async dispatcher posted the request: its
+    /// [`wr_id`](Self::wr_id) is then one the dispatcher gave, which no
+    /// other posting can claim.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn is_dispatched(&self) -> bool {
+        self.origin == Origin::Dispatcher
     }
 
     /// The `wr_id` given when posting.
@@ -600,7 +630,7 @@ impl Completion {
     /// completion of a destroyed queue pair).
     #[inline]
     pub fn is_orphan(&self) -> bool {
-        !self.claimed
+        self.origin == Origin::Orphan
     }
     /// Takes the scatter/gather list back.
     #[inline]
@@ -669,7 +699,7 @@ impl std::fmt::Debug for Completion {
             .field("opcode", &self.wc.opcode())
             .field("byte_len", &self.wc.byte_len())
             .field("imm_data", &self.wc.imm_data())
-            .field("buffers", &self.claimed.then(|| self.sg.len()))
+            .field("buffers", &(!self.is_orphan()).then(|| self.sg.len()))
             .finish()
     }
 }

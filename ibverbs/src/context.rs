@@ -268,25 +268,40 @@ impl Context {
 
     /// Waits for the next asynchronous event (port changes, QP/CQ/SRQ
     /// errors, last-WQE-reached …). Blocks unless the async fd was set
-    /// non-blocking; the event is acknowledged when the value is dropped.
+    /// non-blocking.
+    ///
+    /// The event is acknowledged (`ibv_ack_async_event`) before this
+    /// returns: what it concerns is copied out first, so the value is plain
+    /// data that may be held, sent or forgotten. (`ibv_destroy_qp`,
+    /// `ibv_destroy_srq` and `ibv_destroy_cq` wait until every event
+    /// reported for their object was acknowledged: an event acknowledged
+    /// only when its value was dropped would block the teardown of its
+    /// object for as long as it was held, forever if it was forgotten.)
     ///
     /// # Errors
     /// [`Error::Verb`] naming `ibv_get_async_event` (`EAGAIN` when non-blocking
     /// and nothing is pending).
     ///
     /// # References
-    /// `ibv_get_async_event(3)`
+    /// `ibv_get_async_event(3)`, `ibv_ack_async_event(3)`
     #[doc(alias = "ibv_get_async_event")]
+    #[doc(alias = "ibv_ack_async_event")]
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
         let mut ev = MaybeUninit::<sys::ibv_async_event>::zeroed();
         // SAFETY: live context; `ev` valid for writes.
         let rc = unsafe { sys::ibv_get_async_event(self.as_ptr(), ev.as_mut_ptr()) };
         ret_errno("ibv_get_async_event", rc)?;
-        Ok(AsyncEvent {
-            // SAFETY: filled by the successful call.
-            raw: unsafe { ev.assume_init() },
-            _ctx: self.clone(),
-        })
+        // SAFETY: filled by the successful call.
+        let mut raw = unsafe { ev.assume_init() };
+        // Everything is read before the ack: the object the event names
+        // may be destroyed as soon as it is acknowledged.
+        // SAFETY: an event just reported and not yet acknowledged, so the
+        // object in its union is alive.
+        let event = unsafe { AsyncEvent::copy_out(&raw) };
+        // SAFETY: acknowledges the event obtained above, exactly once; the
+        // context is alive (`self`).
+        unsafe { sys::ibv_ack_async_event(&mut raw) };
+        Ok(event)
     }
 
     /// Why `port` is wrong when the device has no such port, for the
@@ -554,70 +569,108 @@ crate::port::device_enum! {
     }
 }
 
-/// An asynchronous event; acknowledged (`ibv_ack_async_event`) on drop.
-pub struct AsyncEvent {
-    raw: sys::ibv_async_event,
-    _ctx: Context,
+/// What an asynchronous event concerns, copied out of the C event before
+/// it was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncElement {
+    /// A port (port events).
+    Port(PortNumber),
+    /// A queue pair, by number (QP events). QP numbers are reused once the
+    /// QP is destroyed.
+    Qp(u32),
+    /// A work queue, by number (`WQ_FATAL`).
+    Wq(u32),
+    /// A shared receive queue (SRQ events).
+    Srq,
+    /// A completion queue (`CQ_ERR`).
+    Cq,
+    /// The device (`DEVICE_FATAL`, and events this crate does not know).
+    Device,
 }
 
-// SAFETY: the event holds plain data and a context handle; acking it from
-// another thread is allowed.
-unsafe impl Send for AsyncEvent {}
+/// An asynchronous event, already acknowledged (`ibv_ack_async_event`):
+/// plain data, see [`Context::get_async_event`].
+///
+/// # References
+/// `ibv_get_async_event(3)`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AsyncEvent {
+    event_type: AsyncEventType,
+    element: AsyncElement,
+}
 
 impl AsyncEvent {
+    /// Copies out what `raw` concerns.
+    ///
+    /// # Safety
+    /// The caller must pass an event reported by `ibv_get_async_event` and
+    /// not yet acknowledged (so the QP or WQ its union names is alive).
+    unsafe fn copy_out(raw: &sys::ibv_async_event) -> AsyncEvent {
+        use AsyncEventType::*;
+        let event_type = AsyncEventType::from_raw(raw.event_type);
+        let element = match event_type {
+            PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
+            | GidChange => {
+                // SAFETY: for port events the union holds `port_num`.
+                AsyncElement::Port(PortNumber(unsafe { raw.element.port_num } as u8))
+            }
+            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr
+            | QpLastWqeReached => {
+                // SAFETY: for QP events the union holds the QP, alive until
+                // the event is acknowledged (the caller's contract).
+                let qp = unsafe { raw.element.qp };
+                if qp.is_null() {
+                    AsyncElement::Device
+                } else {
+                    // SAFETY: as above; `qp_num` is immutable.
+                    AsyncElement::Qp(unsafe { (*qp).qp_num })
+                }
+            }
+            WqFatal => {
+                // SAFETY: for WQ events the union holds the WQ, alive until
+                // the event is acknowledged.
+                let wq = unsafe { raw.element.wq };
+                if wq.is_null() {
+                    AsyncElement::Device
+                } else {
+                    // SAFETY: as above; `wq_num` is immutable.
+                    AsyncElement::Wq(unsafe { (*wq).wq_num })
+                }
+            }
+            SrqErr | SrqLimitReached => AsyncElement::Srq,
+            CqErr => AsyncElement::Cq,
+            _ => AsyncElement::Device,
+        };
+        AsyncEvent {
+            event_type,
+            element,
+        }
+    }
+
     /// The event type.
     pub fn event_type(&self) -> AsyncEventType {
-        AsyncEventType::from_raw(self.raw.event_type)
+        self.event_type
+    }
+
+    /// What the event concerns.
+    pub fn element(&self) -> AsyncElement {
+        self.element
     }
 
     /// The port, for port events.
     pub fn port(&self) -> Option<PortNumber> {
-        use AsyncEventType::*;
-        match self.event_type() {
-            PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
-            | GidChange => {
-                // SAFETY: for port events the union holds `port_num`.
-                Some(PortNumber(unsafe { self.raw.element.port_num } as u8))
-            }
+        match self.element {
+            AsyncElement::Port(p) => Some(p),
             _ => None,
         }
     }
 
     /// The QP number, for QP events.
     pub fn qp_num(&self) -> Option<u32> {
-        use AsyncEventType::*;
-        match self.event_type() {
-            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr
-            | QpLastWqeReached => {
-                // SAFETY: for QP events the union holds a QP that stays valid
-                // until the event is acked (ibv_get_async_event(3)).
-                let qp = unsafe { self.raw.element.qp };
-                // SAFETY: as above.
-                (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
-            }
+        match self.element {
+            AsyncElement::Qp(n) => Some(n),
             _ => None,
         }
-    }
-
-    /// The raw event.
-    pub fn as_raw(&self) -> &sys::ibv_async_event {
-        &self.raw
-    }
-}
-
-impl Drop for AsyncEvent {
-    fn drop(&mut self) {
-        // SAFETY: acked exactly once; the context is alive (`_ctx`).
-        unsafe { sys::ibv_ack_async_event(&mut self.raw) };
-    }
-}
-
-impl std::fmt::Debug for AsyncEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncEvent")
-            .field("type", &self.event_type())
-            .field("port", &self.port())
-            .field("qp_num", &self.qp_num())
-            .finish()
     }
 }

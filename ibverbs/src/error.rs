@@ -147,6 +147,22 @@ pub enum Error {
         /// The sum of the depths of the queues that would report to it.
         needed: u64,
     },
+    /// A completion channel (or a context's async-event descriptor) is
+    /// already driven by an [`AsyncQueuePair`](crate::AsyncQueuePair) (an
+    /// `AsyncEvents`) in this process, on this or another Tokio runtime:
+    /// two readers would steal each other's events and completions. Drop
+    /// the first (all its clones) before wrapping again.
+    #[error(
+        "{by}: this {descriptor} is already driven by another {by} in this process \
+         (one per completion channel or context, across runtimes)"
+    )]
+    AlreadyDriven {
+        /// The wrapper refused (`AsyncQueuePair`, `AsyncEvents`).
+        by: &'static str,
+        /// What it wanted to drive (`completion channel`,
+        /// `context's async events`).
+        descriptor: &'static str,
+    },
 }
 
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0

@@ -124,6 +124,8 @@ impl Keep {
 struct Slot {
     tag: u32,
     occupied: bool,
+    /// Posted by the async dispatcher ([`TableState::dispatch`]).
+    dispatched: bool,
     user_wr_id: u64,
     payload: Payload,
 }
@@ -161,7 +163,21 @@ pub(crate) struct WqTable<S> {
 /// The result of retiring a completion's slot.
 pub(crate) struct Retired {
     pub(crate) user_wr_id: u64,
+    pub(crate) dispatched: bool,
     pub(crate) payload: Payload,
+}
+
+/// What a completion gets from its request's slot.
+pub(crate) struct Claimed {
+    /// The caller's `wr_id`.
+    pub(crate) wr_id: u64,
+    /// Whether the async dispatcher posted the request: only it can set
+    /// this (no public API reaches [`TableState::dispatch`]), so a request
+    /// posted any other way, whatever its `wr_id`, is never taken for one
+    /// of the dispatcher's.
+    pub(crate) dispatched: bool,
+    /// The request's buffers.
+    pub(crate) sg: SgList,
 }
 
 impl<S> WqTable<S> {
@@ -262,11 +278,25 @@ impl<S> TableState<S> {
         debug_assert!(!slot.occupied);
         slot.tag = tag;
         slot.occupied = true;
+        slot.dispatched = false;
         slot.user_wr_id = user_wr_id;
         // A free slot's payload is empty (retire, unreserve and take_all
         // take it out): overwrite it without running its drop glue.
         std::mem::forget(std::mem::replace(&mut slot.payload, payload));
         tag
+    }
+
+    /// Marks reserved slot `tag` as the async dispatcher's (see
+    /// [`Claimed::dispatched`]). Called under the same lock as `reserve`,
+    /// so no completion can claim the slot before.
+    pub(crate) fn dispatch(&mut self, table: &WqTable<S>, tag: u32) {
+        let idx = match table.mode {
+            Mode::Ring => (tag & table.mask) as usize,
+            Mode::Slab => (tag & 0xff_ffff) as usize,
+        };
+        let slot = &mut self.slots[idx];
+        debug_assert!(slot.occupied && slot.tag == tag);
+        slot.dispatched = true;
     }
 
     /// Moves the payload into a reserved slot once the device took the request.
@@ -329,6 +359,7 @@ impl<S> TableState<S> {
                 slot.occupied = false;
                 Some(Retired {
                     user_wr_id: slot.user_wr_id,
+                    dispatched: slot.dispatched,
                     payload: std::mem::take(&mut slot.payload),
                 })
             }
@@ -342,6 +373,7 @@ impl<S> TableState<S> {
                 self.free.push(idx as u32);
                 Some(Retired {
                     user_wr_id: slot.user_wr_id,
+                    dispatched: slot.dispatched,
                     payload: std::mem::take(&mut slot.payload),
                 })
             }
@@ -391,14 +423,14 @@ pub(crate) trait Retire: Send + Sync {
     /// `wr_id` and the request's buffers. What else it kept alive (address
     /// handle, memory window) is released here, after the table's lock,
     /// and a window learns the status.
-    fn retire(&self, tag: u32, status: u32) -> Option<(u64, SgList)>;
+    fn retire(&self, tag: u32, status: u32) -> Option<Claimed>;
 }
 
 impl<S: Send> Retire for WqTable<S> {
     fn id(&self) -> u32 {
         self.id
     }
-    fn retire(&self, tag: u32, status: u32) -> Option<(u64, SgList)> {
+    fn retire(&self, tag: u32, status: u32) -> Option<Claimed> {
         let r = self.lock().retire(self, tag)?;
         // The lock is released (the guard was a temporary): the address
         // handle and memory window the request kept alive go here.
@@ -413,7 +445,11 @@ impl<S: Send> Retire for WqTable<S> {
                 keep.release(status);
             }
         }
-        Some((r.user_wr_id, sg))
+        Some(Claimed {
+            wr_id: r.user_wr_id,
+            dispatched: r.dispatched,
+            sg,
+        })
     }
 }
 
@@ -498,6 +534,23 @@ mod tests {
                 assert_eq!(tag, expect, "{mode:?} round {round}");
                 assert_eq!(st.retire(&table, tag).map(|r| r.user_wr_id), Some(round));
             }
+        }
+    }
+
+    #[test]
+    fn only_a_dispatched_slot_says_so_and_reuse_clears_it() {
+        for mode in [Mode::Ring, Mode::Slab] {
+            let table = WqTable::new(mode, 1, "queue", ());
+            let mut st = table.lock();
+            let tag = st.reserve(&table, 7, Payload::default());
+            st.dispatch(&table, tag);
+            let r = st.retire(&table, tag).unwrap();
+            assert_eq!((r.user_wr_id, r.dispatched), (7, true), "{mode:?}");
+            // The same slot, reserved again by a direct post with the same
+            // wr_id: not the dispatcher's.
+            let tag = st.reserve(&table, 7, Payload::default());
+            let r = st.retire(&table, tag).unwrap();
+            assert_eq!((r.user_wr_id, r.dispatched), (7, false), "{mode:?}");
         }
     }
 

@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,13 +27,28 @@ pub(crate) struct IdHandle {
     id: NonNull<sys::rdma_cm_id>,
     /// Kept open until the id is destroyed (rdma_destroy_event_channel(3)).
     channel: EventChannel,
+    /// What the event path reaches through `id->context`, which holds one
+    /// strong count of it (leaked by `adopt`, taken back by `Drop` once the
+    /// id is destroyed). A separate allocation: the event path's `&IdShared`
+    /// never overlaps the `&mut IdHandle` of `Drop`.
+    shared: Arc<IdShared>,
+}
+
+/// The part of an id the event path uses while another thread may be
+/// dropping the [`IdHandle`] (`rdma_destroy_id` waits for the event's ack).
+pub(crate) struct IdShared {
+    /// Unique in the process, never reused (unlike the id's address): what
+    /// [`CmEvent::is_for`](super::CmEvent::is_for) compares.
+    pub(crate) serial: u64,
     /// The QP of an active connect, until the connect response (weak: the
-    /// QP's context keeps this handle alive).
+    /// QP's context keeps the id alive).
     pending: Mutex<Option<Weak<QpInner>>>,
 }
 
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
 // SAFETY: librdmacm's id calls are thread-safe; the mutable state is
-// behind a Mutex.
+// behind a Mutex (in `IdShared`).
 unsafe impl Send for IdHandle {}
 // SAFETY: as above.
 unsafe impl Sync for IdHandle {}
@@ -40,52 +56,46 @@ unsafe impl Sync for IdHandle {}
 impl Drop for IdHandle {
     fn drop(&mut self) {
         // SAFETY: last reference. Events are acknowledged as soon as they
-        // are read, so rdma_destroy_id does not wait for the application.
+        // are read, so rdma_destroy_id does not wait for the application
+        // (only for an event another thread is reading, until its ack).
         // Errors cannot be reported from Drop.
-        unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
+        let rc = unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
+        if rc == 0 {
+            // SAFETY: the count `adopt` leaked into `context`, taken back
+            // once: the id is freed, no event can name it any more.
+            drop(unsafe { Arc::from_raw(Arc::as_ptr(&self.shared)) });
+        }
+        // Otherwise the id may live on, pointing at `shared`: leaked.
         let _ = &self.channel;
     }
 }
 
-impl IdHandle {
-    /// Moves `qp` to `state` with the attributes rdma_cm computes.
-    fn move_qp(&self, qp: &QueuePair, state: QpState) -> Result<()> {
-        self.move_qp_capped(qp, state, None)
-    }
-
-    /// INIT again (the access rights rdma_cm grants depend on the
-    /// negotiated responder resources, unknown before connecting), then RTR
-    /// and RTS, as librdmacm does for the QPs it manages. `caps` (passive
-    /// side: what our `ConnParam` offers) bounds the RDMA read/atomic depths.
-    fn ready(&self, qp: &QueuePair, caps: Option<(u8, u8)>) -> Result<()> {
-        self.move_qp(qp, QpState::Init)?;
-        self.move_qp_capped(qp, QpState::Rtr, caps)?;
-        self.move_qp_capped(qp, QpState::Rts, caps)
-    }
-
-    fn move_qp_capped(&self, qp: &QueuePair, state: QpState, caps: Option<(u8, u8)>) -> Result<()> {
-        let mut raw = sys::ibv_qp_attr {
-            qp_state: state.as_raw(),
-            ..Default::default()
-        };
-        let mut mask = 0i32;
-        // SAFETY: live id; `raw` and `mask` are valid for writes.
-        let rc = unsafe { sys::rdma_init_qp_attr(self.id.as_ptr(), &mut raw, &mut mask) };
-        if rc != 0 {
-            return Err(Error::Verb {
-                verb: "rdma_init_qp_attr",
-                source: std::io::Error::last_os_error(),
-            });
+impl IdShared {
+    /// The `IdShared` of an id this crate adopted, from its `context`;
+    /// `None` for an id without one.
+    ///
+    /// # Safety
+    /// The caller must pass an id that is alive for `'a` (e.g. named by an
+    /// event not yet acknowledged: `rdma_destroy_id` waits for the ack) and
+    /// whose `context`, when not NULL, was set by [`CmId::adopt`].
+    pub(crate) unsafe fn of<'a>(id: *const sys::rdma_cm_id) -> Option<&'a IdShared> {
+        // SAFETY: the caller's contract: the id is alive, and its `context`
+        // holds a strong count of the `IdShared` until the id is destroyed.
+        unsafe {
+            id.as_ref()?
+                .context
+                .cast::<IdShared>()
+                .cast_const()
+                .as_ref()
         }
-        if let Some((responder, initiator)) = caps {
-            raw.max_dest_rd_atomic = raw.max_dest_rd_atomic.min(responder);
-            raw.max_rd_atomic = raw.max_rd_atomic.min(initiator);
-        }
-        qp.modify(&QpAttr::from_raw(raw, mask as u32))
     }
 
-    /// Active side, on the connect response: RTR, RTS, `rdma_establish`.
-    pub(crate) fn finish_connect(&self) -> Result<()> {
+    /// Active side, on the connect response of `id` (whose `IdShared` this
+    /// is): RTR, RTS, `rdma_establish`.
+    ///
+    /// # Safety
+    /// The caller must pass this `IdShared`'s id, alive during the call.
+    pub(crate) unsafe fn finish_connect(&self, id: *mut sys::rdma_cm_id) -> Result<()> {
         let pending = self
             .pending
             .lock()
@@ -97,11 +107,66 @@ impl IdHandle {
             .ok_or_else(|| {
                 Error::InvalidArgument("the queue pair of this connect was dropped".into())
             })?;
-        self.ready(&qp, None)?;
+        // SAFETY: the caller's contract.
+        unsafe { ready(id, &qp, None)? };
         // SAFETY: live id with a connect response pending.
-        let rc = unsafe { sys::rdma_establish(self.id.as_ptr()) };
+        let rc = unsafe { sys::rdma_establish(id) };
         neg_errno("rdma_establish", rc)
     }
+}
+
+/// Moves `qp` to `state` with the attributes rdma_cm computes for `id`.
+///
+/// # Safety
+/// The caller must pass a live id.
+unsafe fn move_qp(id: *mut sys::rdma_cm_id, qp: &QueuePair, state: QpState) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { move_qp_capped(id, qp, state, None) }
+}
+
+/// INIT again (the access rights rdma_cm grants depend on the negotiated
+/// responder resources, unknown before connecting), then RTR and RTS, as
+/// librdmacm does for the QPs it manages. `caps` (passive side: what our
+/// `ConnParam` offers) bounds the RDMA read/atomic depths.
+///
+/// # Safety
+/// The caller must pass a live id.
+unsafe fn ready(id: *mut sys::rdma_cm_id, qp: &QueuePair, caps: Option<(u8, u8)>) -> Result<()> {
+    // SAFETY: the caller's contract, for all three.
+    unsafe {
+        move_qp(id, qp, QpState::Init)?;
+        move_qp_capped(id, qp, QpState::Rtr, caps)?;
+        move_qp_capped(id, qp, QpState::Rts, caps)
+    }
+}
+
+/// # Safety
+/// The caller must pass a live id.
+unsafe fn move_qp_capped(
+    id: *mut sys::rdma_cm_id,
+    qp: &QueuePair,
+    state: QpState,
+    caps: Option<(u8, u8)>,
+) -> Result<()> {
+    let mut raw = sys::ibv_qp_attr {
+        qp_state: state.as_raw(),
+        ..Default::default()
+    };
+    let mut mask = 0i32;
+    // SAFETY: live id (the caller's contract); `raw` and `mask` are valid
+    // for writes.
+    let rc = unsafe { sys::rdma_init_qp_attr(id, &mut raw, &mut mask) };
+    if rc != 0 {
+        return Err(Error::Verb {
+            verb: "rdma_init_qp_attr",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    if let Some((responder, initiator)) = caps {
+        raw.max_dest_rd_atomic = raw.max_dest_rd_atomic.min(responder);
+        raw.max_rd_atomic = raw.max_rd_atomic.min(initiator);
+    }
+    qp.modify(&QpAttr::from_raw(raw, mask as u32))
 }
 
 /// librdmacm returns -1 and sets errno.
@@ -322,15 +387,27 @@ impl CmId {
     /// # Safety
     /// `id` is valid, on `channel`, and owned by no other handle.
     pub(crate) unsafe fn adopt(id: NonNull<sys::rdma_cm_id>, channel: EventChannel) -> CmId {
-        let handle = Arc::new(IdHandle {
-            id,
-            channel,
+        let shared = Arc::new(IdShared {
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             pending: Mutex::new(None),
         });
-        // SAFETY: the caller's contract; `context` is ours to set. It points
-        // at the handle, which lives as long as the id (it destroys it).
-        unsafe { (*id.as_ptr()).context = Arc::as_ptr(&handle) as *mut _ };
-        CmId { handle }
+        // SAFETY: the caller's contract; `context` is ours to set (for a
+        // connect request's id librdmacm copied the listening id's there:
+        // not a count of ours, overwritten). It holds one strong count,
+        // taken back when the id is destroyed (IdHandle's Drop).
+        unsafe { (*id.as_ptr()).context = Arc::into_raw(Arc::clone(&shared)).cast_mut().cast() };
+        CmId {
+            handle: Arc::new(IdHandle {
+                id,
+                channel,
+                shared,
+            }),
+        }
+    }
+
+    /// The id's serial number (see `IdShared::serial`).
+    pub(crate) fn serial(&self) -> u64 {
+        self.handle.shared.serial
     }
 
     /// The raw id, valid while `self` lives.
@@ -482,12 +559,14 @@ impl CmId {
     #[doc(alias = "rdma_init_qp_attr")]
     pub fn init_qp(&self, qp: &QueuePair) -> Result<()> {
         self.check_qp(qp)?;
-        self.handle.move_qp(qp, QpState::Init)
+        // SAFETY: live id (`self`).
+        unsafe { move_qp(self.id(), qp, QpState::Init) }
     }
 
     fn init_if_reset(&self, qp: &QueuePair) -> Result<()> {
         if qp.state()? == QpState::Reset {
-            self.handle.move_qp(qp, QpState::Init)?;
+            // SAFETY: live id (`self`).
+            unsafe { move_qp(self.id(), qp, QpState::Init)? };
         }
         Ok(())
     }
@@ -511,6 +590,7 @@ impl CmId {
         self.init_if_reset(qp)?;
         *self
             .handle
+            .shared
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&qp.inner));
@@ -534,8 +614,9 @@ impl CmId {
         self.check_qp(qp)?;
         let mut raw = param.raw(qp.qp_num().0, 196)?;
         self.init_if_reset(qp)?;
-        self.handle
-            .ready(qp, Some((param.responder_resources, param.initiator_depth)))?;
+        let caps = Some((param.responder_resources, param.initiator_depth));
+        // SAFETY: live id (`self`).
+        unsafe { ready(self.id(), qp, caps)? };
         // SAFETY: live request id; `raw` outlives the call.
         let rc = unsafe { sys::rdma_accept(self.id(), &mut raw) };
         neg_errno("rdma_accept", rc)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ibverbs_sys as sys;
 
-use super::cm_id::{CmId, IdHandle};
+use super::cm_id::{CmId, IdShared};
 use crate::error::{ret_ptr, Error, Result};
 
 pub(crate) struct ChannelInner {
@@ -107,19 +107,17 @@ crate::port::device_enum! {
 pub struct CmEvent {
     kind: CmEventType,
     status: i32,
-    id: *const sys::rdma_cm_id,
-    listen_id: *const sys::rdma_cm_id,
+    /// The serial of the id the event names (for a connect request, the
+    /// new id's): serials are never reused, addresses are.
+    id: Option<u64>,
+    /// For a connect request: the listening id's serial.
+    listen_id: Option<u64>,
     /// For `ConnectRequest`: the id of the new connection.
     new_id: Option<CmId>,
     private_data: Vec<u8>,
     responder_resources: u8,
     initiator_depth: u8,
 }
-
-// SAFETY: the raw pointers are only compared, never dereferenced.
-unsafe impl Send for CmEvent {}
-// SAFETY: as above.
-unsafe impl Sync for CmEvent {}
 
 impl CmEvent {
     /// The event type.
@@ -132,9 +130,13 @@ impl CmEvent {
     }
     /// Whether the event concerns `id` (for a connect request: whether `id`
     /// is the listening id it arrived on).
+    ///
+    /// Compares the ids' serial numbers, which are never reused: an event
+    /// for an id that was destroyed is not taken for a new id that got its
+    /// address.
     pub fn is_for(&self, id: &CmId) -> bool {
-        let p = id.as_ptr() as *const sys::rdma_cm_id;
-        self.id == p || (self.new_id.is_some() && self.listen_id == p)
+        let serial = Some(id.serial());
+        self.id == serial || (self.new_id.is_some() && self.listen_id == serial)
     }
     /// For a connect request: takes the new connection's id (accept or
     /// reject it).
@@ -251,11 +253,23 @@ impl EventChannel {
         }
         // SAFETY: a valid event until acknowledged; copied out here.
         let raw = unsafe { *ev };
+        let kind = CmEventType::from_raw(raw.event);
+        // SAFETY (both): the event's ids are alive until its ack
+        // (rdma_destroy_id waits for it), and every id on our channels was
+        // adopted (`context` set by CmId::adopt) — except a connect
+        // request's new id, whose `context` still is the listening id's
+        // until adopted below: its serial is read after.
+        let (id, listen_id) = unsafe {
+            (
+                IdShared::of(raw.id).map(|s| s.serial),
+                IdShared::of(raw.listen_id).map(|s| s.serial),
+            )
+        };
         let mut event = CmEvent {
-            kind: CmEventType::from_raw(raw.event),
+            kind,
             status: raw.status,
-            id: raw.id,
-            listen_id: raw.listen_id,
+            id,
+            listen_id,
             new_id: None,
             private_data: Vec::new(),
             responder_resources: 0,
@@ -288,17 +302,22 @@ impl EventChannel {
             if let Some(id) = NonNull::new(raw.id) {
                 // SAFETY: librdmacm hands the new id to the application;
                 // from here on it is owned by the returned CmId.
-                event.new_id = Some(unsafe { CmId::adopt(id, self.clone()) });
+                let new_id = unsafe { CmId::adopt(id, self.clone()) };
+                event.id = Some(new_id.serial());
+                event.new_id = Some(new_id);
             }
         }
         let mut result = Ok(());
         if event.kind == CmEventType::ConnectResponse {
             // SAFETY: the event's id is alive at least until the ack (its
-            // destruction waits for it); `context` is set by CmId to its
-            // IdHandle, alive as long as the id.
-            let handle = unsafe { ((*raw.id).context as *const IdHandle).as_ref() };
-            result = match handle {
-                Some(h) => h.finish_connect(),
+            // destruction waits for it); its `context` holds a count of its
+            // IdShared until it is destroyed (CmId::adopt). Only `&IdShared`
+            // is formed: a concurrent IdHandle::drop holds `&mut` of the
+            // handle, a separate allocation.
+            let shared = unsafe { IdShared::of(raw.id) };
+            result = match shared {
+                // SAFETY: `raw.id` is this IdShared's id, alive until the ack.
+                Some(s) => unsafe { s.finish_connect(raw.id) },
                 None => Err(Error::Unsupported(
                     "connect response for an unknown id".into(),
                 )),

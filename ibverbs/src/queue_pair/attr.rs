@@ -554,6 +554,11 @@ impl QueuePair {
         // too) can be mistaken for a discarded one.
         let send = &self.inner.send;
         let mut send_st = send.lock();
+        // No lock-free posting (PreparedSend) may be inside the provider's
+        // post_send while it resets the queue (mlx5 rewrites the send
+        // queue's indices without the provider's lock): close that path and
+        // wait out the postings already in it. Re-opened by note_state.
+        self.inner.send_epoch.close();
         let mut recv_st = self.inner.recv.as_ref().map(|t| t.lock());
         // Only a real transition discards: what was posted while already in
         // RESET (out of spec, but some providers accept it) stays owned.

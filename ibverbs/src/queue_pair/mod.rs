@@ -3,7 +3,6 @@
 //! ([`SendRequest`], [`RecvRequest`]).
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -15,6 +14,7 @@ use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 mod attr;
 mod builder;
 mod connect;
+mod epoch;
 mod options;
 mod post;
 mod post_ex;
@@ -101,11 +101,13 @@ pub(crate) struct QpInner {
     /// `ibv_create_qp_ex` (the same object as `qp`).
     pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     /// What the prepared sends' lock-free path reads instead of taking the
-    /// send lock to read `ibv_qp::state`: bit 0 set when the state the last
-    /// state change left may post sends (not RESET, INIT or RTR), the bits
-    /// above a count of state changes. Written only with the send lock held,
-    /// after every modify that names the state ([`QueuePair::note_state`]).
-    pub(crate) send_epoch: AtomicU64,
+    /// send lock to read `ibv_qp::state`: whether the state the last state
+    /// change left may post sends (not RESET, INIT or RTR), a count of
+    /// state changes, and the lock-free postings in flight (which a move to
+    /// RESET waits out). Written with the send lock held, after every
+    /// modify that names the state ([`QueuePair::note_state`]); see
+    /// `epoch.rs`.
+    pub(crate) send_epoch: epoch::SendEpoch,
     destroyed: bool,
 }
 
@@ -115,9 +117,6 @@ pub(crate) struct QpInner {
 pub(crate) fn state_sends(state: u32) -> bool {
     !(state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR)
 }
-
-/// Bit 0 of [`QpInner::send_epoch`].
-pub(crate) const EPOCH_SENDS: u64 = 1;
 
 // SAFETY: QP verbs (post, modify, query, destroy) are thread-safe in
 // libibverbs; the in-flight tables are behind Mutexes.
@@ -231,7 +230,7 @@ impl QueuePair {
                 send,
                 recv,
                 // A new queue pair is in RESET.
-                send_epoch: AtomicU64::new(0),
+                send_epoch: epoch::SendEpoch::default(),
                 destroyed: false,
             }),
         }
@@ -244,9 +243,7 @@ impl QueuePair {
         // SAFETY: live QP; the caller holds the send lock, which every
         // modify of this crate holds, so `state` is not being written.
         let state = unsafe { (*self.as_ptr()).state };
-        let epoch = self.inner.send_epoch.load(Ordering::Relaxed);
-        let next = ((epoch >> 1) + 1) << 1 | u64::from(state_sends(state));
-        self.inner.send_epoch.store(next, Ordering::Release);
+        self.inner.send_epoch.note(state_sends(state));
     }
 
     /// The QP number.

@@ -360,7 +360,10 @@ impl QueuePair {
             keep: None,
         };
         // Under the same lock: the tag `next_tag` gave.
-        st.reserve(table, r.wr_id, payload);
+        let tag = st.reserve(table, r.wr_id, payload);
+        if r.dispatched {
+            st.dispatch(table, tag);
+        }
         Ok(())
     }
 
@@ -403,6 +406,9 @@ impl QueuePair {
         // Reserve slots (payloads are moved in only once the device took them).
         for (i, r) in wrs.iter().enumerate() {
             let tag = st.reserve(table, r.wr_id, Payload::default());
+            if r.dispatched {
+                st.dispatch(table, tag);
+            }
             st.scratch.tags[i] = tag;
         }
         let max_sge = st.scratch.max_sge;

@@ -224,6 +224,9 @@ impl QueuePair {
         let n = wrs.len();
         for (i, r) in wrs.iter().enumerate() {
             let tag = st.reserve(table, r.wr_id, Payload::default());
+            if r.dispatched {
+                st.dispatch(table, tag);
+            }
             st.scratch.tags[i] = tag;
         }
         // SAFETY: live extended QP; the send lock (held) makes this the

@@ -10,7 +10,9 @@
 //! handle keeps one spare count, so a posting leaks it with no atomic
 //! operation and the next is taken after the doorbell. Posting takes no
 //! lock: it reads the queue pair's state from one atomic word that modifies
-//! write under the send lock, and a refused posting checks afterwards, under
+//! write under the send lock, counting itself in that word while inside the
+//! provider (a move to RESET waits that out: see below), and a refused
+//! posting checks afterwards, under
 //! that lock, that no state change overlapped it (else the provider may have
 //! queued it, and its count stays leaked). A
 //! completion is polled once, so each count is taken back once; one that
@@ -20,8 +22,40 @@
 //! between a completion and the next doorbell of a latency loop. The
 //! [`Postings`] defined here serve [`PreparedRecv`](super::PreparedRecv)
 //! too.
+//!
+//! # A lock-free posting beside a move to RESET
+//!
+//! Without the send lock, the provider's `post_send` could run beside its
+//! `modify_qp(RESET)` on another thread. Whether that is sound depends on
+//! the provider (rdma-core v44, as Debian 12 ships it):
+//!
+//! * libibverbs' `ibv_modify_qp` calls the provider, then stores
+//!   `qp->state` (a plain `int`) on success; no lock.
+//! * rxe (`providers/rxe/rxe.c`): `rxe_modify_qp` only issues the kernel
+//!   command; `rxe_post_send` touches the user-mapped queue under
+//!   `sq->lock` and reads no state `modify_qp` writes. The kernel's reset
+//!   (`rxe_qp_reset`) clears the queue's slots, not its indices: a request
+//!   written meanwhile is lost or executed later, and a posting's count
+//!   leaked into its `wr_id` keeps its buffers alive either way. Sound.
+//! * mlx5 (`providers/mlx5/verbs.c`, `mlx5_modify_qp`): on RESET it calls
+//!   `mlx5_init_qp_indices` (`qp.c`), which zeroes `sq.head`, `sq.tail`,
+//!   `sq.cur_post` and the receive queue's indices *without* `sq.lock`,
+//!   while `_mlx5_post_send` advances `sq.cur_post` under `sq.lock`: a
+//!   data race in the provider. A posting that lands after the reset
+//!   leaves `cur_post` past 0, and the next doorbell would hand the device
+//!   stale send-queue entries from before the reset, whose buffers the
+//!   reset released (`QueuePair::modify` drops the discarded requests'
+//!   slots). Not sound.
+//!
+//! So a move to RESET excludes lock-free postings without a lock on this
+//! path: each posting counts itself in and out of the queue pair's epoch
+//! word around the provider call (two atomic read-modify-writes on a word
+//! it reads anyway), and the RESET path, holding the send lock, clears the
+//! word's "sends" bit (later postings take the send lock) and waits until
+//! the count is zero before calling `ibv_modify_qp` (see `epoch.rs`).
+//! Other state changes do not wait: from a state that sends, mlx5 and rxe
+//! change nothing `post_send` uses except through the kernel.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -30,7 +64,7 @@ use super::post::{c_send_wr, fill_sges};
 use super::request::{PostError, SendRequest};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
-use crate::queue_pair::EPOCH_SENDS;
+use crate::queue_pair::epoch::Seen;
 use crate::wq_table::{SgList, PREPARED_BIT, SAFE_BIT};
 use crate::{AddressHandle, QueuePair};
 
@@ -245,8 +279,10 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// the queue pair was destroyed with postings outstanding, keeps the
 /// buffers allocated for good (a leak, never a use after free).
 ///
-/// Posting costs one atomic load (the queue pair's state, as its last
-/// modify left it: no lock) and the provider's `post_send`; the reference
+/// Posting costs two atomic read-modify-writes of one word of the queue
+/// pair (its state as the last modify left it, and the count of postings
+/// in flight that a move to RESET waits out: no lock) and the provider's
+/// `post_send`; the reference
 /// count of the next posting is taken after the doorbell. Claiming a
 /// completion costs one reference count, no lock. The request is not
 /// checked or built again. Postings do not take slots of the send queue's
@@ -398,13 +434,15 @@ impl PreparedSend {
         // No lock: the state the last modify left, with the count of state
         // changes, is one atomic word that modifies write under the send
         // lock. A refusal is checked against it afterwards (`refused`).
-        let epoch = self.qp.inner.send_epoch.load(Ordering::Acquire);
-        if epoch & EPOCH_SENDS == 0 {
+        // The posting is counted in it while inside the provider: a move to
+        // RESET waits until no lock-free posting is (module docs, `epoch.rs`).
+        let Some(seen) = self.qp.inner.send_epoch.enter() else {
             return self.post_locked();
-        }
+        };
         let (posting, rc) = ring(&self.qp, &mut self.wr, &mut self.postings);
+        self.qp.inner.send_epoch.leave();
         if rc != 0 {
-            return self.refused(posting, rc, epoch);
+            return self.refused(posting, rc, seen);
         }
         // After the doorbell, out of a latency loop's window.
         self.postings.restock();
@@ -437,9 +475,9 @@ impl PreparedSend {
     /// every modify for its whole call), is still the one the posting saw.
     #[cold]
     #[inline(never)]
-    fn refused(&mut self, posting: Posting, rc: i32, epoch: u64) -> Result<()> {
+    fn refused(&mut self, posting: Posting, rc: i32, seen: Seen) -> Result<()> {
         let st = self.qp.inner.send.lock();
-        if self.qp.inner.send_epoch.load(Ordering::Acquire) == epoch {
+        if self.qp.inner.send_epoch.unchanged_since(seen) {
             self.postings.refused(posting);
         } else {
             posting.keep();

@@ -100,6 +100,9 @@ pub(crate) fn post_recv_common(
     let n = wrs.len();
     for (i, r) in wrs.iter().enumerate() {
         let tag = st.reserve(table, r.wr_id, Payload::default());
+        if r.dispatched {
+            st.dispatch(table, tag);
+        }
         st.scratch.tags[i] = tag;
     }
     let scratch = &mut st.scratch;
@@ -183,6 +186,9 @@ fn post_recv_single(
         keep: None,
     };
     // Under the same lock: the tag `next_tag` gave.
-    st.reserve(table, r.wr_id, payload);
+    let tag = st.reserve(table, r.wr_id, payload);
+    if r.dispatched {
+        st.dispatch(table, tag);
+    }
     (1, Ok(()))
 }

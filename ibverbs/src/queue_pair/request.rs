@@ -167,6 +167,8 @@ pub struct SendRequest<'a> {
     pub(super) imm: Option<u32>,
     pub(super) invalidate: Option<u32>,
     pub(super) ud: Option<UdDest>,
+    /// Posted by the async dispatcher (see `wq_table::Claimed::dispatched`).
+    pub(crate) dispatched: bool,
 }
 
 impl<'a> SendRequest<'a> {
@@ -181,6 +183,7 @@ impl<'a> SendRequest<'a> {
             imm: None,
             invalidate: None,
             ud: None,
+            dispatched: false,
         }
     }
 
@@ -380,6 +383,8 @@ impl<'a> SendRequest<'a> {
 pub struct RecvRequest {
     pub(super) wr_id: u64,
     pub(super) sg: SgList,
+    /// Posted by the async dispatcher (see `wq_table::Claimed::dispatched`).
+    pub(crate) dispatched: bool,
 }
 
 impl RecvRequest {
@@ -394,6 +399,7 @@ impl RecvRequest {
         RecvRequest {
             wr_id: 0,
             sg: SgList::One(buf.into()),
+            dispatched: false,
         }
     }
     /// Receive scattering over several buffers (none may be frozen).
@@ -401,6 +407,7 @@ impl RecvRequest {
         RecvRequest {
             wr_id: 0,
             sg: SgList::Many(bufs),
+            dispatched: false,
         }
     }
     /// The id reported in the completion.

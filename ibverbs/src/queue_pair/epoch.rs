@@ -1,0 +1,184 @@
+//! The queue pair's posting epoch: what the lock-free posting path of a
+//! [`PreparedSend`](crate::PreparedSend) reads instead of taking the send
+//! lock, and what a move to RESET waits out.
+//!
+//! One atomic word:
+//!
+//! ```text
+//! bit 0       the last state change left a state that may post sends
+//! bits 1..=30 lock-free postings inside the provider's post_send right now
+//! bits 32..   a (wrapping) count of state changes
+//! ```
+//!
+//! State changes write it with the send lock held. A lock-free posting
+//! counts itself in ([`SendEpoch::enter`]) before it calls the provider and
+//! out ([`SendEpoch::leave`]) after. A move to RESET, with the send lock
+//! held, first clears bit 0 (postings that start later take the locked
+//! path and wait for the lock) and then waits until no posting is in
+//! flight ([`SendEpoch::close`]), so the provider's `modify_qp(RESET)`
+//! never runs beside its `post_send`: mlx5 resets the send queue's indices
+//! in `mlx5_modify_qp` without the send queue's lock that `post_send`
+//! holds (see `prepared_send.rs` for the evidence). The same word in one
+//! place: counting in and reading the state is one read-modify-write, and
+//! the wait sees every posting that read "sends".
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bit 0: the last state change left a state that sends.
+const SENDS: u64 = 1;
+/// One lock-free posting in flight.
+const POSTING: u64 = 1 << 1;
+/// Bits 1..=30: the postings in flight. (A posting needs a thread inside
+/// `PreparedSend::post`: far fewer than 2^30.)
+const POSTINGS: u64 = ((1 << 30) - 1) << 1;
+/// One state change.
+const CHANGE: u64 = 1 << 32;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub(crate) struct SendEpoch(AtomicU64);
+
+/// What a lock-free posting saw when it counted itself in: compare it with
+/// [`SendEpoch::unchanged_since`] to learn whether a state change
+/// overlapped the posting.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seen(u64);
+
+impl SendEpoch {
+    /// Counts a lock-free posting in, when the queue pair's last state
+    /// change left a state that sends (`None`: not counted; take the send
+    /// lock). The caller must [`leave`](Self::leave) once the provider's
+    /// call returned, before it takes the send lock.
+    #[inline(always)]
+    pub(crate) fn enter(&self) -> Option<Seen> {
+        // Acquire: the state change that enabled sending (released under
+        // the send lock) happened before this posting.
+        let e = self.0.fetch_add(POSTING, Ordering::AcqRel);
+        if e & SENDS == 0 {
+            self.leave();
+            return None;
+        }
+        Some(Seen(e))
+    }
+
+    /// Counts a lock-free posting out.
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        // Release: the provider's call happens before a RESET that waited
+        // for this count (`close`, Acquire).
+        self.0.fetch_sub(POSTING, Ordering::Release);
+    }
+
+    /// Whether no state change happened since `seen` (call with the send
+    /// lock held, so none is in progress).
+    #[inline]
+    pub(crate) fn unchanged_since(&self, seen: Seen) -> bool {
+        (self.0.load(Ordering::Acquire) ^ seen.0) & !POSTINGS == 0
+    }
+
+    /// Records a state change (or an attempt) whose outcome sends or not.
+    /// Call with the send lock held, after `ibv_modify_qp`.
+    pub(crate) fn note(&self, sends: bool) {
+        // A read-modify-write: postings in flight keep their counts.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
+                Some((e & !SENDS).wrapping_add(CHANGE) | u64::from(sends))
+            });
+    }
+
+    /// Closes the lock-free path and waits until no lock-free posting is
+    /// in the provider: afterwards, until the next [`note`](Self::note),
+    /// every posting takes the send lock (which the caller holds). Call
+    /// before a move to RESET. Waits only for calls already inside the
+    /// provider's `post_send`, which does not block.
+    pub(crate) fn close(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |e| {
+                Some((e & !SENDS).wrapping_add(CHANGE))
+            });
+        let mut spins = 0u32;
+        while self.0.load(Ordering::Acquire) & POSTINGS != 0 {
+            if spins < 128 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_new_queue_pair_posts_under_the_lock() {
+        let e = SendEpoch::default();
+        assert!(e.enter().is_none());
+        e.note(true);
+        let seen = e.enter().expect("sends after a change to a sending state");
+        e.leave();
+        assert!(e.unchanged_since(seen));
+        e.note(false);
+        assert!(!e.unchanged_since(seen));
+        assert!(e.enter().is_none());
+        assert_eq!(e.0.load(Ordering::Relaxed) & POSTINGS, 0);
+    }
+
+    #[test]
+    fn in_flight_postings_do_not_count_as_a_change() {
+        let e = SendEpoch::default();
+        e.note(true);
+        let seen = e.enter().unwrap();
+        let other = e.enter().unwrap();
+        assert!(e.unchanged_since(seen) && e.unchanged_since(other));
+        e.leave();
+        e.leave();
+        assert!(e.unchanged_since(seen));
+    }
+
+    #[test]
+    fn close_waits_out_a_posting_in_flight_and_refuses_new_ones() {
+        let e = Arc::new(SendEpoch::default());
+        e.note(true);
+        let seen = e.enter().expect("sends");
+        let closed = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let (e, closed) = (Arc::clone(&e), Arc::clone(&closed));
+            std::thread::spawn(move || {
+                e.close();
+                closed.store(true, Ordering::SeqCst);
+            })
+        };
+        // The closer cleared "sends" but must wait for the posting.
+        let t0 = std::time::Instant::now();
+        while e.0.load(Ordering::SeqCst) & SENDS != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "close never started"
+            );
+            std::thread::yield_now();
+        }
+        assert!(e.enter().is_none(), "a posting started after close began");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !closed.load(Ordering::SeqCst),
+            "close returned while a posting was in the provider"
+        );
+        e.leave();
+        closer.join().unwrap();
+        assert!(closed.load(Ordering::SeqCst));
+        assert!(!e.unchanged_since(seen), "close is a state change");
+        assert!(e.enter().is_none(), "closed until the next note");
+        e.note(false);
+        assert!(e.enter().is_none());
+        e.note(true);
+        assert!(e.enter().is_some());
+    }
+}
