@@ -513,12 +513,7 @@ fn claim_if_prepared(wr_id: u64) -> Option<Claimed> {
 /// caller's `wr_id` and the request's buffers. A stale or unknown slot
 /// gives `None` (an orphan completion).
 #[inline]
-fn claim(
-    tables: &[(u32, Arc<dyn Retire>)],
-    id: u32,
-    tag: u32,
-    status: u32,
-) -> Option<Claimed> {
+fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32, status: u32) -> Option<Claimed> {
     tables.iter().find(|t| t.0 == id)?.1.retire(tag, status)
 }
 
