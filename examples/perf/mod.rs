@@ -216,8 +216,13 @@ fn wait_busy(
 /// The raw loops' wait: busy-polls `cq` through `poll_raw` until one
 /// completion arrived and checks its status. `what` names the request in
 /// the errors, built only then (the loop does not allocate).
+///
+/// # Safety
+/// The caller must ensure that only raw-path requests (`post_send_raw`,
+/// `post_recv_raw`) complete on `cq`: the contract of
+/// [`CompletionQueue::poll_raw`].
 #[inline]
-pub fn wait_raw(
+pub unsafe fn wait_raw(
     cq: &CompletionQueue,
     wc: &mut [WorkCompletion; 1],
     timeout: Duration,
@@ -225,7 +230,9 @@ pub fn wait_raw(
 ) -> Result<()> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
-    while cq.poll_raw(wc)? == 0 {
+    // SAFETY: forwarded to the caller's contract (only raw requests
+    // complete on `cq`).
+    while unsafe { cq.poll_raw(wc) }? == 0 {
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
             return Err(format!("no completion for {} within the timeout", what()).into());

@@ -364,15 +364,36 @@ impl CompletionQueue {
         }
     }
 
-    /// Polls raw work completions, bypassing the buffer bookkeeping: for
-    /// requests posted through the `unsafe` raw path. Completions of safely
-    /// posted requests consumed here keep their buffers until the QP is
-    /// destroyed (no unsoundness, but their slots stay occupied).
+    /// Polls raw work completions, bypassing the buffer bookkeeping: the
+    /// polling half of the raw path
+    /// ([`QueuePair::post_send_raw`](crate::QueuePair::post_send_raw),
+    /// [`post_recv_raw`](crate::QueuePair::post_recv_raw)). No checks, no
+    /// lookup: each entry is the provider's (with rxe's invalidate flag
+    /// fixed), `wr_id` included.
+    ///
+    /// # Safety
+    /// The caller must ensure that:
+    /// * no request posted through the safe API (`post_send`, `post_recv`,
+    ///   `post_send_ex`, prepared requests, memory-window binds, SRQ
+    ///   receives, async futures) can complete on this CQ while it is
+    ///   polled here — in practice, every queue reporting to it is posted
+    ///   to only through the raw path — since a safe request's completion
+    ///   consumed here is never claimed: its buffers stay owned by its
+    ///   queue until the queue is destroyed (a prepared request's for
+    ///   good), its queue's in-flight slots stay taken (the queue fills
+    ///   up), and its `wr_id` is the library's tag (a prepared posting's
+    ///   carries a heap address);
+    /// * every completion returned is treated as the completion of the raw
+    ///   request its `wr_id` names (the buffers of that request are the
+    ///   caller's again only from here, per the raw posting contract).
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`
     #[doc(alias = "ibv_poll_cq")]
-    pub fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+    pub unsafe fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
         // and `out` has `len` writable entries.
         let n = unsafe {
@@ -510,6 +531,25 @@ fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32) -> Option<(u64, S
     tables.iter().find(|t| t.0 == id)?.1.retire(tag)
 }
 
+/// Takes the only buffer of `sg` if `want` accepts it, else leaves `sg`
+/// as it was (see [`Completion::take_buf`]).
+#[inline]
+fn sg_take_one_if(sg: &mut SgList, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+    let only = match &*sg {
+        SgList::One(b) => b,
+        SgList::Many(v) if v.len() == 1 => &v[0],
+        _ => return None,
+    };
+    if !want(only) {
+        return None;
+    }
+    match std::mem::take(sg) {
+        SgList::One(b) => Some(b),
+        SgList::Many(mut v) => v.pop(),
+        SgList::Empty => None,
+    }
+}
+
 /// A work completion together with the buffers its request owned.
 ///
 /// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
@@ -594,29 +634,42 @@ impl Completion {
     pub fn is_orphan(&self) -> bool {
         !self.claimed
     }
-    /// Takes the scatter/gather list back.
+    /// Takes the scatter/gather list back (every buffer of the request).
     #[inline]
     pub fn take_buffers(&mut self) -> SgList {
         std::mem::take(&mut *self.sg)
     }
-    /// Takes the (first) buffer back.
+    /// Takes the buffer back when the request had exactly one; `None`
+    /// otherwise, the buffers left in the completion for
+    /// [`take_buffers`](Self::take_buffers) (a scatter/gather request's
+    /// are never split up here).
     #[inline]
     pub fn take_buf(&mut self) -> Option<Buf> {
-        match self.take_buffers() {
-            SgList::Empty => None,
-            SgList::One(b) => Some(b),
-            SgList::Many(mut v) => (!v.is_empty()).then(|| v.swap_remove(0)),
-        }
+        self.take_one_if(|_| true)
     }
-    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer).
+    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer): when
+    /// the request had exactly one buffer and it is local. Otherwise
+    /// `None`, and the buffers stay in the completion (for
+    /// [`take_shared`](Self::take_shared) or
+    /// [`take_buffers`](Self::take_buffers)).
     #[inline]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
-        self.take_buf().and_then(Buf::into_local)
+        self.take_one_if(|b| matches!(b, Buf::Local(_)))
+            .and_then(Buf::into_local)
     }
-    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer).
+    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer):
+    /// when the request had exactly one buffer and it is shared. Otherwise
+    /// `None`, and the buffers stay in the completion.
     #[inline]
     pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
-        self.take_buf().and_then(Buf::into_shared)
+        self.take_one_if(|b| matches!(b, Buf::Shared(_)))
+            .and_then(Buf::into_shared)
+    }
+    /// Takes the request's only buffer if `want` accepts it; leaves the
+    /// list untouched otherwise (nothing is dropped here).
+    #[inline]
+    fn take_one_if(&mut self, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+        sg_take_one_if(&mut self.sg, want)
     }
     /// For a UD receive with a GRH: the sender's GID, decoded from the
     /// 40-byte GRH area at the start of the receive buffer. An IPv6/IB GRH
