@@ -150,12 +150,25 @@ impl QpInner {
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
         self.send_cq.unregister(self.send.id);
-        drop(self.send.lock().take_all());
+        release_after_destroy(rc == 0, self.send.lock().take_all());
         if let Some(recv) = &self.recv {
             self.recv_cq.unregister(recv.id);
-            drop(recv.lock().take_all());
+            release_after_destroy(rc == 0, recv.lock().take_all());
         }
         result
+    }
+}
+
+/// Releases the payloads of a destroyed queue's outstanding requests: only
+/// when the destroy verb succeeded (`destroyed`). Otherwise the queue may
+/// still exist and the device may still read or write those buffers, so
+/// they are leaked (`mem::forget`): their regions stay registered and their
+/// memory allocated for good (DESIGN.md: when in doubt, leak).
+pub(crate) fn release_after_destroy<T>(destroyed: bool, payloads: T) {
+    if destroyed {
+        drop(payloads);
+    } else {
+        std::mem::forget(payloads);
     }
 }
 
@@ -306,7 +319,9 @@ impl QueuePair {
     /// Destroys the QP now if this is the last handle, reporting a teardown
     /// error (`Ok(false)` when other handles still exist). Outstanding
     /// requests are flushed and their buffers released after the device
-    /// stopped using them.
+    /// stopped using them. If `ibv_destroy_qp` fails the device may still
+    /// own them: they are leaked (kept allocated and registered for good),
+    /// never freed.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_destroy_qp`.
@@ -340,5 +355,24 @@ pub struct QpNumber(pub u32);
 impl std::fmt::Display for QpNumber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:#08x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    #[test]
+    fn payloads_are_released_only_after_a_successful_destroy() {
+        let payload = Rc::new(());
+        super::release_after_destroy(true, vec![payload.clone()]);
+        assert_eq!(Rc::strong_count(&payload), 1, "kept after a destroy");
+        // A failed destroy: the device may still own the buffers.
+        super::release_after_destroy(false, vec![payload.clone()]);
+        assert_eq!(
+            Rc::strong_count(&payload),
+            2,
+            "freed after a failed destroy"
+        );
     }
 }
