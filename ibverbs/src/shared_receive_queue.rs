@@ -250,10 +250,16 @@ impl SharedReceiveQueue {
             }
         }
         let srq = self.as_ptr();
-        post_recv_common(&self.inner.table, wrs, |wr, bad| {
-            // SAFETY: live SRQ; the chain is valid (post_recv_common).
-            unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
-        })
+        // An SRQ has no state: nothing to refuse beyond the checks above.
+        post_recv_common(
+            &self.inner.table,
+            wrs,
+            || Ok(()),
+            |wr, bad| {
+                // SAFETY: live SRQ; the chain is valid (post_recv_common).
+                unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
+            },
+        )
     }
 }
 

@@ -99,11 +99,15 @@ pub(crate) struct QpInner {
     /// The extended QP and its `send_ops_flags` when created with
     /// `ibv_create_qp_ex` (the same object as `qp`).
     pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
-    /// What the prepared sends' lock-free path reads instead of taking the
-    /// send lock to read `ibv_qp::state`: bit 0 set when the state the last
-    /// state change left may post sends (not RESET, INIT or RTR), the bits
-    /// above a count of state changes. Written only with the send lock held,
-    /// after every modify that names the state ([`QueuePair::note_state`]).
+    /// What the prepared requests' lock-free paths read instead of taking
+    /// the send lock to read `ibv_qp::state`: bit 0 ([`EPOCH_SENDS`]) set
+    /// when the state the last state change left may post sends (not RESET,
+    /// INIT or RTR), bit 1 ([`EPOCH_ERR`]) set from the start of a move to
+    /// ERR until the QP leaves ERR (receives are refused then), the bits
+    /// above a count of state changes. Written only with the send lock held
+    /// (and the receive lock for the ERR bit): before a move to ERR
+    /// ([`QueuePair::note_err_pending`]) and after every modify that names
+    /// the state ([`QueuePair::note_state`]).
     pub(crate) send_epoch: AtomicU64,
     destroyed: bool,
 }
@@ -115,8 +119,26 @@ pub(crate) fn state_sends(state: u32) -> bool {
     !(state == sys::IBV_QPS_RESET || state == sys::IBV_QPS_INIT || state == sys::IBV_QPS_RTR)
 }
 
-/// Bit 0 of [`QpInner::send_epoch`].
+/// Bit 0 of [`QpInner::send_epoch`]: sends may be posted.
 pub(crate) const EPOCH_SENDS: u64 = 1;
+/// Bit 1 of [`QpInner::send_epoch`]: the QP is in ERR, or a move there has
+/// started; receives are refused.
+pub(crate) const EPOCH_ERR: u64 = 2;
+/// The count of state changes starts above the two state bits.
+const EPOCH_SHIFT: u32 = 2;
+
+/// The epoch word after a state change that left `state`.
+#[inline]
+fn next_epoch(epoch: u64, state: u32) -> u64 {
+    let count = (epoch >> EPOCH_SHIFT).wrapping_add(1) << EPOCH_SHIFT;
+    count
+        | u64::from(state_sends(state))
+        | if state == sys::IBV_QPS_ERR {
+            EPOCH_ERR
+        } else {
+            0
+        }
+}
 
 // SAFETY: QP verbs (post, modify, query, destroy) are thread-safe in
 // libibverbs; the in-flight tables are behind Mutexes.
@@ -257,8 +279,64 @@ impl QueuePair {
         // modify of this crate holds, so `state` is not being written.
         let state = unsafe { (*self.as_ptr()).state };
         let epoch = self.inner.send_epoch.load(Ordering::Relaxed);
-        let next = ((epoch >> 1) + 1) << 1 | u64::from(state_sends(state));
-        self.inner.send_epoch.store(next, Ordering::Release);
+        self.inner
+            .send_epoch
+            .store(next_epoch(epoch, state), Ordering::SeqCst);
+    }
+
+    /// Announces a move to ERR before `ibv_modify_qp` runs: receives are
+    /// refused from now on. Call with the send lock and the receive
+    /// table's lock held. A lock-free receive posting reads the word
+    /// again after its doorbell (both sides `SeqCst`): either it sees this
+    /// bit, or the flush the move starts sees its request (see
+    /// `PreparedRecv::post`).
+    pub(crate) fn note_err_pending(&self) {
+        let epoch = self.inner.send_epoch.load(Ordering::Relaxed);
+        let count = (epoch >> EPOCH_SHIFT).wrapping_add(1) << EPOCH_SHIFT;
+        let next = count | (epoch & EPOCH_SENDS) | EPOCH_ERR;
+        self.inner.send_epoch.store(next, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// A receive was posted while a move to ERR may have been under way
+    /// (its posting saw [`EPOCH_ERR`] after the doorbell): the flush that
+    /// move started may have missed it. If the QP is in ERR, it is moved
+    /// to ERR again, which flushes what its receive queue holds now. A
+    /// failed re-issue leaves the receive unflushed: its buffers stay
+    /// allocated for good (a leak, never a use after free).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn reflush_receives(&self) {
+        let _send = self.inner.send.lock();
+        // SAFETY: live QP; the send lock, held by every modify of this
+        // crate, keeps `state` from being written meanwhile.
+        if unsafe { (*self.as_ptr()).state } != sys::IBV_QPS_ERR {
+            // The move failed, or the QP was reset since: the receive is
+            // either live or discarded with the queue.
+            return;
+        }
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: live QP; `attr` outlives the call; ERR to ERR is a legal
+        // transition (IBA 10.3.1: any state may move to ERR).
+        unsafe {
+            sys::ibv_modify_qp(
+                self.as_ptr(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        self.note_state();
+    }
+
+    /// Whether receives are refused: the QP is in ERR or going there (as
+    /// this crate's modifies left it; a move to ERR the device made on its
+    /// own is not seen here).
+    #[inline]
+    pub(crate) fn recv_refused(&self) -> bool {
+        self.inner.send_epoch.load(Ordering::SeqCst) & EPOCH_ERR != 0
     }
 
     /// The QP number.
@@ -361,6 +439,28 @@ impl std::fmt::Display for QpNumber {
 #[cfg(test)]
 mod tests {
     use std::rc::Rc;
+
+    use super::*;
+
+    #[test]
+    fn the_epoch_counts_changes_and_marks_err() {
+        let mut e = 0;
+        for (state, sends, err) in [
+            (sys::IBV_QPS_INIT, false, false),
+            (sys::IBV_QPS_RTR, false, false),
+            (sys::IBV_QPS_RTS, true, false),
+            (sys::IBV_QPS_ERR, true, true),
+            (sys::IBV_QPS_ERR, true, true),
+            (sys::IBV_QPS_RESET, false, false),
+        ] {
+            let next = next_epoch(e, state);
+            assert_ne!(next, e, "a state change must change the word");
+            assert_eq!(next & EPOCH_SENDS != 0, sends, "state {state}");
+            assert_eq!(next & EPOCH_ERR != 0, err, "state {state}");
+            assert_eq!(next >> EPOCH_SHIFT, (e >> EPOCH_SHIFT) + 1);
+            e = next;
+        }
+    }
 
     #[test]
     fn payloads_are_released_only_after_a_successful_destroy() {
