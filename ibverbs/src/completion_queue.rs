@@ -29,6 +29,10 @@ pub(crate) struct CqInner {
     /// The in-flight tables of the queues reporting here, by table id
     /// (the id beside the table: the lookup makes no virtual call).
     tables: Mutex<Vec<(u32, Arc<dyn Retire>)>>,
+    /// The depth of each queue reporting here, by table id: their sum never
+    /// exceeds `cqe` (checked when a queue pair is created), so the CQ
+    /// cannot overrun. Locked before `tables`, off the data path.
+    depths: Mutex<Vec<(u32, u32)>>,
     unacked: AtomicU32,
     cqe: u32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
@@ -169,6 +173,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             ctx: self.ctx.clone(),
             channel: self.channel.cloned(),
             tables: Mutex::new(Vec::new()),
+            depths: Mutex::new(Vec::new()),
             unacked: AtomicU32::new(0),
             cqe,
             rxe_inv_quirk: rxe,
@@ -208,17 +213,37 @@ impl CompletionQueue {
         self.inner.channel.as_ref()
     }
 
-    pub(crate) fn register(&self, table: Arc<dyn Retire>) {
-        let mut t = self.inner.tables.lock();
+    /// Lets the queue of `table`, `depth` requests deep, report here: its
+    /// completions find their buffers. An overrun CQ loses completions, and
+    /// with them buffers (an SRQ's slot for the SRQ's whole life), so the
+    /// depths of the queues reporting here may not add up to more than the
+    /// capacity. A queue already reporting here (an SRQ shared by several
+    /// queue pairs) counts once.
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
+    pub(crate) fn register(&self, table: Arc<dyn Retire>, depth: u32) -> Result<()> {
+        let mut depths = self.inner.depths.lock();
         let id = table.id();
-        if !t.iter().any(|x| x.0 == id) {
-            t.push((id, table));
+        if depths.iter().any(|d| d.0 == id) {
+            return Ok(());
         }
+        let needed = cq_needed(&depths, depth);
+        if needed > u64::from(self.inner.cqe) {
+            return Err(crate::Error::CqTooSmall {
+                capacity: self.inner.cqe,
+                needed,
+            });
+        }
+        depths.push((id, depth));
+        self.inner.tables.lock().push((id, table));
+        Ok(())
     }
 
     pub(crate) fn unregister(&self, id: u32) {
-        let mut t = self.inner.tables.lock();
-        t.retain(|x| x.0 != id);
+        let mut depths = self.inner.depths.lock();
+        depths.retain(|d| d.0 != id);
+        self.inner.tables.lock().retain(|x| x.0 != id);
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -514,6 +539,12 @@ impl std::fmt::Debug for Completions {
     }
 }
 
+/// The completions a CQ must hold for the queues of `depths` and one more
+/// of `depth`.
+fn cq_needed(depths: &[(u32, u32)], depth: u32) -> u64 {
+    depths.iter().map(|d| u64::from(d.1)).sum::<u64>() + u64::from(depth)
+}
+
 /// Claims the entry of a prepared posting (`None` for other `wr_id`s): its
 /// request's `wr_id`, no buffers. Called once per polled entry.
 #[inline]
@@ -721,7 +752,18 @@ impl std::fmt::Debug for Completion {
 
 #[cfg(test)]
 mod tests {
-    use super::{grh_source_gid, Completion};
+    use super::{cq_needed, grh_source_gid, Completion};
+
+    #[test]
+    fn cq_needs_the_sum_of_the_depths_reporting_to_it() {
+        assert_eq!(cq_needed(&[], 127), 127);
+        assert_eq!(cq_needed(&[(1, 127), (2, 127)], 63), 317);
+        // No overflow with the largest depths.
+        assert_eq!(
+            cq_needed(&[(1, u32::MAX), (2, u32::MAX)], u32::MAX),
+            3 * u64::from(u32::MAX)
+        );
+    }
 
     #[test]
     fn completion_moves_without_memcpy() {

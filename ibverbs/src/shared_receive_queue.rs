@@ -142,12 +142,19 @@ impl SharedReceiveQueue {
         }
     }
 
-    pub(crate) fn attach_cq(&self, cq: &CompletionQueue) {
-        cq.register(self.inner.table.clone());
+    /// Lets the SRQ's completions (through a queue pair using `cq` as its
+    /// receive CQ) find their buffers; its depth counts once per CQ.
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`]: nothing attached.
+    pub(crate) fn attach_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        let table = &self.inner.table;
+        cq.register(table.clone(), table.capacity())?;
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
             cqs.push(cq.clone());
         }
+        Ok(())
     }
 
     /// The raw SRQ pointer, valid while `self` lives.

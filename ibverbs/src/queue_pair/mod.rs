@@ -218,7 +218,12 @@ pub struct QueuePair {
 
 impl QueuePair {
     /// Wraps a freshly created QP: sets up the in-flight tables and
-    /// registers them with the CQs.
+    /// registers them with the CQs, whose capacity must hold every queue
+    /// reporting to them (see [`CompletionQueue::register`]).
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`](crate::Error::CqTooSmall): the QP is destroyed
+    /// (nothing was posted to it) and nothing stays registered.
     #[allow(clippy::too_many_arguments)] // one call site, in builder.rs
     pub(crate) fn from_created(
         qp: NonNull<sys::ibv_qp>,
@@ -230,28 +235,24 @@ impl QueuePair {
         caps: QpCaps,
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
-    ) -> QueuePair {
+    ) -> crate::Result<QueuePair> {
         let send = WqTable::new(
             Mode::Ring,
             caps.max_send_wr.max(1),
             "send queue",
             post::SendScratch::new(caps.max_send_wr.max(1), caps.max_send_sge.max(1)),
         );
-        send_cq.register(send.clone());
-        let recv = if let Some(srq) = &srq {
-            srq.attach_cq(&recv_cq);
-            None
-        } else {
-            let t = WqTable::new(
+        let recv = srq.is_none().then(|| {
+            WqTable::new(
                 Mode::Ring,
                 caps.max_recv_wr.max(1),
                 "receive queue",
                 post::RecvScratch::new(caps.max_recv_wr.max(1), caps.max_recv_sge.max(1)),
-            );
-            recv_cq.register(t.clone());
-            Some(t)
-        };
-        QueuePair {
+            )
+        });
+        // Owned from here: dropping it on an error below destroys the QP
+        // (teardown), and unregisters what was registered.
+        let qp = QueuePair {
             inner: Arc::new(QpInner {
                 qp,
                 pd,
@@ -268,7 +269,17 @@ impl QueuePair {
                 send_epoch: AtomicU64::new(0),
                 destroyed: false,
             }),
+        };
+        let inner = &qp.inner;
+        inner
+            .send_cq
+            .register(inner.send.clone(), inner.send.capacity())?;
+        if let Some(srq) = &inner.srq {
+            srq.attach_cq(&inner.recv_cq)?;
+        } else if let Some(t) = &inner.recv {
+            inner.recv_cq.register(t.clone(), t.capacity())?;
         }
+        Ok(qp)
     }
 
     /// Records a state change (or an attempt: libibverbs updates
