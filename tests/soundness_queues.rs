@@ -321,10 +321,11 @@ fn soundness_q_a_second_move_to_err_flushes_a_late_receive() {
     std::thread::sleep(Duration::from_millis(100));
     let mut batch = Completions::with_capacity(4);
     let before = p.cq_b.poll(&mut batch).unwrap();
-    eprintln!(
-        "a receive posted in ERR was flushed without a second move: {}",
-        before > 0
-    );
+    if common::is_rxe(&p.dev) {
+        // The premise of the refusal: rxe's user-space post_recv makes no
+        // system call, so nothing flushes a receive posted in ERR.
+        assert_eq!(before, 0, "rxe flushed a receive posted in ERR by itself");
+    }
     if before == 0 {
         p.b.to_err().unwrap();
         let c = poll_until(|| p.cq_b.poll_one().unwrap());
