@@ -82,7 +82,7 @@ fn channel_fd_and_nonblocking_get_event() {
     let t = common::device();
     let ch = t.ctx.create_comp_channel().unwrap();
     assert!(ch.as_raw_fd() >= 0);
-    let cq = t.ctx.create_cq(16).channel(&ch).build().unwrap();
+    let cq = t.ctx.create_cq(256).channel(&ch).build().unwrap();
     assert!(cq.channel().is_some());
     cq.req_notify(false).unwrap();
     ch.set_nonblocking(true).unwrap();
