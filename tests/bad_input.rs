@@ -90,7 +90,7 @@ fn ports_that_do_not_exist_are_named() {
     let ctx = &dev.ctx;
     let last = ctx.query_device().unwrap().phys_port_cnt();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).build().unwrap();
+    let cq = ctx.create_cq(1024).build().unwrap();
     let (_peer, me) = rc_qp(&dev, &pd, &cq);
     let mut bad = vec![0u8, 255];
     if last < 255 {
