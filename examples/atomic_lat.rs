@@ -127,7 +127,9 @@ fn raw_loop(
         if let Some(prev) = i.checked_sub(1) {
             check_old(prev, &slots[slot_of(prev)])?;
         }
-        perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("atomic {i}"))?;
+        // SAFETY: in --raw mode only raw requests are posted to `res.qp`,
+        // the only queue pair reporting to `res.cq`.
+        unsafe { perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("atomic {i}")) }?;
     }
     match cfg.iters.checked_sub(1) {
         Some(last) => check_old(last, &slots[slot_of(last)]),

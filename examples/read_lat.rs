@@ -88,7 +88,9 @@ fn raw_loop(
         // not touched until this read's completion is polled below; `wr_id`
         // has bit 63 clear; the chain is one NULL-terminated request.
         unsafe { res.qp.post_send_raw(&mut wr) }.map_err(|e| format!("posting read {i}: {e}"))?;
-        perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("RDMA read {i}"))?;
+        // SAFETY: in --raw mode only raw requests are posted to `res.qp`,
+        // the only queue pair reporting to `res.cq`.
+        unsafe { perf::wait_raw(&res.cq, &mut wc, cfg.timeout, || format!("RDMA read {i}")) }?;
     }
     Ok(())
 }

@@ -226,7 +226,9 @@ impl Drop for RawRecvs<'_> {
         let mut wc = [WorkCompletion::default(); 16];
         let start = Instant::now();
         while self.posted > 0 && start.elapsed() < self.timeout {
-            match self.cq.poll_raw(&mut wc) {
+            // SAFETY: only raw requests are posted to this queue pair (the
+            // --raw loop), the only one reporting to `cq`.
+            match unsafe { self.cq.poll_raw(&mut wc) } {
                 Ok(n) => {
                     let recvs = wc[..n].iter().filter(|c| c.raw_wr_id() & RECV != 0).count();
                     self.posted = self.posted.saturating_sub(recvs as u32);
@@ -264,7 +266,9 @@ fn raw_loop(
     // Polls once; handles what came.
     let mut progress =
         |recvs: &mut RawRecvs<'_>, received: &mut u64, sent: &mut u64| -> Result<()> {
-            let n = cq.poll_raw(&mut wc)?;
+            // SAFETY: in --raw mode only raw requests are posted to `qp`,
+            // the only queue pair reporting to `cq`.
+            let n = unsafe { cq.poll_raw(&mut wc) }?;
             for c in &wc[..n] {
                 if !c.is_success() {
                     return Err(

@@ -130,9 +130,13 @@ fn raw_loop(
         if !lap.server {
             wait_byte(lap.inbox, last, value, lap.cfg, i)?;
         }
-        perf::wait_raw(&res.cq, &mut wc, lap.cfg.timeout, || {
-            format!("RDMA write {i}")
-        })?;
+        // SAFETY: in --raw mode only raw requests are posted to `res.qp`,
+        // the only queue pair reporting to `res.cq`.
+        unsafe {
+            perf::wait_raw(&res.cq, &mut wc, lap.cfg.timeout, || {
+                format!("RDMA write {i}")
+            })
+        }?;
     }
     Ok(())
 }

@@ -276,8 +276,8 @@ fn ud_send_with_address_handle_does_not_allocate() {
     const QKEY: u32 = 0x5151;
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
-    let cq_a = t.ctx.create_cq(64).build().unwrap();
-    let cq_b = t.ctx.create_cq(64).build().unwrap();
+    let cq_a = t.ctx.create_cq(256).build().unwrap();
+    let cq_b = t.ctx.create_cq(256).build().unwrap();
     let a = pd.create_qp(QpType::Ud, &cq_a, &cq_a).build().unwrap();
     let b = pd.create_qp(QpType::Ud, &cq_b, &cq_b).build().unwrap();
     a.activate_ud(t.port, QKEY, 1).unwrap();

@@ -123,8 +123,8 @@ async fn async_separate_send_and_recv_cqs_on_two_channels() {
         dev.ctx.create_comp_channel().unwrap(),
         dev.ctx.create_comp_channel().unwrap(),
     );
-    let scq = dev.ctx.create_cq(16).channel(&ch1).build().unwrap();
-    let rcq = dev.ctx.create_cq(16).channel(&ch2).build().unwrap();
+    let scq = dev.ctx.create_cq(256).channel(&ch1).build().unwrap();
+    let rcq = dev.ctx.create_cq(256).channel(&ch2).build().unwrap();
     let a = pd.create_qp(QpType::Rc, &scq, &rcq).build().unwrap();
     let b = channel_qp(&dev, &pd, 8);
     connect_pair(&dev, &a, &b, local());
@@ -357,7 +357,7 @@ fn async_construction_errors() {
         .unwrap();
     rt.block_on(async {
         // A CQ without a channel.
-        let cq = dev.ctx.create_cq(8).build().unwrap();
+        let cq = dev.ctx.create_cq(256).build().unwrap();
         let plain = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         match AsyncQueuePair::new(plain) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("completion channel"), "{m}"),
@@ -406,7 +406,7 @@ async fn async_events_stream() {
     assert!(quiet.is_err(), "unexpected event: {quiet:?}");
     // An SRQ below its armed limit raises IBV_EVENT_SRQ_LIMIT_REACHED.
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let srq = pd.create_srq(16).build().unwrap();
     let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let receiver = pd

@@ -90,7 +90,7 @@ fn ports_that_do_not_exist_are_named() {
     let ctx = &dev.ctx;
     let last = ctx.query_device().unwrap().phys_port_cnt();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8).build().unwrap();
+    let cq = ctx.create_cq(1024).build().unwrap();
     let (_peer, me) = rc_qp(&dev, &pd, &cq);
     let mut bad = vec![0u8, 255];
     if last < 255 {
@@ -159,7 +159,7 @@ fn gid_indexes_naming_no_gid_are_named() {
     assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
 
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let (qp, me) = rc_qp(&dev, &pd, &cq);
     if port_attr.grh_required() {
         let e = Endpoint::local(&qp, dev.port, Some(empty), 1).unwrap_err();
@@ -213,7 +213,7 @@ fn mtus_that_are_not_one_are_refused() {
     let port_attr = dev.ctx.query_port(dev.port).unwrap();
     let (active, max) = (port_attr.active_mtu(), port_attr.max_mtu());
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let opts = ConnectOptions::new(dev.port).gid_index(dev.gid_index);
 
     // Values that are no IBV_MTU_*: refused before the first step.
@@ -540,7 +540,7 @@ fn sizes_beyond_the_device_caps_name_the_cap() {
     let ctx = &dev.ctx;
     let d = ctx.query_device().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let above = |v: u32, what: &str| {
         v.checked_add(1).unwrap_or_else(|| {
             panic!("{what} is u32::MAX: no larger value to test");
@@ -617,7 +617,7 @@ fn sizes_beyond_the_device_caps_name_the_cap() {
 fn out_of_range_connect_values_are_refused_before_any_step() {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let opts = || ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     let (qp, me) = rc_qp(&dev, &pd, &cq);
     let wide_qpn = Endpoint {
@@ -672,7 +672,7 @@ fn send_refused(qp: &QueuePair, pd: &ProtectionDomain, state: &str) {
 fn sends_before_rts_are_refused_and_never_run_later() {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(32).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd
         .create_qp(QpType::Rc, &cq, &cq)
         .max_send_wr(8)
@@ -740,7 +740,7 @@ fn rxe_runs_a_send_it_refused_once_the_qp_is_ready() {
         return;
     }
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(32).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd
         .create_qp(QpType::Rc, &cq, &cq)
         .max_inline_data(16)
@@ -841,8 +841,8 @@ const QKEY: u32 = 0x0bad_cafe;
 fn ud_messages_longer_than_the_mtu_are_refused() {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq_a = dev.ctx.create_cq(16).build().unwrap();
-    let cq_b = dev.ctx.create_cq(16).build().unwrap();
+    let cq_a = dev.ctx.create_cq(256).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).build().unwrap();
     let a = pd
         .create_qp(QpType::Ud, &cq_a, &cq_a)
         .max_send_sge(2)

@@ -81,11 +81,11 @@ fn wired(sender_on_channel: bool) -> Wired {
     let ch = dev.ctx.create_comp_channel().unwrap();
     ch.set_nonblocking(true).unwrap();
     let cq_a = if sender_on_channel {
-        dev.ctx.create_cq(64).channel(&ch).build().unwrap()
+        dev.ctx.create_cq(256).channel(&ch).build().unwrap()
     } else {
-        dev.ctx.create_cq(64).build().unwrap()
+        dev.ctx.create_cq(256).build().unwrap()
     };
-    let cq_b = dev.ctx.create_cq(64).channel(&ch).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).channel(&ch).build().unwrap();
     let a = pd.create_qp(QpType::Rc, &cq_a, &cq_a).build().unwrap();
     let b = pd.create_qp(QpType::Rc, &cq_b, &cq_b).build().unwrap();
     common::connect_pair(&dev, &a, &b, AccessFlags::LOCAL_WRITE);

@@ -60,7 +60,8 @@ fn create_poll_empty_and_arm() {
     let mut out = Completions::with_capacity(8);
     assert_eq!(cq.poll(&mut out).unwrap(), 0);
     let mut raw = [ibverbs::WorkCompletion::default(); 4];
-    assert_eq!(cq.poll_raw(&mut raw).unwrap(), 0);
+    // SAFETY: no queue pair reports to `cq`.
+    assert_eq!(unsafe { cq.poll_raw(&mut raw) }.unwrap(), 0);
     assert!(cq.poll_one_into(&mut raw[0]).unwrap().is_none());
     cq.req_notify(false).unwrap();
     cq.req_notify(true).unwrap();
@@ -81,7 +82,7 @@ fn channel_fd_and_nonblocking_get_event() {
     let t = common::device();
     let ch = t.ctx.create_comp_channel().unwrap();
     assert!(ch.as_raw_fd() >= 0);
-    let cq = t.ctx.create_cq(16).channel(&ch).build().unwrap();
+    let cq = t.ctx.create_cq(256).channel(&ch).build().unwrap();
     assert!(cq.channel().is_some());
     cq.req_notify(false).unwrap();
     ch.set_nonblocking(true).unwrap();

@@ -110,7 +110,7 @@ fn async_event_srq_limit_reached() {
     let t = common::device();
     let ctx = &t.ctx;
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let srq = pd.create_srq(16).build().unwrap();
     let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let receiver = pd

@@ -220,7 +220,7 @@ fn invalid_arguments_are_rejected_before_posting() {
 fn illegal_state_transitions_are_named() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(4).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     // RESET -> RTR skips INIT.
@@ -271,7 +271,7 @@ fn illegal_state_transitions_are_named() {
 fn dropping_a_qp_with_outstanding_requests_releases_them_after_destroy() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(16).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     common::connect_self(&dev, &qp, AccessFlags::LOCAL_WRITE);
     for _ in 0..4 {
@@ -292,7 +292,7 @@ fn dropping_a_qp_with_outstanding_requests_releases_them_after_destroy() {
 fn stale_completions_of_a_destroyed_qp_are_orphans() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(64).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let old = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     common::connect_self(&dev, &old, AccessFlags::LOCAL_WRITE);
     for i in 0..3u64 {

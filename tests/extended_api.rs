@@ -228,7 +228,7 @@ fn operations_not_created_for_are_refused_by_name() {
     );
     // A classic QP and CQ say what they lack.
     let dev = &p.dev;
-    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = p.pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     assert_eq!(qp.send_ops(), None);
     let e = qp.post_send_ex(SendRequest::send_inline(b"x")).unwrap_err();
@@ -278,7 +278,7 @@ fn timestamps_when_the_device_has_them() {
     let attr = t.ctx.query_device_ex().unwrap();
     let r = t
         .ctx
-        .create_cq(8)
+        .create_cq(256)
         .wc_fields(WcFields::BYTE_LEN | WcFields::COMPLETION_TIMESTAMP)
         .build();
     if !attr.supports(Feature::CompletionTimestamps) {

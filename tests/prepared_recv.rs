@@ -180,8 +180,8 @@ fn a_prepared_receive_on_a_shared_receive_queue_serves_its_queue_pairs() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let srq = pd.create_srq(8).build().unwrap();
-    let cq_s = dev.ctx.create_cq(16).build().unwrap();
-    let cq_c = dev.ctx.create_cq(16).build().unwrap();
+    let cq_s = dev.ctx.create_cq(256).build().unwrap();
+    let cq_c = dev.ctx.create_cq(256).build().unwrap();
     let server = pd
         .create_qp(QpType::Rc, &cq_s, &cq_s)
         .srq(&srq)

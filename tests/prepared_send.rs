@@ -165,7 +165,7 @@ fn prepared_requests_are_checked_once_and_refusals_are_undone() {
 
     // A queue pair that is not ready to send refuses the posting before
     // the provider sees it, and the posting's count is taken back.
-    let cq = p.dev.ctx.create_cq(4).build().unwrap();
+    let cq = p.dev.ctx.create_cq(256).build().unwrap();
     let idle: QueuePair = p.pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let mut send = idle
         .prepare_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()))
@@ -211,7 +211,7 @@ fn prepared_requests_are_checked_once_and_refusals_are_undone() {
 fn a_prepared_send_follows_the_queue_pairs_state_changes() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(16).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let mut send = qp
         .prepare_send(SendRequest::send(pd.alloc(16, local()).unwrap()).wr_id(1))

@@ -36,8 +36,8 @@ struct Ud {
 fn ud_pair(max_inline: u32) -> Ud {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq_a = dev.ctx.create_cq(64).build().unwrap();
-    let cq_b = dev.ctx.create_cq(64).build().unwrap();
+    let cq_a = dev.ctx.create_cq(256).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).build().unwrap();
     let build = |cq: &CompletionQueue| {
         let qp = pd
             .create_qp(QpType::Ud, cq, cq)

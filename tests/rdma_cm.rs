@@ -43,7 +43,7 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
         }
         let ctx = id.context().expect("request id has a device");
         let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(8).build()?;
+        let cq = ctx.create_cq(256).build()?;
         let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
         id.init_qp(&qp)?;
         qp.post_recv(RecvRequest::new(pd.alloc(64, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
@@ -93,7 +93,7 @@ fn connect_accept_data_disconnect() {
     let (ch, id) = resolved(addr);
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(8).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let sink = pd
         .alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -140,7 +140,7 @@ fn reject_is_a_typed_event_with_private_data() {
     let (ch, id) = resolved(addr);
     let ctx = id.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     id.connect(&qp, &ConnParam::new().private_data(b"hello"))
         .unwrap();
@@ -159,7 +159,7 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     let (ch, id) = resolved(addr);
     let ctx = id.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     // UD is not a connection of the TCP port space; too much private data.
     let ud = pd.create_qp(QpType::Ud, &cq, &cq).build().unwrap();
     assert!(matches!(
@@ -174,7 +174,7 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     // A QP of another device context is refused.
     let other = common::device();
     let opd = other.ctx.alloc_pd().unwrap();
-    let ocq = other.ctx.create_cq(4).build().unwrap();
+    let ocq = other.ctx.create_cq(256).build().unwrap();
     let oqp = opd.create_qp(QpType::Rc, &ocq, &ocq).build().unwrap();
     assert!(matches!(
         id.connect(&oqp, &ConnParam::new()),

@@ -216,8 +216,13 @@ fn wait_busy(
 /// The raw loops' wait: busy-polls `cq` through `poll_raw` until one
 /// completion arrived and checks its status. `what` names the request in
 /// the errors, built only then (the loop does not allocate).
+///
+/// # Safety
+/// The caller must ensure that only raw-path requests (`post_send_raw`,
+/// `post_recv_raw`) complete on `cq`: the contract of
+/// [`CompletionQueue::poll_raw`].
 #[inline]
-pub fn wait_raw(
+pub unsafe fn wait_raw(
     cq: &CompletionQueue,
     wc: &mut [WorkCompletion; 1],
     timeout: Duration,
@@ -225,7 +230,9 @@ pub fn wait_raw(
 ) -> Result<()> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
-    while cq.poll_raw(wc)? == 0 {
+    // SAFETY: forwarded to the caller's contract (only raw requests
+    // complete on `cq`).
+    while unsafe { cq.poll_raw(wc) }? == 0 {
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 && start.get_or_insert_with(Instant::now).elapsed() > timeout {
             return Err(format!("no completion for {} within the timeout", what()).into());
@@ -409,21 +416,42 @@ impl Resources {
         } else {
             ibverbs::SendOps::empty()
         };
-        let qp = pd
-            .create_qp(QpType::Rc, &cq, &cq)
-            .send_ops(ops)
-            .max_send_wr(spec.send_wr)
-            .max_recv_wr(spec.recv_wr.max(1))
-            .max_inline_data(cfg.inline)
-            .build()
-            .map_err(|e| {
-                format!(
-                    "creating an RC queue pair (send depth {}, receive depth {}, inline {} B): {e}",
-                    spec.send_wr,
-                    spec.recv_wr.max(1),
-                    cfg.inline
-                )
-            })?;
+        let build = |cq: &ibverbs::CompletionQueue| {
+            pd.create_qp(QpType::Rc, cq, cq)
+                .send_ops(ops)
+                .max_send_wr(spec.send_wr)
+                .max_recv_wr(spec.recv_wr.max(1))
+                .max_inline_data(cfg.inline)
+                .build()
+        };
+        // The device may grant deeper queues than asked (rxe about twice):
+        // then the CQ is made again, as deep as the library says they need.
+        let (cq, qp) = match build(&cq) {
+            Err(ibverbs::Error::CqTooSmall { needed, .. }) => {
+                drop(cq);
+                let mut cqb = ctx.create_cq(u32::try_from(needed).unwrap_or(u32::MAX));
+                if let Some(ch) = &channel {
+                    cqb = cqb.channel(ch);
+                }
+                if extended {
+                    cqb = cqb.wc_fields(ibverbs::WcFields::standard());
+                }
+                let cq = cqb
+                    .build()
+                    .map_err(|e| format!("creating a CQ of {needed} entries: {e}"))?;
+                let qp = build(&cq);
+                (cq, qp)
+            }
+            qp => (cq, qp),
+        };
+        let qp = qp.map_err(|e| {
+            format!(
+                "creating an RC queue pair (send depth {}, receive depth {}, inline {} B): {e}",
+                spec.send_wr,
+                spec.recv_wr.max(1),
+                cfg.inline
+            )
+        })?;
         if qp.caps().max_inline_data < cfg.inline {
             return Err(format!(
                 "the device allows {} B of inline data, -I asked for {}",

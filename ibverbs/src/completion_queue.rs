@@ -29,6 +29,10 @@ pub(crate) struct CqInner {
     /// The in-flight tables of the queues reporting here, by table id
     /// (the id beside the table: the lookup makes no virtual call).
     tables: Mutex<Vec<(u32, Arc<dyn Retire>)>>,
+    /// The depth of each queue reporting here, by table id: their sum never
+    /// exceeds `cqe` (checked when a queue pair is created), so the CQ
+    /// cannot overrun. Locked before `tables`, off the data path.
+    depths: Mutex<Vec<(u32, u32)>>,
     unacked: AtomicU32,
     cqe: u32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
@@ -169,6 +173,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             ctx: self.ctx.clone(),
             channel: self.channel.cloned(),
             tables: Mutex::new(Vec::new()),
+            depths: Mutex::new(Vec::new()),
             unacked: AtomicU32::new(0),
             cqe,
             rxe_inv_quirk: rxe,
@@ -208,17 +213,37 @@ impl CompletionQueue {
         self.inner.channel.as_ref()
     }
 
-    pub(crate) fn register(&self, table: Arc<dyn Retire>) {
-        let mut t = self.inner.tables.lock();
+    /// Lets the queue of `table`, `depth` requests deep, report here: its
+    /// completions find their buffers. An overrun CQ loses completions, and
+    /// with them buffers (an SRQ's slot for the SRQ's whole life), so the
+    /// depths of the queues reporting here may not add up to more than the
+    /// capacity. A queue already reporting here (an SRQ shared by several
+    /// queue pairs) counts once.
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
+    pub(crate) fn register(&self, table: Arc<dyn Retire>, depth: u32) -> Result<()> {
+        let mut depths = self.inner.depths.lock();
         let id = table.id();
-        if !t.iter().any(|x| x.0 == id) {
-            t.push((id, table));
+        if depths.iter().any(|d| d.0 == id) {
+            return Ok(());
         }
+        let needed = cq_needed(&depths, depth);
+        if needed > u64::from(self.inner.cqe) {
+            return Err(crate::Error::CqTooSmall {
+                capacity: self.inner.cqe,
+                needed,
+            });
+        }
+        depths.push((id, depth));
+        self.inner.tables.lock().push((id, table));
+        Ok(())
     }
 
     pub(crate) fn unregister(&self, id: u32) {
-        let mut t = self.inner.tables.lock();
-        t.retain(|x| x.0 != id);
+        let mut depths = self.inner.depths.lock();
+        depths.retain(|d| d.0 != id);
+        self.inner.tables.lock().retain(|x| x.0 != id);
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -366,15 +391,36 @@ impl CompletionQueue {
         }
     }
 
-    /// Polls raw work completions, bypassing the buffer bookkeeping: for
-    /// requests posted through the `unsafe` raw path. Completions of safely
-    /// posted requests consumed here keep their buffers until the QP is
-    /// destroyed (no unsoundness, but their slots stay occupied).
+    /// Polls raw work completions, bypassing the buffer bookkeeping: the
+    /// polling half of the raw path
+    /// ([`QueuePair::post_send_raw`](crate::QueuePair::post_send_raw),
+    /// [`post_recv_raw`](crate::QueuePair::post_recv_raw)). No checks, no
+    /// lookup: each entry is the provider's (with rxe's invalidate flag
+    /// fixed), `wr_id` included.
+    ///
+    /// # Safety
+    /// The caller must ensure that:
+    /// * no request posted through the safe API (`post_send`, `post_recv`,
+    ///   `post_send_ex`, prepared requests, memory-window binds, SRQ
+    ///   receives, async futures) can complete on this CQ while it is
+    ///   polled here — in practice, every queue reporting to it is posted
+    ///   to only through the raw path — since a safe request's completion
+    ///   consumed here is never claimed: its buffers stay owned by its
+    ///   queue until the queue is destroyed (a prepared request's for
+    ///   good), its queue's in-flight slots stay taken (the queue fills
+    ///   up), and its `wr_id` is the library's tag (a prepared posting's
+    ///   carries a heap address);
+    /// * every completion returned is treated as the completion of the raw
+    ///   request its `wr_id` names (the buffers of that request are the
+    ///   caller's again only from here, per the raw posting contract).
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    ///
+    /// # References
+    /// `ibv_poll_cq(3)`
     #[doc(alias = "ibv_poll_cq")]
-    pub fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+    pub unsafe fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
         // and `out` has `len` writable entries.
         let n = unsafe {
@@ -495,6 +541,12 @@ impl std::fmt::Debug for Completions {
     }
 }
 
+/// The completions a CQ must hold for the queues of `depths` and one more
+/// of `depth`.
+fn cq_needed(depths: &[(u32, u32)], depth: u32) -> u64 {
+    depths.iter().map(|d| u64::from(d.1)).sum::<u64>() + u64::from(depth)
+}
+
 /// Claims the entry of a prepared posting (`None` for other `wr_id`s): its
 /// request's `wr_id`, no buffers. Called once per polled entry.
 #[inline]
@@ -515,6 +567,25 @@ fn claim_if_prepared(wr_id: u64) -> Option<Claimed> {
 #[inline]
 fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32, status: u32) -> Option<Claimed> {
     tables.iter().find(|t| t.0 == id)?.1.retire(tag, status)
+}
+
+/// Takes the only buffer of `sg` if `want` accepts it, else leaves `sg`
+/// as it was (see [`Completion::take_buf`]).
+#[inline]
+fn sg_take_one_if(sg: &mut SgList, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+    let only = match &*sg {
+        SgList::One(b) => b,
+        SgList::Many(v) if v.len() == 1 => &v[0],
+        _ => return None,
+    };
+    if !want(only) {
+        return None;
+    }
+    match std::mem::take(sg) {
+        SgList::One(b) => Some(b),
+        SgList::Many(mut v) => v.pop(),
+        SgList::Empty => None,
+    }
 }
 
 /// A work completion together with the buffers its request owned.
@@ -627,29 +698,42 @@ impl Completion {
     pub fn is_orphan(&self) -> bool {
         self.origin == Origin::Orphan
     }
-    /// Takes the scatter/gather list back.
+    /// Takes the scatter/gather list back (every buffer of the request).
     #[inline]
     pub fn take_buffers(&mut self) -> SgList {
         std::mem::take(&mut *self.sg)
     }
-    /// Takes the (first) buffer back.
+    /// Takes the buffer back when the request had exactly one; `None`
+    /// otherwise, the buffers left in the completion for
+    /// [`take_buffers`](Self::take_buffers) (a scatter/gather request's
+    /// are never split up here).
     #[inline]
     pub fn take_buf(&mut self) -> Option<Buf> {
-        match self.take_buffers() {
-            SgList::Empty => None,
-            SgList::One(b) => Some(b),
-            SgList::Many(mut v) => (!v.is_empty()).then(|| v.swap_remove(0)),
-        }
+        self.take_one_if(|_| true)
     }
-    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer).
+    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer): when
+    /// the request had exactly one buffer and it is local. Otherwise
+    /// `None`, and the buffers stay in the completion (for
+    /// [`take_shared`](Self::take_shared) or
+    /// [`take_buffers`](Self::take_buffers)).
     #[inline]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
-        self.take_buf().and_then(Buf::into_local)
+        self.take_one_if(|b| matches!(b, Buf::Local(_)))
+            .and_then(Buf::into_local)
     }
-    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer).
+    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer):
+    /// when the request had exactly one buffer and it is shared. Otherwise
+    /// `None`, and the buffers stay in the completion.
     #[inline]
     pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
-        self.take_buf().and_then(Buf::into_shared)
+        self.take_one_if(|b| matches!(b, Buf::Shared(_)))
+            .and_then(Buf::into_shared)
+    }
+    /// Takes the request's only buffer if `want` accepts it; leaves the
+    /// list untouched otherwise (nothing is dropped here).
+    #[inline]
+    fn take_one_if(&mut self, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+        sg_take_one_if(&mut self.sg, want)
     }
     /// For a UD receive with a GRH: the sender's GID, decoded from the
     /// 40-byte GRH area at the start of the receive buffer. An IPv6/IB GRH
@@ -701,7 +785,18 @@ impl std::fmt::Debug for Completion {
 
 #[cfg(test)]
 mod tests {
-    use super::{grh_source_gid, Completion};
+    use super::{cq_needed, grh_source_gid, Completion};
+
+    #[test]
+    fn cq_needs_the_sum_of_the_depths_reporting_to_it() {
+        assert_eq!(cq_needed(&[], 127), 127);
+        assert_eq!(cq_needed(&[(1, 127), (2, 127)], 63), 317);
+        // No overflow with the largest depths.
+        assert_eq!(
+            cq_needed(&[(1, u32::MAX), (2, u32::MAX)], u32::MAX),
+            3 * u64::from(u32::MAX)
+        );
+    }
 
     #[test]
     fn completion_moves_without_memcpy() {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, ret_ptr, Result};
-use crate::queue_pair::{check_bufs, post_recv_common, PostError, RecvRequest, RecvScratch};
+use crate::queue_pair::{
+    check_bufs, post_recv_common, release_after_destroy, PostError, RecvRequest, RecvScratch,
+};
 use crate::wq_table::{Mode, WqTable};
 #[cfg(doc)]
 use crate::Error;
@@ -30,13 +32,14 @@ impl Drop for SrqInner {
     fn drop(&mut self) {
         // SAFETY: last reference: every QP attached to the SRQ holds a clone,
         // so all of them are destroyed. Errors cannot be reported from Drop.
-        unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
+        let rc = unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
         let cqs = std::mem::take(&mut *self.cqs.lock().unwrap_or_else(|p| p.into_inner()));
         for cq in cqs {
             cq.unregister(self.table.id);
         }
-        // The SRQ is gone, so the device no longer writes its buffers.
-        drop(self.table.lock().take_all());
+        // Only once the SRQ is gone does the device no longer write its
+        // buffers; if the destroy failed they are leaked, never freed.
+        release_after_destroy(rc == 0, self.table.lock().take_all());
     }
 }
 
@@ -44,6 +47,9 @@ impl Drop for SrqInner {
 /// for many queue pairs.
 ///
 /// Receive completions of any attached QP hand back the SRQ's buffers.
+/// Buffers still posted when the SRQ is destroyed are released after
+/// `ibv_destroy_srq` succeeded, and leaked (kept allocated for good) if it
+/// failed: the device may still own them then.
 ///
 /// # References
 /// `ibv_create_srq(3)`, `ibv_post_srq_recv(3)`
@@ -136,12 +142,19 @@ impl SharedReceiveQueue {
         }
     }
 
-    pub(crate) fn attach_cq(&self, cq: &CompletionQueue) {
-        cq.register(self.inner.table.clone());
+    /// Lets the SRQ's completions (through a queue pair using `cq` as its
+    /// receive CQ) find their buffers; its depth counts once per CQ.
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`]: nothing attached.
+    pub(crate) fn attach_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        let table = &self.inner.table;
+        cq.register(table.clone(), table.capacity())?;
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
             cqs.push(cq.clone());
         }
+        Ok(())
     }
 
     /// The raw SRQ pointer, valid while `self` lives.
@@ -244,10 +257,16 @@ impl SharedReceiveQueue {
             }
         }
         let srq = self.as_ptr();
-        post_recv_common(&self.inner.table, wrs, |wr, bad| {
-            // SAFETY: live SRQ; the chain is valid (post_recv_common).
-            unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
-        })
+        // An SRQ has no state: nothing to refuse beyond the checks above.
+        post_recv_common(
+            &self.inner.table,
+            wrs,
+            || Ok(()),
+            |wr, bad| {
+                // SAFETY: live SRQ; the chain is valid (post_recv_common).
+                unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
+            },
+        )
     }
 }
 

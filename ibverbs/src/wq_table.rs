@@ -17,7 +17,10 @@
 //! buffers. Send and receive queues
 //! complete in order and use a ring (a completion retires every earlier
 //! unsignaled request too, exactly as the hardware frees the slots); an SRQ
-//! completes out of order and uses a slab.
+//! completes out of order and uses a slab. Completions are *claimed* in any
+//! order (threads polling one CQ race for the table lock), so a ring slot of
+//! a signaled request is released only by its own completion, and the ring's
+//! tail advances over the released prefix.
 //!
 //! Steady-state posting and polling do not allocate: slots are allocated
 //! once, and payloads move in and out.
@@ -126,6 +129,10 @@ struct Slot {
     occupied: bool,
     /// Posted by the async dispatcher ([`TableState::dispatch`]).
     dispatched: bool,
+    /// Whether the request asked for a completion (ring only; receives and
+    /// SRQ entries always do). An unsignaled slot is released by the next
+    /// completion of its queue; a signaled one only by its own.
+    signaled: bool,
     user_wr_id: u64,
     payload: Payload,
 }
@@ -259,9 +266,24 @@ impl<S> TableState<S> {
         }
     }
 
-    /// Reserves a slot and returns its tag (the one [`next_tag`](Self::next_tag)
-    /// gave); the caller checked `available`.
+    /// Reserves a slot for a signaled request and returns its tag (the one
+    /// [`next_tag`](Self::next_tag) gave); the caller checked `available`.
+    #[inline]
     pub(crate) fn reserve(&mut self, table: &WqTable<S>, user_wr_id: u64, payload: Payload) -> u32 {
+        self.reserve_as(table, user_wr_id, payload, true)
+    }
+
+    /// [`reserve`](Self::reserve) for a request that is `signaled` or not
+    /// (an unsignaled one may carry only what the device cannot write and
+    /// the user does not own exclusively: frozen buffers, inline data,
+    /// address handles, since the next completion of the queue releases it).
+    pub(crate) fn reserve_as(
+        &mut self,
+        table: &WqTable<S>,
+        user_wr_id: u64,
+        payload: Payload,
+        signaled: bool,
+    ) -> u32 {
         let tag = self.next_tag(table);
         let idx = match table.mode {
             Mode::Ring => {
@@ -279,6 +301,7 @@ impl<S> TableState<S> {
         slot.tag = tag;
         slot.occupied = true;
         slot.dispatched = false;
+        slot.signaled = signaled || table.mode == Mode::Slab;
         slot.user_wr_id = user_wr_id;
         // A free slot's payload is empty (retire, unreserve and take_all
         // take it out): overwrite it without running its drop glue.
@@ -333,11 +356,16 @@ impl<S> TableState<S> {
         Some(std::mem::take(&mut slot.payload))
     }
 
-    /// Retires the slot named by `tag`. For a ring, earlier outstanding
-    /// requests (unsignaled ones, which never complete on their own) are
-    /// retired too and their payloads dropped: only frozen buffers and
-    /// address handles may ride on unsignaled requests, so nothing the user
-    /// owns exclusively is lost. Stale or unknown tags give `None`.
+    /// Retires the slot named by `tag`. For a ring, the earlier outstanding
+    /// *unsignaled* requests (which never complete on their own) are
+    /// retired too and their payloads dropped: the device finished them
+    /// before this completion, and only frozen buffers, inline data and
+    /// address handles may ride on unsignaled requests, so nothing the
+    /// user owns exclusively is lost. Earlier *signaled* requests keep their
+    /// slots: their completions were polled but may not be claimed yet
+    /// (another thread polling the same CQ), and their buffers go back
+    /// only with them. The tail then advances over the released prefix.
+    /// Stale, unknown or already retired tags give `None`.
     pub(crate) fn retire(&mut self, table: &WqTable<S>, tag: u32) -> Option<Retired> {
         match table.mode {
             Mode::Ring => {
@@ -346,22 +374,42 @@ impl<S> TableState<S> {
                 if pos >= outstanding {
                     return None;
                 }
-                while self.tail != tag {
-                    let idx = (self.tail & table.mask) as usize;
-                    let slot = &mut self.slots[idx];
-                    slot.occupied = false;
-                    drop(std::mem::take(&mut slot.payload));
-                    self.tail = self.tail.wrapping_add(1);
-                }
                 let idx = (tag & table.mask) as usize;
-                self.tail = self.tail.wrapping_add(1);
                 let slot = &mut self.slots[idx];
+                if !slot.occupied || slot.tag != tag {
+                    // Released already: an unsignaled request whose own
+                    // (error) completion is claimed after a later one's.
+                    return None;
+                }
                 slot.occupied = false;
-                Some(Retired {
+                let retired = Retired {
                     user_wr_id: slot.user_wr_id,
                     dispatched: slot.dispatched,
                     payload: std::mem::take(&mut slot.payload),
-                })
+                };
+                // Invariant: every retire releases the unsignaled requests
+                // before its own, so walking back from `tag` may stop at the
+                // first free slot (everything before it was settled when it
+                // was retired). In order, with every request signaled, the
+                // walk is empty.
+                let mut seq = tag;
+                while seq != self.tail {
+                    seq = seq.wrapping_sub(1);
+                    let slot = &mut self.slots[(seq & table.mask) as usize];
+                    if !slot.occupied {
+                        break;
+                    }
+                    if !slot.signaled {
+                        slot.occupied = false;
+                        drop(std::mem::take(&mut slot.payload));
+                    }
+                }
+                while self.tail != self.head
+                    && !self.slots[(self.tail & table.mask) as usize].occupied
+                {
+                    self.tail = self.tail.wrapping_add(1);
+                }
+                Some(retired)
             }
             Mode::Slab => {
                 let idx = (tag & 0xff_ffff) as usize;
@@ -486,8 +534,8 @@ mod tests {
         st.head = u32::MAX - 1;
         st.tail = u32::MAX - 1;
         let a = st.reserve(&table, 10, Payload::default());
-        let b = st.reserve(&table, 11, Payload::default());
-        let c = st.reserve(&table, 12, Payload::default());
+        let b = st.reserve_as(&table, 11, Payload::default(), false);
+        let c = st.reserve_as(&table, 12, Payload::default(), false);
         assert_eq!((a, b, c), (u32::MAX - 1, u32::MAX, 0));
         assert_eq!(st.available(Mode::Ring, table.capacity()), 0);
         assert_eq!(
@@ -573,6 +621,124 @@ mod tests {
             assert_ne!(seen.last(), Some(&tag), "round {round} reused the last tag");
             assert_eq!(st.retire(&table, tag).map(|r| r.user_wr_id), Some(round));
             seen.push(tag);
+        }
+    }
+
+    /// A payload told apart by its (empty) list's capacity: no device
+    /// needed to see which request's payload came back.
+    fn marked(n: usize) -> Payload {
+        Payload {
+            sg: SgList::Many(Vec::with_capacity(n)),
+            ..Payload::default()
+        }
+    }
+
+    fn mark(r: Option<Retired>) -> Option<(u64, usize)> {
+        r.map(|r| match r.payload.sg {
+            SgList::Many(v) => (r.user_wr_id, v.capacity()),
+            _ => (r.user_wr_id, 0),
+        })
+    }
+
+    #[test]
+    fn ring_out_of_order_claims_keep_each_signaled_payload() {
+        // Thread B claims completion n+1 before thread A claims n: A's
+        // buffers must still come back with A's completion.
+        let table = WqTable::new(Mode::Ring, 4, "send queue", ());
+        let mut st = table.lock();
+        let a = st.reserve(&table, 1, marked(11));
+        let b = st.reserve(&table, 2, marked(12));
+        assert_eq!(mark(st.retire(&table, b)), Some((2, 12)));
+        assert_eq!(
+            st.outstanding(Mode::Ring, table.capacity()),
+            2,
+            "tail held by a"
+        );
+        assert_eq!(mark(st.retire(&table, a)), Some((1, 11)));
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
+        assert!(st.retire(&table, a).is_none() && st.retire(&table, b).is_none());
+    }
+
+    #[test]
+    fn ring_a_completion_retires_only_earlier_unsignaled_requests() {
+        // u0 s1 u2 s3 u4 s5: s5 claimed first releases u4, u2 and u0, not
+        // s1 or s3; s3 then releases nothing more; s1 frees the prefix.
+        let table = WqTable::new(Mode::Ring, 8, "send queue", ());
+        let mut st = table.lock();
+        let sig = [false, true, false, true, false, true];
+        let tags: Vec<u32> = (0..6)
+            .map(|i| st.reserve_as(&table, i as u64, marked(10 + i), sig[i]))
+            .collect();
+        assert_eq!(mark(st.retire(&table, tags[5])), Some((5, 15)));
+        for u in [0, 2, 4] {
+            assert!(st.retire(&table, tags[u]).is_none(), "u{u} was released");
+        }
+        // u0 went, so the tail moved up to s1.
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 5);
+        assert_eq!(mark(st.retire(&table, tags[3])), Some((3, 13)));
+        assert_eq!(mark(st.retire(&table, tags[1])), Some((1, 11)));
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
+        // The ring is usable again, across its end.
+        for round in 0..20u64 {
+            let t = st.reserve(&table, round, marked(1));
+            assert_eq!(mark(st.retire(&table, t)), Some((round, 1)));
+        }
+    }
+
+    #[test]
+    fn ring_an_unsignaled_requests_own_completion_is_claimed_once() {
+        // Errors complete unsignaled requests too (flushes): claimed before
+        // the later completion it gives its payload; claimed after, nothing.
+        let table = WqTable::new(Mode::Ring, 4, "send queue", ());
+        let mut st = table.lock();
+        let u = st.reserve_as(&table, 7, marked(7), false);
+        let s = st.reserve(&table, 8, marked(8));
+        assert_eq!(mark(st.retire(&table, u)), Some((7, 7)));
+        assert_eq!(mark(st.retire(&table, s)), Some((8, 8)));
+        let u = st.reserve_as(&table, 9, marked(9), false);
+        let s = st.reserve(&table, 10, marked(10));
+        assert_eq!(mark(st.retire(&table, s)), Some((10, 10)));
+        assert!(st.retire(&table, u).is_none());
+        assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
+    }
+
+    #[test]
+    fn ring_random_claim_order_hands_every_signaled_payload_back_once() {
+        // Many rounds of a full ring with random signaling, claimed in a
+        // random order (a small LCG: deterministic, no dependency).
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (rng >> 33) as usize
+        };
+        let table = WqTable::new(Mode::Ring, 13, "send queue", ());
+        let mut st = table.lock();
+        st.head = u32::MAX - 40;
+        st.tail = u32::MAX - 40;
+        let mut id = 0u64;
+        for _ in 0..200 {
+            let n = 1 + next() % 13;
+            let mut signaled = Vec::new();
+            for i in 0..n {
+                // The last one is signaled: an unsignaled tail would wait
+                // for the next round's completion.
+                let sig = i + 1 == n || next() % 3 == 0;
+                let tag = st.reserve_as(&table, id, marked(id as usize % 64), sig);
+                if sig {
+                    signaled.push((tag, id));
+                }
+                id += 1;
+            }
+            while !signaled.is_empty() {
+                let (tag, wr_id) = signaled.swap_remove(next() % signaled.len());
+                assert_eq!(
+                    mark(st.retire(&table, tag)),
+                    Some((wr_id, wr_id as usize % 64)),
+                    "signaled request {wr_id} lost its payload"
+                );
+                assert!(st.retire(&table, tag).is_none(), "{wr_id} claimed twice");
+            }
+            assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
         }
     }
 }

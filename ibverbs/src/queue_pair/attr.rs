@@ -536,6 +536,19 @@ impl QueuePair {
             // (which holds it too) sees the state libibverbs records in
             // `ibv_qp::state` before or after the change, never during it.
             let send = (attr.mask & STATE != 0).then(|| self.inner.send.lock());
+            // A move to ERR flushes the receive queue once; rxe takes a
+            // receive posted later into its queue (no system call) and never
+            // flushes it. So receives are refused from before the move
+            // (`note_err_pending`) until the QP leaves ERR: the receive
+            // lock, held across the move, orders it with table posts;
+            // prepared receives re-check after their doorbell.
+            let to_err = send.is_some() && raw.qp_state == sys::IBV_QPS_ERR;
+            let recv = to_err
+                .then(|| self.inner.recv.as_ref().map(|t| t.lock()))
+                .flatten();
+            if to_err {
+                self.note_err_pending();
+            }
             // SAFETY: live QP; `raw` is an initialised ibv_qp_attr that
             // outlives the call; the mask names only fields set through
             // QpAttr (the rest are zero).
@@ -543,6 +556,7 @@ impl QueuePair {
             if send.is_some() {
                 self.note_state();
             }
+            drop(recv);
             drop(send);
             return ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)));
         }

@@ -75,11 +75,22 @@ impl<'a> QueuePairBuilder<'a> {
 
     /// Creates the queue pair (in the RESET state).
     ///
+    /// Each completion queue must have room for a completion of every
+    /// request the queues reporting to it can hold at once: the send CQ for
+    /// the send queue depth, the receive CQ for the receive queue depth (or
+    /// the SRQ's, counted once per CQ however many queue pairs share it),
+    /// plus the depths of the queues of existing queue pairs (and SRQs)
+    /// reporting there — the depths the device granted, which may exceed
+    /// what was asked (see [`QueuePair::caps`]). An overrun CQ loses
+    /// completions, and with them the buffers of their requests.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another
     /// device or PD; [`Error::Unsupported`] for transport types this API
     /// does not drive; [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
-    /// when a capacity exceeds the device's limits; the message names it).
+    /// when a capacity exceeds the device's limits; the message names it);
+    /// [`Error::CqTooSmall`] when a CQ cannot hold the queues reporting to
+    /// it (the queue pair just created is destroyed again).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
         if !matches!(self.qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
@@ -169,7 +180,7 @@ impl<'a> QueuePairBuilder<'a> {
         // Never account for more than was granted, nor less than asked
         // when the provider reports 0 for an unchanged field.
         caps.max_send_wr = caps.max_send_wr.max(cap.max_send_wr.min(1));
-        Ok(QueuePair::from_created(
+        QueuePair::from_created(
             qp,
             self.pd.clone(),
             self.send_cq.clone(),
@@ -179,7 +190,7 @@ impl<'a> QueuePairBuilder<'a> {
             caps,
             self.sq_sig_all,
             qpx,
-        ))
+        )
     }
 }
 

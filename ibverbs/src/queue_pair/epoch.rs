@@ -7,6 +7,8 @@
 //! ```text
 //! bit 0       the last state change left a state that may post sends
 //! bits 1..=30 lock-free postings inside the provider's post_send right now
+//! bit 31      the QP is in ERR, or a move there has started: receives are
+//!             refused (rxe flushes only what its queue holds at the move)
 //! bits 32..   a (wrapping) count of state changes
 //! ```
 //!
@@ -31,6 +33,8 @@ const POSTING: u64 = 1 << 1;
 /// Bits 1..=30: the postings in flight. (A posting needs a thread inside
 /// `PreparedSend::post`: far fewer than 2^30.)
 const POSTINGS: u64 = ((1 << 30) - 1) << 1;
+/// Bit 31: in ERR or moving there.
+const ERR: u64 = 1 << 31;
 /// One state change.
 const CHANGE: u64 = 1 << 32;
 
@@ -76,15 +80,40 @@ impl SendEpoch {
         (self.0.load(Ordering::Acquire) ^ seen.0) & !POSTINGS == 0
     }
 
-    /// Records a state change (or an attempt) whose outcome sends or not.
-    /// Call with the send lock held, after `ibv_modify_qp`.
-    pub(crate) fn note(&self, sends: bool) {
+    /// Records a state change (or an attempt) whose outcome sends or not,
+    /// and is ERR or not. Call with the send lock held, after
+    /// `ibv_modify_qp`.
+    pub(crate) fn note(&self, sends: bool, err: bool) {
         // A read-modify-write: postings in flight keep their counts.
+        // SeqCst: a lock-free receive reads the ERR bit after its doorbell
+        // (see `recv_refused`).
         let _ = self
             .0
-            .fetch_update(Ordering::Release, Ordering::Relaxed, |e| {
-                Some((e & !SENDS).wrapping_add(CHANGE) | u64::from(sends))
+            .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |e| {
+                let state = u64::from(sends) | if err { ERR } else { 0 };
+                Some((e & !(SENDS | ERR)).wrapping_add(CHANGE) | state)
             });
+    }
+
+    /// Announces a move to ERR before `ibv_modify_qp` runs: receives are
+    /// refused from now on. Call with the send lock and the receive
+    /// table's lock held. A lock-free receive posting reads the word again
+    /// after its doorbell (both sides `SeqCst`, then a fence here): either
+    /// it sees this bit, or the flush the move starts sees its request.
+    pub(crate) fn note_err_pending(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |e| {
+                Some((e | ERR).wrapping_add(CHANGE))
+            });
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Whether receives are refused: the QP is in ERR or going there (as
+    /// this crate's modifies left it).
+    #[inline]
+    pub(crate) fn recv_refused(&self) -> bool {
+        self.0.load(Ordering::SeqCst) & ERR != 0
     }
 
     /// Closes the lock-free path and waits until no lock-free posting is
@@ -121,20 +150,38 @@ mod tests {
     fn a_new_queue_pair_posts_under_the_lock() {
         let e = SendEpoch::default();
         assert!(e.enter().is_none());
-        e.note(true);
+        e.note(true, false);
         let seen = e.enter().expect("sends after a change to a sending state");
         e.leave();
         assert!(e.unchanged_since(seen));
-        e.note(false);
+        e.note(false, false);
         assert!(!e.unchanged_since(seen));
         assert!(e.enter().is_none());
         assert_eq!(e.0.load(Ordering::Relaxed) & POSTINGS, 0);
     }
 
     #[test]
+    fn the_err_bit_follows_moves_to_err_and_out() {
+        let e = SendEpoch::default();
+        e.note(true, false);
+        assert!(!e.recv_refused());
+        let seen = e.enter().unwrap();
+        e.note_err_pending();
+        assert!(e.recv_refused(), "refused from the start of the move");
+        assert!(!e.unchanged_since(seen), "announcing ERR is a change");
+        e.leave();
+        e.note(true, true);
+        assert!(e.recv_refused() && e.enter().map(|_| e.leave()).is_some());
+        e.close();
+        e.note(false, false);
+        assert!(!e.recv_refused(), "RESET leaves ERR");
+        assert_eq!(e.0.load(Ordering::Relaxed) & POSTINGS, 0);
+    }
+
+    #[test]
     fn in_flight_postings_do_not_count_as_a_change() {
         let e = SendEpoch::default();
-        e.note(true);
+        e.note(true, false);
         let seen = e.enter().unwrap();
         let other = e.enter().unwrap();
         assert!(e.unchanged_since(seen) && e.unchanged_since(other));
@@ -146,7 +193,7 @@ mod tests {
     #[test]
     fn close_waits_out_a_posting_in_flight_and_refuses_new_ones() {
         let e = Arc::new(SendEpoch::default());
-        e.note(true);
+        e.note(true, false);
         let seen = e.enter().expect("sends");
         let closed = Arc::new(AtomicBool::new(false));
         let closer = {
@@ -176,9 +223,9 @@ mod tests {
         assert!(closed.load(Ordering::SeqCst));
         assert!(!e.unchanged_since(seen), "close is a state change");
         assert!(e.enter().is_none(), "closed until the next note");
-        e.note(false);
+        e.note(false, false);
         assert!(e.enter().is_none());
-        e.note(true);
+        e.note(true, false);
         assert!(e.enter().is_some());
     }
 }

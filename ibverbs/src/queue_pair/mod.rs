@@ -100,13 +100,15 @@ pub(crate) struct QpInner {
     /// The extended QP and its `send_ops_flags` when created with
     /// `ibv_create_qp_ex` (the same object as `qp`).
     pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
-    /// What the prepared sends' lock-free path reads instead of taking the
-    /// send lock to read `ibv_qp::state`: whether the state the last state
-    /// change left may post sends (not RESET, INIT or RTR), a count of
-    /// state changes, and the lock-free postings in flight (which a move to
-    /// RESET waits out). Written with the send lock held, after every
-    /// modify that names the state ([`QueuePair::note_state`]); see
-    /// `epoch.rs`.
+    /// What the prepared requests' lock-free paths read instead of taking
+    /// the send lock to read `ibv_qp::state`: whether the state the last
+    /// state change left may post sends (not RESET, INIT or RTR), whether
+    /// the QP is in ERR or going there (receives are refused then), a count
+    /// of state changes, and the lock-free postings in flight (which a move
+    /// to RESET waits out). Written with the send lock held (and the
+    /// receive lock for the ERR bit): before a move to ERR
+    /// ([`QueuePair::note_err_pending`]) and after every modify that names
+    /// the state ([`QueuePair::note_state`]); see `epoch.rs`.
     pub(crate) send_epoch: epoch::SendEpoch,
     destroyed: bool,
 }
@@ -150,12 +152,25 @@ impl QpInner {
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
         self.send_cq.unregister(self.send.id);
-        drop(self.send.lock().take_all());
+        release_after_destroy(rc == 0, self.send.lock().take_all());
         if let Some(recv) = &self.recv {
             self.recv_cq.unregister(recv.id);
-            drop(recv.lock().take_all());
+            release_after_destroy(rc == 0, recv.lock().take_all());
         }
         result
+    }
+}
+
+/// Releases the payloads of a destroyed queue's outstanding requests: only
+/// when the destroy verb succeeded (`destroyed`). Otherwise the queue may
+/// still exist and the device may still read or write those buffers, so
+/// they are leaked (`mem::forget`): their regions stay registered and their
+/// memory allocated for good (DESIGN.md: when in doubt, leak).
+pub(crate) fn release_after_destroy<T>(destroyed: bool, payloads: T) {
+    if destroyed {
+        drop(payloads);
+    } else {
+        std::mem::forget(payloads);
     }
 }
 
@@ -183,7 +198,12 @@ pub struct QueuePair {
 
 impl QueuePair {
     /// Wraps a freshly created QP: sets up the in-flight tables and
-    /// registers them with the CQs.
+    /// registers them with the CQs, whose capacity must hold every queue
+    /// reporting to them (see [`CompletionQueue::register`]).
+    ///
+    /// # Errors
+    /// [`Error::CqTooSmall`](crate::Error::CqTooSmall): the QP is destroyed
+    /// (nothing was posted to it) and nothing stays registered.
     #[allow(clippy::too_many_arguments)] // one call site, in builder.rs
     pub(crate) fn from_created(
         qp: NonNull<sys::ibv_qp>,
@@ -195,28 +215,24 @@ impl QueuePair {
         caps: QpCaps,
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
-    ) -> QueuePair {
+    ) -> crate::Result<QueuePair> {
         let send = WqTable::new(
             Mode::Ring,
             caps.max_send_wr.max(1),
             "send queue",
             post::SendScratch::new(caps.max_send_wr.max(1), caps.max_send_sge.max(1)),
         );
-        send_cq.register(send.clone());
-        let recv = if let Some(srq) = &srq {
-            srq.attach_cq(&recv_cq);
-            None
-        } else {
-            let t = WqTable::new(
+        let recv = srq.is_none().then(|| {
+            WqTable::new(
                 Mode::Ring,
                 caps.max_recv_wr.max(1),
                 "receive queue",
                 post::RecvScratch::new(caps.max_recv_wr.max(1), caps.max_recv_sge.max(1)),
-            );
-            recv_cq.register(t.clone());
-            Some(t)
-        };
-        QueuePair {
+            )
+        });
+        // Owned from here: dropping it on an error below destroys the QP
+        // (teardown), and unregisters what was registered.
+        let qp = QueuePair {
             inner: Arc::new(QpInner {
                 qp,
                 pd,
@@ -233,7 +249,17 @@ impl QueuePair {
                 send_epoch: epoch::SendEpoch::default(),
                 destroyed: false,
             }),
+        };
+        let inner = &qp.inner;
+        inner
+            .send_cq
+            .register(inner.send.clone(), inner.send.capacity())?;
+        if let Some(srq) = &inner.srq {
+            srq.attach_cq(&inner.recv_cq)?;
+        } else if let Some(t) = &inner.recv {
+            inner.recv_cq.register(t.clone(), t.capacity())?;
         }
+        Ok(qp)
     }
 
     /// Records a state change (or an attempt: libibverbs updates
@@ -243,7 +269,60 @@ impl QueuePair {
         // SAFETY: live QP; the caller holds the send lock, which every
         // modify of this crate holds, so `state` is not being written.
         let state = unsafe { (*self.as_ptr()).state };
-        self.inner.send_epoch.note(state_sends(state));
+        self.inner
+            .send_epoch
+            .note(state_sends(state), state == sys::IBV_QPS_ERR);
+    }
+
+    /// Announces a move to ERR before `ibv_modify_qp` runs: receives are
+    /// refused from now on. Call with the send lock and the receive
+    /// table's lock held. A lock-free receive posting reads the word
+    /// again after its doorbell (both sides `SeqCst`): either it sees this
+    /// bit, or the flush the move starts sees its request (see
+    /// `PreparedRecv::post`).
+    pub(crate) fn note_err_pending(&self) {
+        self.inner.send_epoch.note_err_pending();
+    }
+
+    /// A receive was posted while a move to ERR may have been under way
+    /// (its posting saw the ERR bit after the doorbell): the flush that
+    /// move started may have missed it. If the QP is in ERR, it is moved
+    /// to ERR again, which flushes what its receive queue holds now. A
+    /// failed re-issue leaves the receive unflushed: its buffers stay
+    /// allocated for good (a leak, never a use after free).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn reflush_receives(&self) {
+        let _send = self.inner.send.lock();
+        // SAFETY: live QP; the send lock, held by every modify of this
+        // crate, keeps `state` from being written meanwhile.
+        if unsafe { (*self.as_ptr()).state } != sys::IBV_QPS_ERR {
+            // The move failed, or the QP was reset since: the receive is
+            // either live or discarded with the queue.
+            return;
+        }
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: live QP; `attr` outlives the call; ERR to ERR is a legal
+        // transition (IBA 10.3.1: any state may move to ERR).
+        unsafe {
+            sys::ibv_modify_qp(
+                self.as_ptr(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        self.note_state();
+    }
+
+    /// Whether receives are refused: the QP is in ERR or going there (as
+    /// this crate's modifies left it; a move to ERR the device made on its
+    /// own is not seen here).
+    #[inline]
+    pub(crate) fn recv_refused(&self) -> bool {
+        self.inner.send_epoch.recv_refused()
     }
 
     /// The QP number.
@@ -304,7 +383,9 @@ impl QueuePair {
     /// Destroys the QP now if this is the last handle, reporting a teardown
     /// error (`Ok(false)` when other handles still exist). Outstanding
     /// requests are flushed and their buffers released after the device
-    /// stopped using them.
+    /// stopped using them. If `ibv_destroy_qp` fails the device may still
+    /// own them: they are leaked (kept allocated and registered for good),
+    /// never freed.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_destroy_qp`.
@@ -338,5 +419,24 @@ pub struct QpNumber(pub u32);
 impl std::fmt::Display for QpNumber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:#08x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    #[test]
+    fn payloads_are_released_only_after_a_successful_destroy() {
+        let payload = Rc::new(());
+        super::release_after_destroy(true, vec![payload.clone()]);
+        assert_eq!(Rc::strong_count(&payload), 1, "kept after a destroy");
+        // A failed destroy: the device may still own the buffers.
+        super::release_after_destroy(false, vec![payload.clone()]);
+        assert_eq!(
+            Rc::strong_count(&payload),
+            2,
+            "freed after a failed destroy"
+        );
     }
 }

@@ -360,7 +360,8 @@ impl QueuePair {
             keep: None,
         };
         // Under the same lock: the tag `next_tag` gave.
-        let tag = st.reserve(table, r.wr_id, payload);
+        let signaled = r.is_signaled() || self.inner.sq_sig_all;
+        let tag = st.reserve_as(table, r.wr_id, payload, signaled);
         if r.dispatched {
             st.dispatch(table, tag);
         }
@@ -404,8 +405,10 @@ impl QueuePair {
         }
         let n = wrs.len();
         // Reserve slots (payloads are moved in only once the device took them).
+        let sig_all = self.inner.sq_sig_all;
         for (i, r) in wrs.iter().enumerate() {
-            let tag = st.reserve(table, r.wr_id, Payload::default());
+            let signaled = r.is_signaled() || sig_all;
+            let tag = st.reserve_as(table, r.wr_id, Payload::default(), signaled);
             if r.dispatched {
                 st.dispatch(table, tag);
             }

@@ -222,8 +222,10 @@ impl QueuePair {
         self.check_sendable("ibv_wr_complete")?;
         table.check_room(&st, wrs.len())?;
         let n = wrs.len();
+        let sig_all = self.inner.sq_sig_all;
         for (i, r) in wrs.iter().enumerate() {
-            let tag = st.reserve(table, r.wr_id, Payload::default());
+            let signaled = r.is_signaled() || sig_all;
+            let tag = st.reserve_as(table, r.wr_id, Payload::default(), signaled);
             if r.dispatched {
                 st.dispatch(table, tag);
             }

@@ -14,6 +14,14 @@ use crate::error::{Error, Result};
 use crate::wq_table::SgList;
 use crate::{QueuePair, SharedReceiveQueue};
 
+/// The refusal of a receive on a queue pair in ERR.
+#[cold]
+fn refused_in_err() -> Error {
+    Error::QueuePairInError {
+        verb: "ibv_post_recv",
+    }
+}
+
 /// Where a prepared receive is posted.
 #[derive(Debug)]
 enum Target {
@@ -190,17 +198,28 @@ fn prepare(
 impl PreparedRecv {
     /// Posts the request once more.
     ///
+    /// A queue pair moved to ERR refuses receives until it is reset (as
+    /// [`QueuePair::post_recv`]). A posting that raced the move (another
+    /// thread's modify) is flushed by moving the queue pair to ERR once
+    /// more (if that fails, the posting's buffers stay allocated for good).
+    ///
     /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_recv` (or
-    /// `ibv_post_srq_recv`): `ENOMEM` when the receive queue is full,
-    /// `EINVAL` from providers that refuse receives in the queue pair's
-    /// state. Nothing was posted then.
+    /// [`Error::QueuePairInError`] for a queue pair in ERR (checked before
+    /// the provider sees the request); [`Error::Verb`](crate::Error::Verb)
+    /// naming `ibv_post_recv` (or `ibv_post_srq_recv`): `ENOMEM` when the
+    /// receive queue is full, `EINVAL` from providers that refuse receives
+    /// in the queue pair's state. Nothing was posted then.
     ///
     /// # References
     /// `ibv_post_recv(3)`, `ibv_post_srq_recv(3)`
     #[doc(alias = "ibv_post_recv")]
     #[inline(always)]
     pub fn post(&mut self) -> Result<()> {
+        if let Target::Qp(qp) = &self.target {
+            if qp.recv_refused() {
+                return Err(refused_in_err());
+            }
+        }
         // Before the doorbell: another thread may poll the completion as
         // soon as the provider took the request.
         let posting = self.postings.posting();
@@ -227,6 +246,18 @@ impl PreparedRecv {
             // the posting's count.
             self.postings.refused(posting);
             return crate::error::ret_errno(self.target.verb(), rc);
+        }
+        if let Target::Qp(qp) = &self.target {
+            // A move to ERR may have started since the check above, its
+            // flush missing this request. The move announces itself
+            // (`note_err_pending`, then a fence) before `ibv_modify_qp`; the
+            // fence here orders the provider's write of the request before
+            // the load: either the load sees the announcement, or the
+            // flush sees the request.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            if qp.recv_refused() {
+                qp.reflush_receives();
+            }
         }
         // After the doorbell: the next posting's count.
         self.postings.restock();

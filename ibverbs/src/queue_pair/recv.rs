@@ -11,11 +11,16 @@ use crate::{PostError, QpState, QueuePair};
 impl QueuePair {
     /// Posts one receive request; its buffers come back in the completion.
     ///
+    /// A queue pair moved to ERR (by [`modify`](Self::modify) and its
+    /// helpers) refuses receives until it is reset: the move flushes the
+    /// receives outstanding then, and a receive posted later would never
+    /// be flushed (rxe, for one, holds it without a system call).
+    ///
     /// # Errors
     /// The request is handed back in a [`PostError`] with
     /// [`Error::InvalidArgument`] (QP uses an SRQ, SGE count, PD, frozen or
-    /// read-only buffer), [`Error::QueueFull`], or [`Error::Verb`] naming
-    /// `ibv_post_recv`.
+    /// read-only buffer), [`Error::QueuePairInError`], [`Error::QueueFull`],
+    /// or [`Error::Verb`] naming `ibv_post_recv`.
     ///
     /// # References
     /// `ibv_post_recv(3)`
@@ -64,7 +69,18 @@ impl QueuePair {
             }
         }
         let qp = self.as_ptr();
-        let (posted, result) = post_recv_common(table, wrs, |wr, bad| {
+        // Under the receive lock, which a move to ERR holds across the
+        // modify (see modify_unchecked): the check cannot race it.
+        let refuse = || {
+            if self.recv_refused() {
+                Err(Error::QueuePairInError {
+                    verb: "ibv_post_recv",
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let (posted, result) = post_recv_common(table, wrs, refuse, |wr, bad| {
             // SAFETY: live QP; see post_recv_common.
             unsafe { sys::ibv_post_recv(qp, wr, bad) }
         });
@@ -82,19 +98,21 @@ impl QueuePair {
     }
 }
 
-/// Shared by QP receive queues and SRQs.
+/// Shared by QP receive queues and SRQs. `check` runs under the table's
+/// lock, before anything is posted (a refusal posts nothing).
 pub(crate) fn post_recv_common(
     table: &WqTable<RecvScratch>,
     wrs: &mut [RecvRequest],
+    check: impl FnOnce() -> Result<()>,
     post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
 ) -> (usize, Result<()>) {
     match wrs {
         [] => return (0, Ok(())),
-        [r] if !matches!(r.sg, SgList::Many(_)) => return post_recv_single(table, r, post),
+        [r] if !matches!(r.sg, SgList::Many(_)) => return post_recv_single(table, r, check, post),
         _ => {}
     }
     let mut st = table.lock();
-    if let Err(e) = table.check_room(&st, wrs.len()) {
+    if let Err(e) = check().and_then(|()| table.check_room(&st, wrs.len())) {
         return (0, Err(e));
     }
     let n = wrs.len();
@@ -153,10 +171,11 @@ pub(crate) fn post_recv_common(
 fn post_recv_single(
     table: &WqTable<RecvScratch>,
     r: &mut RecvRequest,
+    check: impl FnOnce() -> Result<()>,
     post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
 ) -> (usize, Result<()>) {
     let mut st = table.lock();
-    if let Err(e) = table.check_room(&st, 1) {
+    if let Err(e) = check().and_then(|()| table.check_room(&st, 1)) {
         return (0, Err(e));
     }
     let (mut sge, num_sge) = match &r.sg {
