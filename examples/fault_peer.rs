@@ -99,7 +99,9 @@ enum Cmd {
         #[arg(long, default_value_t = 0.0)]
         stall_timeout: f64,
     },
-    /// Overrun a small CQ on one host and expect the CQ error event.
+    /// Try to overrun a small CQ on one host: the library refuses the
+    /// queue pair (`CqTooSmall`); a device that got that far would raise
+    /// the CQ error event.
     CqOverrun {
         #[arg(short = 'd', long)]
         device: Option<String>,
@@ -835,13 +837,22 @@ fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
     let small = s.ctx.create_cq(1).build().map_err(|e| e.to_string())?;
     let cap = small.capacity() as usize;
     let n = cap + 8;
-    let qp = pd
+    // The library refuses a receive queue deeper than its CQ: the overrun
+    // that would lose completions (and their buffers) cannot be set up.
+    let qp = match pd
         .create_qp(QpType::Rc, &send_cq, &small)
         .max_recv_wr(n as u32)
         .max_send_wr(n as u32)
         .max_inline_data(16)
         .build()
-        .map_err(|e| e.to_string())?;
+    {
+        Err(ibverbs::Error::CqTooSmall { capacity, needed }) => {
+            eprintln!("fault_peer: CQ of {capacity} for queues asked {needed} deep: refused");
+            st.status = "refused:CqTooSmall".into();
+            return Ok(st);
+        }
+        qp => qp.map_err(|e| e.to_string())?,
+    };
     let me = Endpoint::local(&qp, s.port, Some(s.gid_index), 1).map_err(|e| e.to_string())?;
     let c = Common {
         device: None,

@@ -416,42 +416,21 @@ impl Resources {
         } else {
             ibverbs::SendOps::empty()
         };
-        let build = |cq: &ibverbs::CompletionQueue| {
-            pd.create_qp(QpType::Rc, cq, cq)
-                .send_ops(ops)
-                .max_send_wr(spec.send_wr)
-                .max_recv_wr(spec.recv_wr.max(1))
-                .max_inline_data(cfg.inline)
-                .build()
-        };
-        // The device may grant deeper queues than asked (rxe about twice):
-        // then the CQ is made again, as deep as the library says they need.
-        let (cq, qp) = match build(&cq) {
-            Err(ibverbs::Error::CqTooSmall { needed, .. }) => {
-                drop(cq);
-                let mut cqb = ctx.create_cq(u32::try_from(needed).unwrap_or(u32::MAX));
-                if let Some(ch) = &channel {
-                    cqb = cqb.channel(ch);
-                }
-                if extended {
-                    cqb = cqb.wc_fields(ibverbs::WcFields::standard());
-                }
-                let cq = cqb
-                    .build()
-                    .map_err(|e| format!("creating a CQ of {needed} entries: {e}"))?;
-                let qp = build(&cq);
-                (cq, qp)
-            }
-            qp => (cq, qp),
-        };
-        let qp = qp.map_err(|e| {
-            format!(
-                "creating an RC queue pair (send depth {}, receive depth {}, inline {} B): {e}",
-                spec.send_wr,
-                spec.recv_wr.max(1),
-                cfg.inline
-            )
-        })?;
+        let qp = pd
+            .create_qp(QpType::Rc, &cq, &cq)
+            .send_ops(ops)
+            .max_send_wr(spec.send_wr)
+            .max_recv_wr(spec.recv_wr.max(1))
+            .max_inline_data(cfg.inline)
+            .build()
+            .map_err(|e| {
+                format!(
+                    "creating an RC queue pair (send depth {}, receive depth {}, inline {} B): {e}",
+                    spec.send_wr,
+                    spec.recv_wr.max(1),
+                    cfg.inline
+                )
+            })?;
         if qp.caps().max_inline_data < cfg.inline {
             return Err(format!(
                 "the device allows {} B of inline data, -I asked for {}",

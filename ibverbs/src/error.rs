@@ -134,17 +134,23 @@ pub enum Error {
         /// The verb that was not called.
         verb: &'static str,
     },
-    /// A completion queue smaller than the work queues that report to it
-    /// could hold: an overrun loses completions (and with them the
-    /// buffers of their requests).
+    /// A completion queue smaller than the work queues that report to it:
+    /// the depths asked for the queue pairs' send and receive queues (and
+    /// a shared receive queue's, once per CQ) add up to more than its
+    /// capacity. An overrun loses completions, and with them the buffers of
+    /// their requests (an SRQ's slot for the SRQ's whole life), so the queue
+    /// pair is not created. Providers may grant deeper queues than asked
+    /// ([`QueuePair::caps`](crate::QueuePair::caps)): keeping more than the
+    /// asked depth outstanding can still overrun a CQ sized to the request.
     #[error(
         "the completion queue holds {capacity} completions, but the queues reporting to it \
-         can have {needed} outstanding: create it with at least {needed} entries"
+         were asked for {needed}: create it with at least {needed} entries"
     )]
     CqTooSmall {
         /// The CQ's capacity.
         capacity: u32,
-        /// The sum of the depths of the queues that would report to it.
+        /// The sum of the depths asked for the queues that would report
+        /// to it.
         needed: u64,
     },
     /// A completion channel (or a context's async-event descriptor) is

@@ -20,6 +20,8 @@ pub(crate) struct SrqInner {
     pd: ProtectionDomain,
     table: Arc<WqTable<RecvScratch>>,
     max_sge: u32,
+    /// The depth asked for, which a CQ behind the SRQ must hold.
+    asked_wr: u32,
     cqs: std::sync::Mutex<Vec<CompletionQueue>>,
 }
 
@@ -125,6 +127,7 @@ impl SharedReceiveQueueBuilder<'_> {
                     RecvScratch::new(max_wr, max_sge),
                 ),
                 max_sge,
+                asked_wr: self.max_wr.clamp(1, max_wr),
                 cqs: std::sync::Mutex::new(Vec::new()),
             }),
         })
@@ -143,13 +146,14 @@ impl SharedReceiveQueue {
     }
 
     /// Lets the SRQ's completions (through a queue pair using `cq` as its
-    /// receive CQ) find their buffers; its depth counts once per CQ.
+    /// receive CQ) find their buffers; the depth asked for counts once per
+    /// CQ.
     ///
     /// # Errors
     /// [`Error::CqTooSmall`]: nothing attached.
     pub(crate) fn attach_cq(&self, cq: &CompletionQueue) -> Result<()> {
         let table = &self.inner.table;
-        cq.register(table.clone(), table.capacity())?;
+        cq.register(table.clone(), self.inner.asked_wr)?;
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
             cqs.push(cq.clone());

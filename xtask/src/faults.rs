@@ -38,8 +38,9 @@ enum Expect {
     Delivered,
     /// The client sees one of these error statuses, then every request flushed back.
     ClientError(&'static [&'static str]),
-    /// The local run reports this async event.
-    Event(&'static str),
+    /// The local run reports this status (`event:<async event>`, or
+    /// `refused:<error>` for a setup the library refuses).
+    Local(&'static str),
 }
 
 impl Expect {
@@ -47,7 +48,7 @@ impl Expect {
         match self {
             Expect::Delivered => "all data, in order, verified".into(),
             Expect::ClientError(s) => format!("{} + flush, all buffers back", s.join("|")),
-            Expect::Event(e) => format!("async event {e}"),
+            Expect::Local(e) => e.replace(':', " "),
         }
     }
 }
@@ -244,7 +245,7 @@ fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
         if_down: None,
         blackhole: None,
         local: true,
-        expect: Expect::Event("CqErr"),
+        expect: Expect::Local("refused:CqTooSmall"),
         stall_bound: None,
     });
     if let Some(only) = &o.only {
@@ -476,10 +477,10 @@ fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> R
     let get = |side: &str| result_fields(&dir.join(format!("{i}.{side}.out")));
     let mut problems = Vec::new();
     let (observed, verified) = match sc.expect {
-        Expect::Event(ev) => match get("local") {
+        Expect::Local(want) => match get("local") {
             Some(f) => {
                 let st = f.get("status").cloned().unwrap_or_default();
-                if st != format!("event:{ev}") {
+                if st != want {
                     problems.push(format!("status {st}"));
                 }
                 (st, "-".to_string())
@@ -545,7 +546,7 @@ fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resources; 2]) -> R
                                 }
                             }
                         }
-                        Expect::Event(_) => {}
+                        Expect::Local(_) => {}
                     }
                     let obs = format!(
                         "{st}, first {} after {} s{}, {returned}/{posted} back, {:.1} s",

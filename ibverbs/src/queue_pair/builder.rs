@@ -80,9 +80,11 @@ impl<'a> QueuePairBuilder<'a> {
     /// the send queue depth, the receive CQ for the receive queue depth (or
     /// the SRQ's, counted once per CQ however many queue pairs share it),
     /// plus the depths of the queues of existing queue pairs (and SRQs)
-    /// reporting there — the depths the device granted, which may exceed
-    /// what was asked (see [`QueuePair::caps`]). An overrun CQ loses
-    /// completions, and with them the buffers of their requests.
+    /// reporting there — the depths asked for, as a C program sizes its
+    /// CQs (the device may grant deeper queues, see [`QueuePair::caps`];
+    /// keeping more than the asked depth outstanding can then overrun a CQ
+    /// sized to the request). An overrun CQ loses completions, and with
+    /// them the buffers of their requests.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another
@@ -188,6 +190,7 @@ impl<'a> QueuePairBuilder<'a> {
             self.srq.cloned(),
             self.qp_type,
             caps,
+            QpCaps::from_raw(&cap),
             self.sq_sig_all,
             qpx,
         )

@@ -213,6 +213,7 @@ impl QueuePair {
         srq: Option<SharedReceiveQueue>,
         qp_type: QpType,
         caps: QpCaps,
+        asked: QpCaps,
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     ) -> crate::Result<QueuePair> {
@@ -251,13 +252,19 @@ impl QueuePair {
             }),
         };
         let inner = &qp.inner;
-        inner
-            .send_cq
-            .register(inner.send.clone(), inner.send.capacity())?;
+        // The CQs are checked against the depths asked for, as a C program
+        // sizes them: providers may grant deeper queues (rxe about twice).
+        let depth = |asked: u32, table: u32| asked.clamp(1, table);
+        inner.send_cq.register(
+            inner.send.clone(),
+            depth(asked.max_send_wr, inner.send.capacity()),
+        )?;
         if let Some(srq) = &inner.srq {
             srq.attach_cq(&inner.recv_cq)?;
         } else if let Some(t) = &inner.recv {
-            inner.recv_cq.register(t.clone(), t.capacity())?;
+            inner
+                .recv_cq
+                .register(t.clone(), depth(asked.max_recv_wr, t.capacity()))?;
         }
         Ok(qp)
     }
