@@ -6,7 +6,10 @@
 //!
 //! ```text
 //! bit 0       the last state change left a state that may post sends
-//! bits 1..=30 lock-free postings inside the provider's post_send right now
+//! bits 1..=29 lock-free postings (sends and receives) inside the
+//!             provider's post_send/post_recv right now
+//! bit 30      a move to RESET is under way: lock-free receives wait for it
+//!             under the send lock
 //! bit 31      the QP is in ERR, or a move there has started: receives are
 //!             refused (rxe flushes only what its queue holds at the move)
 //! bits 32..   a (wrapping) count of state changes
@@ -30,9 +33,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const SENDS: u64 = 1;
 /// One lock-free posting in flight.
 const POSTING: u64 = 1 << 1;
-/// Bits 1..=30: the postings in flight. (A posting needs a thread inside
-/// `PreparedSend::post`: far fewer than 2^30.)
-const POSTINGS: u64 = ((1 << 30) - 1) << 1;
+/// Bits 1..=29: the postings in flight. (A posting needs a thread inside
+/// `PreparedSend::post` or `PreparedRecv::post`: far fewer than 2^29.)
+const POSTINGS: u64 = ((1 << 29) - 1) << 1;
+/// Bit 30: a move to RESET is under way ([`SendEpoch::close`] until the
+/// next [`SendEpoch::note`]).
+const CLOSED: u64 = 1 << 30;
 /// Bit 31: in ERR or moving there.
 const ERR: u64 = 1 << 31;
 /// One state change.
@@ -63,6 +69,21 @@ impl SendEpoch {
             return None;
         }
         Some(Seen(e))
+    }
+
+    /// Counts a lock-free receive posting in, unless a move to RESET is
+    /// under way (`false`: not counted; post under the send lock, which
+    /// the move holds). The caller must [`leave`](Self::leave) once the
+    /// provider's call returned. (Receives are legal in more states than
+    /// sends, so they do not look at bit 0.)
+    #[inline(always)]
+    pub(crate) fn enter_recv(&self) -> bool {
+        let e = self.0.fetch_add(POSTING, Ordering::AcqRel);
+        if e & CLOSED != 0 {
+            self.leave();
+            return false;
+        }
+        true
     }
 
     /// Counts a lock-free posting out.
@@ -116,16 +137,17 @@ impl SendEpoch {
         self.0.load(Ordering::SeqCst) & ERR != 0
     }
 
-    /// Closes the lock-free path and waits until no lock-free posting is
+    /// Closes the lock-free paths and waits until no lock-free posting is
     /// in the provider: afterwards, until the next [`note`](Self::note),
-    /// every posting takes the send lock (which the caller holds). Call
-    /// before a move to RESET. Waits only for calls already inside the
-    /// provider's `post_send`, which does not block.
+    /// every posting, send or receive, takes the send lock (which the
+    /// caller holds). Call before a move to RESET. Waits only for calls
+    /// already inside the provider's `post_send`/`post_recv`, which do not
+    /// block.
     pub(crate) fn close(&self) {
         let _ = self
             .0
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |e| {
-                Some((e & !SENDS).wrapping_add(CHANGE))
+                Some(((e & !SENDS) | CLOSED).wrapping_add(CHANGE))
             });
         let mut spins = 0u32;
         while self.0.load(Ordering::Acquire) & POSTINGS != 0 {
@@ -176,6 +198,23 @@ mod tests {
         e.note(false, false);
         assert!(!e.recv_refused(), "RESET leaves ERR");
         assert_eq!(e.0.load(Ordering::Relaxed) & POSTINGS, 0);
+    }
+
+    #[test]
+    fn receives_are_closed_out_during_a_reset_only() {
+        let e = SendEpoch::default();
+        // Receives need no sending state (INIT, RTR accept them).
+        assert!(e.enter_recv());
+        e.leave();
+        e.note(false, false);
+        assert!(e.enter_recv());
+        e.leave();
+        e.close();
+        assert!(!e.enter_recv(), "closed while a RESET is under way");
+        assert_eq!(e.0.load(Ordering::Relaxed) & POSTINGS, 0, "not counted");
+        e.note(false, false);
+        assert!(e.enter_recv(), "open again after the move");
+        e.leave();
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::{QueuePair, SharedReceiveQueue};
 
 /// The refusal of a receive on a queue pair in ERR.
 #[cold]
+
 fn refused_in_err() -> Error {
     Error::QueuePairInError {
         verb: "ibv_post_recv",
@@ -62,7 +63,9 @@ impl Target {
 /// keeps the buffers allocated for good (a leak, never a use after free).
 ///
 /// Posting costs a reference count and the provider's `post_recv` (no
-/// lock of ours: `ibv_post_recv` is thread-safe); claiming a completion
+/// lock of ours: `ibv_post_recv` is thread-safe), plus, on a queue pair,
+/// two atomic read-modify-writes that let a move to RESET wait out a
+/// posting inside the provider, and the ERR checks; claiming a completion
 /// costs one reference count. Postings do not take slots of the queue's
 /// in-flight table: when the receive queue is full the provider refuses the
 /// posting (`ENOMEM`).
@@ -219,49 +222,37 @@ impl PreparedRecv {
             if qp.recv_refused() {
                 return Err(refused_in_err());
             }
+            // No lock, but counted in: a move to RESET waits until no
+            // posting is inside the provider (mlx5 resets the receive
+            // queue's indices without the lock its post_recv holds; see
+            // `epoch.rs`), and while one is under way postings wait for it.
+            if !qp.inner.send_epoch.enter_recv() {
+                return self.post_while_resetting();
+            }
+            let r = post_counted(&self.target, &mut self.wr, &mut self.postings);
+            qp.inner.send_epoch.leave();
+            return r;
         }
-        // Before the doorbell: another thread may poll the completion as
-        // soon as the provider took the request.
-        let posting = self.postings.posting();
-        self.wr.wr_id = posting.wr_id();
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // `wr`'s SGEs point into `sges` and describe the registered,
-        // device-writable buffers `postings` owns (checked by `prepare`,
-        // never replaced), kept alive by the posting's count until its
-        // completion is claimed.
-        let rc = match &self.target {
-            Target::Qp(qp) => {
-                // SAFETY: live QP (`self.target` holds it); one request
-                // (`next` NULL), SGEs as above.
-                unsafe { sys::ibv_post_recv(qp.as_ptr(), &mut self.wr, &mut bad) }
-            }
-            Target::Srq(srq) => {
-                // SAFETY: live SRQ (`self.target` holds it); one request,
-                // SGEs as above.
-                unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), &mut self.wr, &mut bad) }
-            }
+        post_counted(&self.target, &mut self.wr, &mut self.postings)
+    }
+
+    /// A posting that met a move to RESET: under the send lock, which the
+    /// move holds until the queue pair is in RESET.
+    #[cold]
+    #[inline(never)]
+    fn post_while_resetting(&mut self) -> Result<()> {
+        let Target::Qp(qp) = &self.target else {
+            return post_counted(&self.target, &mut self.wr, &mut self.postings);
         };
-        if rc != 0 {
-            // The provider refused the request: no completion will carry
-            // the posting's count.
-            self.postings.refused(posting);
-            return crate::error::ret_errno(self.target.verb(), rc);
+        let qp = qp.clone();
+        let _send = qp.inner.send.lock();
+        if qp.recv_refused() {
+            return Err(refused_in_err());
         }
-        if let Target::Qp(qp) = &self.target {
-            // A move to ERR may have started since the check above, its
-            // flush missing this request. The move announces itself
-            // (`note_err_pending`, then a fence) before `ibv_modify_qp`; the
-            // fence here orders the provider's write of the request before
-            // the load: either the load sees the announcement, or the
-            // flush sees the request.
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            if qp.recv_refused() {
-                qp.reflush_receives();
-            }
-        }
-        // After the doorbell: the next posting's count.
-        self.postings.restock();
-        Ok(())
+        // With the send lock held no move to ERR can start, so the
+        // post-doorbell re-check in `post_counted` cannot call
+        // `reflush_receives` (which takes that lock).
+        post_counted(&self.target, &mut self.wr, &mut self.postings)
     }
 
     /// Whether a posting may still be outstanding (its completion not yet
@@ -308,4 +299,51 @@ impl PreparedRecv {
     pub fn into_buffers(mut self) -> std::result::Result<SgList, PreparedRecv> {
         self.postings.take().ok_or(self)
     }
+}
+
+/// The posting itself: the provider's call, the count, the ERR re-check.
+#[inline(always)]
+fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Postings) -> Result<()> {
+    // Before the doorbell: another thread may poll the completion as
+    // soon as the provider took the request.
+    let posting = postings.posting();
+    wr.wr_id = posting.wr_id();
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // `wr`'s SGEs point into `sges` and describe the registered,
+    // device-writable buffers `postings` owns (checked by `prepare`,
+    // never replaced), kept alive by the posting's count until its
+    // completion is claimed.
+    let rc = match target {
+        Target::Qp(qp) => {
+            // SAFETY: live QP (`target` holds it); one request
+            // (`next` NULL), SGEs as above.
+            unsafe { sys::ibv_post_recv(qp.as_ptr(), wr, &mut bad) }
+        }
+        Target::Srq(srq) => {
+            // SAFETY: live SRQ (`target` holds it); one request,
+            // SGEs as above.
+            unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), wr, &mut bad) }
+        }
+    };
+    if rc != 0 {
+        // The provider refused the request: no completion will carry
+        // the posting's count.
+        postings.refused(posting);
+        return crate::error::ret_errno(target.verb(), rc);
+    }
+    if let Target::Qp(qp) = target {
+        // A move to ERR may have started since the check above, its
+        // flush missing this request. The move announces itself
+        // (`note_err_pending`, then a fence) before `ibv_modify_qp`; the
+        // fence here orders the provider's write of the request before
+        // the load: either the load sees the announcement, or the
+        // flush sees the request.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if qp.recv_refused() {
+            qp.reflush_receives();
+        }
+    }
+    // After the doorbell: the next posting's count.
+    postings.restock();
+    Ok(())
 }
