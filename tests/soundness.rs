@@ -177,7 +177,7 @@ fn soundness_inline_read_is_refused_on_the_extended_path() {
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq = || {
         dev.ctx
-            .create_cq(64)
+            .create_cq(256)
             .wc_fields(WcFields::standard())
             .build()
             .unwrap()
@@ -402,8 +402,8 @@ fn soundness_every_invalid_option_cell_is_refused() {
 fn ud_pair() -> Pair {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq_a = dev.ctx.create_cq(64).build().unwrap();
-    let cq_b = dev.ctx.create_cq(64).build().unwrap();
+    let cq_a = dev.ctx.create_cq(256).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).build().unwrap();
     let qp = |cq: &ibverbs::CompletionQueue| {
         let qp: QueuePair = pd
             .create_qp(QpType::Ud, cq, cq)
@@ -478,7 +478,7 @@ fn soundness_empty_buffers_are_left_out_of_the_scatter_list() {
 fn soundness_cur_qp_state_must_be_the_real_state() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     qp.modify(
         &QpAttr::new()

@@ -102,7 +102,7 @@ fn soundness_ev_forgotten_events_do_not_block_teardown() {
     let t = common::device();
     let ctx = t.ctx.clone();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).build().unwrap();
+    let cq = ctx.create_cq(512).build().unwrap();
     let srq = pd.create_srq(16).build().unwrap();
     let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let receiver = pd

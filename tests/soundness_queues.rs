@@ -398,7 +398,7 @@ fn soundness_q_undersized_cq_behind_an_srq_is_refused() {
     let srq = pd.create_srq(64).build().unwrap();
     let send_cq = dev.ctx.create_cq(256).build().unwrap();
     let small = dev.ctx.create_cq(8).build().unwrap();
-    assert!(small.capacity() < srq.capacity(), "test premise");
+    assert!(small.capacity() < 64, "test premise");
     let err = pd
         .create_qp(QpType::Rc, &send_cq, &small)
         .max_send_wr(8)
@@ -408,7 +408,8 @@ fn soundness_q_undersized_cq_behind_an_srq_is_refused() {
     match err {
         Error::CqTooSmall { capacity, needed } => {
             assert_eq!(capacity, small.capacity());
-            assert_eq!(needed, u64::from(srq.capacity()));
+            // The depth asked of the SRQ (the device may grant more).
+            assert_eq!(needed, 64);
         }
         e => panic!("expected CqTooSmall, got {e}"),
     }
