@@ -112,7 +112,7 @@ impl SendEpoch {
             .0
             .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |e| {
                 let state = u64::from(sends) | if err { ERR } else { 0 };
-                Some((e & !(SENDS | ERR)).wrapping_add(CHANGE) | state)
+                Some((e & !(SENDS | ERR | CLOSED)).wrapping_add(CHANGE) | state)
             });
     }
 

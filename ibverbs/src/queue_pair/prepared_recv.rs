@@ -16,7 +16,6 @@ use crate::{QueuePair, SharedReceiveQueue};
 
 /// The refusal of a receive on a queue pair in ERR.
 #[cold]
-
 fn refused_in_err() -> Error {
     Error::QueuePairInError {
         verb: "ibv_post_recv",
