@@ -7,50 +7,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_pair, remote_all};
+use common::{ex_pair, remote_all};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Completions, Error, Feature, QpType, QueuePair,
-    RecvRequest, SendOps, SendRequest, WcFields, WcOpcode,
+    AccessFlags, Completion, CompletionQueue, Completions, Error, Feature, QpType, RecvRequest,
+    SendOps, SendRequest, WcFields, WcOpcode,
 };
-
-struct ExPair {
-    dev: common::TestDevice,
-    pd: ibverbs::ProtectionDomain,
-    cq_a: CompletionQueue,
-    cq_b: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
-}
-
-fn ex_pair(ops: SendOps) -> ExPair {
-    let dev = common::device();
-    let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = || {
-        dev.ctx
-            .create_cq(256)
-            .wc_fields(WcFields::standard())
-            .build()
-            .unwrap()
-    };
-    let (cq_a, cq_b) = (cq(), cq());
-    let qp = |cq: &CompletionQueue| {
-        pd.create_qp(QpType::Rc, cq, cq)
-            .max_inline_data(64)
-            .send_ops(ops)
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (qp(&cq_a), qp(&cq_b));
-    connect_pair(&dev, &a, &b, remote_all());
-    ExPair {
-        dev,
-        pd,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    }
-}
 
 /// Polls with `poll_ex` until `n` completions arrived (10 s at most).
 fn wait_ex(cq: &CompletionQueue, n: usize) -> Vec<Completion> {

@@ -10,7 +10,7 @@ mod common;
 use common::{pair, remote_all, Pair};
 use ibverbs::{
     AccessFlags, AddressVector, Endpoint, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
-    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest, WcFields,
+    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest,
 };
 
 /// An RDMA read's inline "data" as rxe reads it: one SGE
@@ -173,33 +173,7 @@ fn soundness_inline_atomics_are_refused() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn soundness_inline_read_is_refused_on_the_extended_path() {
-    let dev = common::device();
-    let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = || {
-        dev.ctx
-            .create_cq(256)
-            .wc_fields(WcFields::standard())
-            .build()
-            .unwrap()
-    };
-    let (cq_a, cq_b) = (cq(), cq());
-    let qp = |cq: &ibverbs::CompletionQueue| {
-        pd.create_qp(QpType::Rc, cq, cq)
-            .max_inline_data(64)
-            .send_ops(SendOps::rc_data())
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (qp(&cq_a), qp(&cq_b));
-    common::connect_pair(&dev, &a, &b, remote_all());
-    let p = Pair {
-        dev,
-        pd,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    };
+    let p = common::ex_pair(SendOps::rc_data());
     let t = inline_read(&p);
     let view: &[u8] = &t.victim;
     let e =

@@ -105,6 +105,38 @@ pub fn pair(
     }
 }
 
+/// An RC pair created through `ibv_create_qp_ex` with `ops` (inline up
+/// to 64 bytes), each on its own extended CQ (`WcFields::standard`).
+pub fn ex_pair(ops: ibverbs::SendOps) -> Pair {
+    let dev = device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = || {
+        dev.ctx
+            .create_cq(256)
+            .wc_fields(ibverbs::WcFields::standard())
+            .build()
+            .unwrap()
+    };
+    let (cq_a, cq_b) = (cq(), cq());
+    let qp = |cq: &CompletionQueue| {
+        pd.create_qp(QpType::Rc, cq, cq)
+            .max_inline_data(64)
+            .send_ops(ops)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (qp(&cq_a), qp(&cq_b));
+    connect_pair(&dev, &a, &b, remote_all());
+    Pair {
+        dev,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
 /// Connects two RC/UC queue pairs of `dev` to each other.
 pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
     let opts = options(dev, access);
