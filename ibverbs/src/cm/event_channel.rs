@@ -254,7 +254,7 @@ impl EventChannel {
         // SAFETY: a valid event until acknowledged; copied out here.
         let raw = unsafe { *ev };
         let kind = CmEventType::from_raw(raw.event);
-        // SAFETY (both): the event's ids are alive until its ack
+        // SAFETY: (both calls) the event's ids are alive until its ack
         // (rdma_destroy_id waits for it), and every id on our channels was
         // adopted (`context` set by CmId::adopt) — except a connect
         // request's new id, whose `context` still is the listening id's
@@ -309,11 +309,12 @@ impl EventChannel {
         }
         let mut result = Ok(());
         if event.kind == CmEventType::ConnectResponse {
-            // SAFETY: the event's id is alive at least until the ack (its
+            // The event's id is alive at least until the ack (its
             // destruction waits for it); its `context` holds a count of its
             // IdShared until it is destroyed (CmId::adopt). Only `&IdShared`
             // is formed: a concurrent IdHandle::drop holds `&mut` of the
             // handle, a separate allocation.
+            // SAFETY: as just said.
             let shared = unsafe { IdShared::of(raw.id) };
             result = match shared {
                 // SAFETY: `raw.id` is this IdShared's id, alive until the ack.
