@@ -16,10 +16,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{connect_pair, device, pattern, remote_all, TestDevice};
+use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    ProtectionDomain, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 /// Longest any single await may take here.
@@ -41,22 +41,6 @@ async fn ok(what: &str, fut: CompletionFuture) -> Completion {
     within(what, fut)
         .await
         .unwrap_or_else(|e| panic!("{what}: {e}"))
-}
-
-/// A queue pair whose CQ reports to its own completion channel.
-fn channel_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePair {
-    let channel = dev.ctx.create_comp_channel().unwrap();
-    let cq = dev
-        .ctx
-        .create_cq(2 * depth)
-        .channel(&channel)
-        .build()
-        .unwrap();
-    pd.create_qp(QpType::Rc, &cq, &cq)
-        .max_send_wr(depth)
-        .max_recv_wr(depth)
-        .build()
-        .unwrap()
 }
 
 /// Two connected RC queue pairs of the test device, wrapped.

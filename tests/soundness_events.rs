@@ -11,11 +11,10 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{connect_pair, pattern, TestDevice};
+use common::{channel_qp, connect_pair, pattern, plain_qp};
 use ibverbs::{
     AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, AsyncEvents, AsyncQueuePair, Context,
-    Error, ProtectionDomain, QpAttr, QpState, QpType, QueuePair, RecvRequest, SendRequest,
-    WcOpcode,
+    Error, ProtectionDomain, QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode,
 };
 
 fn local() -> AccessFlags {
@@ -26,32 +25,6 @@ fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> ibverbs::LocalBuffer {
     let mut b = pd.alloc(len, local()).unwrap();
     b.copy_from_slice(&pattern(len, seed));
     b
-}
-
-/// An RC queue pair whose CQ reports to its own completion channel.
-fn channel_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePair {
-    let channel = dev.ctx.create_comp_channel().unwrap();
-    let cq = dev
-        .ctx
-        .create_cq(2 * depth)
-        .channel(&channel)
-        .build()
-        .unwrap();
-    pd.create_qp(QpType::Rc, &cq, &cq)
-        .max_send_wr(depth)
-        .max_recv_wr(depth)
-        .build()
-        .unwrap()
-}
-
-/// A plain RC queue pair (its own CQ, no channel).
-fn plain_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePair {
-    let cq = dev.ctx.create_cq(2 * depth).build().unwrap();
-    pd.create_qp(QpType::Rc, &cq, &cq)
-        .max_send_wr(depth)
-        .max_recv_wr(depth)
-        .build()
-        .unwrap()
 }
 
 /// Runs `f` on another thread and fails the test if it does not return

@@ -137,6 +137,33 @@ pub fn ex_pair(ops: ibverbs::SendOps) -> Pair {
     }
 }
 
+/// An RC queue pair `depth` deep both ways whose CQ reports to its own
+/// completion channel (for `AsyncQueuePair`).
+pub fn channel_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePair {
+    let channel = dev.ctx.create_comp_channel().unwrap();
+    let cq = dev
+        .ctx
+        .create_cq(2 * depth)
+        .channel(&channel)
+        .build()
+        .unwrap();
+    pd.create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(depth)
+        .max_recv_wr(depth)
+        .build()
+        .unwrap()
+}
+
+/// An RC queue pair `depth` deep both ways on its own CQ (no channel).
+pub fn plain_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePair {
+    let cq = dev.ctx.create_cq(2 * depth).build().unwrap();
+    pd.create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(depth)
+        .max_recv_wr(depth)
+        .build()
+        .unwrap()
+}
+
 /// Connects two RC/UC queue pairs of `dev` to each other.
 pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
     let opts = options(dev, access);
