@@ -301,3 +301,25 @@
 //! b[0] = 1;                           // while we use the second
 //! # Ok(()) }
 //! ```
+//!
+//! # 14. Raw polling that would swallow safe completions
+//!
+//! `poll_raw` passes the provider's entries through untouched: a safe
+//! request's completion consumed there would never hand its buffers back
+//! (and its `wr_id` is the library's tag). It is `unsafe`, with a contract.
+//!
+//! ```compile_fail,E0133
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut raw = vec![WorkCompletion::default(); 16];
+//! cq.poll_raw(&mut raw)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut done = Completions::with_capacity(16);
+//! cq.poll(&mut done)?; // every completion claimed, buffers back
+//! # Ok(()) }
+//! ```
