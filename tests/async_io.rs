@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
-    ProtectionDomain, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    ProtectionDomain, QpType, SendRequest, WcOpcode, WcStatus,
 };
 
 /// Longest any single await may take here.
@@ -389,25 +389,13 @@ async fn async_events_stream() {
     let quiet = tokio::time::timeout(Duration::from_millis(100), events.next()).await;
     assert!(quiet.is_err(), "unexpected event: {quiet:?}");
     // An SRQ below its armed limit raises IBV_EVENT_SRQ_LIMIT_REACHED.
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).build().unwrap();
-    let srq = pd.create_srq(16).build().unwrap();
-    let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
-    let receiver = pd
-        .create_qp(QpType::Rc, &cq, &cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    connect_pair(&t, &sender, &receiver, local());
-    for _ in 0..8 {
-        srq.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
-            .unwrap();
-    }
-    srq.set_limit(4).unwrap();
+    // Kept whole: dropping a part (the receiver, the SRQ) would end the test.
+    let setup = common::srq_with_limit(&t);
+    let (cq, sender) = (&setup.cq, &setup.sender);
     for i in 0..6u8 {
         sender.post_send(SendRequest::send_inline(&[i])).unwrap();
     }
-    common::wait(&cq, 12);
+    common::wait(cq, 12);
     let ev = within("async event", events.next()).await.unwrap();
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
     assert_eq!(ev.element(), ibverbs::AsyncElement::Srq, "{ev:?}");

@@ -105,33 +105,19 @@ fn softroce_vm_rxe0_facts() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn async_event_srq_limit_reached() {
-    use ibverbs::{AccessFlags, AsyncEventType, QpType, RecvRequest, SendRequest};
+    use ibverbs::{AsyncEventType, SendRequest};
     use std::os::fd::AsRawFd;
     let t = common::device();
     let ctx = &t.ctx;
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).build().unwrap();
-    let srq = pd.create_srq(16).build().unwrap();
-    let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
-    let receiver = pd
-        .create_qp(QpType::Rc, &cq, &cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    common::connect_pair(&t, &sender, &receiver, AccessFlags::LOCAL_WRITE);
-    for _ in 0..8 {
-        srq.post_recv(RecvRequest::new(
-            pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
-        ))
-        .unwrap();
-    }
-    srq.set_limit(4).unwrap();
+    // Kept whole: dropping a part (the receiver, the SRQ) would end the test.
+    let setup = common::srq_with_limit(&t);
+    let (cq, sender) = (&setup.cq, &setup.sender);
     ctx.set_async_nonblocking(true).unwrap();
     assert!(ctx.get_async_event().is_err(), "no event before traffic");
     for i in 0..6u8 {
         sender.post_send(SendRequest::send_inline(&[i])).unwrap();
     }
-    common::wait(&cq, 12);
+    common::wait(cq, 12);
     // Wait (bounded) for the async fd to become readable.
     let mut pfd = libc::pollfd {
         fd: ctx.as_raw_fd(),

@@ -74,23 +74,13 @@ fn next_event(ctx: &Context, want: impl Fn(&AsyncEvent) -> bool) -> Option<Async
 fn soundness_ev_forgotten_events_do_not_block_teardown() {
     let t = common::device();
     let ctx = t.ctx.clone();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(512).build().unwrap();
-    let srq = pd.create_srq(16).build().unwrap();
-    let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
-    let receiver = pd
-        .create_qp(QpType::Rc, &cq, &cq)
-        .srq(&srq)
-        .build()
-        .unwrap();
-    common::connect_pair(&t, &sender, &receiver, AccessFlags::LOCAL_WRITE);
-    for _ in 0..8 {
-        srq.post_recv(RecvRequest::new(
-            pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
-        ))
-        .unwrap();
-    }
-    srq.set_limit(4).unwrap();
+    let common::SrqWithLimit {
+        pd,
+        cq,
+        srq,
+        sender,
+        receiver,
+    } = common::srq_with_limit(&t);
     ctx.set_async_nonblocking(true).unwrap();
     for i in 0..6u8 {
         sender.post_send(SendRequest::send_inline(&[i])).unwrap();

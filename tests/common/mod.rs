@@ -164,6 +164,43 @@ pub fn plain_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePai
         .unwrap()
 }
 
+/// A sender connected to a receiver that takes its messages from an SRQ
+/// holding 8 receives of 64 bytes, its limit armed at 4: six sends from
+/// `sender` make the SRQ raise `IBV_EVENT_SRQ_LIMIT_REACHED`.
+pub struct SrqWithLimit {
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub srq: ibverbs::SharedReceiveQueue,
+    pub sender: QueuePair,
+    pub receiver: QueuePair,
+}
+
+/// Builds [`SrqWithLimit`] on `dev` (one CQ of 256 for everything).
+pub fn srq_with_limit(dev: &TestDevice) -> SrqWithLimit {
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = dev.ctx.create_cq(256).build().unwrap();
+    let srq = pd.create_srq(16).build().unwrap();
+    let sender = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
+    let receiver = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .srq(&srq)
+        .build()
+        .unwrap();
+    connect_pair(dev, &sender, &receiver, AccessFlags::LOCAL_WRITE);
+    for _ in 0..8 {
+        let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+        srq.post_recv(ibverbs::RecvRequest::new(buf)).unwrap();
+    }
+    srq.set_limit(4).unwrap();
+    SrqWithLimit {
+        pd,
+        cq,
+        srq,
+        sender,
+        receiver,
+    }
+}
+
 /// Connects two RC/UC queue pairs of `dev` to each other.
 pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
     let opts = options(dev, access);

@@ -254,11 +254,12 @@ impl EventChannel {
         // SAFETY: a valid event until acknowledged; copied out here.
         let raw = unsafe { *ev };
         let kind = CmEventType::from_raw(raw.event);
-        // SAFETY: (both calls) the event's ids are alive until its ack
-        // (rdma_destroy_id waits for it), and every id on our channels was
-        // adopted (`context` set by CmId::adopt) — except a connect
-        // request's new id, whose `context` still is the listening id's
-        // until adopted below: its serial is read after.
+        // The event's ids are alive until its ack (rdma_destroy_id waits
+        // for it), and every id on our channels was adopted (`context` set
+        // by CmId::adopt) — except a connect request's new id, whose
+        // `context` still is the listening id's until adopted below: its
+        // serial is read after.
+        // SAFETY: (both calls) as just said.
         let (id, listen_id) = unsafe {
             (
                 IdShared::of(raw.id).map(|s| s.serial),
