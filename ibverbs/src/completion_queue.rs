@@ -420,6 +420,7 @@ impl CompletionQueue {
     /// # References
     /// `ibv_poll_cq(3)`
     #[doc(alias = "ibv_poll_cq")]
+    #[inline]
     pub unsafe fn poll_raw(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
         // and `out` has `len` writable entries.

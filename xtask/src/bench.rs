@@ -13,7 +13,7 @@
 mod analysis;
 mod parse;
 mod plan;
-mod plot;
+pub(crate) mod plot;
 mod report;
 mod runner;
 mod stats;

@@ -27,6 +27,11 @@ pub const PACKAGES: &[&str] = &[
     "pkg-config",
     // the TrueType font `cargo xtask bench` draws its plot's text with
     "fonts-dejavu-core",
+    // `cargo xtask instr`: callgrind counts instructions, strace kernel calls, gcc builds the
+    // C twin of the opcost probe
+    "valgrind",
+    "strace",
+    "gcc",
 ];
 
 /// Which of `packages` are not installed, per `dpkg-query`.

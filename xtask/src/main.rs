@@ -5,6 +5,7 @@
 //! `cargo xtask test`  – host tests, then the device tests inside a VM.
 //! `cargo xtask demo`  – build the examples and run the demo inside a VM.
 //! `cargo xtask bench` – our example tools vs rdma-core's C tools, interleaved in one VM.
+//! `cargo xtask instr` – instructions per operation (callgrind), ours vs C, and scaling curves.
 //! `cargo xtask fuzz`  – every fuzz target of `fuzz/` for a few seconds (cargo-fuzz, libFuzzer).
 //!
 //! Everything prints its progress as `[xtask <elapsed>s] …`.
@@ -15,6 +16,7 @@ mod deps;
 mod faults;
 mod fuzz;
 mod guest;
+mod instr;
 mod kernel;
 mod test;
 mod util;
@@ -64,6 +66,13 @@ enum Cmd {
     /// target/bench/latency_bandwidth.png and the raw outputs under target/bench/raw/. Exits
     /// non-zero if any run failed (a missed target is a result, not a failure).
     Bench(BenchArgs),
+    /// Instructions per operation, ours against C, counted by callgrind in one SoftRoCE VM.
+    ///
+    /// Deterministic where wall clock under TCG is not: per post, per completion and per event
+    /// wait (request, prepared and raw paths against a C twin), the provider's share, scaling
+    /// with queue pairs, depth and threads, and the event-mode ping-pongs against rdma-core's
+    /// and perftest's tools. Writes target/instr/report.md and target/instr/scaling.png.
+    Instr(InstrArgs),
     /// Fault injection between two VMs (loss, reordering, a killed peer, link
     /// down, RNR, CQ overrun); one row per scenario, fails if any fails.
     Faults(FaultsArgs),
@@ -224,6 +233,25 @@ struct BenchArgs {
     opts: VmOpts,
 }
 
+#[derive(Args)]
+struct InstrArgs {
+    /// Fewer configurations (1 and 16 QPs, depth 1 and 16, 1 and 2 threads): about a third of
+    /// the full run's time.
+    #[arg(long)]
+    quick: bool,
+    /// Only these sets, comma-separated: paths, events, qps, depth, threads, pingpong.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    only: Option<Vec<String>>,
+    /// Rebuild the report from the last run's files; run nothing.
+    #[arg(long)]
+    reanalyze: bool,
+    /// Also write the report and plot to docs/instructions.md and docs/instructions.png.
+    #[arg(long)]
+    publish: bool,
+    #[command(flatten)]
+    opts: VmOpts,
+}
+
 fn parse_env(s: &str) -> std::result::Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -329,6 +357,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 tools: args.tools,
                 run_timeout: args.run_timeout,
                 port_base: args.port_base,
+                reanalyze: args.reanalyze,
+                vm: args.opts,
+            })?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Instr(args) => {
+            if !args.reanalyze {
+                deps::ensure()?;
+            }
+            let ok = instr::cmd_instr(&instr::InstrOptions {
+                quick: args.quick,
+                publish: args.publish,
+                only: args.only,
                 reanalyze: args.reanalyze,
                 vm: args.opts,
             })?;

@@ -22,14 +22,14 @@ const FONTS: &[&str] = &[
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
 
-const FAMILY: &str = "sans-serif";
+pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Limits of the ratio axis; ratios beyond are marked on the edge.
 const RATIO_MIN: f64 = 0.5;
 const RATIO_MAX: f64 = 2.0;
 
 /// Okabe–Ito colours (distinguishable with colour-blindness), by position in the tool table.
-const PALETTE: [RGBColor; 8] = [
+pub(crate) const PALETTE: [RGBColor; 8] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
@@ -51,7 +51,7 @@ fn colour(cell: &Cell) -> RGBColor {
 static FONT_ONCE: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
 
 /// Registers the TTF as plotters' "sans-serif" (once per process).
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     FONT_ONCE
         .get_or_init(|| {
             let path = FONTS

@@ -1,0 +1,539 @@
+//! The per-operation cost probe of `cargo xtask instr`: N RC queue pairs,
+//! each connected to itself, sharing one CQ per thread; every round posts
+//! `depth` signaled RDMA writes of `size` bytes on every queue pair, sleeps
+//! until the device has completed them, and polls them in batches of 16.
+//! `xtask/c/opcost.c` is the same program on libibverbs in C.
+//!
+//! ```text
+//! opcost --path request|prepared|raw [--qps N] [--depth D] [--threads T]
+//!        [--rounds R] [--size BYTES] [--events] [--calibrate K] [-d DEV] [-i PORT] [-x GID]
+//! ```
+//!
+//! The work of one request happens in two functions that are never inlined,
+//! `instr_post` (one request) and `instr_poll` (one poll of up to 16), so
+//! that callgrind reports their inclusive instruction counts; `instr_empty`
+//! polls an empty CQ `--calibrate` times through the same code, so the cost
+//! of a poll that finds fewer completions than it could take is known.
+//! `instr_wait` (with `--events`, one queue pair, depth 1) is the event
+//! wait: get the event, re-arm, acknowledge. The sleep between posting and
+//! polling keeps the count deterministic: a poll finds every completion
+//! of the round (`short_polls` counts the exceptions).
+//!
+//! The paths: `request` moves an owned buffer into a new request per
+//! operation (`post_send`) and takes it back from its completion; `prepared`
+//! re-posts a [`PreparedSend`](ibverbs::PreparedSend); `raw` posts a reused
+//! C work request through the unsafe raw path. One line of `key=value`
+//! results goes to stdout (setup and teardown times, RSS, counts).
+
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ibverbs::{
+    AccessFlags, CompletionChannel, CompletionQueue, Completions, ConnectOptions, Context,
+    Endpoint, GidIndex, LocalBuffer, PortNumber, PreparedSend, QpType, QueuePair, RemoteMemory,
+    SendRequest, SharedBuffer, WorkCompletion,
+};
+use ibverbs_sys as sys;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Completions taken per poll (perftest's batch).
+const BATCH: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Request,
+    Prepared,
+    Raw,
+}
+
+struct Args {
+    path: Path,
+    qps: usize,
+    depth: usize,
+    threads: usize,
+    rounds: u64,
+    size: usize,
+    events: bool,
+    calibrate: u64,
+    device: Option<String>,
+    port: Option<u8>,
+    gid: Option<u8>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        path: Path::Request,
+        qps: 1,
+        depth: 1,
+        threads: 1,
+        rounds: 100,
+        size: 64,
+        events: false,
+        calibrate: 0,
+        device: None,
+        port: None,
+        gid: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--path" => {
+                a.path = match value()?.as_str() {
+                    "request" => Path::Request,
+                    "prepared" => Path::Prepared,
+                    "raw" => Path::Raw,
+                    other => return Err(format!("unknown path {other:?}").into()),
+                }
+            }
+            "--qps" => a.qps = value()?.parse()?,
+            "--depth" => a.depth = value()?.parse()?,
+            "--threads" => a.threads = value()?.parse()?,
+            "--rounds" => a.rounds = value()?.parse()?,
+            "--size" => a.size = value()?.parse()?,
+            "--calibrate" => a.calibrate = value()?.parse()?,
+            "--events" => a.events = true,
+            "-d" => a.device = Some(value()?),
+            "-i" => a.port = Some(value()?.parse()?),
+            "-x" => a.gid = Some(value()?.parse()?),
+            other => return Err(format!("unknown argument {other:?}").into()),
+        }
+    }
+    if a.qps == 0 || a.depth == 0 || a.threads == 0 || a.qps % a.threads != 0 {
+        return Err(
+            "--qps, --depth, --threads must be positive, --qps a multiple of --threads".into(),
+        );
+    }
+    if a.events && (a.qps != 1 || a.depth != 1 || a.threads != 1) {
+        return Err("--events measures one queue pair at depth 1".into());
+    }
+    if a.events && a.path == Path::Raw {
+        return Err("--events takes the safe paths".into());
+    }
+    Ok(a)
+}
+
+/// Resident set size in KiB (`/proc/self/statm`).
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pages * 4
+}
+
+/// One thread's share: a CQ, its queue pairs, the buffers of every request.
+struct Lane {
+    cq: CompletionQueue,
+    channel: Option<CompletionChannel>,
+    qps: Vec<QueuePair>,
+    /// Request buffers by request index (`qp * depth + slot`): the request
+    /// path moves them out and back.
+    bufs: Vec<Option<LocalBuffer>>,
+    prepared: Vec<PreparedSend>,
+    /// The raw path's requests and SGEs (the buffers stay in `bufs`).
+    raw: Vec<(sys::ibv_send_wr, Box<sys::ibv_sge>)>,
+    remote: RemoteMemory,
+    comps: Completions,
+    wcs: [WorkCompletion; BATCH],
+    depth: usize,
+    short_polls: u64,
+    polls: u64,
+}
+
+// SAFETY: the raw work requests point into their own boxed SGEs only; a
+// lane is used by one thread at a time.
+unsafe impl Send for Lane {}
+
+/// The three paths, each its own copy of the measured functions (so that
+/// none pays for the others' stack frame or dispatch), all named
+/// `instr_post` / `instr_poll` / `instr_empty` for callgrind.
+trait Ops {
+    fn post(lane: &mut Lane, i: usize) -> Result<()>;
+    fn poll(lane: &mut Lane) -> Result<usize>;
+    fn empty(lane: &mut Lane) -> Result<bool>;
+}
+
+/// A new owned-buffer request per operation; the buffer comes back from
+/// the completion.
+mod request {
+    use super::*;
+    pub struct P;
+    #[inline(never)]
+    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+        let buf = lane.bufs[i].take().ok_or("buffer not back")?;
+        lane.qps[i / lane.depth]
+            .post_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
+            .map_err(|e| e.error)?;
+        Ok(())
+    }
+    #[inline(always)]
+    fn body(lane: &mut Lane) -> Result<usize> {
+        let n = lane.cq.poll(&mut lane.comps)?;
+        for mut c in lane.comps.drain() {
+            c.result()?;
+            let i = c.wr_id() as usize;
+            lane.bufs[i] = c.take_local();
+        }
+        Ok(n)
+    }
+    #[inline(never)]
+    fn instr_poll(lane: &mut Lane) -> Result<usize> {
+        body(lane)
+    }
+    #[inline(never)]
+    fn instr_empty(lane: &mut Lane) -> Result<bool> {
+        Ok(body(lane)? == 0)
+    }
+    impl Ops for P {
+        fn post(lane: &mut Lane, i: usize) -> Result<()> {
+            instr_post(lane, i)
+        }
+        fn poll(lane: &mut Lane) -> Result<usize> {
+            instr_poll(lane)
+        }
+        fn empty(lane: &mut Lane) -> Result<bool> {
+            instr_empty(lane)
+        }
+    }
+}
+
+/// A [`PreparedSend`] re-posted.
+mod prepared {
+    use super::*;
+    pub struct P;
+    #[inline(never)]
+    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+        lane.prepared[i].post()?;
+        Ok(())
+    }
+    #[inline(always)]
+    fn body(lane: &mut Lane) -> Result<usize> {
+        let n = lane.cq.poll(&mut lane.comps)?;
+        for c in lane.comps.drain() {
+            c.result()?;
+        }
+        Ok(n)
+    }
+    #[inline(never)]
+    fn instr_poll(lane: &mut Lane) -> Result<usize> {
+        body(lane)
+    }
+    #[inline(never)]
+    fn instr_empty(lane: &mut Lane) -> Result<bool> {
+        Ok(body(lane)? == 0)
+    }
+    impl Ops for P {
+        fn post(lane: &mut Lane, i: usize) -> Result<()> {
+            instr_post(lane, i)
+        }
+        fn poll(lane: &mut Lane) -> Result<usize> {
+            instr_poll(lane)
+        }
+        fn empty(lane: &mut Lane) -> Result<bool> {
+            instr_empty(lane)
+        }
+    }
+}
+
+/// A reused C work request through the unsafe raw path.
+mod raw {
+    use super::*;
+    pub struct P;
+    #[inline(never)]
+    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+        let qp = &lane.qps[i / lane.depth];
+        // SAFETY: the request's buffer lives in `lane.bufs` (registered, not
+        // touched until its completion is polled); its wr_id has bit 63
+        // clear; one request, NULL-terminated.
+        unsafe { qp.post_send_raw(&mut lane.raw[i].0) }?;
+        Ok(())
+    }
+    #[inline(always)]
+    fn body(lane: &mut Lane) -> Result<usize> {
+        // SAFETY: only raw requests are posted to this lane's queue pairs,
+        // the only ones reporting to its CQ.
+        let n = unsafe { lane.cq.poll_raw(&mut lane.wcs) }?;
+        for wc in &lane.wcs[..n] {
+            if wc.status() != ibverbs::WcStatus::Success {
+                return Err(format!("write failed: {:?}", wc.status()).into());
+            }
+        }
+        Ok(n)
+    }
+    #[inline(never)]
+    fn instr_poll(lane: &mut Lane) -> Result<usize> {
+        body(lane)
+    }
+    #[inline(never)]
+    fn instr_empty(lane: &mut Lane) -> Result<bool> {
+        Ok(body(lane)? == 0)
+    }
+    impl Ops for P {
+        fn post(lane: &mut Lane, i: usize) -> Result<()> {
+            instr_post(lane, i)
+        }
+        fn poll(lane: &mut Lane) -> Result<usize> {
+            instr_poll(lane)
+        }
+        fn empty(lane: &mut Lane) -> Result<bool> {
+            instr_empty(lane)
+        }
+    }
+}
+
+/// Waits for the lane's completion event and re-arms.
+#[inline(never)]
+fn instr_wait(lane: &mut Lane) -> Result<()> {
+    let ch = lane.channel.as_ref().ok_or("no channel")?;
+    let cq = ch.get_event()?.ok_or("event of a destroyed CQ")?;
+    cq.req_notify(false)?;
+    Ok(())
+}
+
+fn run_lane(lane: &mut Lane, path: Path, rounds: u64, calibrate: u64, events: bool) -> Result<()> {
+    match path {
+        Path::Request => run_path::<request::P>(lane, rounds, calibrate, events),
+        Path::Prepared => run_path::<prepared::P>(lane, rounds, calibrate, events),
+        Path::Raw => run_path::<raw::P>(lane, rounds, calibrate, events),
+    }
+}
+
+fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) -> Result<()> {
+    for _ in 0..calibrate {
+        if !P::empty(lane)? {
+            return Err("calibration found a completion".into());
+        }
+    }
+    let per_round = lane.qps.len() * lane.depth;
+    // Settling time per outstanding request; doubled when a poll comes
+    // back short (counted), so the counts stay deterministic.
+    let mut settle = Duration::from_micros(40);
+    for _ in 0..rounds {
+        for i in 0..per_round {
+            P::post(lane, i)?;
+        }
+        if events {
+            instr_wait(lane)?;
+        } else {
+            std::thread::sleep(settle * per_round as u32);
+        }
+        let mut got = 0;
+        let started = Instant::now();
+        while got < per_round {
+            let want = BATCH.min(per_round - got);
+            let n = P::poll(lane)?;
+            lane.polls += 1;
+            got += n;
+            if n < want {
+                lane.short_polls += 1;
+                settle *= 2;
+                std::thread::sleep(settle);
+                if started.elapsed() > Duration::from_secs(30) {
+                    return Err(format!("only {got} of {per_round} completions in 30 s").into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn build_lane(
+    ctx: &Context,
+    pd: &ibverbs::ProtectionDomain,
+    a: &Args,
+    port: PortNumber,
+    gid: GidIndex,
+    remote: RemoteMemory,
+) -> Result<Lane> {
+    let per = a.qps / a.threads;
+    let channel = if a.events {
+        Some(CompletionChannel::new(ctx)?)
+    } else {
+        None
+    };
+    // The receive queue (one entry, never used) counts too.
+    let cqe = (per * (a.depth + 1)) as u32;
+    let cq = match &channel {
+        Some(ch) => ctx.create_cq(cqe).channel(ch).build()?,
+        None => ctx.create_cq(cqe).build()?,
+    };
+    if a.events {
+        cq.req_notify(false)?;
+    }
+    let mut qps = Vec::with_capacity(per);
+    let opts = ConnectOptions::new(port)
+        .gid_index(gid)
+        .qp_access_flags(AccessFlags::REMOTE_WRITE);
+    for _ in 0..per {
+        let qp = pd
+            .create_qp(QpType::Rc, &cq, &cq)
+            .max_send_wr(a.depth as u32)
+            .max_recv_wr(1)
+            .build()?;
+        let me = Endpoint::local(&qp, port, Some(gid), Endpoint::random_psn())?;
+        qp.connect(me.psn, &me, &opts)?;
+        qps.push(qp);
+    }
+    Ok(Lane {
+        cq,
+        channel,
+        qps,
+        bufs: Vec::new(),
+        prepared: Vec::new(),
+        raw: Vec::new(),
+        remote,
+        comps: Completions::with_capacity(BATCH),
+        wcs: [WorkCompletion::default(); BATCH],
+        depth: a.depth,
+        short_polls: 0,
+        polls: 0,
+    })
+}
+
+/// Registers the lane's request buffers and builds the requests of its path.
+fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Result<()> {
+    let n = lane.qps.len() * a.depth;
+    let mut rest = pd.alloc(n * a.size, AccessFlags::LOCAL_WRITE)?;
+    for _ in 0..n {
+        let (head, tail) = rest.split_at(a.size);
+        lane.bufs.push(Some(head));
+        rest = tail;
+    }
+    match a.path {
+        Path::Request => {}
+        Path::Prepared => {
+            for (i, b) in lane.bufs.iter_mut().enumerate() {
+                let buf = b.take().ok_or("missing buffer")?;
+                let qp = &lane.qps[i / a.depth];
+                let p = qp
+                    .prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
+                    .map_err(|e| e.error)?;
+                lane.prepared.push(p);
+            }
+        }
+        Path::Raw => {
+            for (i, b) in lane.bufs.iter().enumerate() {
+                let b = b.as_ref().ok_or("missing buffer")?;
+                let mut sge = Box::new(sys::ibv_sge {
+                    addr: b.addr(),
+                    length: b.len() as u32,
+                    lkey: b.lkey(),
+                });
+                let mut wr = sys::ibv_send_wr {
+                    wr_id: i as u64,
+                    sg_list: &mut *sge,
+                    num_sge: 1,
+                    opcode: sys::IBV_WR_RDMA_WRITE,
+                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    ..Default::default()
+                };
+                wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: lane.remote.addr,
+                    rkey: lane.remote.rkey.0,
+                };
+                lane.raw.push((wr, sge));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(a: Args) -> Result<()> {
+    let list = ibverbs::devices()?;
+    let dev = match &a.device {
+        Some(name) => list.find(name).ok_or(format!("no device {name:?}"))?,
+        None => list.get(0).ok_or("no RDMA device")?,
+    };
+    let ctx = dev.open()?;
+    let port = match a.port {
+        Some(p) => PortNumber(p),
+        None => ctx.active_port()?,
+    };
+    let gid = match a.gid {
+        Some(g) => GidIndex(g),
+        None => ctx.default_gid_index(port)?,
+    };
+    let pd = ctx.alloc_pd()?;
+    let target: SharedBuffer = pd.alloc_shared(
+        a.size.max(8),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )?;
+    let remote = target.remote().ok_or("target has no rkey")?;
+    let rss_base = rss_kib();
+
+    let t = Instant::now();
+    let mut lanes = (0..a.threads)
+        .map(|_| build_lane(&ctx, &pd, &a, port, gid, remote))
+        .collect::<Result<Vec<_>>>()?;
+    let setup = t.elapsed();
+    let rss_qps = rss_kib();
+    for lane in &mut lanes {
+        fill_lane(lane, &pd, &a)?;
+    }
+    let rss_bufs = rss_kib();
+
+    let t = Instant::now();
+    let (path, rounds, calibrate, events) = (a.path, a.rounds, a.calibrate, a.events);
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = lanes
+            .iter_mut()
+            .map(|lane| s.spawn(move || run_lane(lane, path, rounds, calibrate, events)))
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "a lane panicked")??;
+        }
+        Ok(())
+    })?;
+    let ran = t.elapsed();
+
+    let (polls, short) = lanes
+        .iter()
+        .fold((0, 0), |acc, l| (acc.0 + l.polls, acc.1 + l.short_polls));
+    let t = Instant::now();
+    for lane in lanes.iter_mut() {
+        lane.prepared.clear();
+        lane.qps.clear();
+    }
+    let qp_teardown = t.elapsed();
+    drop(black_box(lanes));
+    let ops = a.rounds * a.qps as u64 * a.depth as u64;
+    println!(
+        "opcost impl=rust path={} qps={} depth={} threads={} rounds={} size={} events={} \
+         posts={ops} completions={ops} polls={polls} short_polls={short} calibrate={} \
+         setup_us={} teardown_us={} run_us={} rss_base_kib={rss_base} rss_qps_kib={rss_qps} \
+         rss_bufs_kib={rss_bufs}",
+        match a.path {
+            Path::Request => "request",
+            Path::Prepared => "prepared",
+            Path::Raw => "raw",
+        },
+        a.qps,
+        a.depth,
+        a.threads,
+        a.rounds,
+        a.size,
+        u8::from(a.events),
+        a.calibrate * a.threads as u64,
+        setup.as_micros(),
+        qp_teardown.as_micros(),
+        ran.as_micros(),
+    );
+    drop(target);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse_args().and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("opcost: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,686 @@
+//! `cargo xtask instr`: deterministic instruction counts per operation, ours against C, in one
+//! SoftRoCE VM.
+//!
+//! Wall clock under TCG cannot decide a few-percent target (the C tools differ from themselves
+//! by 11–17 % per cell); instructions executed in user space can. Every measurement is a pair
+//! of callgrind runs of the same program that differ only in length, and the marginal count
+//! (difference of the counts / difference of the operations) cancels start-up, set-up and
+//! teardown:
+//! - `opcost` (examples/opcost.rs) and its C twin (xtask/c/opcost.c, built here with `cc`): N
+//!   RC queue pairs connected to themselves on one CQ per thread, signaled 64-byte RDMA
+//!   writes. Their never-inlined `instr_post` / `instr_poll` / `instr_empty` / `instr_wait`
+//!   give the inclusive instructions of one post, one poll of up to 16 completions, one empty
+//!   poll and one event wait; rxe's own `post_send` and `poll_cq` (the functions of librxe
+//!   those call) give the provider's share. The program sleeps between posting and polling,
+//!   so a poll finds all of a round's completions and the count does not depend on timing.
+//!   Plain runs (no callgrind) of the same configurations record set-up and teardown time and
+//!   RSS; `strace -c` runs count kernel calls.
+//! - Ping-pongs in event mode (`-e`: neither side spins), client under callgrind, whole
+//!   process: rdma-core's `ibv_rc_pingpong` against our `rc_pingpong`, perftest's
+//!   `ib_send_lat` against our `send_lat`.
+//!
+//! Results: `target/instr/report.md`, `target/instr/scaling.png`, the raw outputs under
+//! `target/instr/raw/`; `--reanalyze` rebuilds the report from them.
+
+mod callgrind;
+mod report;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{self, quote};
+use crate::vm::{self, VmConfig};
+use crate::{step, VmOpts};
+
+pub use report::Row;
+
+/// The GID index of rxe0's IPv4-mapped RoCE v2 GID in the VM (see ../shared/softroce.md).
+const GID_INDEX: &str = "1";
+const PORT: &str = "1";
+
+pub struct InstrOptions {
+    pub quick: bool,
+    /// Also write the report and plot to docs/instructions.md and docs/instructions.png.
+    pub publish: bool,
+    pub only: Option<Vec<String>>,
+    pub reanalyze: bool,
+    pub vm: VmOpts,
+}
+
+/// An implementation measured by `opcost`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Imp {
+    C,
+    Request,
+    Prepared,
+    Raw,
+}
+
+impl Imp {
+    pub fn name(self) -> &'static str {
+        match self {
+            Imp::C => "C",
+            Imp::Request => "request",
+            Imp::Prepared => "prepared",
+            Imp::Raw => "raw",
+        }
+    }
+}
+
+/// One `opcost` configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Config {
+    pub imp: Imp,
+    pub qps: u32,
+    pub depth: u32,
+    pub threads: u32,
+    pub events: bool,
+}
+
+impl Config {
+    /// `request, 16 QPs, depth 1, 1 thread`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}, {} QPs, depth {}, {} thread{}{}",
+            self.imp.name(),
+            self.qps,
+            self.depth,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            if self.events { ", events" } else { "" }
+        )
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "op-{}-q{}-d{}-t{}{}",
+            self.imp.name().to_lowercase(),
+            self.qps,
+            self.depth,
+            self.threads,
+            if self.events { "-ev" } else { "" }
+        )
+    }
+
+    /// Rounds of the short run; the long run has three times as many. At least 64 operations
+    /// and 2 rounds; in event mode 128 rounds, a multiple of the 64 events the library
+    /// acknowledges at once, so the batched `ibv_ack_cq_events` is counted in proportion.
+    fn rounds(&self) -> u64 {
+        if self.events {
+            return 128;
+        }
+        let per_round = u64::from(self.qps * self.depth);
+        64u64.div_ceil(per_round).max(2)
+    }
+
+    fn args(&self, rounds: u64, calibrate: u64) -> Vec<String> {
+        let mut a = vec![
+            "--path".to_string(),
+            match self.imp {
+                Imp::C => "c",
+                Imp::Request => "request",
+                Imp::Prepared => "prepared",
+                Imp::Raw => "raw",
+            }
+            .into(),
+        ];
+        for (k, v) in [
+            ("--qps", self.qps.to_string()),
+            ("--depth", self.depth.to_string()),
+            ("--threads", self.threads.to_string()),
+            ("--rounds", rounds.to_string()),
+            ("--calibrate", calibrate.to_string()),
+            ("-i", PORT.into()),
+            ("-x", GID_INDEX.into()),
+        ] {
+            a.push(k.into());
+            a.push(v);
+        }
+        if self.events {
+            a.push("--events".into());
+        }
+        a
+    }
+}
+
+/// A ping-pong pair measured whole-process in event mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pingpong {
+    pub label: &'static str,
+    pub c_program: &'static str,
+    pub example: &'static str,
+    /// `-g` (rdma-core's pingpongs) or `-x` (perftest).
+    pub gid_flag: &'static str,
+    pub size: u64,
+    pub iters: (u64, u64),
+}
+
+const PINGPONGS: &[Pingpong] = &[
+    Pingpong {
+        label: "rc_pingpong -e",
+        c_program: "ibv_rc_pingpong",
+        example: "rc_pingpong",
+        gid_flag: "-g",
+        size: 64,
+        iters: (200, 800),
+    },
+    Pingpong {
+        label: "rc_pingpong -e",
+        c_program: "ibv_rc_pingpong",
+        example: "rc_pingpong",
+        gid_flag: "-g",
+        size: 4096,
+        iters: (200, 800),
+    },
+    Pingpong {
+        label: "send_lat -e",
+        c_program: "ib_send_lat",
+        example: "send_lat",
+        gid_flag: "-x",
+        size: 64,
+        iters: (200, 800),
+    },
+];
+
+/// The measurement sets (`--only` selects by name).
+pub const SETS: &[&str] = &["paths", "events", "qps", "depth", "threads", "pingpong"];
+
+fn configs(set: &str, quick: bool) -> Vec<Config> {
+    let c = |imp, qps, depth, threads, events| Config {
+        imp,
+        qps,
+        depth,
+        threads,
+        events,
+    };
+    let all = [Imp::C, Imp::Request, Imp::Prepared, Imp::Raw];
+    let safe = [Imp::C, Imp::Request, Imp::Prepared];
+    match set {
+        "paths" => all.iter().map(|&i| c(i, 16, 1, 1, false)).collect(),
+        "events" => safe.iter().map(|&i| c(i, 1, 1, 1, true)).collect(),
+        "qps" => {
+            let ns: &[u32] = if quick { &[1, 16] } else { &[1, 16, 256, 1024] };
+            ns.iter()
+                .flat_map(|&n| all.iter().map(move |&i| c(i, n, 1, 1, false)))
+                .collect()
+        }
+        "depth" => {
+            let ds: &[u32] = if quick { &[1, 16] } else { &[1, 16, 256] };
+            ds.iter()
+                .flat_map(|&d| safe.iter().map(move |&i| c(i, 16, d, 1, false)))
+                .collect()
+        }
+        "threads" => {
+            let ts: &[u32] = if quick { &[1, 2] } else { &[1, 2, 4] };
+            ts.iter()
+                .flat_map(|&t| safe.iter().map(move |&i| c(i, 4 * t, 16, t, false)))
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+struct Out {
+    dir: PathBuf,
+}
+
+impl Out {
+    fn raw(&self) -> PathBuf {
+        self.dir.join("raw")
+    }
+    fn script(&self) -> PathBuf {
+        self.dir.join("run.sh")
+    }
+    fn plan(&self) -> PathBuf {
+        self.dir.join("plan.json")
+    }
+    fn report(&self) -> PathBuf {
+        self.dir.join("report.md")
+    }
+    fn png(&self) -> PathBuf {
+        self.dir.join("scaling.png")
+    }
+}
+
+/// What the host wrote down for the analysis: the configurations and ping-pongs run.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct Plan {
+    /// (key, implementation name, qps, depth, threads, events).
+    configs: Vec<(String, String, u32, u32, u32, bool)>,
+    pingpongs: Vec<(String, usize)>,
+    /// (imp, qps) of the strace runs.
+    straced: Vec<String>,
+}
+
+/// `cargo xtask instr`. True when every run succeeded.
+pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
+    let out = Out {
+        dir: util::target_dir()?.join("instr"),
+    };
+    if o.reanalyze {
+        return finish(&out, o.publish);
+    }
+    let sets: Vec<&str> = match &o.only {
+        Some(v) => {
+            for s in v {
+                if !SETS.contains(&s.as_str()) {
+                    bail!("--only: unknown set {s:?} (sets: {})", SETS.join(", "));
+                }
+            }
+            SETS.iter()
+                .copied()
+                .filter(|s| v.iter().any(|x| x == s))
+                .collect()
+        }
+        None => SETS.to_vec(),
+    };
+    let examples = util::build_examples(
+        true,
+        &[
+            "--example",
+            "opcost",
+            "--example",
+            "rc_pingpong",
+            "--example",
+            "send_lat",
+        ],
+    )?;
+    let opcost = examples
+        .get("opcost")
+        .context("opcost was not built")?
+        .clone();
+    fs::create_dir_all(out.raw())?;
+    for e in fs::read_dir(out.raw())? {
+        let _ = fs::remove_file(e?.path());
+    }
+    let c_twin = out.dir.join("opcost_c");
+    let src = crate::repo_root()?.join("xtask/c/opcost.c");
+    let status = Command::new("cc")
+        .args(["-O2", "-g", "-Wall", "-Wextra", "-o"])
+        .arg(&c_twin)
+        .arg(&src)
+        .args(["-libverbs", "-lpthread"])
+        .status()
+        .context("cannot run cc (install gcc)")?;
+    if !status.success() {
+        bail!("cc failed to build {}", src.display());
+    }
+
+    let mut plan = Plan::default();
+    let mut sh = String::from(
+        "#!/bin/sh\n# Written by `cargo xtask instr`; runs inside the VM.\nulimit -l unlimited\n",
+    );
+    let raw = out.raw();
+    // Every configuration once, in set order; those of the `qps` set also get an strace run.
+    let mut todo: Vec<(Config, bool)> = Vec::new();
+    for set in &sets {
+        for cfg in configs(set, o.quick) {
+            match todo.iter_mut().find(|t| t.0 == cfg) {
+                Some(t) => t.1 |= *set == "qps",
+                None => todo.push((cfg, *set == "qps")),
+            }
+        }
+    }
+    for (cfg, straced) in todo {
+        {
+            let key = cfg.key();
+            plan.configs.push((
+                key.clone(),
+                cfg.imp.name().into(),
+                cfg.qps,
+                cfg.depth,
+                cfg.threads,
+                cfg.events,
+            ));
+            let prog = match cfg.imp {
+                Imp::C => &c_twin,
+                _ => &opcost,
+            };
+            let r = cfg.rounds();
+            for (tag, rounds, cal) in [("a", r, 64), ("b", 3 * r, 192)] {
+                let cg = raw.join(format!("{key}.{tag}.cg"));
+                let _ = writeln!(
+                    sh,
+                    "echo {key}.{tag}; valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {} {} >{} 2>{}",
+                    quote(&cg.to_string_lossy()),
+                    quote(&prog.to_string_lossy()),
+                    cfg.args(rounds, cal).iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
+                    quote(&raw.join(format!("{key}.{tag}.out")).to_string_lossy()),
+                    quote(&raw.join(format!("{key}.{tag}.err")).to_string_lossy()),
+                );
+            }
+            // Plain run: wall-clock set-up/teardown and RSS.
+            let _ = writeln!(
+                sh,
+                "echo {key}.plain; {} {} >{} 2>&1",
+                quote(&prog.to_string_lossy()),
+                cfg.args(r, 0)
+                    .iter()
+                    .map(|a| quote(a))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                quote(&raw.join(format!("{key}.plain.out")).to_string_lossy()),
+            );
+            if straced {
+                let _ = writeln!(
+                    sh,
+                    "echo {key}.strace; strace -f -c -o {} {} {} >/dev/null 2>&1",
+                    quote(&raw.join(format!("{key}.strace")).to_string_lossy()),
+                    quote(&prog.to_string_lossy()),
+                    cfg.args(1, 0)
+                        .iter()
+                        .map(|a| quote(a))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                );
+                plan.straced.push(key.clone());
+            }
+        }
+    }
+    for set in &sets {
+        if *set == "pingpong" {
+            for (i, pp) in PINGPONGS.iter().enumerate() {
+                let example = examples
+                    .get(pp.example)
+                    .with_context(|| format!("{} was not built", pp.example))?;
+                let c_prog = which(pp.c_program)
+                    .with_context(|| format!("{} not found (cargo xtask deps)", pp.c_program))?;
+                for (imp, prog) in [("c", c_prog), ("rust", example.clone())] {
+                    for (tag, n) in [("a", pp.iters.0), ("b", pp.iters.1)] {
+                        let key = format!("pp{i}-{imp}.{tag}");
+                        let port = 21000
+                            + i * 10
+                            + usize::from(imp == "rust") * 2
+                            + usize::from(tag == "b");
+                        let common = format!(
+                            "{} {GID_INDEX} -s {} -n {n} -p {port} -e",
+                            pp.gid_flag, pp.size
+                        );
+                        let p = quote(&prog.to_string_lossy());
+                        let _ = writeln!(
+                            sh,
+                            "echo {key}; {p} {common} >{} 2>&1 &\n\
+                             i=0; while [ $i -lt 100 ] && ! grep -qi ':{port:04X} 00000000:0000 0A' /proc/net/tcp /proc/net/tcp6; do sleep 0.2; i=$((i+1)); done\n\
+                             valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {p} {common} localhost >{} 2>&1\n\
+                             wait",
+                            quote(&raw.join(format!("{key}.server")).to_string_lossy()),
+                            quote(&raw.join(format!("{key}.cg")).to_string_lossy()),
+                            quote(&raw.join(format!("{key}.out")).to_string_lossy()),
+                        );
+                    }
+                }
+                plan.pingpongs.push((pp.label.to_string(), i));
+            }
+        }
+    }
+    sh.push_str("echo instr-done\n");
+    fs::write(out.script(), &sh)?;
+    fs::write(out.plan(), serde_json::to_string_pretty(&plan)?)?;
+
+    let session = vm::Session::new()?;
+    let command = format!("sh {}", quote(&out.script().to_string_lossy()));
+    step!(
+        "instr: {} opcost configurations, {} ping-pongs, in one VM",
+        plan.configs.len(),
+        plan.pingpongs.len()
+    );
+    // Every callgrind run boots valgrind under TCG (10–30 s) before it counts: a full run
+    // takes about 45 minutes on an idle host, far beyond the VM's default limit.
+    let limit = o.vm.timeout().max(std::time::Duration::from_secs(3 * 3600));
+    let outcome = session.run(&[VmConfig::new(0, &command, &o.vm)], limit)?;
+    let vm_ok = outcome.iter().all(|o| {
+        step!("{}", o.describe());
+        o.success()
+    });
+    let ok = finish(&out, o.publish)?;
+    if vm_ok {
+        session.cleanup();
+    } else {
+        step!("run directory kept: {}", session.run_dir().display());
+    }
+    Ok(vm_ok && ok)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The `key=value` line an opcost program printed.
+fn opcost_line(path: &Path) -> Result<BTreeMap<String, String>> {
+    let text = fs::read_to_string(path).with_context(|| format!("no {}", path.display()))?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("opcost "))
+        .with_context(|| format!("{}: no result line (run failed?)", path.display()))?;
+    Ok(line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+fn num(m: &BTreeMap<String, String>, k: &str) -> Result<f64> {
+    m.get(k)
+        .with_context(|| format!("result line has no {k}"))?
+        .parse()
+        .with_context(|| format!("{k} is not a number"))
+}
+
+fn profile(path: &Path) -> Result<callgrind::Profile> {
+    let text = fs::read_to_string(path).with_context(|| format!("no {}", path.display()))?;
+    callgrind::parse(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The provider's post and poll functions: the functions in librxe that the C twin's
+/// `instr_post` and `instr_empty` call (rxe's are static, so callgrind names them by address;
+/// the same library gives the same names in every process).
+fn provider_functions(c: &callgrind::Profile) -> Result<(callgrind::Func, callgrind::Func)> {
+    let one = |name: &str| -> Result<callgrind::Func> {
+        let f = c
+            .named(name)
+            .into_iter()
+            .next()
+            .with_context(|| format!("the C profile has no {name}"))?;
+        let v = c.callees_in(&f, "librxe");
+        match v.as_slice() {
+            [x] => Ok(x.clone()),
+            _ => bail!("{name} calls {} functions of librxe, expected one", v.len()),
+        }
+    };
+    Ok((one("instr_post")?, one("instr_empty")?))
+}
+
+/// Measures one configuration from its two runs.
+fn measure(
+    raw: &Path,
+    key: &str,
+    provider: Option<&(callgrind::Func, callgrind::Func, f64)>,
+) -> Result<report::Measured> {
+    let (la, lb) = (
+        opcost_line(&raw.join(format!("{key}.a.out")))?,
+        opcost_line(&raw.join(format!("{key}.b.out")))?,
+    );
+    let (pa, pb) = (
+        profile(&raw.join(format!("{key}.a.cg")))?,
+        profile(&raw.join(format!("{key}.b.cg")))?,
+    );
+    let d = |k: &str| -> Result<f64> { Ok(num(&lb, k)? - num(&la, k)?) };
+    let (dposts, dcomps, dshort, dcal) = (
+        d("posts")?,
+        d("completions")?,
+        d("short_polls")?,
+        d("calibrate")?,
+    );
+    if dposts <= 0.0 || dcal <= 0.0 {
+        bail!("{key}: the long run did not do more work");
+    }
+    let di = |name: &str| pb.inclusive_named(name) as f64 - pa.inclusive_named(name) as f64;
+    let empty = di("instr_empty") / dcal;
+    let post = di("instr_post") / dposts;
+    // A short poll costs about what an empty one does beyond the completions it takes.
+    let completion = (di("instr_poll") - empty * dshort) / dcomps;
+    let wait = di("instr_wait") / dcomps;
+    let (provider_post, provider_completion) = match provider {
+        Some((fpost, fpoll, empty_p)) => {
+            let dp = |f: &callgrind::Func| pb.calls_into(f).1 as f64 - pa.calls_into(f).1 as f64;
+            (
+                Some(dp(fpost) / dposts),
+                Some((dp(fpoll) - empty_p * (dcal + dshort)) / dcomps),
+            )
+        }
+        None => (None, None),
+    };
+    let plain = opcost_line(&raw.join(format!("{key}.plain.out"))).ok();
+    Ok(report::Measured {
+        post,
+        completion,
+        wait,
+        empty,
+        provider_post,
+        provider_completion,
+        short_polls: (num(&la, "short_polls")?, num(&lb, "short_polls")?),
+        setup_us: plain.as_ref().and_then(|m| num(m, "setup_us").ok()),
+        teardown_us: plain.as_ref().and_then(|m| num(m, "teardown_us").ok()),
+        rss_qps_kib: plain
+            .as_ref()
+            .and_then(|m| Some(num(m, "rss_qps_kib").ok()? - num(m, "rss_base_kib").ok()?)),
+        kernel_calls: None,
+    })
+}
+
+/// Total calls in an `strace -c` summary.
+fn strace_calls(path: &Path) -> Option<f64> {
+    let text = fs::read_to_string(path).ok()?;
+    let total = text.lines().find(|l| l.trim_end().ends_with("total"))?;
+    // % time, seconds, usecs/call, calls, [errors], total
+    let fields: Vec<&str> = total.split_whitespace().collect();
+    fields.get(3)?.parse().ok()
+}
+
+fn finish(out: &Out, publish: bool) -> Result<bool> {
+    let plan: Plan = serde_json::from_str(
+        &fs::read_to_string(out.plan()).context("no plan: run `cargo xtask instr` first")?,
+    )?;
+    let raw = out.raw();
+    let mut ok = true;
+    // The provider's functions and its empty-poll cost, from a C profile.
+    let provider = plan
+        .configs
+        .iter()
+        .find(|c| c.1 == "C" && !c.5)
+        .and_then(|c| {
+            let pa = profile(&raw.join(format!("{}.a.cg", c.0))).ok()?;
+            let pb = profile(&raw.join(format!("{}.b.cg", c.0))).ok()?;
+            let (fpost, fpoll) = provider_functions(&pa).ok()?;
+            let la = opcost_line(&raw.join(format!("{}.a.out", c.0))).ok()?;
+            let lb = opcost_line(&raw.join(format!("{}.b.out", c.0))).ok()?;
+            let dcal = num(&lb, "calibrate").ok()? - num(&la, "calibrate").ok()?;
+            let e = |p: &callgrind::Profile| -> f64 {
+                p.named("instr_empty")
+                    .first()
+                    .map(|f| p.calls.get(&(f.clone(), fpoll.clone())).map_or(0, |x| x.1))
+                    .unwrap_or(0) as f64
+            };
+            let empty = (e(&pb) - e(&pa)) / dcal;
+            Some((fpost, fpoll, empty))
+        });
+    if provider.is_none() {
+        step!("instr: no C profile to find rxe's post/poll functions in; provider shares left out");
+    }
+    let mut rows = Vec::new();
+    for (key, imp, qps, depth, threads, events) in &plan.configs {
+        let imp = match imp.as_str() {
+            "C" => Imp::C,
+            "request" => Imp::Request,
+            "prepared" => Imp::Prepared,
+            _ => Imp::Raw,
+        };
+        let cfg = Config {
+            imp,
+            qps: *qps,
+            depth: *depth,
+            threads: *threads,
+            events: *events,
+        };
+        match measure(&raw, key, provider.as_ref()) {
+            Ok(mut m) => {
+                if plan.straced.contains(key) {
+                    m.kernel_calls = strace_calls(&raw.join(format!("{key}.strace")));
+                }
+                rows.push(Row { cfg, m });
+            }
+            Err(e) => {
+                ok = false;
+                step!("instr: {key}: {e:#}");
+            }
+        }
+    }
+    let mut pps = Vec::new();
+    for (label, i) in &plan.pingpongs {
+        let pp = PINGPONGS[*i];
+        let mut per = Vec::new();
+        for imp in ["c", "rust"] {
+            let get = |tag: &str| -> Result<f64> {
+                // The client's own report proves the run completed (a killed one leaves a
+                // partial profile).
+                let out = raw.join(format!("pp{i}-{imp}.{tag}.out"));
+                let text = fs::read_to_string(&out).unwrap_or_default();
+                if !text.contains("iters in") && !text.contains("t_typical") {
+                    bail!("{} has no result: the run did not complete", out.display());
+                }
+                Ok(profile(&raw.join(format!("pp{i}-{imp}.{tag}.cg")))?.total as f64)
+            };
+            match (get("a"), get("b")) {
+                (Ok(a), Ok(b)) => per.push(Some((b - a) / (pp.iters.1 - pp.iters.0) as f64)),
+                (a, b) => {
+                    ok = false;
+                    let e = a
+                        .err()
+                        .or(b.err())
+                        .map(|e| format!("{e:#}"))
+                        .unwrap_or_default();
+                    step!("instr: ping-pong {label} {} B {imp}: {e}", pp.size);
+                    per.push(None);
+                }
+            }
+        }
+        pps.push(report::PingpongRow {
+            label: label.clone(),
+            size: pp.size,
+            c: per[0],
+            rust: per[1],
+        });
+    }
+    let md = report::markdown(&rows, &pps);
+    fs::write(out.report(), &md)?;
+    if let Err(e) = report::plot(&rows, &out.png()) {
+        step!("instr: no plot: {e:#}");
+    }
+    println!("{md}");
+    step!("instr: report in {}", out.report().display());
+    if publish {
+        let docs = crate::repo_root()?.join("docs");
+        fs::write(
+            docs.join("instructions.md"),
+            md.replace("scaling.png", "instructions.png"),
+        )?;
+        if out.png().is_file() {
+            fs::copy(out.png(), docs.join("instructions.png"))?;
+        }
+        step!(
+            "instr: published to {}",
+            docs.join("instructions.md").display()
+        );
+    }
+    Ok(ok)
+}
