@@ -40,7 +40,7 @@ pub(crate) struct CqInner {
     /// value leaked by [`Weak::into_raw`], which
     /// [`CompletionChannel::get_event`] upgrades. Reclaimed once
     /// `ibv_destroy_cq` succeeded (leaked for good if it failed); see
-    /// [`CqInner::event_context`].
+    /// [`CqInner::from_event`].
     event_ctx: *const CqInner,
     cqe: u32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
