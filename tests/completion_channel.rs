@@ -338,3 +338,51 @@ fn many_events_on_two_cqs_then_drop() {
     drop(recv);
     drop_all(w);
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn destroy_waits_for_the_ack_of_an_event_read() {
+    // What `get_event` relies on to upgrade the `Weak` the library keeps
+    // in each CQ's `cq_context` without a lock: an event read from the
+    // channel keeps `ibv_destroy_cq` waiting until it is acknowledged, so
+    // the CQ outlives every event read for it. The event is read here
+    // through the C API; every handle is dropped on another thread, which
+    // must block in `ibv_destroy_cq` until the acknowledgement.
+    let w = wired(true);
+    w.cq_a.req_notify(false).unwrap();
+    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
+    w.a.post_send(SendRequest::send(buf(&w.pd, 6))).unwrap();
+    common::wait_ok(&w.cq_a);
+    common::wait_ok(&w.cq_b);
+    assert!(readable(w.ch.as_raw_fd(), 5000), "event arrives");
+    let mut cq = std::ptr::null_mut();
+    let mut cq_context = std::ptr::null_mut();
+    // SAFETY: live channel, valid out-pointers; the event is acknowledged
+    // below (the contract of `CompletionChannel::as_ptr`).
+    let rc = unsafe { ibverbs_sys::ibv_get_cq_event(w.ch.as_ptr(), &mut cq, &mut cq_context) };
+    assert_eq!(rc, 0, "ibv_get_cq_event");
+    assert_eq!(cq, w.cq_a.as_ptr());
+    assert!(!cq_context.is_null(), "the library's cq_context");
+    let ch = w.ch.clone();
+    let dropper = std::thread::spawn(move || drop(w));
+    std::thread::sleep(Duration::from_millis(300));
+    // Checked before the acknowledgement: had the destroy returned, the
+    // CQ would be gone.
+    assert!(
+        !dropper.is_finished(),
+        "ibv_destroy_cq returned with an event unacknowledged"
+    );
+    let dog = Watchdog::new(
+        "destroying a CQ once its event is acked",
+        Duration::from_secs(10),
+    );
+    // SAFETY: the event read above, acknowledged once; the CQ is not
+    // destroyed before this acknowledgement.
+    unsafe { ibverbs_sys::ibv_ack_cq_events(cq, 1) };
+    dropper.join().unwrap();
+    drop(dog);
+    match ch.get_event() {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}"),
+        Ok(cq) => panic!("an event for a destroyed CQ: {cq:?}"),
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
@@ -11,18 +11,12 @@ use crate::context::set_nonblocking;
 use crate::error::{ret_errno, ret_ptr, Result};
 use crate::Context;
 
-struct CqEntry {
-    raw: usize,
-    cq: Weak<CqInner>,
-}
-
 pub(crate) struct ChannelInner {
     ch: NonNull<sys::ibv_comp_channel>,
     _ctx: Context,
-    cqs: Mutex<Vec<CqEntry>>,
 }
 
-// SAFETY: channel verbs are thread-safe; the CQ map is behind a Mutex.
+// SAFETY: channel verbs are thread-safe.
 unsafe impl Send for ChannelInner {}
 // SAFETY: as above.
 unsafe impl Sync for ChannelInner {}
@@ -63,33 +57,29 @@ impl CompletionChannel {
             inner: Arc::new(ChannelInner {
                 ch,
                 _ctx: ctx.clone(),
-                cqs: Mutex::new(Vec::new()),
             }),
         })
     }
 
     /// The raw channel pointer.
+    ///
+    /// [`get_event`](Self::get_event) takes the `cq_context` of every CQ
+    /// reporting to the channel for one the library set: code creating a
+    /// CQ on this channel through the C API (`ibv_create_cq`) must give it
+    /// a null `cq_context` (its events are then acknowledged and
+    /// reported as `Ok(None)`); an event read from the channel through the
+    /// C API (`ibv_get_cq_event`) must be acknowledged there
+    /// (`ibv_ack_cq_events`), or destroying its CQ blocks for good.
     pub fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
         self.inner.ch.as_ptr()
-    }
-
-    pub(crate) fn remember_cq(&self, cq: &Arc<CqInner>) {
-        let mut v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|e| e.cq.strong_count() > 0);
-        v.push(CqEntry {
-            raw: cq.cq.as_ptr() as usize,
-            cq: Arc::downgrade(cq),
-        });
-    }
-
-    pub(crate) fn forget_cq(&self, raw: *mut sys::ibv_cq) {
-        let mut v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|e| e.raw != raw as usize);
     }
 
     /// Waits for the next completion event and returns the CQ it is for
     /// (blocks unless the channel is non-blocking). The event is counted for
     /// acknowledgement; re-arm the CQ before polling it to not miss one.
+    /// `Ok(None)`: the event was for a CQ whose last handle is gone (it is
+    /// acknowledged here). No lock and no search: the CQ comes from the
+    /// event's `cq_context`, as in C.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_get_cq_event`
@@ -104,20 +94,19 @@ impl CompletionChannel {
         // SAFETY: live channel; out-pointers are valid.
         let rc = unsafe { sys::ibv_get_cq_event(self.as_ptr(), &mut cq, &mut cq_ctx) };
         ret_errno("ibv_get_cq_event", rc)?;
-        let found = {
-            let v = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
-            v.iter()
-                .find(|e| e.raw == cq as usize)
-                .and_then(|e| e.cq.upgrade())
-        };
-        match found {
+        // SAFETY: an event just read from this channel, not yet acked; every
+        // CQ on the channel was made by CompletionQueueBuilder, which leaves
+        // a Weak<CqInner> in `cq_context` (or one made through `as_ptr`,
+        // whose contract says null).
+        match unsafe { CqInner::from_event(cq_ctx) } {
             Some(inner) => {
                 inner.add_unacked();
                 Ok(Some(CompletionQueue { inner }))
             }
             None => {
                 // The CQ is being destroyed and its destroy waits for this
-                // ack; the pointer stays valid until then.
+                // ack (CqInner::from_event); the pointer stays valid until
+                // then.
                 // SAFETY: `cq` was just reported by the channel and is not
                 // destroyed before all its events are acked.
                 unsafe { sys::ibv_ack_cq_events(cq, 1) };

@@ -3,20 +3,23 @@
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use ibverbs_sys as sys;
 
-use crate::buffer::Buf;
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::extended_cq::ExCq;
-use crate::gid::Gid;
 use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
 use crate::wq_table::{Claimed, Retire, SgList, WqTable};
 use crate::{CompletionChannel, Context};
+
+mod completion;
+mod registry;
+pub use completion::Completion;
+use registry::Registry;
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
 /// in libibverbs); the rest are acknowledged before the CQ is destroyed.
@@ -26,14 +29,19 @@ pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
-    /// The in-flight tables of the queues reporting here, by table id
-    /// (the id beside the table: the lookup makes no virtual call).
-    tables: Mutex<Vec<(u32, Arc<dyn Retire>)>>,
-    /// The depth of each queue reporting here, by table id: their sum never
-    /// exceeds `cqe` (checked when a queue pair is created), so the CQ
-    /// cannot overrun. Locked before `tables`, off the data path.
-    depths: Mutex<Vec<(u32, u32)>>,
+    /// The in-flight tables of the queues reporting here, by table id, and
+    /// their depths, whose sum never exceeds `cqe` (checked when a queue
+    /// pair is created), so the CQ cannot overrun. Polling reads it (a
+    /// shared lock: pollers of one CQ do not wait for each other here);
+    /// only creating and destroying queues write it.
+    tables: RwLock<Registry>,
     unacked: AtomicU32,
+    /// With a channel: the `cq_context` of the C CQ, a `Weak` to this
+    /// value leaked by [`Weak::into_raw`], which
+    /// [`CompletionChannel::get_event`] upgrades. Reclaimed once
+    /// `ibv_destroy_cq` succeeded (leaked for good if it failed); see
+    /// [`CqInner::from_event`].
+    event_ctx: *const CqInner,
     cqe: u32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
     /// user-mapped CQEs, where libibverbs reads bit 2 as `IP_CSUM_OK` and
@@ -56,12 +64,52 @@ pub(crate) fn fix_rxe_inv_flag(wc: &mut sys::ibv_wc) {
 }
 
 // SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
-// the provider's CQ lock); the table registry is behind a Mutex.
+// the provider's CQ lock); the table registry is behind a lock;
+// `event_ctx` is only passed to `Weak::from_raw` (an atomic count).
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}
 
 impl CqInner {
+    /// The CQ of a completion event: upgrades the `Weak` that
+    /// [`CompletionQueueBuilder::build`] leaked into the C CQ's
+    /// `cq_context`. `None` when the last handle is gone: the CQ is being
+    /// destroyed, and its `ibv_destroy_cq` waits for this event's
+    /// acknowledgement, which the caller must then give (with the `ibv_cq`
+    /// pointer of the event, not through this value).
+    ///
+    /// Why the pointer is valid here (DESIGN.md, "Objects keep their
+    /// parents alive"): the leaked `Weak` keeps the allocation, and it is
+    /// reclaimed only in `Drop` after `ibv_destroy_cq` returned success.
+    /// That call returns only once every event the kernel reported for the
+    /// CQ (every one read from the channel, this one included) was
+    /// acknowledged (`ibv_destroy_cq(3)`; libibverbs waits for
+    /// `comp_events_completed` to reach the kernel's count), and unread
+    /// events die with the CQ: no event read before the acknowledgement
+    /// can name a freed `CqInner`.
+    ///
+    /// # Safety
+    /// The caller must ensure that:
+    /// * `cq_context` was returned by `ibv_get_cq_event` on a channel whose
+    ///   CQs were all created by [`CompletionQueueBuilder`] (the
+    ///   `cq_context` of each is such a `Weak`, or null without a channel);
+    /// * that event is not yet acknowledged (nor counted by
+    ///   [`add_unacked`](Self::add_unacked)).
+    #[inline]
+    pub(crate) unsafe fn from_event(cq_context: *mut std::ffi::c_void) -> Option<Arc<CqInner>> {
+        if cq_context.is_null() {
+            return None;
+        }
+        let ctx = cq_context as *const CqInner;
+        // Not `from_raw` alone: `ManuallyDrop` leaves the leaked count with
+        // the C CQ.
+        // SAFETY: by the caller's contract `ctx` came from `Weak::into_raw`
+        // of a `Weak<CqInner>` whose count is still leaked (reclaimed only
+        // after ibv_destroy_cq, which waits for this event's ack).
+        let weak = std::mem::ManuallyDrop::new(unsafe { Weak::from_raw(ctx) });
+        weak.upgrade()
+    }
+
     pub(crate) fn add_unacked(&self) {
         let n = self.unacked.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= ACK_BATCH {
@@ -82,12 +130,18 @@ impl Drop for CqInner {
             // (ibv_destroy_cq(3) would block forever otherwise).
             unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), n) };
         }
-        if let Some(ch) = &self.channel {
-            ch.forget_cq(self.cq.as_ptr());
-        }
         // SAFETY: last reference: every QP using this CQ holds a clone, so
         // all are destroyed. Errors cannot be reported from Drop.
-        unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        let rc = unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        if rc == 0 && !self.event_ctx.is_null() {
+            // The CQ is gone and with it every event that could name it
+            // (see `from_event`): the count leaked into `cq_context` comes
+            // back. If the destroy failed, the CQ and its `cq_context`
+            // stay, and so does the count (a leak of this allocation).
+            // SAFETY: `event_ctx` came from `Weak::into_raw` in `finish`
+            // and is reclaimed only here, once.
+            drop(unsafe { Weak::from_raw(self.event_ctx) });
+        }
         let _ = &self.ctx;
     }
 }
@@ -168,20 +222,31 @@ impl<'a> CompletionQueueBuilder<'a> {
     fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>, rxe: bool) -> CompletionQueue {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
-        let inner = Arc::new(CqInner {
-            cq,
-            ctx: self.ctx.clone(),
-            channel: self.channel.cloned(),
-            tables: Mutex::new(Vec::new()),
-            depths: Mutex::new(Vec::new()),
-            unacked: AtomicU32::new(0),
-            cqe,
-            rxe_inv_quirk: rxe,
-            ex,
+        let inner = Arc::new_cyclic(|weak| {
+            let event_ctx = match self.channel {
+                Some(_) => {
+                    let ctx = Weak::into_raw(weak.clone());
+                    // Written before the handle exists: no event can name
+                    // the CQ before it is armed through a handle.
+                    // SAFETY: valid CQ, not yet shared; libibverbs only
+                    // hands `cq_context` back from ibv_get_cq_event.
+                    unsafe { (*cq.as_ptr()).cq_context = ctx as *mut std::ffi::c_void };
+                    ctx
+                }
+                None => std::ptr::null(),
+            };
+            CqInner {
+                cq,
+                ctx: self.ctx.clone(),
+                channel: self.channel.cloned(),
+                tables: RwLock::new(Registry::new()),
+                unacked: AtomicU32::new(0),
+                event_ctx,
+                cqe,
+                rxe_inv_quirk: rxe,
+                ex,
+            }
         });
-        if let Some(ch) = self.channel {
-            ch.remember_cq(&inner);
-        }
         CompletionQueue { inner }
     }
 }
@@ -203,7 +268,10 @@ impl CompletionQueue {
         self.inner.cqe
     }
 
-    /// The raw CQ pointer, valid while `self` lives.
+    /// The raw CQ pointer, valid while `self` lives. Its `cq_context`
+    /// belongs to the library (with a channel,
+    /// [`CompletionChannel::get_event`] reads it as its own): code that
+    /// writes through the pointer must leave it unchanged.
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.inner.cq.as_ptr()
     }
@@ -223,27 +291,28 @@ impl CompletionQueue {
     /// # Errors
     /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
     pub(crate) fn register(&self, table: Arc<dyn Retire>, depth: u32) -> Result<()> {
-        let mut depths = self.inner.depths.lock();
-        let id = table.id();
-        if depths.iter().any(|d| d.0 == id) {
+        let mut tables = self.inner.tables.write();
+        if tables.contains(table.id()) {
             return Ok(());
         }
-        let needed = cq_needed(&depths, depth);
+        let needed = cq_needed(tables.depth_sum(), depth);
         if needed > u64::from(self.inner.cqe) {
             return Err(crate::Error::CqTooSmall {
                 capacity: self.inner.cqe,
                 needed,
             });
         }
-        depths.push((id, depth));
-        self.inner.tables.lock().push((id, table));
+        tables.insert(table, depth);
         Ok(())
     }
 
+    /// Stops the queue of table `id` from reporting here: its completions
+    /// still in the CQ become orphans.
     pub(crate) fn unregister(&self, id: u32) {
-        let mut depths = self.inner.depths.lock();
-        depths.retain(|d| d.0 != id);
-        self.inner.tables.lock().retain(|x| x.0 != id);
+        let table = self.inner.tables.write().remove(id);
+        // The lock is released (the guard was a temporary): the table goes
+        // here if this was its last reference.
+        drop(table);
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -359,15 +428,18 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             fix_rxe_inv_flag(raw);
         }
-        claim_if_prepared(raw.wr_id).or_else(|| self.claim_table(raw.wr_id, raw.status))
+        if is_prepared(raw.wr_id) {
+            Some(claim_prepared_entry(raw.wr_id))
+        } else {
+            self.claim_table(raw.wr_id, raw.status)
+        }
     }
 
     /// Claims a table slot (no lock for other `wr_id`s); `status` is the
     /// completion's.
     fn claim_table(&self, wr_id: u64, status: u32) -> Option<Claimed> {
         let (id, tag) = WqTable::<()>::decode(wr_id)?;
-        let tables = self.inner.tables.lock();
-        claim(&tables, id, tag, status)
+        self.inner.tables.read().get(id)?.retire(tag, status)
     }
 
     /// Turns the first `n` raw completions of `out` into [`Completion`]s,
@@ -380,12 +452,20 @@ impl CompletionQueue {
         if self.inner.rxe_inv_quirk {
             raw.iter_mut().for_each(fix_rxe_inv_flag);
         }
-        let tables = self.inner.tables.lock();
+        // Read-locked at the first table entry, once per batch (a batch of
+        // prepared postings takes no lock).
+        let mut tables = None;
         for (i, wc) in raw.iter().enumerate() {
-            let claimed = claim_if_prepared(wc.wr_id).or_else(|| {
-                WqTable::<()>::decode(wc.wr_id)
-                    .and_then(|(id, tag)| claim(&tables, id, tag, wc.status))
-            });
+            // An `if`, not `Option::or_else`: no `None` to drop (an
+            // outlined call per entry).
+            let claimed = if is_prepared(wc.wr_id) {
+                Some(claim_prepared_entry(wc.wr_id))
+            } else {
+                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
+                    let tables = tables.get_or_insert_with(|| self.inner.tables.read());
+                    tables.get(id)?.retire(tag, wc.status)
+                })
+            };
             let stamp = stamped.then(|| out.stamps[i]);
             out.items.push_back(Completion::new(*wc, stamp, claimed));
         }
@@ -477,20 +557,6 @@ impl std::fmt::Debug for CompletionQueue {
     }
 }
 
-/// Decodes the source GID of a 40-byte GRH area (see [`Completion::source_gid`]).
-pub(crate) fn grh_source_gid(grh: &[u8; 40]) -> Option<Gid> {
-    if grh[0] >> 4 == 6 {
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&grh[8..24]);
-        Some(Gid(gid))
-    } else if grh[20] >> 4 == 4 {
-        let v4: [u8; 4] = grh[32..36].try_into().ok()?;
-        Some(Gid::from(std::net::Ipv4Addr::from(v4)))
-    } else {
-        None
-    }
-}
-
 /// Caller-provided storage for polled completions (allocated once, reused).
 pub struct Completions {
     pub(crate) raw: Box<[sys::ibv_wc]>,
@@ -542,282 +608,41 @@ impl std::fmt::Debug for Completions {
     }
 }
 
-/// The completions a CQ must hold for the queues of `depths` and one more
-/// of `depth`.
-fn cq_needed(depths: &[(u32, u32)], depth: u32) -> u64 {
-    depths.iter().map(|d| u64::from(d.1)).sum::<u64>() + u64::from(depth)
+/// The completions a CQ must hold for queues whose depths add up to
+/// `registered` and one more of `depth`.
+fn cq_needed(registered: u64, depth: u32) -> u64 {
+    registered + u64::from(depth)
 }
 
-/// Claims the entry of a prepared posting (`None` for other `wr_id`s): its
-/// request's `wr_id`, no buffers. Called once per polled entry.
+/// Claims the entry of a prepared posting (`is_prepared(wr_id)`, checked
+/// by the caller): its request's `wr_id`, no buffers. Called once per
+/// polled entry.
 #[inline]
-fn claim_if_prepared(wr_id: u64) -> Option<Claimed> {
-    is_prepared(wr_id).then(|| Claimed {
-        // SAFETY: a prepared posting's wr_id from an entry just polled;
-        // each entry is claimed once (by complete_one or deliver).
+fn claim_prepared_entry(wr_id: u64) -> Claimed {
+    debug_assert!(is_prepared(wr_id));
+    Claimed {
+        // SAFETY: a prepared posting's wr_id (the caller checked
+        // is_prepared) from an entry just polled; each entry is claimed
+        // once (by claim_entry or deliver).
         wr_id: unsafe { claim_prepared(wr_id) },
         dispatched: false,
         sg: SgList::Empty,
-    })
-}
-
-/// Retires slot `tag` of table `id` (one of a CQ's `tables`), whose
-/// completion has `status` (a memory window's request needs it): the
-/// caller's `wr_id` and the request's buffers. A stale or unknown slot
-/// gives `None` (an orphan completion).
-#[inline]
-fn claim(tables: &[(u32, Arc<dyn Retire>)], id: u32, tag: u32, status: u32) -> Option<Claimed> {
-    tables.iter().find(|t| t.0 == id)?.1.retire(tag, status)
-}
-
-/// Takes the only buffer of `sg` if `want` accepts it, else leaves `sg`
-/// as it was (see [`Completion::take_buf`]).
-#[inline]
-fn sg_take_one_if(sg: &mut SgList, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
-    let only = match &*sg {
-        SgList::One(b) => b,
-        SgList::Many(v) if v.len() == 1 => &v[0],
-        _ => return None,
-    };
-    if !want(only) {
-        return None;
-    }
-    match std::mem::take(sg) {
-        SgList::One(b) => Some(b),
-        SgList::Many(mut v) => v.pop(),
-        SgList::Empty => None,
-    }
-}
-
-/// A work completion together with the buffers its request owned.
-///
-/// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
-/// immediate data, source QP, …. For a safely posted request the raw
-/// entry's `wr_id` ([`WorkCompletion::as_raw`]) is the caller's, as
-/// [`wr_id`](Self::wr_id) reports it, not the library's slot tag.
-///
-/// Small enough (at most 128 bytes, checked by a test) to be moved around
-/// without a `memcpy` call.
-pub struct Completion {
-    /// The raw entry, its `wr_id` replaced by the caller's once claimed.
-    wc: WorkCompletion,
-    /// The request's buffers (address handles and memory-window bindings
-    /// it kept alive are released when it is claimed). Dropped by `Drop`
-    /// only when not empty: the common empty case costs no call.
-    sg: std::mem::ManuallyDrop<SgList>,
-    timestamp: Option<u64>,
-    origin: Origin,
-}
-
-/// Who posted a completion's request, as its slot (or prepared posting)
-/// said.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    /// No posted request matched: an orphan.
-    Orphan,
-    /// Posted through the safe API.
-    Caller,
-    /// Posted by the async dispatcher (`Claimed::dispatched`).
-    Dispatcher,
-}
-
-impl Drop for Completion {
-    #[inline]
-    fn drop(&mut self) {
-        if !matches!(*self.sg, SgList::Empty) {
-            // SAFETY: `sg` is dropped only here, once, and never used after.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.sg) }
-        }
-    }
-}
-
-impl std::ops::Deref for Completion {
-    type Target = WorkCompletion;
-    fn deref(&self) -> &WorkCompletion {
-        &self.wc
-    }
-}
-
-impl Completion {
-    /// The completion of raw entry `raw`; `claimed` is what its request
-    /// left in its slot (the caller's `wr_id` and buffers), `None` for an
-    /// orphan. Built whole: no field is assigned (and its old value
-    /// dropped) afterwards.
-    #[inline]
-    fn new(mut raw: sys::ibv_wc, timestamp: Option<u64>, claimed: Option<Claimed>) -> Self {
-        // A match, not `unwrap_or`: no spare SgList to drop.
-        let (sg, origin) = match claimed {
-            Some(c) => {
-                raw.wr_id = c.wr_id;
-                let origin = if c.dispatched {
-                    Origin::Dispatcher
-                } else {
-                    Origin::Caller
-                };
-                (c.sg, origin)
-            }
-            None => (SgList::Empty, Origin::Orphan),
-        };
-        Completion {
-            wc: WorkCompletion { raw },
-            sg: std::mem::ManuallyDrop::new(sg),
-            timestamp,
-            origin,
-        }
-    }
-
-    /// Whether the async dispatcher posted the request: its
-    /// [`wr_id`](Self::wr_id) is then one the dispatcher gave, which no
-    /// other posting can claim.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    #[inline]
-    pub(crate) fn is_dispatched(&self) -> bool {
-        self.origin == Origin::Dispatcher
-    }
-
-    /// The `wr_id` given when posting.
-    #[inline]
-    pub fn wr_id(&self) -> u64 {
-        self.wc.raw.wr_id
-    }
-    /// The raw work completion.
-    #[inline]
-    pub fn wc(&self) -> &WorkCompletion {
-        &self.wc
-    }
-    /// The completion timestamp, when polled with
-    /// [`CompletionQueue::poll_ex`] from a CQ created with
-    /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
-    /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
-    #[inline]
-    pub fn timestamp(&self) -> Option<u64> {
-        self.timestamp
-    }
-    /// Whether no posted request matched (raw-path requests, or a stale
-    /// completion of a destroyed queue pair).
-    #[inline]
-    pub fn is_orphan(&self) -> bool {
-        self.origin == Origin::Orphan
-    }
-    /// Takes the scatter/gather list back (every buffer of the request).
-    #[inline]
-    pub fn take_buffers(&mut self) -> SgList {
-        std::mem::take(&mut *self.sg)
-    }
-    /// Takes the buffer back when the request had exactly one; `None`
-    /// otherwise, the buffers left in the completion for
-    /// [`take_buffers`](Self::take_buffers) (a scatter/gather request's
-    /// are never split up here).
-    #[inline]
-    pub fn take_buf(&mut self) -> Option<Buf> {
-        self.take_one_if(|_| true)
-    }
-    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer): when
-    /// the request had exactly one buffer and it is local. Otherwise
-    /// `None`, and the buffers stay in the completion (for
-    /// [`take_shared`](Self::take_shared) or
-    /// [`take_buffers`](Self::take_buffers)).
-    #[inline]
-    pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
-        self.take_one_if(|b| matches!(b, Buf::Local(_)))
-            .and_then(Buf::into_local)
-    }
-    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer):
-    /// when the request had exactly one buffer and it is shared. Otherwise
-    /// `None`, and the buffers stay in the completion.
-    #[inline]
-    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
-        self.take_one_if(|b| matches!(b, Buf::Shared(_)))
-            .and_then(Buf::into_shared)
-    }
-    /// Takes the request's only buffer if `want` accepts it; leaves the
-    /// list untouched otherwise (nothing is dropped here).
-    #[inline]
-    fn take_one_if(&mut self, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
-        sg_take_one_if(&mut self.sg, want)
-    }
-    /// For a UD receive with a GRH: the sender's GID, decoded from the
-    /// 40-byte GRH area at the start of the receive buffer. An IPv6/IB GRH
-    /// (IP version 6 in the first nibble) carries the source GID in bytes
-    /// 8..24; RoCE v2 over IPv4 leaves bytes 0..20 zero and puts the IPv4
-    /// header in bytes 20..40, whose source address (bytes 32..36) becomes
-    /// the IPv4-mapped GID. `None` without a GRH or for anything else.
-    pub fn source_gid(&self) -> Option<Gid> {
-        if !self.wc.has_grh() {
-            return None;
-        }
-        let first = self.sg.iter().next()?;
-        let mut grh = [0u8; 40];
-        first.copy_to_slice(0, &mut grh).ok()?;
-        grh_source_gid(&grh)
-    }
-    /// `Ok(())` on success, else [`Error::WorkCompletion`](crate::Error::WorkCompletion)
-    /// with the caller's `wr_id`.
-    ///
-    /// # Errors
-    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion).
-    #[inline]
-    pub fn result(&self) -> Result<()> {
-        self.wc.result().map_err(|e| match e {
-            crate::Error::WorkCompletion {
-                status, vendor_err, ..
-            } => crate::Error::WorkCompletion {
-                status,
-                wr_id: self.wr_id(),
-                vendor_err,
-            },
-            e => e,
-        })
-    }
-}
-
-impl std::fmt::Debug for Completion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completion")
-            .field("wr_id", &self.wr_id())
-            .field("status", &self.wc.status())
-            .field("opcode", &self.wc.opcode())
-            .field("byte_len", &self.wc.byte_len())
-            .field("imm_data", &self.wc.imm_data())
-            .field("buffers", &(!self.is_orphan()).then(|| self.sg.len()))
-            .finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{cq_needed, grh_source_gid, Completion};
+    use super::cq_needed;
 
     #[test]
     fn cq_needs_the_sum_of_the_depths_reporting_to_it() {
-        assert_eq!(cq_needed(&[], 127), 127);
-        assert_eq!(cq_needed(&[(1, 127), (2, 127)], 63), 317);
+        assert_eq!(cq_needed(0, 127), 127);
+        assert_eq!(cq_needed(127 + 127, 63), 317);
         // No overflow with the largest depths.
         assert_eq!(
-            cq_needed(&[(1, u32::MAX), (2, u32::MAX)], u32::MAX),
+            cq_needed(2 * u64::from(u32::MAX), u32::MAX),
             3 * u64::from(u32::MAX)
         );
-    }
-
-    #[test]
-    fn completion_moves_without_memcpy() {
-        // Above 128 bytes a move becomes a `memcpy` call, and a completion
-        // is moved on every poll (out of the CQ, out of `poll_one`).
-        assert!(std::mem::size_of::<Completion>() <= 128);
-        assert!(std::mem::size_of::<Option<Completion>>() <= 128);
-    }
-
-    #[test]
-    fn grh_ipv6_and_roce_v2_ipv4() {
-        let mut v6 = [0u8; 40];
-        v6[0] = 0x60;
-        v6[8..24].copy_from_slice(&"fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
-        assert_eq!(grh_source_gid(&v6).unwrap().to_string(), "fe80::1");
-        let mut v4 = [0u8; 40];
-        v4[20] = 0x45;
-        v4[32..36].copy_from_slice(&[10, 0, 2, 15]);
-        assert_eq!(grh_source_gid(&v4).unwrap().to_string(), "::ffff:10.0.2.15");
-        assert_eq!(grh_source_gid(&[0u8; 40]), None);
     }
 }
 

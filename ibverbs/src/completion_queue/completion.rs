@@ -1,0 +1,268 @@
+//! What a poll hands back: a [`Completion`], the raw entry together with
+//! the buffers its request owned.
+
+use ibverbs_sys as sys;
+
+use crate::buffer::Buf;
+use crate::error::Result;
+use crate::gid::Gid;
+use crate::work_completion::WorkCompletion;
+use crate::wq_table::{Claimed, SgList};
+
+/// Decodes the source GID of a 40-byte GRH area (see [`Completion::source_gid`]).
+pub(crate) fn grh_source_gid(grh: &[u8; 40]) -> Option<Gid> {
+    if grh[0] >> 4 == 6 {
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&grh[8..24]);
+        Some(Gid(gid))
+    } else if grh[20] >> 4 == 4 {
+        let v4: [u8; 4] = grh[32..36].try_into().ok()?;
+        Some(Gid::from(std::net::Ipv4Addr::from(v4)))
+    } else {
+        None
+    }
+}
+
+/// Takes the only buffer of `sg` if `want` accepts it, else leaves `sg`
+/// as it was (see [`Completion::take_buf`]).
+#[inline]
+fn sg_take_one_if(sg: &mut SgList, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+    let only = match &*sg {
+        SgList::One(b) => b,
+        SgList::Many(v) if v.len() == 1 => &v[0],
+        _ => return None,
+    };
+    if !want(only) {
+        return None;
+    }
+    match std::mem::take(sg) {
+        SgList::One(b) => Some(b),
+        SgList::Many(mut v) => v.pop(),
+        SgList::Empty => None,
+    }
+}
+
+/// A work completion together with the buffers its request owned.
+///
+/// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
+/// immediate data, source QP, …. For a safely posted request the raw
+/// entry's `wr_id` ([`WorkCompletion::as_raw`]) is the caller's, as
+/// [`wr_id`](Self::wr_id) reports it, not the library's slot tag.
+///
+/// Small enough (at most 128 bytes, checked by a test) to be moved around
+/// without a `memcpy` call.
+pub struct Completion {
+    /// The raw entry, its `wr_id` replaced by the caller's once claimed.
+    wc: WorkCompletion,
+    /// The request's buffers (address handles and memory-window bindings
+    /// it kept alive are released when it is claimed). Dropped by `Drop`
+    /// only when not empty: the common empty case costs no call.
+    sg: std::mem::ManuallyDrop<SgList>,
+    timestamp: Option<u64>,
+    origin: Origin,
+}
+
+/// Who posted a completion's request, as its slot (or prepared posting)
+/// said.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// No posted request matched: an orphan.
+    Orphan,
+    /// Posted through the safe API.
+    Caller,
+    /// Posted by the async dispatcher (`Claimed::dispatched`).
+    Dispatcher,
+}
+
+impl Drop for Completion {
+    #[inline]
+    fn drop(&mut self) {
+        if !matches!(*self.sg, SgList::Empty) {
+            // SAFETY: `sg` is dropped only here, once, and never used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.sg) }
+        }
+    }
+}
+
+impl std::ops::Deref for Completion {
+    type Target = WorkCompletion;
+    fn deref(&self) -> &WorkCompletion {
+        &self.wc
+    }
+}
+
+impl Completion {
+    /// The completion of raw entry `raw`; `claimed` is what its request
+    /// left in its slot (the caller's `wr_id` and buffers), `None` for an
+    /// orphan. Built whole: no field is assigned (and its old value
+    /// dropped) afterwards.
+    #[inline]
+    pub(super) fn new(
+        mut raw: sys::ibv_wc,
+        timestamp: Option<u64>,
+        claimed: Option<Claimed>,
+    ) -> Self {
+        // A match, not `unwrap_or`: no spare SgList to drop.
+        let (sg, origin) = match claimed {
+            Some(c) => {
+                raw.wr_id = c.wr_id;
+                let origin = if c.dispatched {
+                    Origin::Dispatcher
+                } else {
+                    Origin::Caller
+                };
+                (c.sg, origin)
+            }
+            None => (SgList::Empty, Origin::Orphan),
+        };
+        Completion {
+            wc: WorkCompletion { raw },
+            sg: std::mem::ManuallyDrop::new(sg),
+            timestamp,
+            origin,
+        }
+    }
+
+    /// Whether the async dispatcher posted the request: its
+    /// [`wr_id`](Self::wr_id) is then one the dispatcher gave, which no
+    /// other posting can claim.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn is_dispatched(&self) -> bool {
+        self.origin == Origin::Dispatcher
+    }
+
+    /// The `wr_id` given when posting.
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
+        self.wc.raw.wr_id
+    }
+    /// The raw work completion.
+    #[inline]
+    pub fn wc(&self) -> &WorkCompletion {
+        &self.wc
+    }
+    /// The completion timestamp, when polled with
+    /// [`CompletionQueue::poll_ex`](crate::CompletionQueue::poll_ex) from a CQ created with
+    /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
+    /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
+    #[inline]
+    pub fn timestamp(&self) -> Option<u64> {
+        self.timestamp
+    }
+    /// Whether no posted request matched (raw-path requests, or a stale
+    /// completion of a destroyed queue pair).
+    #[inline]
+    pub fn is_orphan(&self) -> bool {
+        self.origin == Origin::Orphan
+    }
+    /// Takes the scatter/gather list back (every buffer of the request).
+    #[inline]
+    pub fn take_buffers(&mut self) -> SgList {
+        std::mem::take(&mut *self.sg)
+    }
+    /// Takes the buffer back when the request had exactly one; `None`
+    /// otherwise, the buffers left in the completion for
+    /// [`take_buffers`](Self::take_buffers) (a scatter/gather request's
+    /// are never split up here).
+    #[inline]
+    pub fn take_buf(&mut self) -> Option<Buf> {
+        self.take_one_if(|_| true)
+    }
+    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer): when
+    /// the request had exactly one buffer and it is local. Otherwise
+    /// `None`, and the buffers stay in the completion (for
+    /// [`take_shared`](Self::take_shared) or
+    /// [`take_buffers`](Self::take_buffers)).
+    #[inline]
+    pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+        self.take_one_if(|b| matches!(b, Buf::Local(_)))
+            .and_then(Buf::into_local)
+    }
+    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer):
+    /// when the request had exactly one buffer and it is shared. Otherwise
+    /// `None`, and the buffers stay in the completion.
+    #[inline]
+    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
+        self.take_one_if(|b| matches!(b, Buf::Shared(_)))
+            .and_then(Buf::into_shared)
+    }
+    /// Takes the request's only buffer if `want` accepts it; leaves the
+    /// list untouched otherwise (nothing is dropped here).
+    #[inline]
+    fn take_one_if(&mut self, want: impl FnOnce(&Buf) -> bool) -> Option<Buf> {
+        sg_take_one_if(&mut self.sg, want)
+    }
+    /// For a UD receive with a GRH: the sender's GID, decoded from the
+    /// 40-byte GRH area at the start of the receive buffer. An IPv6/IB GRH
+    /// (IP version 6 in the first nibble) carries the source GID in bytes
+    /// 8..24; RoCE v2 over IPv4 leaves bytes 0..20 zero and puts the IPv4
+    /// header in bytes 20..40, whose source address (bytes 32..36) becomes
+    /// the IPv4-mapped GID. `None` without a GRH or for anything else.
+    pub fn source_gid(&self) -> Option<Gid> {
+        if !self.wc.has_grh() {
+            return None;
+        }
+        let first = self.sg.iter().next()?;
+        let mut grh = [0u8; 40];
+        first.copy_to_slice(0, &mut grh).ok()?;
+        grh_source_gid(&grh)
+    }
+    /// `Ok(())` on success, else [`Error::WorkCompletion`](crate::Error::WorkCompletion)
+    /// with the caller's `wr_id`.
+    ///
+    /// # Errors
+    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion).
+    #[inline]
+    pub fn result(&self) -> Result<()> {
+        self.wc.result().map_err(|e| match e {
+            crate::Error::WorkCompletion {
+                status, vendor_err, ..
+            } => crate::Error::WorkCompletion {
+                status,
+                wr_id: self.wr_id(),
+                vendor_err,
+            },
+            e => e,
+        })
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.wc.status())
+            .field("opcode", &self.wc.opcode())
+            .field("byte_len", &self.wc.byte_len())
+            .field("imm_data", &self.wc.imm_data())
+            .field("buffers", &(!self.is_orphan()).then(|| self.sg.len()))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{grh_source_gid, Completion};
+
+    #[test]
+    fn completion_moves_without_memcpy() {
+        // Above 128 bytes a move becomes a `memcpy` call, and a completion
+        // is moved on every poll (out of the CQ, out of `poll_one`).
+        assert!(std::mem::size_of::<Completion>() <= 128);
+        assert!(std::mem::size_of::<Option<Completion>>() <= 128);
+    }
+
+    #[test]
+    fn grh_ipv6_and_roce_v2_ipv4() {
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&"fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(grh_source_gid(&v6).unwrap().to_string(), "fe80::1");
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[10, 0, 2, 15]);
+        assert_eq!(grh_source_gid(&v4).unwrap().to_string(), "::ffff:10.0.2.15");
+        assert_eq!(grh_source_gid(&[0u8; 40]), None);
+    }
+}
