@@ -1,6 +1,5 @@
 //! Completion queues and polling.
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -18,7 +17,7 @@ use crate::{CompletionChannel, Context};
 
 mod completion;
 mod registry;
-pub use completion::Completion;
+pub use completion::{Completion, Completions, CompletionsDrain};
 use registry::Registry;
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
@@ -326,16 +325,16 @@ impl CompletionQueue {
     /// `ibv_poll_cq(3)`
     #[doc(alias = "ibv_poll_cq")]
     pub fn poll(&self, out: &mut Completions) -> Result<usize> {
-        let room = out.capacity - out.items.len();
-        if room == 0 {
+        let start = out.free_start();
+        let raw = &mut out.raw[start..];
+        if raw.is_empty() {
             return Ok(0);
         }
-        let raw = &mut out.raw[..room];
-        // SAFETY: live CQ; `raw` has `room` writable entries.
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), room as i32, raw.as_mut_ptr()) };
+        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
+        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), raw.len() as i32, raw.as_mut_ptr()) };
         let n = ret_count("ibv_poll_cq", n)?;
         if n > 0 {
-            self.deliver(out, n, false);
+            self.deliver(out, start, n, false);
         }
         Ok(n)
     }
@@ -442,20 +441,21 @@ impl CompletionQueue {
         self.inner.tables.read().get(id)?.retire(tag, status)
     }
 
-    /// Turns the first `n` raw completions of `out` into [`Completion`]s,
-    /// handing back the buffers of safely posted requests.
-    pub(crate) fn deliver(&self, out: &mut Completions, n: usize, stamped: bool) {
+    /// Claims the `n` entries the provider just wrote into `out` at
+    /// `start` (its free tail, [`Completions::free_start`]): each gets the
+    /// caller's `wr_id` and its request's buffers, in place, and is held.
+    pub(crate) fn deliver(&self, out: &mut Completions, start: usize, n: usize, stamped: bool) {
         if n == 0 {
             return;
-        }
-        let raw = &mut out.raw[..n];
-        if self.inner.rxe_inv_quirk {
-            raw.iter_mut().for_each(fix_rxe_inv_flag);
         }
         // Read-locked at the first table entry, once per batch (a batch of
         // prepared postings takes no lock).
         let mut tables = None;
-        for (i, wc) in raw.iter().enumerate() {
+        for i in start..start + n {
+            let wc = &mut out.raw[i];
+            if self.inner.rxe_inv_quirk {
+                fix_rxe_inv_flag(wc);
+            }
             // An `if`, not `Option::or_else`: no `None` to drop (an
             // outlined call per entry).
             let claimed = if is_prepared(wc.wr_id) {
@@ -466,8 +466,7 @@ impl CompletionQueue {
                     tables.get(id)?.retire(tag, wc.status)
                 })
             };
-            let stamp = stamped.then(|| out.stamps[i]);
-            out.items.push_back(Completion::new(*wc, stamp, claimed));
+            out.hold(i, claimed, stamped);
         }
     }
 
@@ -554,57 +553,6 @@ impl std::fmt::Debug for CompletionQueue {
         f.debug_struct("CompletionQueue")
             .field("capacity", &self.capacity())
             .finish()
-    }
-}
-
-/// Caller-provided storage for polled completions (allocated once, reused).
-pub struct Completions {
-    pub(crate) raw: Box<[sys::ibv_wc]>,
-    /// Completion timestamps read from an extended CQ.
-    pub(crate) stamps: Box<[u64]>,
-    pub(crate) items: VecDeque<Completion>,
-    pub(crate) capacity: usize,
-}
-
-impl Completions {
-    /// Room for `capacity` completions (at least 1).
-    pub fn with_capacity(capacity: usize) -> Completions {
-        let capacity = capacity.max(1);
-        Completions {
-            raw: vec![sys::ibv_wc::default(); capacity].into_boxed_slice(),
-            stamps: vec![0; capacity].into_boxed_slice(),
-            items: VecDeque::with_capacity(capacity),
-            capacity,
-        }
-    }
-    /// Completions held.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-    /// Whether none is held.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-    /// Takes the oldest completion.
-    #[inline]
-    pub fn pop(&mut self) -> Option<Completion> {
-        self.items.pop_front()
-    }
-    /// Takes all held completions, oldest first.
-    pub fn drain(&mut self) -> impl Iterator<Item = Completion> + '_ {
-        self.items.drain(..)
-    }
-    /// Looks at the held completions.
-    pub fn iter(&self) -> impl Iterator<Item = &Completion> {
-        self.items.iter()
-    }
-}
-
-impl std::fmt::Debug for Completions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.items.iter()).finish()
     }
 }
 

@@ -291,7 +291,8 @@ impl CompletionQueue {
                     .into(),
             ));
         };
-        let room = out.capacity - out.items.len();
+        let start = out.free_start();
+        let room = out.raw.len() - start;
         let c = ex.cq.as_ptr();
         let mut n = 0;
         while n < room {
@@ -302,14 +303,14 @@ impl CompletionQueue {
                 break;
             }
             if rc != 0 {
-                self.deliver(out, n, ex.ts.is_some());
+                self.deliver(out, start, n, ex.ts.is_some());
                 return Err(Error::from_errno("ibv_start_poll", rc));
             }
             let mut failed = 0;
             loop {
                 // SAFETY: a completion is current (start/next returned 0);
-                // `n < room <= raw.len()`.
-                unsafe { ex.read(&mut out.raw[n], &mut out.stamps[n]) };
+                // `start + n < raw.len()`.
+                unsafe { ex.read(&mut out.raw[start + n], &mut out.stamps[start + n]) };
                 n += 1;
                 if n == room || ex.one_per_cycle {
                     break;
@@ -326,14 +327,14 @@ impl CompletionQueue {
             // SAFETY: closes the cycle opened by a successful start_poll.
             unsafe { (ex.end)(c) };
             if failed != 0 {
-                self.deliver(out, n, ex.ts.is_some());
+                self.deliver(out, start, n, ex.ts.is_some());
                 return Err(Error::from_errno("ibv_next_poll", failed));
             }
             if !ex.one_per_cycle {
                 break;
             }
         }
-        self.deliver(out, n, ex.ts.is_some());
+        self.deliver(out, start, n, ex.ts.is_some());
         Ok(n)
     }
 }

@@ -177,7 +177,9 @@ pub use buffer::{
 };
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
-pub use completion_queue::{Completion, CompletionQueue, CompletionQueueBuilder, Completions};
+pub use completion_queue::{
+    Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain,
+};
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result};

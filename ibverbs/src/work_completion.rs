@@ -106,6 +106,13 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// Views a raw entry.
+    #[inline]
+    pub(crate) fn from_raw_ref(raw: &sys::ibv_wc) -> &WorkCompletion {
+        // SAFETY: WorkCompletion is repr(transparent) over ibv_wc.
+        unsafe { &*(raw as *const sys::ibv_wc).cast::<WorkCompletion>() }
+    }
+
     /// The raw 64-bit work request id as the device reported it.
     pub fn raw_wr_id(&self) -> u64 {
         self.raw.wr_id

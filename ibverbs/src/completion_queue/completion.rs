@@ -64,9 +64,10 @@ pub struct Completion {
 
 /// Who posted a completion's request, as its slot (or prepared posting)
 /// said.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 enum Origin {
     /// No posted request matched: an orphan.
+    #[default]
     Orphan,
     /// Posted through the safe API.
     Caller,
@@ -243,7 +244,43 @@ impl std::fmt::Debug for Completion {
 
 #[cfg(test)]
 mod tests {
-    use super::{grh_source_gid, Completion};
+    use super::{grh_source_gid, Completion, Completions};
+
+    /// Entries as a poll leaves them: written at the free tail, held as
+    /// orphans.
+    fn hold(out: &mut Completions, wr_ids: &[u64]) {
+        let start = out.free_start();
+        for (i, &w) in wr_ids.iter().enumerate() {
+            out.raw[start + i].wr_id = w;
+            out.hold(start + i, None, false);
+        }
+    }
+
+    #[test]
+    fn completions_stay_in_place_and_keep_their_order() {
+        let mut out = Completions::with_capacity(4);
+        hold(&mut out, &[1, 2, 3]);
+        assert_eq!(out.pop().map(|c| c.wr_id()), Some(1));
+        // 2 and 3 held at [1, 3): new entries go after them.
+        assert_eq!(out.free_start(), 3);
+        hold(&mut out, &[4]);
+        assert_eq!(out.pop().map(|c| c.wr_id()), Some(2));
+        // 3 and 4 end at the last entry: they move to the front.
+        assert_eq!(out.free_start(), 2);
+        hold(&mut out, &[5, 6]);
+        assert_eq!(
+            out.iter().map(|w| w.raw_wr_id()).collect::<Vec<_>>(),
+            [3, 4, 5, 6]
+        );
+        let order: Vec<u64> = out.drain().map(|c| c.wr_id()).collect();
+        assert_eq!(order, [3, 4, 5, 6]);
+        assert!(out.is_empty());
+        assert_eq!(out.free_start(), 0);
+        // A drain dropped early drops the rest.
+        hold(&mut out, &[7, 8]);
+        assert_eq!(out.drain().next().map(|c| c.wr_id()), Some(7));
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn completion_moves_without_memcpy() {
@@ -264,5 +301,168 @@ mod tests {
         v4[32..36].copy_from_slice(&[10, 0, 2, 15]);
         assert_eq!(grh_source_gid(&v4).unwrap().to_string(), "::ffff:10.0.2.15");
         assert_eq!(grh_source_gid(&[0u8; 40]), None);
+    }
+}
+
+/// Caller-provided storage for polled completions (allocated once, reused).
+///
+/// The provider writes its entries here and they stay in place:
+/// [`pop`](Self::pop) and [`drain`](Self::drain) build each [`Completion`]
+/// from its entry as it is taken, so nothing is copied in between.
+pub struct Completions {
+    /// The entries: `[head, head + len)` are held (claimed: `wr_id` is the
+    /// caller's); the provider writes new ones after them.
+    pub(crate) raw: Box<[sys::ibv_wc]>,
+    /// Completion timestamps read from an extended CQ, by entry.
+    pub(crate) stamps: Box<[u64]>,
+    /// What each held entry's request left: its buffers, who posted it.
+    claims: Box<[Claim]>,
+    head: usize,
+    len: usize,
+}
+
+/// What a poll claimed for one entry of a [`Completions`].
+#[derive(Default)]
+struct Claim {
+    sg: SgList,
+    origin: Origin,
+    /// Whether the entry's timestamp was read (extended CQ).
+    stamped: bool,
+}
+
+impl Completions {
+    /// Room for `capacity` completions (at least 1).
+    pub fn with_capacity(capacity: usize) -> Completions {
+        let capacity = capacity.max(1);
+        Completions {
+            raw: vec![sys::ibv_wc::default(); capacity].into_boxed_slice(),
+            stamps: vec![0; capacity].into_boxed_slice(),
+            claims: (0..capacity).map(|_| Claim::default()).collect(),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// Where the provider may write: the index after the held entries,
+    /// every entry from there on free. Moves the held entries to the front
+    /// when they end at the last entry (only when a caller polls again
+    /// before taking all).
+    #[inline]
+    pub(crate) fn free_start(&mut self) -> usize {
+        if self.len == 0 {
+            self.head = 0;
+        } else if self.head > 0 && self.head + self.len == self.raw.len() {
+            let held = self.head..self.head + self.len;
+            self.raw.copy_within(held.clone(), 0);
+            self.stamps.copy_within(held, 0);
+            for i in 0..self.len {
+                self.claims.swap(i, self.head + i);
+            }
+            self.head = 0;
+        }
+        self.head + self.len
+    }
+
+    /// Holds entry `i`, the next after the held ones, with what its
+    /// request left (`None`: an orphan).
+    #[inline]
+    pub(crate) fn hold(&mut self, i: usize, claimed: Option<Claimed>, stamped: bool) {
+        debug_assert_eq!(i, self.head + self.len);
+        self.claims[i] = match claimed {
+            Some(c) => {
+                self.raw[i].wr_id = c.wr_id;
+                Claim {
+                    sg: c.sg,
+                    origin: if c.dispatched {
+                        Origin::Dispatcher
+                    } else {
+                        Origin::Caller
+                    },
+                    stamped,
+                }
+            }
+            None => Claim {
+                sg: SgList::Empty,
+                origin: Origin::Orphan,
+                stamped,
+            },
+        };
+        self.len += 1;
+    }
+
+    /// Completions held.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether none is held.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Takes the oldest completion.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Completion> {
+        if self.len == 0 {
+            return None;
+        }
+        let i = self.head;
+        self.head += 1;
+        self.len -= 1;
+        let claim = &mut self.claims[i];
+        Some(Completion {
+            wc: WorkCompletion { raw: self.raw[i] },
+            sg: std::mem::ManuallyDrop::new(std::mem::take(&mut claim.sg)),
+            timestamp: claim.stamped.then(|| self.stamps[i]),
+            origin: claim.origin,
+        })
+    }
+    /// Takes all held completions, oldest first (those the iterator is
+    /// dropped before reaching are dropped with it, buffers included).
+    #[inline]
+    pub fn drain(&mut self) -> CompletionsDrain<'_> {
+        CompletionsDrain { out: self }
+    }
+    /// Looks at the held completions' entries (`wr_id` the caller's).
+    pub fn iter(&self) -> impl Iterator<Item = &WorkCompletion> {
+        self.raw[self.head..self.head + self.len]
+            .iter()
+            .map(WorkCompletion::from_raw_ref)
+    }
+}
+
+/// The iterator of [`Completions::drain`].
+pub struct CompletionsDrain<'a> {
+    out: &'a mut Completions,
+}
+
+impl Iterator for CompletionsDrain<'_> {
+    type Item = Completion;
+    #[inline]
+    fn next(&mut self) -> Option<Completion> {
+        self.out.pop()
+    }
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.out.len, Some(self.out.len))
+    }
+}
+
+impl ExactSizeIterator for CompletionsDrain<'_> {}
+
+impl Drop for CompletionsDrain<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // As `VecDeque::drain(..)`: what was not taken goes, buffers and
+        // all (to their owners' drop); fully drained, one comparison.
+        while self.out.len > 0 {
+            drop(self.out.pop());
+        }
+    }
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
