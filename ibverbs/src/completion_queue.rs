@@ -456,16 +456,17 @@ impl CompletionQueue {
             if self.inner.rxe_inv_quirk {
                 fix_rxe_inv_flag(wc);
             }
-            // An `if`, not `Option::or_else`: no `None` to drop (an
-            // outlined call per entry).
-            let claimed = if is_prepared(wc.wr_id) {
-                Some(claim_prepared_entry(wc.wr_id))
-            } else {
-                WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
-                    let tables = tables.get_or_insert_with(|| self.inner.tables.read());
-                    tables.get(id)?.retire(tag, wc.status)
-                })
-            };
+            if is_prepared(wc.wr_id) {
+                // SAFETY: a prepared posting's wr_id from an entry just
+                // polled; each entry is claimed once.
+                let wr_id = unsafe { claim_prepared(wc.wr_id) };
+                out.hold_prepared(i, wr_id, stamped);
+                continue;
+            }
+            let claimed = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
+                let tables = tables.get_or_insert_with(|| self.inner.tables.read());
+                tables.get(id)?.retire(tag, wc.status)
+            });
             out.hold(i, claimed, stamped);
         }
     }

@@ -364,29 +364,39 @@ impl Completions {
     }
 
     /// Holds entry `i`, the next after the held ones, with what its
-    /// request left (`None`: an orphan).
+    /// request left (`None`: an orphan). A free entry's buffers are always
+    /// [`SgList::Empty`] (`pop` took them), so only the fields are written.
     #[inline]
     pub(crate) fn hold(&mut self, i: usize, claimed: Option<Claimed>, stamped: bool) {
         debug_assert_eq!(i, self.head + self.len);
-        self.claims[i] = match claimed {
+        let claim = &mut self.claims[i];
+        claim.stamped = stamped;
+        match claimed {
             Some(c) => {
                 self.raw[i].wr_id = c.wr_id;
-                Claim {
-                    sg: c.sg,
-                    origin: if c.dispatched {
-                        Origin::Dispatcher
-                    } else {
-                        Origin::Caller
-                    },
-                    stamped,
+                claim.origin = if c.dispatched {
+                    Origin::Dispatcher
+                } else {
+                    Origin::Caller
+                };
+                if !matches!(c.sg, SgList::Empty) {
+                    claim.sg = c.sg;
                 }
             }
-            None => Claim {
-                sg: SgList::Empty,
-                origin: Origin::Orphan,
-                stamped,
-            },
-        };
+            None => claim.origin = Origin::Orphan,
+        }
+        self.len += 1;
+    }
+
+    /// [`hold`](Self::hold) for a prepared posting: the caller's `wr_id`,
+    /// no buffers.
+    #[inline]
+    pub(crate) fn hold_prepared(&mut self, i: usize, wr_id: u64, stamped: bool) {
+        debug_assert_eq!(i, self.head + self.len);
+        self.raw[i].wr_id = wr_id;
+        let claim = &mut self.claims[i];
+        claim.stamped = stamped;
+        claim.origin = Origin::Caller;
         self.len += 1;
     }
 
