@@ -131,13 +131,7 @@ impl Region {
         self.len
     }
 
-    #[inline]
-    pub(crate) fn sge(&self) -> Result<sys::ibv_sge> {
-        sge_length(self.len)?;
-        Ok(self.sge_prechecked())
-    }
-
-    /// The SGE of a region whose length [`Region::sge`] already accepted
+    /// The SGE of a region whose length [`sge_length`] already accepted
     /// (posting validates every request before building any C request).
     #[inline]
     pub(crate) fn sge_prechecked(&self) -> sys::ibv_sge {

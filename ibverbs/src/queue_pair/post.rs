@@ -90,7 +90,7 @@ fn check_buf(b: &Buf, pd: &crate::ProtectionDomain, device_writes: bool, what: &
             )));
         }
     }
-    region.sge().map(drop)
+    crate::buffer::sge_length(region.len()).map(drop)
 }
 
 /// How many requests of the `n`-long chain at `base` the provider took:
@@ -473,6 +473,7 @@ fn inline_sge(data: &[u8]) -> sys::ibv_sge {
 /// The C request for a checked `r`: opcode, flags, immediate or key to
 /// invalidate, and the remote, atomic or UD fields. The caller sets
 /// `wr_id`, `next` and the SGEs.
+#[inline]
 pub(super) fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
     let mut flags = r.flags;
     if r.inline.is_some() {
