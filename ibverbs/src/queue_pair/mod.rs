@@ -3,6 +3,7 @@
 //! ([`SendRequest`], [`RecvRequest`]).
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -15,6 +16,7 @@ mod attr;
 mod builder;
 mod connect;
 mod epoch;
+mod local_port;
 mod options;
 mod post;
 mod post_ex;
@@ -30,6 +32,7 @@ pub(crate) use recv::post_recv_common;
 pub use attr::*;
 pub use builder::*;
 pub use connect::*;
+pub use local_port::LocalPort;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
@@ -110,6 +113,13 @@ pub(crate) struct QpInner {
     /// ([`QueuePair::note_err_pending`]) and after every modify that names
     /// the state ([`QueuePair::note_state`]); see `epoch.rs`.
     pub(crate) send_epoch: epoch::SendEpoch,
+    /// The state this crate's last successful state change set
+    /// (`IBV_QPS_*`; RESET at creation), written with the send lock held
+    /// ([`QueuePair::note_state`]). [`QueuePair::modify`] checks
+    /// transitions from it instead of asking the device each time: it is
+    /// exact but for the moves a device makes on its own after errors (to
+    /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
+    state: AtomicU32,
     destroyed: bool,
 }
 
@@ -277,6 +287,7 @@ impl QueuePair {
                 recv,
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
+                state: AtomicU32::new(sys::IBV_QPS_RESET),
                 destroyed: false,
             }),
         };
@@ -294,16 +305,29 @@ impl QueuePair {
         Ok(qp)
     }
 
-    /// Records a state change (or an attempt: libibverbs updates
-    /// `ibv_qp::state` only on success) for the lock-free posting path.
-    /// Call with the send lock held, after `ibv_modify_qp`.
-    pub(crate) fn note_state(&self) {
-        // SAFETY: live QP; the caller holds the send lock, which every
-        // modify of this crate holds, so `state` is not being written.
-        let state = unsafe { (*self.as_ptr()).state };
+    /// Records a state change, or an attempt, for the lock-free posting
+    /// path and [`modify`](Self::modify)'s checks: `set` is the state a
+    /// successful `ibv_modify_qp` moved to, `None` when it failed (the
+    /// state is as it was). Call with the send lock held, after
+    /// `ibv_modify_qp`.
+    pub(crate) fn note_state(&self, set: Option<u32>) {
+        let state = match set {
+            Some(state) => {
+                self.inner.state.store(state, Ordering::Relaxed);
+                state
+            }
+            None => self.inner.state.load(Ordering::Relaxed),
+        };
         self.inner
             .send_epoch
             .note(state_sends(state), state == sys::IBV_QPS_ERR);
+    }
+
+    /// The state this crate's last successful state change set (see
+    /// `QpInner::state`); no system call.
+    #[inline]
+    pub(crate) fn tracked_state(&self) -> u32 {
+        self.inner.state.load(Ordering::Relaxed)
     }
 
     /// Announces a move to ERR before `ibv_modify_qp` runs: receives are
@@ -326,9 +350,9 @@ impl QueuePair {
     #[inline(never)]
     pub(crate) fn reflush_receives(&self) {
         let _send = self.inner.send.lock();
-        // SAFETY: live QP; the send lock, held by every modify of this
-        // crate, keeps `state` from being written meanwhile.
-        if unsafe { (*self.as_ptr()).state } != sys::IBV_QPS_ERR {
+        // The send lock, held by every modify of this crate, keeps the
+        // state from changing meanwhile.
+        if self.tracked_state() != sys::IBV_QPS_ERR {
             // The move failed, or the QP was reset since: the receive is
             // either live or discarded with the queue.
             return;
@@ -339,14 +363,14 @@ impl QueuePair {
         };
         // SAFETY: live QP; `attr` outlives the call; ERR to ERR is a legal
         // transition (IBA 10.3.1: any state may move to ERR).
-        unsafe {
+        let rc = unsafe {
             sys::ibv_modify_qp(
                 self.as_ptr(),
                 &mut attr,
                 sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
             )
         };
-        self.note_state();
+        self.note_state((rc == 0).then_some(sys::IBV_QPS_ERR));
     }
 
     /// Whether receives are refused: the QP is in ERR or going there (as
