@@ -506,7 +506,12 @@ fn a_local_port_queried_once_connects_queue_pairs() {
     let other = common::device();
     let pd2 = other.ctx.alloc_pd().unwrap();
     let cq2 = other.ctx.create_cq(8).build().unwrap();
-    let stranger = pd2.create_qp(QpType::Rc, &cq2, &cq2).build().unwrap();
+    let stranger = pd2
+        .create_qp(QpType::Rc, &cq2, &cq2)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .build()
+        .unwrap();
     let e = local.endpoint(&stranger, 1).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     let ea = local.endpoint(&qps[0], 1).unwrap();
