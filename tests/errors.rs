@@ -7,7 +7,8 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SendRequest, WcStatus,
+    AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SendRequest, SgList,
+    WcStatus,
 };
 
 fn local() -> AccessFlags {
@@ -192,8 +193,11 @@ fn invalid_arguments_are_rejected_before_posting() {
     // A remote range outside its region cannot even be described.
     assert!(remote.slice(60, 8).is_none());
 
-    // More requests than the queue holds.
-    let depth = p.b.caps().max_recv_wr as usize;
+    // More requests than the queue holds: the depth asked for (4 above),
+    // however deep the device made the queue.
+    let depth = p.b.recv_capacity() as usize;
+    assert_eq!(depth, 4, "the safe path holds the depth asked for");
+    assert!(p.b.caps().max_recv_wr as usize >= depth);
     let mut many: Vec<_> = (0..depth + 1)
         .map(|_| RecvRequest::new(p.pd.alloc(8, local()).unwrap()))
         .collect();
@@ -213,6 +217,27 @@ fn invalid_arguments_are_rejected_before_posting() {
     // Nothing above reached the device.
     common::assert_quiet(&p.cq_a);
     common::assert_quiet(&p.cq_b);
+
+    // One at a time: the table refuses the request past its last slot,
+    // although the device's deeper queue would take it, and hands it back.
+    let last = many.pop().unwrap();
+    for r in many {
+        p.b.post_recv(r).unwrap();
+    }
+    let refused = p.b.post_recv(last).unwrap_err();
+    assert!(
+        matches!(refused.error, Error::QueueFull { depth: d, .. } if d as usize == depth),
+        "{}",
+        refused.error
+    );
+    assert!(
+        matches!(refused.request.into_buffers(), SgList::One(_)),
+        "the refused request keeps its buffer"
+    );
+    assert_eq!(p.b.recv_outstanding() as usize, depth);
+    p.b.to_err().unwrap();
+    assert_eq!(wait(&p.cq_b, depth).len(), depth, "every receive flushed");
+    assert_eq!(p.b.recv_outstanding(), 0);
 }
 
 #[test]

@@ -460,3 +460,66 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
     }
     assert_eq!(e.take_local().map(|b| b.len()), Some(8));
 }
+
+/// A `LocalPort` queried once connects any number of queue pairs, with the
+/// same result as `Endpoint::local` and `connect`'s own queries; a queue
+/// pair of another device context is refused.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_local_port_queried_once_connects_queue_pairs() {
+    use ibverbs::{ConnectOptions, Endpoint, Error, LocalPort};
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = dev.ctx.create_cq(64).build().unwrap();
+    let local = LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index)).unwrap();
+    assert_eq!(local.port(), dev.port);
+    assert_eq!(local.gid_index(), Some(dev.gid_index));
+    let opts = ConnectOptions::new(dev.port).local_port(&local);
+    let qps: Vec<_> = (0..4)
+        .map(|_| {
+            pd.create_qp(QpType::Rc, &cq, &cq)
+                .max_send_wr(4)
+                .max_recv_wr(4)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for (i, pair) in qps.chunks(2).enumerate() {
+        let (a, b) = (&pair[0], &pair[1]);
+        let ea = local.endpoint(a, 0x100 + i as u32).unwrap();
+        let eb = local.endpoint(b, 0x200 + i as u32).unwrap();
+        assert_eq!(
+            ea,
+            Endpoint::local(a, dev.port, Some(dev.gid_index), ea.psn).unwrap(),
+            "the snapshot and a fresh query agree"
+        );
+        a.connect(ea.psn, &eb, &opts).unwrap();
+        b.connect(eb.psn, &ea, &opts).unwrap();
+        b.post_recv(RecvRequest::new(p_alloc(&pd)).wr_id(7))
+            .unwrap();
+        a.post_send(SendRequest::send(p_alloc(&pd)).wr_id(8))
+            .unwrap();
+        let got = wait(&cq, 2);
+        assert!(got.iter().all(|c| c.is_success()), "{got:?}");
+    }
+    // Another context's queue pair: refused before anything is queried.
+    let other = common::device();
+    let pd2 = other.ctx.alloc_pd().unwrap();
+    let cq2 = other.ctx.create_cq(8).build().unwrap();
+    let stranger = pd2
+        .create_qp(QpType::Rc, &cq2, &cq2)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .build()
+        .unwrap();
+    let e = local.endpoint(&stranger, 1).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let ea = local.endpoint(&qps[0], 1).unwrap();
+    let e = stranger.connect(1, &ea, &opts).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert_eq!(stranger.state().unwrap(), QpState::Reset);
+}
+
+fn p_alloc(pd: &ibverbs::ProtectionDomain) -> ibverbs::LocalBuffer {
+    pd.alloc(64, local()).unwrap()
+}

@@ -445,6 +445,59 @@ fn soundness_empty_buffers_are_left_out_of_the_scatter_list() {
     assert_eq!(r.take_local().map(|b| b.len()), Some(0));
 }
 
+/// `modify` checks transitions from the state this crate set, without
+/// asking the device; a queue pair the device moved to ERR on its own (a
+/// remote access error) is still judged from its real state: a transition
+/// the real state forbids is refused as from ERR, a `cur_qp_state` of the
+/// old state is refused, and what ERR allows goes through.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_a_state_the_device_changed_is_checked_from_the_real_state() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let target = p.pd.alloc_shared(64, remote_all()).unwrap();
+    let mut remote = target.remote().unwrap();
+    remote.rkey = ibverbs::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
+    let src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendRequest::write(src, remote)).unwrap();
+    let c = common::wait(&p.cq_a, 1).pop().unwrap();
+    assert_eq!(c.status(), ibverbs::WcStatus::RemAccessErr, "{c:?}");
+    // RTS -> SQD and RTS -> RTS are legal from the state this crate set,
+    // not from ERR.
+    let sqd = QpAttr::new().qp_state(QpState::Sqd);
+    let rts = QpAttr::new().qp_state(QpState::Rts).min_rnr_timer(12);
+    for (attr, to) in [(&sqd, QpState::Sqd), (&rts, QpState::Rts)] {
+        let e = p.a.modify(attr).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidTransition { from: QpState::Err, to: t, .. } if t == to),
+            "{e}"
+        );
+    }
+    let lie = QpAttr::new()
+        .qp_state(QpState::Rts)
+        .cur_qp_state(QpState::Rts)
+        .min_rnr_timer(12);
+    for e in [
+        p.a.modify(&lie).unwrap_err(),
+        p.a.modify_unchecked(&lie).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                &e,
+                Error::InvalidTransition { from: QpState::Err, reason, .. } if reason.contains("claims")
+            ),
+            "{e}"
+        );
+    }
+    assert_eq!(p.a.state().unwrap(), QpState::Err);
+    // What ERR allows: to ERR again, to RESET, and connecting anew.
+    p.a.to_err().unwrap();
+    p.a.reset().unwrap();
+    assert_eq!(p.a.state().unwrap(), QpState::Reset);
+    p.a.to_init(p.dev.port, 0, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(p.a.state().unwrap(), QpState::Init);
+}
+
 /// `cur_qp_state` is checked against the state the device reports: an
 /// INIT queue pair cannot claim RTR to skip RTR's attributes.
 #[test]

@@ -27,7 +27,7 @@ use ibverbs_sys as sys;
 use crate::buffer::{FrozenBuffer, LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory_region::{AccessFlags, MrInner};
-use crate::wq_table::{Keep, Payload};
+use crate::wq_table::{Held, Payload};
 use crate::{ProtectionDomain, QpState, QpType, QueuePair};
 
 use binding::{Binding, Bound, Outcome};
@@ -529,8 +529,8 @@ impl QueuePair {
             table,
             wr_id,
             Payload {
-                keep: Some(Keep::Window(op)),
-                ..Payload::default()
+                held: Held::Window(op),
+                ah: None,
             },
         );
         match post(table.encode(tag), &mws) {
@@ -542,7 +542,7 @@ impl QueuePair {
             }
             Err(e) => {
                 if let Some(Payload {
-                    keep: Some(Keep::Window(op)),
+                    held: Held::Window(op),
                     ..
                 }) = st.unreserve(table, tag)
                 {

@@ -92,33 +92,62 @@ impl SgList {
     }
 }
 
-/// What a slot holds while its work request is outstanding.
+/// What a slot holds while its work request is outstanding (40 bytes: a
+/// slot stays at 56, pinned by a test). Nothing here is boxed: posting
+/// must not allocate, and the rare memory-window request shares the space
+/// of the buffers it never has.
 #[derive(Debug, Default)]
 pub(crate) struct Payload {
-    pub(crate) sg: SgList,
+    /// The request's buffers, or its memory window.
+    pub(crate) held: Held,
     /// Held, never read: keeps a UD request's address handle alive until
-    /// the request completed.
+    /// the request completed (an `Arc`: cloning it does not allocate).
     #[allow(dead_code)]
     pub(crate) ah: Option<AddressHandle>,
-    /// Objects a request needs alive until it completed.
-    pub(crate) keep: Option<Keep>,
 }
 
-/// What a request keeps alive besides its buffers, told how the request
-/// ended: released with the completion's status, or dropped without one
-/// (which the object must treat as "it may or may not have run").
+impl Payload {
+    /// A request's buffers and, for a UD send, its address handle.
+    #[inline]
+    pub(crate) fn bufs(sg: SgList, ah: Option<AddressHandle>) -> Payload {
+        Payload {
+            held: Held::Sg(sg),
+            ah,
+        }
+    }
+}
+
+/// The buffers of a request, or what a request without buffers keeps
+/// alive instead, told how it ended: released with the completion's
+/// status, or dropped without one (which the object must treat as "it
+/// may or may not have run"). One enum, so the window shares the buffers'
+/// 32 bytes (it fits in the niche of [`SgList`]'s tag).
 #[derive(Debug)]
-pub(crate) enum Keep {
-    /// A memory-window bind or invalidate: the window, which the status
-    /// settles (its regions are released only on success).
+pub(crate) enum Held {
+    /// A request's buffers.
+    Sg(SgList),
+    /// A memory-window bind or invalidate (no buffers): the window, which
+    /// the status settles (its regions are released only on success).
     Window(WindowOp),
 }
 
-impl Keep {
-    /// The request's completion arrived with `status`.
-    fn release(self, status: u32) {
+impl Default for Held {
+    fn default() -> Held {
+        Held::Sg(SgList::Empty)
+    }
+}
+
+impl Held {
+    /// The request's completion arrived with `status`: the buffers go back
+    /// to the caller, a window learns the status.
+    #[inline]
+    fn release(self, status: u32) -> SgList {
         match self {
-            Keep::Window(op) => op.complete(status),
+            Held::Sg(sg) => sg,
+            Held::Window(op) => {
+                op.complete(status);
+                SgList::Empty
+            }
         }
     }
 }
@@ -447,6 +476,17 @@ impl<S> TableState<S> {
     }
 }
 
+#[cfg(test)]
+impl<S> TableState<S> {
+    /// Heap bytes of the slots and the slab's free list (footprint tests).
+    pub(crate) fn slot_heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.slots.capacity() * size_of::<Slot>()
+            + self.free.capacity() * size_of::<u32>()
+            + self.gens.capacity()
+    }
+}
+
 impl<S> WqTable<S> {
     pub(crate) fn mode(&self) -> Mode {
         self.mode
@@ -482,17 +522,15 @@ impl<S: Send> Retire for WqTable<S> {
         let r = self.lock().retire(self, tag)?;
         // The lock is released (the guard was a temporary): the address
         // handle and memory window the request kept alive go here.
-        let Payload { sg, ah, keep } = r.payload;
-        if ah.is_none() && keep.is_none() {
-            // Nothing to release: forgetting two `None`s leaks nothing and
-            // skips their (outlined) drop glue on the common path.
-            std::mem::forget((ah, keep));
-        } else {
+        let Payload { held, ah } = r.payload;
+        if ah.is_some() {
             drop(ah);
-            if let Some(keep) = keep {
-                keep.release(status);
-            }
+        } else {
+            // Forgetting a `None` leaks nothing and skips its (outlined)
+            // drop glue on the common path.
+            std::mem::forget(ah);
         }
+        let sg = held.release(status);
         Some(Claimed {
             wr_id: r.user_wr_id,
             dispatched: r.dispatched,
@@ -509,6 +547,24 @@ mod tests {
         let idx = (tag & table.mask) as usize;
         assert!(st.slots[idx].occupied && st.slots[idx].tag == tag);
         st.slots[idx].user_wr_id
+    }
+
+    /// A slot is the tag and flags (8 bytes), the caller's `wr_id` (8) and
+    /// the payload (40): the buffers (an `SgList`, 32, whose tag's niche
+    /// also holds a memory window, which never comes with buffers) and a
+    /// UD request's address handle (8, an `Arc`). It was 72 bytes with
+    /// the window beside the buffers.
+    #[test]
+    fn slots_stay_small() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<SgList>(), 32);
+        assert_eq!(
+            size_of::<Held>(),
+            size_of::<SgList>(),
+            "window in the niche"
+        );
+        assert_eq!(size_of::<Payload>(), 40);
+        assert_eq!(size_of::<Slot>(), 56);
     }
 
     #[test]
@@ -627,15 +683,12 @@ mod tests {
     /// A payload told apart by its (empty) list's capacity: no device
     /// needed to see which request's payload came back.
     fn marked(n: usize) -> Payload {
-        Payload {
-            sg: SgList::Many(Vec::with_capacity(n)),
-            ..Payload::default()
-        }
+        Payload::bufs(SgList::Many(Vec::with_capacity(n)), None)
     }
 
     fn mark(r: Option<Retired>) -> Option<(u64, usize)> {
-        r.map(|r| match r.payload.sg {
-            SgList::Many(v) => (r.user_wr_id, v.capacity()),
+        r.map(|r| match r.payload.held {
+            Held::Sg(SgList::Many(v)) => (r.user_wr_id, v.capacity()),
             _ => (r.user_wr_id, 0),
         })
     }

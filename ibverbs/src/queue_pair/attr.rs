@@ -477,10 +477,21 @@ impl QueuePair {
     }
 
     /// Modifies the queue pair after checking `attr` against the IBA state
-    /// transition table for its type ([`QpAttr::validate`]), from its
-    /// current state as the device reports it (`ibv_query_qp`). A
-    /// `cur_qp_state` must name that state: the kernel believes the claim,
-    /// so a false one would let an INIT queue pair skip RTR's attributes.
+    /// transition table for its type ([`QpAttr::validate`]) from its
+    /// current state. A `cur_qp_state` must name the state the device
+    /// reports (`ibv_query_qp`, asked only then): the kernel believes the
+    /// claim, so a false one would let an INIT queue pair skip RTR's
+    /// attributes.
+    ///
+    /// Without `cur_qp_state` no query is made: the check starts from the
+    /// state this crate's last state change set, as `ibv_rc_pingpong`
+    /// knows its queue pair's state. That state is exact but for the moves
+    /// a device makes on its own after errors (to ERR, or SQE for UC and
+    /// UD), and the kernel checks every transition again from the state it
+    /// knows (`ib_modify_qp_is_ok`, the same table). So a stale start never
+    /// lets anything through that the device state forbids: when either
+    /// check refuses, the state is queried and the refusal is reported as
+    /// a check from it, as if it had been queried first.
     ///
     /// A move to RESET discards the requests still outstanding on the QP's
     /// own queues, as the device does: their buffers are dropped.
@@ -489,7 +500,8 @@ impl QueuePair {
     /// [`Error::InvalidTransition`] (illegal transition, missing or
     /// forbidden attribute, a `cur_qp_state` that is not the state) and
     /// [`Error::InvalidArgument`] (a value wider than its field) before
-    /// anything reaches the device;
+    /// anything reaches the device, or once the device refused from a
+    /// state it had moved to on its own;
     /// [`Error::Verb`] naming `ibv_query_qp` or `ibv_modify_qp` (the kernel
     /// checks again: the device may have moved the QP meanwhile).
     ///
@@ -497,10 +509,40 @@ impl QueuePair {
     /// `ibv_modify_qp(3)`
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        let current = self.state()?;
-        attr.check_claimed_state(current)?;
-        attr.validate(self.qp_type(), current)?;
-        self.modify_raw(attr)
+        let ty = self.qp_type();
+        if attr.mask & CUR_STATE != 0 {
+            let current = self.state()?;
+            attr.check_claimed_state(current)?;
+            attr.validate(ty, current)?;
+            return self.modify_raw(attr);
+        }
+        let tracked = QpState::from_raw(self.tracked_state());
+        if let Err(e) = attr.validate(ty, tracked) {
+            // Stale? Only a state the device moved to can make a
+            // difference: go on if the transition is legal from there.
+            match self.state_if_moved(tracked) {
+                Some(current) => attr.validate(ty, current)?,
+                None => return Err(e),
+            }
+        }
+        self.modify_raw(attr).map_err(|e| {
+            // The kernel refused from the state it knows: if the device
+            // moved the QP, say which check that state fails.
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return e;
+            }
+            match self.state_if_moved(tracked) {
+                Some(current) => attr.validate(ty, current).err().unwrap_or(e),
+                None => e,
+            }
+        })
+    }
+
+    /// The device's state of the queue pair when it differs from `tracked`
+    /// (error paths only: queries the device; `None` if the query fails).
+    #[cold]
+    fn state_if_moved(&self, tracked: QpState) -> Option<QpState> {
+        self.state().ok().filter(|s| *s != tracked)
     }
 
     /// Modifies the queue pair without checking the state table here; the
@@ -554,7 +596,7 @@ impl QueuePair {
             // QpAttr (the rest are zero).
             let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
             if send.is_some() {
-                self.note_state();
+                self.note_state((rc == 0).then_some(attr.raw.qp_state));
             }
             drop(recv);
             drop(send);
@@ -579,7 +621,7 @@ impl QueuePair {
         let leaving_other_state = matches!(self.state(), Ok(s) if s != QpState::Reset);
         // SAFETY: as above.
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
-        self.note_state();
+        self.note_state((rc == 0).then_some(sys::IBV_QPS_RESET));
         ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))?;
         if leaving_other_state {
             let dropped_send = send_st.take_all();

@@ -81,10 +81,11 @@ impl<'a> QueuePairBuilder<'a> {
     /// the SRQ's, counted once per CQ however many queue pairs share it),
     /// plus the depths of the queues of existing queue pairs (and SRQs)
     /// reporting there — the depths asked for, as a C program sizes its
-    /// CQs (the device may grant deeper queues, see [`QueuePair::caps`];
-    /// keeping more than the asked depth outstanding can then overrun a CQ
-    /// sized to the request). An overrun CQ loses completions, and with
-    /// them the buffers of their requests.
+    /// CQs. The device may grant deeper queues ([`QueuePair::caps`]); the
+    /// safe posting path keeps at most the asked depths outstanding
+    /// ([`QueuePair::send_capacity`]), but prepared requests can fill the
+    /// granted depth and so overrun a CQ sized to the request. An overrun
+    /// CQ loses completions, and with them the buffers of their requests.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another

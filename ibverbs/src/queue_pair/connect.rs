@@ -7,12 +7,12 @@ use std::hash::{BuildHasher, Hasher};
 use crate::error::{Error, Result};
 use crate::gid::{Gid, GidIndex};
 use crate::port::{Mtu, PortAttr, PortNumber};
-use crate::{AccessFlags, AddressVector, QpAttr, QpNumber, QpState, QpType, QueuePair};
+use crate::{AccessFlags, AddressVector, LocalPort, QpAttr, QpNumber, QpState, QpType, QueuePair};
 
 /// Largest 24-bit value (PSNs, QP numbers).
 const MAX_24: u32 = 0xFF_FFFF;
 
-fn check_24(what: &str, v: u32) -> Result<()> {
+pub(super) fn check_24(what: &str, v: u32) -> Result<()> {
     if v > MAX_24 {
         return Err(Error::InvalidArgument(format!(
             "{what} {v:#x} does not fit in 24 bits"
@@ -44,6 +44,9 @@ impl Endpoint {
     /// [`Gid::ZERO`] (LID-only addressing, as `ibv_rc_pingpong` without
     /// `-g`). Give the peer's [`ConnectOptions::gid_index`] the same index.
     ///
+    /// Queries the port and GID on every call: for many queue pairs, query
+    /// a [`LocalPort`] once and use [`LocalPort::endpoint`].
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or, on a port
     /// that needs a GRH, the GID entry is empty; [`Error::Verb`] naming
@@ -58,29 +61,7 @@ impl Endpoint {
         psn: u32,
     ) -> Result<Endpoint> {
         check_24("psn", psn)?;
-        let ctx = qp.pd().context();
-        let port_attr = ctx.query_port(port)?;
-        let index = match gid_index {
-            Some(i) => Some(i),
-            None if port_attr.grh_required() => Some(ctx.default_gid_index(port)?),
-            None => None,
-        };
-        let gid = match index {
-            Some(i) => ctx.query_gid(port, i)?,
-            None => Gid::ZERO,
-        };
-        if port_attr.grh_required() && gid.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "GID index {} of port {port} is empty; RoCE needs a GID",
-                index.map_or(0, |i| i.0)
-            )));
-        }
-        Ok(Endpoint {
-            qp_num: qp.qp_num(),
-            psn,
-            lid: port_attr.lid(),
-            gid,
-        })
+        LocalPort::query(qp.pd().context(), port, gid_index)?.endpoint(qp, psn)
     }
 
     /// A random 24-bit starting PSN (as `ibv_rc_pingpong`'s
@@ -125,6 +106,8 @@ pub struct ConnectOptions {
     hop_limit: u8,
     traffic_class: u8,
     static_rate: u8,
+    /// The port's attributes and GID, queried once for many connections.
+    local: Option<LocalPort>,
 }
 
 impl ConnectOptions {
@@ -146,7 +129,20 @@ impl ConnectOptions {
             hop_limit: crate::address_handle::DEFAULT_HOP_LIMIT,
             traffic_class: 0,
             static_rate: 0,
+            local: None,
         }
+    }
+
+    /// Connects through `local`'s port, from its GID index, with its
+    /// attributes and GID as queried (no system call for them when
+    /// connecting; see [`LocalPort`]). Sets the port and
+    /// [`gid_index`](Self::gid_index); a different index given afterwards
+    /// is queried when connecting.
+    pub fn local_port(mut self, local: &LocalPort) -> Self {
+        self.port = local.port();
+        self.gid_index = local.gid_index();
+        self.local = Some(local.clone());
+        self
     }
 
     /// The local GID index for GRH addressing (default:
@@ -360,8 +356,11 @@ impl QueuePair {
     /// # Errors
     /// As [`QueuePair::modify`]; [`Error::InvalidArgument`] when `remote`
     /// lacks what the link layer needs, the local GID index names an empty
-    /// slot, or the path MTU is not an `IBV_MTU_*` value; [`Error::Verb`]
-    /// naming `ibv_query_port`, `ibv_query_gid` or `ibv_query_gid_table`.
+    /// slot, the path MTU is not an `IBV_MTU_*` value, or
+    /// [`ConnectOptions::local_port`] describes another device context's
+    /// port; [`Error::Verb`] naming `ibv_query_port`, `ibv_query_gid` or
+    /// `ibv_query_gid_table` (not asked with a [`LocalPort`] that holds
+    /// them).
     #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         self.modify(&self.rtr_attr_for(remote, opts)?)
@@ -374,7 +373,14 @@ impl QueuePair {
             return Ok(QpAttr::new().qp_state(QpState::Rtr));
         }
         let ctx = self.pd().context();
-        let port_attr = ctx.query_port(opts.port)?;
+        let local = opts.local.as_ref();
+        let port_attr = match local {
+            Some(l) => {
+                l.check_context(self)?;
+                *l.attr()
+            }
+            None => ctx.query_port(opts.port)?,
+        };
         let sgid_index = match opts.gid_index {
             Some(i) => i,
             None if port_attr.grh_required() || !remote.gid.is_zero() => {
@@ -389,13 +395,19 @@ impl QueuePair {
             )));
         }
         let av = opts.address_vector(&port_attr, remote, sgid_index)?;
-        if av.is_global() && ctx.query_gid(opts.port, sgid_index)?.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "GID index {} of {} port {} is empty: nothing to send from",
-                sgid_index.0,
-                ctx.name(),
-                opts.port
-            )));
+        if av.is_global() {
+            let sgid = match local.and_then(|l| l.gid_at(sgid_index)) {
+                Some(gid) => gid,
+                None => ctx.query_gid(opts.port, sgid_index)?,
+            };
+            if sgid.is_zero() {
+                return Err(Error::InvalidArgument(format!(
+                    "GID index {} of {} port {} is empty: nothing to send from",
+                    sgid_index.0,
+                    ctx.name(),
+                    opts.port
+                )));
+            }
         }
         Ok(rtr_attr(qp_type, av, opts.mtu(&port_attr), remote, opts))
     }
@@ -419,12 +431,17 @@ impl QueuePair {
     /// On error the QP stays in the state it reached; [`QueuePair::reset`]
     /// it before trying again.
     ///
+    /// System calls: the port and GID queries (none with
+    /// [`ConnectOptions::local_port`]) and three `ibv_modify_qp`, as
+    /// `ibv_rc_pingpong` (the state is not queried: see
+    /// [`QueuePair::modify`]).
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a UD queue pair (use
     /// [`QueuePair::activate_ud`]), a PSN or QP number wider than 24 bits,
     /// a `remote` lacking what the link layer needs (a GID on RoCE, a LID
-    /// on InfiniBand), an empty local GID slot, or an unknown path MTU
-    /// (all before the first step); [`Error::InvalidTransition`] when the
+    /// on InfiniBand), an empty local GID slot, an unknown path MTU, or a
+    /// [`LocalPort`] of another device context (all before the first step); [`Error::InvalidTransition`] when the
     /// QP is not in RESET; otherwise as [`QueuePair::modify`] and
     /// [`Context::query_port`](crate::Context::query_port).
     ///

@@ -3,6 +3,7 @@
 //! ([`SendRequest`], [`RecvRequest`]).
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -15,6 +16,7 @@ mod attr;
 mod builder;
 mod connect;
 mod epoch;
+mod local_port;
 mod options;
 mod post;
 mod post_ex;
@@ -30,6 +32,7 @@ pub(crate) use recv::post_recv_common;
 pub use attr::*;
 pub use builder::*;
 pub use connect::*;
+pub use local_port::LocalPort;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
@@ -110,7 +113,56 @@ pub(crate) struct QpInner {
     /// ([`QueuePair::note_err_pending`]) and after every modify that names
     /// the state ([`QueuePair::note_state`]); see `epoch.rs`.
     pub(crate) send_epoch: epoch::SendEpoch,
+    /// The state this crate's last successful state change set
+    /// (`IBV_QPS_*`; RESET at creation), written with the send lock held
+    /// ([`QueuePair::note_state`]). [`QueuePair::modify`] checks
+    /// transitions from it instead of asking the device each time: it is
+    /// exact but for the moves a device makes on its own after errors (to
+    /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
+    state: AtomicU32,
     destroyed: bool,
+}
+
+/// The in-flight tables of a queue pair that got `caps` when it asked for
+/// `asked`: the send queue's, and the receive queue's unless it receives
+/// through an SRQ. They hold the depths asked for, as the CQ accounting:
+/// the safe path keeps at most that many requests outstanding per queue
+/// (`QueueFull` beyond), however much deeper the provider made the queue
+/// (rxe grants 31 for 16).
+type Tables = (
+    Arc<WqTable<post::SendScratch>>,
+    Option<Arc<WqTable<post::RecvScratch>>>,
+);
+
+fn new_tables(caps: QpCaps, asked: QpCaps, own_recv: bool) -> Tables {
+    let depth = table_depth(asked.max_send_wr, caps.max_send_wr);
+    let send = WqTable::new(
+        Mode::Ring,
+        depth,
+        "send queue",
+        post::SendScratch::new(depth, caps.max_send_sge),
+    );
+    let recv = own_recv.then(|| {
+        let depth = table_depth(asked.max_recv_wr, caps.max_recv_wr);
+        WqTable::new(
+            Mode::Ring,
+            depth,
+            "receive queue",
+            post::RecvScratch::new(depth, caps.max_recv_sge),
+        )
+    });
+    (send, recv)
+}
+
+/// The depth of a queue's in-flight table: the depth `asked` for (at least
+/// one slot), never more than the provider `granted` when it reports one.
+fn table_depth(asked: u32, granted: u32) -> u32 {
+    let depth = asked.max(1);
+    if granted == 0 {
+        depth
+    } else {
+        depth.min(granted)
+    }
 }
 
 /// Whether a queue pair in `state` (`ibv_qp::state`) may post sends:
@@ -217,20 +269,7 @@ impl QueuePair {
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     ) -> crate::Result<QueuePair> {
-        let send = WqTable::new(
-            Mode::Ring,
-            caps.max_send_wr.max(1),
-            "send queue",
-            post::SendScratch::new(caps.max_send_wr.max(1), caps.max_send_sge.max(1)),
-        );
-        let recv = srq.is_none().then(|| {
-            WqTable::new(
-                Mode::Ring,
-                caps.max_recv_wr.max(1),
-                "receive queue",
-                post::RecvScratch::new(caps.max_recv_wr.max(1), caps.max_recv_sge.max(1)),
-            )
-        });
+        let (send, recv) = new_tables(caps, asked, srq.is_none());
         // Owned from here: dropping it on an error below destroys the QP
         // (teardown), and unregisters what was registered.
         let qp = QueuePair {
@@ -248,37 +287,47 @@ impl QueuePair {
                 recv,
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
+                state: AtomicU32::new(sys::IBV_QPS_RESET),
                 destroyed: false,
             }),
         };
         let inner = &qp.inner;
         // The CQs are checked against the depths asked for, as a C program
         // sizes them: providers may grant deeper queues (rxe about twice).
-        let depth = |asked: u32, table: u32| asked.clamp(1, table);
-        inner.send_cq.register(
-            inner.send.clone(),
-            depth(asked.max_send_wr, inner.send.capacity()),
-        )?;
+        inner
+            .send_cq
+            .register(inner.send.clone(), inner.send.capacity())?;
         if let Some(srq) = &inner.srq {
             srq.attach_cq(&inner.recv_cq)?;
         } else if let Some(t) = &inner.recv {
-            inner
-                .recv_cq
-                .register(t.clone(), depth(asked.max_recv_wr, t.capacity()))?;
+            inner.recv_cq.register(t.clone(), t.capacity())?;
         }
         Ok(qp)
     }
 
-    /// Records a state change (or an attempt: libibverbs updates
-    /// `ibv_qp::state` only on success) for the lock-free posting path.
-    /// Call with the send lock held, after `ibv_modify_qp`.
-    pub(crate) fn note_state(&self) {
-        // SAFETY: live QP; the caller holds the send lock, which every
-        // modify of this crate holds, so `state` is not being written.
-        let state = unsafe { (*self.as_ptr()).state };
+    /// Records a state change, or an attempt, for the lock-free posting
+    /// path and [`modify`](Self::modify)'s checks: `set` is the state a
+    /// successful `ibv_modify_qp` moved to, `None` when it failed (the
+    /// state is as it was). Call with the send lock held, after
+    /// `ibv_modify_qp`.
+    pub(crate) fn note_state(&self, set: Option<u32>) {
+        let state = match set {
+            Some(state) => {
+                self.inner.state.store(state, Ordering::Relaxed);
+                state
+            }
+            None => self.inner.state.load(Ordering::Relaxed),
+        };
         self.inner
             .send_epoch
             .note(state_sends(state), state == sys::IBV_QPS_ERR);
+    }
+
+    /// The state this crate's last successful state change set (see
+    /// `QpInner::state`); no system call.
+    #[inline]
+    pub(crate) fn tracked_state(&self) -> u32 {
+        self.inner.state.load(Ordering::Relaxed)
     }
 
     /// Announces a move to ERR before `ibv_modify_qp` runs: receives are
@@ -301,9 +350,9 @@ impl QueuePair {
     #[inline(never)]
     pub(crate) fn reflush_receives(&self) {
         let _send = self.inner.send.lock();
-        // SAFETY: live QP; the send lock, held by every modify of this
-        // crate, keeps `state` from being written meanwhile.
-        if unsafe { (*self.as_ptr()).state } != sys::IBV_QPS_ERR {
+        // The send lock, held by every modify of this crate, keeps the
+        // state from changing meanwhile.
+        if self.tracked_state() != sys::IBV_QPS_ERR {
             // The move failed, or the QP was reset since: the receive is
             // either live or discarded with the queue.
             return;
@@ -314,14 +363,14 @@ impl QueuePair {
         };
         // SAFETY: live QP; `attr` outlives the call; ERR to ERR is a legal
         // transition (IBA 10.3.1: any state may move to ERR).
-        unsafe {
+        let rc = unsafe {
             sys::ibv_modify_qp(
                 self.as_ptr(),
                 &mut attr,
                 sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
             )
         };
-        self.note_state();
+        self.note_state((rc == 0).then_some(sys::IBV_QPS_ERR));
     }
 
     /// Whether receives are refused: the QP is in ERR or going there (as
@@ -343,7 +392,11 @@ impl QueuePair {
         self.inner.qp_type
     }
 
-    /// The capacities the QP got.
+    /// The capacities the QP got. The device may grant deeper queues than
+    /// asked; the safe posting path holds at most the depths asked for
+    /// ([`send_capacity`](Self::send_capacity),
+    /// [`recv_capacity`](Self::recv_capacity)), the depths the CQs were
+    /// checked against.
     pub fn caps(&self) -> QpCaps {
         self.inner.caps
     }
@@ -372,6 +425,21 @@ impl QueuePair {
     pub fn send_outstanding(&self) -> u32 {
         let t = &self.inner.send;
         t.lock().outstanding(t.mode(), t.capacity())
+    }
+
+    /// How many requests the safe path keeps outstanding on the send queue
+    /// at once: the depth asked for at creation (a request beyond it is
+    /// refused with [`Error::QueueFull`](crate::Error::QueueFull)), even
+    /// when the device granted a deeper queue ([`caps`](Self::caps)).
+    /// Prepared requests do not take from it.
+    pub fn send_capacity(&self) -> u32 {
+        self.inner.send.capacity()
+    }
+
+    /// As [`send_capacity`](Self::send_capacity), for the receive queue (0
+    /// with an SRQ: see [`SharedReceiveQueue::capacity`]).
+    pub fn recv_capacity(&self) -> u32 {
+        self.inner.recv.as_ref().map_or(0, |t| t.capacity())
     }
 
     /// Outstanding safe-path requests on the receive queue (0 with an SRQ).
@@ -431,7 +499,62 @@ impl std::fmt::Display for QpNumber {
 
 #[cfg(test)]
 mod tests {
+    use std::mem::size_of;
     use std::rc::Rc;
+
+    use super::{new_tables, table_depth, QpCaps, QpInner};
+
+    #[test]
+    fn tables_hold_the_depth_asked_for() {
+        assert_eq!(table_depth(16, 31), 16);
+        assert_eq!(table_depth(0, 31), 1);
+        // A provider reporting 0 for a field it left as asked.
+        assert_eq!(table_depth(16, 0), 16);
+        // Never more slots than the device queue has.
+        assert_eq!(table_depth(16, 8), 8);
+    }
+
+    /// What the safe layer adds to a queue pair on the heap, besides
+    /// libibverbs' own: the measured case of issue #19 (RC, 16 deep both
+    /// ways, one SGE; rxe grants 31). Before: 32-slot rings of 72-byte
+    /// slots and scratch for 31-request chains, 11 368 bytes; now 16-slot
+    /// rings of 56-byte slots and no scratch until the first chain, 2 224.
+    #[test]
+    fn a_queue_pair_costs_its_asked_depth() {
+        let caps = |wr| QpCaps {
+            max_send_wr: wr,
+            max_recv_wr: wr,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (send, recv) = new_tables(caps(31), caps(16), true);
+        let recv = recv.unwrap();
+        assert_eq!((send.capacity(), recv.capacity()), (16, 16));
+        // Each table in its Arc (two counters), the QP's own Arc.
+        let arc = 2 * size_of::<usize>();
+        let fixed =
+            size_of::<QpInner>() + arc + size_of_val(&*send) + arc + size_of_val(&*recv) + arc;
+        let send_heap = {
+            let st = send.lock();
+            st.slot_heap_bytes() + st.scratch.heap_bytes()
+        };
+        let recv_heap = {
+            let st = recv.lock();
+            st.slot_heap_bytes() + st.scratch.heap_bytes()
+        };
+        assert_eq!((send_heap, recv_heap), (16 * 56, 16 * 56), "no scratch yet");
+        let total = fixed + send_heap + recv_heap;
+        eprintln!("per queue pair: {fixed} bytes of structs + {send_heap} + {recv_heap} = {total}");
+        assert!(total <= 2304, "{total} bytes per queue pair");
+        // The first chain allocates the scratch space, once.
+        let mut st = send.lock();
+        st.scratch.bufs();
+        let with = st.scratch.heap_bytes();
+        assert!(with > 0);
+        st.scratch.bufs();
+        assert_eq!(st.scratch.heap_bytes(), with);
+    }
 
     #[test]
     fn payloads_are_released_only_after_a_successful_destroy() {

@@ -13,12 +13,22 @@ use crate::wq_table::{Payload, SgList};
 use crate::{QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
-/// `ibv_send_wr` or `ibv_recv_wr`) without allocating: one request and
-/// `max_sge` SGEs per queue entry, allocated when the queue is created.
+/// `ibv_send_wr` or `ibv_recv_wr`) without allocating on the data path:
+/// one request and `max_sge` SGEs per queue entry. Allocated by the
+/// queue's first chain (a list, a scatter/gather list, an extended
+/// posting) and reused by every later one; a queue that only ever posts
+/// single-buffer requests (built on the stack) never allocates it.
 pub(crate) struct Scratch<W> {
-    pub(super) wrs: Vec<W>,
-    pub(super) sges: Vec<sys::ibv_sge>,
-    pub(super) tags: Vec<u32>,
+    bufs: Option<Box<ScratchBufs<W>>>,
+    depth: u32,
+    max_sge: u32,
+}
+
+/// The allocated part of [`Scratch`].
+pub(crate) struct ScratchBufs<W> {
+    pub(super) wrs: Box<[W]>,
+    pub(super) sges: Box<[sys::ibv_sge]>,
+    pub(super) tags: Box<[u32]>,
     pub(super) max_sge: usize,
 }
 
@@ -27,14 +37,41 @@ pub(crate) struct Scratch<W> {
 unsafe impl<W> Send for Scratch<W> {}
 
 impl<W: Default + Clone> Scratch<W> {
+    /// Room for chains of up to `depth` requests (the table's capacity,
+    /// which `check_room` holds every chain to) of `max_sge` SGEs each,
+    /// allocated on first use.
     pub(crate) fn new(depth: u32, max_sge: u32) -> Scratch<W> {
-        let (depth, max_sge) = (depth as usize, max_sge.max(1) as usize);
         Scratch {
-            wrs: vec![W::default(); depth],
-            sges: vec![sys::ibv_sge::default(); depth * max_sge],
-            tags: vec![0; depth],
-            max_sge,
+            bufs: None,
+            depth: depth.max(1),
+            max_sge: max_sge.max(1),
         }
+    }
+
+    /// The space, allocated now if this is the queue's first chain.
+    #[inline]
+    pub(crate) fn bufs(&mut self) -> &mut ScratchBufs<W> {
+        let (depth, max_sge) = (self.depth as usize, self.max_sge as usize);
+        self.bufs.get_or_insert_with(|| {
+            Box::new(ScratchBufs {
+                wrs: vec![W::default(); depth].into_boxed_slice(),
+                sges: vec![sys::ibv_sge::default(); depth * max_sge].into_boxed_slice(),
+                tags: vec![0; depth].into_boxed_slice(),
+                max_sge,
+            })
+        })
+    }
+
+    /// Heap bytes held (for the footprint tests).
+    #[cfg(test)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of_val;
+        self.bufs.as_ref().map_or(0, |b| {
+            std::mem::size_of::<ScratchBufs<W>>()
+                + size_of_val(&*b.wrs)
+                + size_of_val(&*b.sges)
+                + size_of_val(&*b.tags)
+        })
     }
 }
 
@@ -354,11 +391,10 @@ impl QueuePair {
         if rc != 0 {
             return crate::error::ret_errno("ibv_post_send", rc);
         }
-        let payload = Payload {
-            sg: std::mem::take(&mut r.sg),
-            ah: r.ud.as_ref().map(|u| u.ah.clone()),
-            keep: None,
-        };
+        let payload = Payload::bufs(
+            std::mem::take(&mut r.sg),
+            r.ud.as_ref().map(|u| u.ah.clone()),
+        );
         // Under the same lock: the tag `next_tag` gave.
         let signaled = r.is_signaled() || self.inner.sq_sig_all;
         let tag = st.reserve_as(table, r.wr_id, payload, signaled);
@@ -412,10 +448,10 @@ impl QueuePair {
             if r.dispatched {
                 st.dispatch(table, tag);
             }
-            st.scratch.tags[i] = tag;
+            st.scratch.bufs().tags[i] = tag;
         }
-        let max_sge = st.scratch.max_sge;
-        let scratch = &mut st.scratch;
+        let scratch = st.scratch.bufs();
+        let max_sge = scratch.max_sge;
         let wr_base = scratch.wrs.as_mut_ptr();
         for (i, r) in wrs.iter().enumerate() {
             let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
@@ -445,16 +481,15 @@ impl QueuePair {
         let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr_base, &mut bad) };
         let posted = posted_count(rc, wr_base, bad, n);
         for (i, r) in wrs.iter_mut().enumerate().take(posted) {
-            let tag = st.scratch.tags[i];
-            let payload = Payload {
-                sg: std::mem::take(&mut r.sg),
-                ah: r.ud.as_ref().map(|u| u.ah.clone()),
-                keep: None,
-            };
+            let tag = st.scratch.bufs().tags[i];
+            let payload = Payload::bufs(
+                std::mem::take(&mut r.sg),
+                r.ud.as_ref().map(|u| u.ah.clone()),
+            );
             st.store(table, tag, payload);
         }
         for i in (posted..n).rev() {
-            let tag = st.scratch.tags[i];
+            let tag = st.scratch.bufs().tags[i];
             st.unreserve(table, tag);
         }
         (posted, crate::error::ret_errno("ibv_post_send", rc))

@@ -229,7 +229,7 @@ impl QueuePair {
             if r.dispatched {
                 st.dispatch(table, tag);
             }
-            st.scratch.tags[i] = tag;
+            st.scratch.bufs().tags[i] = tag;
         }
         // SAFETY: live extended QP; the send lock (held) makes this the
         // QP's only posting critical section (ibv_wr_post(3), CONCURRENCY).
@@ -253,18 +253,17 @@ impl QueuePair {
         if let Err(e) = result {
             // Nothing was posted: release the slots, newest first.
             for i in (0..n).rev() {
-                let tag = st.scratch.tags[i];
+                let tag = st.scratch.bufs().tags[i];
                 st.unreserve(table, tag);
             }
             return Err(e);
         }
         for (i, r) in wrs.iter_mut().enumerate() {
-            let tag = st.scratch.tags[i];
-            let payload = Payload {
-                sg: std::mem::take(&mut r.sg),
-                ah: r.ud.as_ref().map(|u| u.ah.clone()),
-                keep: None,
-            };
+            let tag = st.scratch.bufs().tags[i];
+            let payload = Payload::bufs(
+                std::mem::take(&mut r.sg),
+                r.ud.as_ref().map(|u| u.ah.clone()),
+            );
             st.store(table, tag, payload);
         }
         Ok(())
@@ -278,7 +277,7 @@ impl QueuePair {
         st: &mut crate::wq_table::TableState<super::post::SendScratch>,
     ) -> Result<()> {
         let table = &self.inner.send;
-        let max_sge = st.scratch.max_sge;
+        let max_sge = st.scratch.bufs().max_sge;
         for (i, r) in wrs.iter().enumerate() {
             // ibv_wr_post(3) says inline setters need no IBV_SEND_INLINE,
             // but rxe (rdma-core 44) decides inline-ness from the flag alone
@@ -294,7 +293,7 @@ impl QueuePair {
             // SAFETY: live extended QP inside an open region: `wr_id` and
             // `wr_flags` are the inputs of the next builder call.
             unsafe {
-                (*qpx).wr_id = table.encode(st.scratch.tags[i]);
+                (*qpx).wr_id = table.encode(st.scratch.bufs().tags[i]);
                 (*qpx).wr_flags = flags;
             }
             let imm = r.imm.map(u32::to_be).unwrap_or(0);
@@ -390,7 +389,7 @@ impl QueuePair {
                 // SAFETY: as above; the provider copies `data` now.
                 unsafe { f(qpx, data.as_ptr() as *mut _, data.len()) };
             } else {
-                let sges = &mut st.scratch.sges[i * max_sge..(i + 1) * max_sge];
+                let sges = &mut st.scratch.bufs().sges[i * max_sge..(i + 1) * max_sge];
                 let num = fill_sges(&r.sg, sges);
                 if r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && num == 1 {
                     // Inline the buffer's bytes (the request keeps the buffer).

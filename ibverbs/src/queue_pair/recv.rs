@@ -121,9 +121,9 @@ pub(crate) fn post_recv_common(
         if r.dispatched {
             st.dispatch(table, tag);
         }
-        st.scratch.tags[i] = tag;
+        st.scratch.bufs().tags[i] = tag;
     }
-    let scratch = &mut st.scratch;
+    let scratch = st.scratch.bufs();
     let max_sge = scratch.max_sge;
     let base = scratch.wrs.as_mut_ptr();
     for (i, r) in wrs.iter().enumerate() {
@@ -147,19 +147,11 @@ pub(crate) fn post_recv_common(
     let rc = post(base, &mut bad);
     let posted = super::post::posted_count(rc, base, bad, n);
     for (i, r) in wrs.iter_mut().enumerate().take(posted) {
-        let tag = st.scratch.tags[i];
-        st.store(
-            table,
-            tag,
-            Payload {
-                sg: std::mem::take(&mut r.sg),
-                ah: None,
-                keep: None,
-            },
-        );
+        let tag = st.scratch.bufs().tags[i];
+        st.store(table, tag, Payload::bufs(std::mem::take(&mut r.sg), None));
     }
     for i in (posted..n).rev() {
-        let tag = st.scratch.tags[i];
+        let tag = st.scratch.bufs().tags[i];
         st.unreserve(table, tag);
     }
     (posted, crate::error::ret_errno("ibv_post_recv", rc))
@@ -199,11 +191,7 @@ fn post_recv_single(
     if rc != 0 {
         return (0, crate::error::ret_errno("ibv_post_recv", rc));
     }
-    let payload = Payload {
-        sg: std::mem::take(&mut r.sg),
-        ah: None,
-        keep: None,
-    };
+    let payload = Payload::bufs(std::mem::take(&mut r.sg), None);
     // Under the same lock: the tag `next_tag` gave.
     let tag = st.reserve(table, r.wr_id, payload);
     if r.dispatched {
