@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Completions, ConnectOptions, Context,
-    Endpoint, GidIndex, LocalBuffer, PortNumber, PreparedSend, QpType, QueuePair, RemoteMemory,
-    SendRequest, SharedBuffer, WorkCompletion,
+    Endpoint, GidIndex, LocalBuffer, LocalPort, PortNumber, PreparedSend, QpType, QueuePair,
+    RemoteMemory, SendRequest, SharedBuffer, WorkCompletion,
 };
 use ibverbs_sys as sys;
 
@@ -367,8 +367,11 @@ fn build_lane(
         cq.req_notify(false)?;
     }
     let mut qps = Vec::with_capacity(per);
+    // The port and GID queried once, as C does.
+    let local = LocalPort::query(ctx, port, Some(gid))?;
     let opts = ConnectOptions::new(port)
         .gid_index(gid)
+        .local_port(&local)
         .qp_access_flags(AccessFlags::REMOTE_WRITE);
     for _ in 0..per {
         let qp = pd
@@ -376,7 +379,7 @@ fn build_lane(
             .max_send_wr(a.depth as u32)
             .max_recv_wr(1)
             .build()?;
-        let me = Endpoint::local(&qp, port, Some(gid), Endpoint::random_psn())?;
+        let me = local.endpoint(&qp, Endpoint::random_psn())?;
         qp.connect(me.psn, &me, &opts)?;
         qps.push(qp);
     }

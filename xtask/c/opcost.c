@@ -158,16 +158,13 @@ fail:
 	return NULL;
 }
 
-static void connect_self(struct ibv_qp *qp, int port, int gid_index)
+/* The port and GID are queried once (main), as perftest does. */
+static void connect_self(struct ibv_qp *qp, int port, int gid_index, const struct ibv_port_attr *p,
+			 const union ibv_gid *gid)
 {
-	struct ibv_port_attr pattr;
-	union ibv_gid gid;
+	struct ibv_port_attr pattr = *p;
 	struct ibv_qp_attr a;
 
-	if (ibv_query_port(qp->context, port, &pattr))
-		die("ibv_query_port");
-	if (ibv_query_gid(qp->context, port, gid_index, &gid))
-		die("ibv_query_gid");
 	uint32_t psn = lrand48() & 0xffffff;
 
 	memset(&a, 0, sizeof(a));
@@ -186,7 +183,7 @@ static void connect_self(struct ibv_qp *qp, int port, int gid_index)
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.dgid = *gid;
 	a.ah_attr.grh.sgid_index = gid_index;
 	a.ah_attr.grh.hop_limit = 1;
 	a.ah_attr.dlid = pattr.lid;
@@ -277,6 +274,12 @@ int main(int argc, char **argv)
 	struct ibv_mr *tmr = ibv_reg_mr(pd, target, tsize, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	if (!tmr)
 		die("ibv_reg_mr target");
+	struct ibv_port_attr pattr;
+	union ibv_gid gid;
+	if (ibv_query_port(ctx, a.port, &pattr))
+		die("ibv_query_port");
+	if (ibv_query_gid(ctx, a.port, a.gid, &gid))
+		die("ibv_query_gid");
 	long rss_base = rss_kib();
 
 	int per = a.qps / a.threads;
@@ -311,7 +314,7 @@ int main(int argc, char **argv)
 			l->qps[q] = ibv_create_qp(pd, &init);
 			if (!l->qps[q])
 				die("ibv_create_qp");
-			connect_self(l->qps[q], a.port, a.gid);
+			connect_self(l->qps[q], a.port, a.gid, &pattr, &gid);
 		}
 	}
 	long setup = now_us() - t0;
