@@ -42,6 +42,8 @@ pub use report::Row;
 /// The GID index of rxe0's IPv4-mapped RoCE v2 GID in the VM (see ../shared/softroce.md).
 const GID_INDEX: &str = "1";
 const PORT: &str = "1";
+/// Empty polls of the calibration, before the measured rounds.
+const CALIBRATE: u64 = 64;
 
 pub struct InstrOptions {
     pub quick: bool,
@@ -295,9 +297,17 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         .context("opcost was not built")?
         .clone();
     fs::create_dir_all(out.raw())?;
-    for e in fs::read_dir(out.raw())? {
-        let _ = fs::remove_file(e?.path());
-    }
+    // With --only, the other sets' results of the last run stay (and its plan keeps them);
+    // a full run starts afresh.
+    let mut plan = match (&o.only, fs::read_to_string(out.plan())) {
+        (Some(_), Ok(text)) => serde_json::from_str(&text).unwrap_or_default(),
+        _ => {
+            for e in fs::read_dir(out.raw())? {
+                let _ = fs::remove_file(e?.path());
+            }
+            Plan::default()
+        }
+    };
     let c_twin = out.dir.join("opcost_c");
     let src = crate::repo_root()?.join("xtask/c/opcost.c");
     let status = Command::new("cc")
@@ -311,7 +321,6 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         bail!("cc failed to build {}", src.display());
     }
 
-    let mut plan = Plan::default();
     let mut sh = String::from(
         "#!/bin/sh\n# Written by `cargo xtask instr`; runs inside the VM.\nulimit -l unlimited\n",
     );
@@ -329,6 +338,8 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
     for (cfg, straced) in todo {
         {
             let key = cfg.key();
+            plan.configs.retain(|c| c.0 != key);
+            plan.straced.retain(|k| k != &key);
             plan.configs.push((
                 key.clone(),
                 cfg.imp.name().into(),
@@ -342,7 +353,10 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                 _ => &opcost,
             };
             let r = cfg.rounds();
-            for (tag, rounds, cal) in [("a", r, 64), ("b", 3 * r, 192)] {
+            // The same calibration in both runs, so that it cancels from the marginal counts
+            // (and from the per-function breakdown); the empty-poll cost is the long run's
+            // `instr_empty` divided by its polls.
+            for (tag, rounds, cal) in [("a", r, CALIBRATE), ("b", 3 * r, CALIBRATE)] {
                 let cg = raw.join(format!("{key}.{tag}.cg"));
                 let _ = writeln!(
                     sh,
@@ -414,6 +428,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                         );
                     }
                 }
+                plan.pingpongs.retain(|p| p.1 != i);
                 plan.pingpongs.push((pp.label.to_string(), i));
             }
         }
@@ -521,11 +536,15 @@ fn measure(
         d("short_polls")?,
         d("calibrate")?,
     );
-    if dposts <= 0.0 || dcal <= 0.0 {
+    if dposts <= 0.0 {
         bail!("{key}: the long run did not do more work");
     }
     let di = |name: &str| pb.inclusive_named(name) as f64 - pa.inclusive_named(name) as f64;
-    let empty = di("instr_empty") / dcal;
+    let empty = if dcal > 0.0 {
+        di("instr_empty") / dcal
+    } else {
+        pb.inclusive_named("instr_empty") as f64 / num(&lb, "calibrate")?.max(1.0)
+    };
     let post = di("instr_post") / dposts;
     // A short poll costs about what an empty one does beyond the completions it takes.
     let completion = (di("instr_poll") - empty * dshort) / dcomps;
@@ -541,7 +560,26 @@ fn measure(
         None => (None, None),
     };
     let plain = opcost_line(&raw.join(format!("{key}.plain.out"))).ok();
+    // Where the instructions of one operation go: marginal self cost per function.
+    let mut breakdown: Vec<(String, f64)> = pb
+        .self_cost
+        .iter()
+        .map(|(f, &cb)| {
+            let ca = pa.self_cost.get(f).copied().unwrap_or(0);
+            let object = Path::new(&f.object)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                format!("`{}` ({object})", f.name),
+                (cb as f64 - ca as f64) / dposts,
+            )
+        })
+        .filter(|(_, v)| *v >= 1.0)
+        .collect();
+    breakdown.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(report::Measured {
+        breakdown,
         post,
         completion,
         wait,
@@ -585,13 +623,18 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
             let la = opcost_line(&raw.join(format!("{}.a.out", c.0))).ok()?;
             let lb = opcost_line(&raw.join(format!("{}.b.out", c.0))).ok()?;
             let dcal = num(&lb, "calibrate").ok()? - num(&la, "calibrate").ok()?;
+            let cal_b = num(&lb, "calibrate").ok()?.max(1.0);
             let e = |p: &callgrind::Profile| -> f64 {
                 p.named("instr_empty")
                     .first()
                     .map(|f| p.calls.get(&(f.clone(), fpoll.clone())).map_or(0, |x| x.1))
                     .unwrap_or(0) as f64
             };
-            let empty = (e(&pb) - e(&pa)) / dcal;
+            let empty = if dcal > 0.0 {
+                (e(&pb) - e(&pa)) / dcal
+            } else {
+                e(&pb) / cal_b
+            };
             Some((fpost, fpoll, empty))
         });
     if provider.is_none() {

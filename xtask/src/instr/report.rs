@@ -29,6 +29,9 @@ pub struct Measured {
     pub teardown_us: Option<f64>,
     pub rss_qps_kib: Option<f64>,
     pub kernel_calls: Option<f64>,
+    /// Marginal instructions per operation by function (its own, not its callees'), largest
+    /// first: the whole process, loop and sleep included.
+    pub breakdown: Vec<(String, f64)>,
 }
 
 impl Measured {
@@ -230,6 +233,7 @@ pub fn markdown(rows: &[Row], pps: &[PingpongRow]) -> String {
         );
     }
     setup_table(&mut s, rows);
+    breakdown(&mut s, rows);
     let unsteady: Vec<String> = rows
         .iter()
         .filter(|r| r.m.short_polls.0 != r.m.short_polls.1)
@@ -312,6 +316,52 @@ fn scaling(
         "\n{top} against {base}: {} (flat: within 5 %).\n",
         notes.join(", ")
     );
+}
+
+/// Per-function breakdown of the 16-QP paths (and of the largest QP count measured), so that
+/// a miss says where its instructions go.
+fn breakdown(s: &mut String, rows: &[Row]) {
+    let top_qps = rows
+        .iter()
+        .filter(|r| r.cfg.depth == 1 && r.cfg.threads == 1 && !r.cfg.events)
+        .map(|r| r.cfg.qps)
+        .max()
+        .unwrap_or(16);
+    let mut wanted: Vec<u32> = vec![16];
+    if top_qps != 16 {
+        wanted.push(top_qps);
+    }
+    for qps in wanted {
+        let picked: Vec<&Row> = [Imp::C, Imp::Raw, Imp::Prepared, Imp::Request]
+            .into_iter()
+            .filter_map(|i| find(rows, i, qps, 1, 1, false))
+            .filter(|r| !r.m.breakdown.is_empty())
+            .collect();
+        if picked.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "## Where the instructions go, {qps} queue pairs (per operation, by function)\n\n\
+             Each function's own instructions (not its callees'), whole process, marginal per \
+             operation; functions under 1 instruction left out. `0x…` in `librxe` are rxe's \
+             static functions (post_send, poll_cq), `write` and the cancel hooks its doorbell \
+             system call.\n"
+        );
+        for r in picked {
+            let _ = writeln!(
+                s,
+                "<details><summary>{}: {:.0} per operation</summary>\n",
+                r.cfg.imp.name(),
+                r.m.per_op()
+            );
+            let _ = writeln!(s, "| instructions | function |\n|---:|---|");
+            for (name, v) in r.m.breakdown.iter().take(25) {
+                let _ = writeln!(s, "| {v:.1} | {name} |");
+            }
+            let _ = writeln!(s, "\n</details>\n");
+        }
+    }
 }
 
 /// Set-up, teardown, kernel calls and memory per queue pair, C against the request path.
