@@ -71,7 +71,10 @@ impl Endpoint {
         if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
             h.write_u128(d.as_nanos());
         }
-        h.write_u32(std::process::id());
+        // The process id, read once: `getpid` is a system call per PSN
+        // otherwise (one per queue pair connected).
+        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        h.write_u32(*PID.get_or_init(std::process::id));
         (h.finish() as u32) & MAX_24
     }
 }
