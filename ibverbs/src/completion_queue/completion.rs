@@ -347,11 +347,21 @@ impl Completions {
     /// every entry from there on free. Moves the held entries to the front
     /// when they end at the last entry (only when a caller polls again
     /// before taking all).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free_start(&mut self) -> usize {
         if self.len == 0 {
+            // The common case: everything was taken.
             self.head = 0;
-        } else if self.head > 0 && self.head + self.len == self.raw.len() {
+            return 0;
+        }
+        self.compact()
+    }
+
+    /// [`free_start`](Self::free_start) with entries held.
+    #[cold]
+    #[inline(never)]
+    fn compact(&mut self) -> usize {
+        if self.head > 0 && self.head + self.len == self.raw.len() {
             let held = self.head..self.head + self.len;
             self.raw.copy_within(held.clone(), 0);
             self.stamps.copy_within(held, 0);
