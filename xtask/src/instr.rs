@@ -360,7 +360,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                 let cg = raw.join(format!("{key}.{tag}.cg"));
                 let _ = writeln!(
                     sh,
-                    "echo {key}.{tag}; valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {} {} >{} 2>{}",
+                    "echo {key}.{tag}; timeout 900 valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {} {} >{} 2>{}",
                     quote(&cg.to_string_lossy()),
                     quote(&prog.to_string_lossy()),
                     cfg.args(rounds, cal).iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
@@ -371,7 +371,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
             // Plain run: wall-clock set-up/teardown and RSS.
             let _ = writeln!(
                 sh,
-                "echo {key}.plain; {} {} >{} 2>&1",
+                "echo {key}.plain; timeout 600 {} {} >{} 2>&1",
                 quote(&prog.to_string_lossy()),
                 cfg.args(r, 0)
                     .iter()
@@ -383,7 +383,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
             if straced {
                 let _ = writeln!(
                     sh,
-                    "echo {key}.strace; strace -f -c -o {} {} {} >/dev/null 2>&1",
+                    "echo {key}.strace; timeout 600 strace -f -c -o {} {} {} >/dev/null 2>&1",
                     quote(&raw.join(format!("{key}.strace")).to_string_lossy()),
                     quote(&prog.to_string_lossy()),
                     cfg.args(1, 0)
@@ -418,9 +418,9 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                         let p = quote(&prog.to_string_lossy());
                         let _ = writeln!(
                             sh,
-                            "echo {key}; {p} {common} >{} 2>&1 &\n\
+                            "echo {key}; timeout 300 {p} {common} >{} 2>&1 &\n\
                              i=0; while [ $i -lt 100 ] && ! grep -qi ':{port:04X} 00000000:0000 0A' /proc/net/tcp /proc/net/tcp6; do sleep 0.2; i=$((i+1)); done\n\
-                             valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {p} {common} localhost >{} 2>&1\n\
+                             timeout 300 valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {p} {common} localhost >{} 2>&1\n\
                              wait",
                             quote(&raw.join(format!("{key}.server")).to_string_lossy()),
                             quote(&raw.join(format!("{key}.cg")).to_string_lossy()),
@@ -596,6 +596,30 @@ fn measure(
     })
 }
 
+/// Where the instructions of one operation go: each function's marginal self cost between
+/// the short run `pa` and the long run `pb`, per operation (`ops` more in the long run);
+/// functions under one instruction left out, largest first.
+fn breakdown(pa: &callgrind::Profile, pb: &callgrind::Profile, ops: f64) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = pb
+        .self_cost
+        .iter()
+        .map(|(f, &cb)| {
+            let ca = pa.self_cost.get(f).copied().unwrap_or(0);
+            let object = Path::new(&f.object)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                format!("`{}` ({object})", f.name),
+                (cb as f64 - ca as f64) / ops,
+            )
+        })
+        .filter(|(_, v)| *v >= 1.0)
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v
+}
+
 /// Total calls in an `strace -c` summary.
 fn strace_calls(path: &Path) -> Option<f64> {
     let text = fs::read_to_string(path).ok()?;
@@ -672,8 +696,9 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
     for (label, i) in &plan.pingpongs {
         let pp = PINGPONGS[*i];
         let mut per = Vec::new();
+        let mut parts = Vec::new();
         for imp in ["c", "rust"] {
-            let get = |tag: &str| -> Result<f64> {
+            let get = |tag: &str| -> Result<callgrind::Profile> {
                 // The client's own report proves the run completed (a killed one leaves a
                 // partial profile).
                 let out = raw.join(format!("pp{i}-{imp}.{tag}.out"));
@@ -681,10 +706,14 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
                 if !text.contains("iters in") && !text.contains("t_typical") {
                     bail!("{} has no result: the run did not complete", out.display());
                 }
-                Ok(profile(&raw.join(format!("pp{i}-{imp}.{tag}.cg")))?.total as f64)
+                profile(&raw.join(format!("pp{i}-{imp}.{tag}.cg")))
             };
             match (get("a"), get("b")) {
-                (Ok(a), Ok(b)) => per.push(Some((b - a) / (pp.iters.1 - pp.iters.0) as f64)),
+                (Ok(a), Ok(b)) => {
+                    let iters = (pp.iters.1 - pp.iters.0) as f64;
+                    per.push(Some((b.total as f64 - a.total as f64) / iters));
+                    parts.push(breakdown(&a, &b, iters));
+                }
                 (a, b) => {
                     ok = false;
                     let e = a
@@ -694,6 +723,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
                         .unwrap_or_default();
                     step!("instr: ping-pong {label} {} B {imp}: {e}", pp.size);
                     per.push(None);
+                    parts.push(Vec::new());
                 }
             }
         }
@@ -702,6 +732,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
             size: pp.size,
             c: per[0],
             rust: per[1],
+            breakdown: [std::mem::take(&mut parts[0]), std::mem::take(&mut parts[1])],
         });
     }
     let md = report::markdown(&rows, &pps);

@@ -54,6 +54,8 @@ pub struct PingpongRow {
     pub size: u64,
     pub c: Option<f64>,
     pub rust: Option<f64>,
+    /// Per-function breakdown per iteration: C, ours.
+    pub breakdown: [Vec<(String, f64)>; 2],
 }
 
 /// Targets (issue #19): prepared and raw paths and the event wait add nothing over C; the
@@ -195,6 +197,20 @@ pub fn markdown(rows: &[Row], pps: &[PingpongRow]) -> String {
             );
         }
         s.push('\n');
+        for p in pps.iter().filter(|p| !p.breakdown[1].is_empty()).take(1) {
+            for (side, name) in [(0, "C"), (1, "ours")] {
+                let _ = writeln!(
+                    s,
+                    "<details><summary>{} {} B, {name}: instructions per iteration by function</summary>\n\n\
+                     | instructions | function |\n|---:|---|",
+                    p.label, p.size
+                );
+                for (f, v) in p.breakdown[side].iter().take(25) {
+                    let _ = writeln!(s, "| {v:.1} | {f} |");
+                }
+                let _ = writeln!(s, "\n</details>\n");
+            }
+        }
     }
     scaling(
         &mut s,
