@@ -38,9 +38,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, ConnectOptions,
-    Context, Endpoint, FrozenBuffer, Gid, GidIndex, Mtu, PortAttr, PortNumber, PreparedRecv,
-    PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, WorkCompletion,
+    AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
+    ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, Mtu, PortAttr, PortNumber,
+    PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    WorkCompletion,
 };
 
 use exchange::Limits;
@@ -804,6 +805,11 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let recvs = std::mem::take(&mut setup.recvs);
+    let batch = if cfg.transport == Transport::Srq {
+        c.rx_depth as usize + cfg.num_qp as usize
+    } else {
+        2
+    };
     let mut pp = PingPong {
         setup: &setup,
         sends,
@@ -813,11 +819,8 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         pending: vec![RECV_WRID; setup.qps.len()],
         sent: 0,
         received: 0,
-        batch: if cfg.transport == Transport::Srq {
-            c.rx_depth as usize + cfg.num_qp as usize
-        } else {
-            2
-        },
+        batch,
+        done: Completions::with_capacity(batch),
         check_last: c.chk && c.servername.is_none(),
         last: None,
         routs: c.rx_depth,
@@ -878,8 +881,9 @@ struct PingPong<'a> {
     /// index).
     recvs: Vec<PreparedRecv>,
     iters: u32,
-    /// Completions polled at a time (as the C tools).
+    /// Completions polled at a time (as the C tools), and their storage.
     batch: usize,
+    done: Completions,
     qpns: Vec<u32>,
     /// Per QP: what must complete before its next send (RECV_WRID | SEND_WRID).
     pending: Vec<u64>,
@@ -906,7 +910,6 @@ impl PingPong<'_> {
     /// from the first send.
     fn run(&mut self, client: bool) -> Res<Duration> {
         let s = self.setup;
-        let mut wc = WorkCompletion::default();
         if client {
             for i in 0..s.qps.len() {
                 self.post_send(i)?;
@@ -925,15 +928,11 @@ impl PingPong<'_> {
                     .ctx("Couldn't request CQ notification")?;
             }
             loop {
-                // Up to a batch, each entry polled straight into `wc`.
-                let mut n = 0;
-                while n < self.batch {
-                    match s.cq.poll_one_into(&mut wc).ctx("poll CQ failed")? {
-                        // A prepared request's completion carries no buffers.
-                        Some(_) => self.complete(&wc)?,
-                        None => break,
-                    }
-                    n += 1;
+                // One poll of up to a batch, as the C tools (a prepared
+                // request's completion carries no buffers).
+                let n = s.cq.poll(&mut self.done).ctx("poll CQ failed")?;
+                while let Some(c) = self.done.pop() {
+                    self.complete(&c)?;
                 }
                 // Polling mode: back to the loop condition. Event mode:
                 // empty the CQ before sleeping again (a batch that was not
