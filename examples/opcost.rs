@@ -159,21 +159,57 @@ trait Ops {
     fn empty(lane: &mut Lane) -> Result<bool>;
 }
 
-/// A new owned-buffer request per operation; the buffer comes back from
-/// the completion.
-mod request {
-    use super::*;
-    pub struct P;
-    #[inline(never)]
-    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+/// A path's module: `post` posts request `i`, `poll` polls once and hands
+/// back what completed (their number).
+macro_rules! path {
+    ($(#[$doc:meta])* $name:ident,
+     post($pl:ident, $i:ident) $post:block,
+     poll($ql:ident) $poll:block) => {
+        $(#[$doc])*
+        mod $name {
+            use super::*;
+            pub struct P;
+            #[inline(never)]
+            fn instr_post($pl: &mut Lane, $i: usize) -> Result<()> $post
+            #[inline(always)]
+            fn body($ql: &mut Lane) -> Result<usize> $poll
+            #[inline(never)]
+            fn instr_poll(lane: &mut Lane) -> Result<usize> {
+                body(lane)
+            }
+            /// Not the signature of `instr_poll`: identical functions would
+            /// be merged into one symbol.
+            #[inline(never)]
+            fn instr_empty(lane: &mut Lane) -> Result<bool> {
+                Ok(body(lane)? == 0)
+            }
+            impl Ops for P {
+                fn post(lane: &mut Lane, i: usize) -> Result<()> {
+                    instr_post(lane, i)
+                }
+                fn poll(lane: &mut Lane) -> Result<usize> {
+                    instr_poll(lane)
+                }
+                fn empty(lane: &mut Lane) -> Result<bool> {
+                    instr_empty(lane)
+                }
+            }
+        }
+    };
+}
+
+path!(
+    /// A new owned-buffer request per operation; the buffer comes back from
+    /// the completion.
+    request,
+    post(lane, i) {
         let buf = lane.bufs[i].take().ok_or("buffer not back")?;
         lane.qps[i / lane.depth]
             .post_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
             .map_err(|e| e.error)?;
         Ok(())
-    }
-    #[inline(always)]
-    fn body(lane: &mut Lane) -> Result<usize> {
+    },
+    poll(lane) {
         let n = lane.cq.poll(&mut lane.comps)?;
         for mut c in lane.comps.drain() {
             c.result()?;
@@ -182,80 +218,36 @@ mod request {
         }
         Ok(n)
     }
-    #[inline(never)]
-    fn instr_poll(lane: &mut Lane) -> Result<usize> {
-        body(lane)
-    }
-    #[inline(never)]
-    fn instr_empty(lane: &mut Lane) -> Result<bool> {
-        Ok(body(lane)? == 0)
-    }
-    impl Ops for P {
-        fn post(lane: &mut Lane, i: usize) -> Result<()> {
-            instr_post(lane, i)
-        }
-        fn poll(lane: &mut Lane) -> Result<usize> {
-            instr_poll(lane)
-        }
-        fn empty(lane: &mut Lane) -> Result<bool> {
-            instr_empty(lane)
-        }
-    }
-}
+);
 
-/// A [`PreparedSend`] re-posted.
-mod prepared {
-    use super::*;
-    pub struct P;
-    #[inline(never)]
-    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+path!(
+    /// A [`PreparedSend`] re-posted.
+    prepared,
+    post(lane, i) {
         lane.prepared[i].post()?;
         Ok(())
-    }
-    #[inline(always)]
-    fn body(lane: &mut Lane) -> Result<usize> {
+    },
+    poll(lane) {
         let n = lane.cq.poll(&mut lane.comps)?;
         for c in lane.comps.drain() {
             c.result()?;
         }
         Ok(n)
     }
-    #[inline(never)]
-    fn instr_poll(lane: &mut Lane) -> Result<usize> {
-        body(lane)
-    }
-    #[inline(never)]
-    fn instr_empty(lane: &mut Lane) -> Result<bool> {
-        Ok(body(lane)? == 0)
-    }
-    impl Ops for P {
-        fn post(lane: &mut Lane, i: usize) -> Result<()> {
-            instr_post(lane, i)
-        }
-        fn poll(lane: &mut Lane) -> Result<usize> {
-            instr_poll(lane)
-        }
-        fn empty(lane: &mut Lane) -> Result<bool> {
-            instr_empty(lane)
-        }
-    }
-}
+);
 
-/// A reused C work request through the unsafe raw path.
-mod raw {
-    use super::*;
-    pub struct P;
-    #[inline(never)]
-    fn instr_post(lane: &mut Lane, i: usize) -> Result<()> {
+path!(
+    /// A reused C work request through the unsafe raw path.
+    raw,
+    post(lane, i) {
         let qp = &lane.qps[i / lane.depth];
         // SAFETY: the request's buffer lives in `lane.bufs` (registered, not
         // touched until its completion is polled); its wr_id has bit 63
         // clear; one request, NULL-terminated.
         unsafe { qp.post_send_raw(&mut lane.raw[i].0) }?;
         Ok(())
-    }
-    #[inline(always)]
-    fn body(lane: &mut Lane) -> Result<usize> {
+    },
+    poll(lane) {
         // SAFETY: only raw requests are posted to this lane's queue pairs,
         // the only ones reporting to its CQ.
         let n = unsafe { lane.cq.poll_raw(&mut lane.wcs) }?;
@@ -266,26 +258,7 @@ mod raw {
         }
         Ok(n)
     }
-    #[inline(never)]
-    fn instr_poll(lane: &mut Lane) -> Result<usize> {
-        body(lane)
-    }
-    #[inline(never)]
-    fn instr_empty(lane: &mut Lane) -> Result<bool> {
-        Ok(body(lane)? == 0)
-    }
-    impl Ops for P {
-        fn post(lane: &mut Lane, i: usize) -> Result<()> {
-            instr_post(lane, i)
-        }
-        fn poll(lane: &mut Lane) -> Result<usize> {
-            instr_poll(lane)
-        }
-        fn empty(lane: &mut Lane) -> Result<bool> {
-            instr_empty(lane)
-        }
-    }
-}
+);
 
 /// Waits for the lane's completion event and re-arms.
 #[inline(never)]

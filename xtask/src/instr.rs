@@ -560,24 +560,7 @@ fn measure(
         None => (None, None),
     };
     let plain = opcost_line(&raw.join(format!("{key}.plain.out"))).ok();
-    // Where the instructions of one operation go: marginal self cost per function.
-    let mut breakdown: Vec<(String, f64)> = pb
-        .self_cost
-        .iter()
-        .map(|(f, &cb)| {
-            let ca = pa.self_cost.get(f).copied().unwrap_or(0);
-            let object = Path::new(&f.object)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (
-                format!("`{}` ({object})", f.name),
-                (cb as f64 - ca as f64) / dposts,
-            )
-        })
-        .filter(|(_, v)| *v >= 1.0)
-        .collect();
-    breakdown.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let breakdown = breakdown(&pa, &pb, dposts);
     Ok(report::Measured {
         breakdown,
         post,
