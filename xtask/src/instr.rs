@@ -664,9 +664,9 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
         };
         match measure(&raw, key, provider.as_ref()) {
             Ok(mut m) => {
-                if plan.straced.contains(key) {
-                    m.kernel_calls = strace_calls(&raw.join(format!("{key}.strace")));
-                }
+                // Every strace run of the configuration counts, also one of an earlier
+                // run that a later --only left in place.
+                m.kernel_calls = strace_calls(&raw.join(format!("{key}.strace")));
                 rows.push(Row { cfg, m });
             }
             Err(e) => {

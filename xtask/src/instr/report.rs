@@ -180,6 +180,11 @@ pub fn markdown(rows: &[Row], pps: &[PingpongRow]) -> String {
         let _ = writeln!(
             s,
             "## Ping-pongs in event mode, whole client process per iteration\n\n\
+             Not deterministic like the tables above: how many completions one event carries \
+             depends on timing, and every extra event costs a read, an acknowledgement and a \
+             re-arm. Two runs of the same C binary differed by 15 % here; compare the ratio, \
+             and take the event wait row above (one completion per event by construction) as \
+             the measure of the event path.\n\n\
              | tool | size | C | ours | ×C |\n|---|---:|---:|---:|---:|"
         );
         for p in pps {
