@@ -16,8 +16,7 @@
 //!   Plain runs (no callgrind) of the same configurations record set-up and teardown time and
 //!   RSS; `strace -c` runs count kernel calls.
 //! - Ping-pongs in event mode (`-e`: neither side spins), client under callgrind, whole
-//!   process: rdma-core's `ibv_rc_pingpong` against our `rc_pingpong`, perftest's
-//!   `ib_send_lat` against our `send_lat`.
+//!   process: rdma-core's `ibv_rc_pingpong` against our `rc_pingpong`.
 //!
 //! Results: `target/instr/report.md`, `target/instr/scaling.png`, the raw outputs under
 //! `target/instr/raw/`; `--reanalyze` rebuilds the report from them.
@@ -179,14 +178,8 @@ const PINGPONGS: &[Pingpong] = &[
         size: 4096,
         iters: (200, 800),
     },
-    Pingpong {
-        label: "send_lat -e",
-        c_program: "ib_send_lat",
-        example: "send_lat",
-        gid_flag: "-x",
-        size: 64,
-        iters: (200, 800),
-    },
+    // perftest's `ib_send_lat -e` is left out: its 800-iteration client hung under callgrind
+    // in both attempts (the 200-iteration one completes), so no marginal count.
 ];
 
 /// The measurement sets (`--only` selects by name).
@@ -281,17 +274,8 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         }
         None => SETS.to_vec(),
     };
-    let examples = util::build_examples(
-        true,
-        &[
-            "--example",
-            "opcost",
-            "--example",
-            "rc_pingpong",
-            "--example",
-            "send_lat",
-        ],
-    )?;
+    let examples =
+        util::build_examples(true, &["--example", "opcost", "--example", "rc_pingpong"])?;
     let opcost = examples
         .get("opcost")
         .context("opcost was not built")?
@@ -677,7 +661,10 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
     }
     let mut pps = Vec::new();
     for (label, i) in &plan.pingpongs {
-        let pp = PINGPONGS[*i];
+        // A plan from before a ping-pong was dropped from the table.
+        let Some(&pp) = PINGPONGS.get(*i) else {
+            continue;
+        };
         let mut per = Vec::new();
         let mut parts = Vec::new();
         for imp in ["c", "rust"] {
