@@ -311,11 +311,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 vm: args.opts,
                 extra: args.extra,
             })?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
         Cmd::Demo(args) => {
             deps::ensure()?;
@@ -331,20 +327,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 repeat: args.repeat,
                 vm: args.opts,
             })?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
         Cmd::Bench(args) => {
             if let Some(plan) = &args.run_plan {
                 let ok = bench::run_plan(plan)?;
-                return Ok(if ok {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                });
+                return Ok(status(ok));
             }
             if !args.reanalyze {
                 deps::ensure()?;
@@ -360,11 +348,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 reanalyze: args.reanalyze,
                 vm: args.opts,
             })?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
         Cmd::Instr(args) => {
             if !args.reanalyze {
@@ -377,28 +361,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 reanalyze: args.reanalyze,
                 vm: args.opts,
             })?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
         Cmd::Fuzz(args) => {
             let ok = fuzz::cmd_fuzz(args.seconds, &args.targets)?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
         Cmd::DeviceRun { plan } => {
             let ok = test::device_run_from_plan(&plan)?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(status(ok))
         }
+    }
+}
+
+/// Success or failure.
+fn status(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
