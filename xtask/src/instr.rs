@@ -247,9 +247,8 @@ impl Out {
 struct Plan {
     /// (key, implementation name, qps, depth, threads, events).
     configs: Vec<(String, String, u32, u32, u32, bool)>,
+    /// (label, index into PINGPONGS).
     pingpongs: Vec<(String, usize)>,
-    /// (imp, qps) of the strace runs.
-    straced: Vec<String>,
 }
 
 /// `cargo xtask instr`. True when every run succeeded.
@@ -323,7 +322,6 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         {
             let key = cfg.key();
             plan.configs.retain(|c| c.0 != key);
-            plan.straced.retain(|k| k != &key);
             plan.configs.push((
                 key.clone(),
                 cfg.imp.name().into(),
@@ -376,7 +374,6 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                         .collect::<Vec<_>>()
                         .join(" "),
                 );
-                plan.straced.push(key.clone());
             }
         }
     }
