@@ -13,7 +13,7 @@
 //! `--per-request` builds and posts a new owned-buffer request each time
 //! (`post_send`, the buffer back through the completion) instead.
 //!
-//! `--extended` uses the extended verbs (`post_send_ex`, `poll_ex`) for the
+//! `--extended` uses the extended verbs (`ibv_wr_*`, `ibv_start_poll`) for the
 //! legacy-vs-extended comparison of `cargo xtask bench`.
 //!
 //! `--raw` posts and polls through the library's `unsafe` raw path
@@ -44,8 +44,7 @@ struct Cli {
     #[arg(long, conflicts_with = "extended")]
     raw: bool,
     /// Use the extended verbs: QP from ibv_create_qp_ex posted with the
-    /// ibv_wr_* builders (post_send_ex), CQ from ibv_create_cq_ex polled with
-    /// start/next/end (poll_ex)
+    /// ibv_wr_* builders, CQ from ibv_create_cq_ex polled with start/next/end
     #[arg(long)]
     extended: bool,
     /// Build and post a new owned-buffer request every iteration (post_send)
@@ -171,12 +170,9 @@ fn run(cli: Cli) -> Result<()> {
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());
                 let wr = SendRequest::read(head, from).wr_id(i);
-                if cli.extended {
-                    res.qp.post_send_ex(wr)
-                } else {
-                    res.qp.post_send(wr)
-                }
-                .map_err(|e| format!("posting read {i}: {}", e.error))?;
+                res.qp
+                    .post_send(wr)
+                    .map_err(|e| format!("posting read {i}: {}", e.error))?;
                 head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
             }
         }

@@ -102,7 +102,7 @@ fn run(senders: usize, per_sender: u64) {
         );
     }
     let posted_first = first_recvs.len() as u64;
-    p.b.post_recv_list(&mut first_recvs).unwrap();
+    p.b.post_recv(&mut first_recvs).unwrap();
 
     let (pools, recvs) = crossbeam::scope(|s| {
         let p = &p;

@@ -86,7 +86,7 @@ fn qp_in_error_flushes_and_returns_every_buffer() {
     let mut recvs: Vec<_> = (0..10)
         .map(|i| RecvRequest::new(p.pd.alloc(128, local()).unwrap()).wr_id(i))
         .collect();
-    p.b.post_recv_list(&mut recvs).unwrap();
+    p.b.post_recv(&mut recvs).unwrap();
     p.b.to_err().unwrap();
     assert_eq!(p.b.state().unwrap(), QpState::Err);
     let flushed = wait(&p.cq_b, 10);
@@ -201,7 +201,7 @@ fn invalid_arguments_are_rejected_before_posting() {
     let mut many: Vec<_> = (0..depth + 1)
         .map(|_| RecvRequest::new(p.pd.alloc(8, local()).unwrap()))
         .collect();
-    match p.b.post_recv_list(&mut many) {
+    match p.b.post_recv(&mut many) {
         Err(Error::QueueFull { queue, depth: d }) => {
             assert_eq!(queue, "receive queue");
             assert_eq!(d as usize, depth);

@@ -226,7 +226,7 @@ fn chains_post_with_one_call_and_complete_in_order() {
     let mut recvs: Vec<RecvRequest> = (0..8)
         .map(|i| RecvRequest::new(p.pd.alloc(32, local()).unwrap()).wr_id(100 + i))
         .collect();
-    p.b.post_recv_list(&mut recvs).unwrap();
+    p.b.post_recv(&mut recvs).unwrap();
     assert!(recvs.is_empty());
     assert_eq!(p.b.recv_outstanding(), 8);
     let mut sends: Vec<SendRequest> = (0..8u8)
@@ -236,7 +236,7 @@ fn chains_post_with_one_call_and_complete_in_order() {
             SendRequest::send(b).wr_id(u64::from(i))
         })
         .collect();
-    p.a.post_send_list(&mut sends).unwrap();
+    p.a.post_send(&mut sends).unwrap();
     assert!(sends.is_empty());
     let s = wait(&p.cq_a, 8);
     assert_eq!(
@@ -261,7 +261,7 @@ fn unsignaled_sends_with_periodic_signaling() {
     let mut recvs: Vec<RecvRequest> = (0..64)
         .map(|_| RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
         .collect();
-    p.b.post_recv_list(&mut recvs).unwrap();
+    p.b.post_recv(&mut recvs).unwrap();
     let every = 8;
     let mut signaled = 0;
     for i in 0..64u64 {
@@ -302,7 +302,7 @@ fn batch_polling_into_small_caller_storage() {
     let mut recvs: Vec<_> = (0..n)
         .map(|i| RecvRequest::new(p.pd.alloc(8, local()).unwrap()).wr_id(i))
         .collect();
-    p.b.post_recv_list(&mut recvs).unwrap();
+    p.b.post_recv(&mut recvs).unwrap();
     for i in 0..n {
         p.a.post_send(SendRequest::send_inline(&i.to_le_bytes()).wr_id(i))
             .unwrap();

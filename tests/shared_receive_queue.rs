@@ -130,7 +130,7 @@ fn three_qps_share_one_receive_pool() {
             RecvRequest::new(b).wr_id(1000 + i)
         })
         .collect();
-    f.srq.post_recv_list(&mut list).unwrap();
+    f.srq.post_recv(&mut list).unwrap();
     assert!(list.is_empty(), "posted requests are drained from the list");
     assert_eq!(f.srq.outstanding(), 16, "16 receives in the pool");
 
@@ -220,12 +220,12 @@ fn posting_on_an_srq_queue_pair_is_invalid() {
         RecvRequest::new(blank(&f.pd, 64)),
         RecvRequest::new(blank(&f.pd, 64)),
     ];
-    let err = qp.post_recv_list(&mut list).unwrap_err();
+    let err = qp.post_recv(&mut list).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "list: {err}");
     assert_eq!(list.len(), 2, "nothing of the list was posted");
     assert_eq!((qp.recv_outstanding(), f.srq.outstanding()), (0, 0));
     // The SRQ itself takes them.
-    f.srq.post_recv_list(&mut list).unwrap();
+    f.srq.post_recv(&mut list).unwrap();
     assert_eq!(f.srq.outstanding(), 2);
 }
 
@@ -327,7 +327,7 @@ fn over_posting_is_queue_full() {
         RecvRequest::new(blank(&pd, 16)),
         RecvRequest::new(blank(&pd, 16)),
     ];
-    let err = srq.post_recv_list(&mut list).unwrap_err();
+    let err = srq.post_recv(&mut list).unwrap_err();
     assert!(
         matches!(err, Error::QueueFull { queue: "shared receive queue", depth } if depth == cap),
         "over-posting a list: {err}"

@@ -101,7 +101,7 @@ fn soundness_inline_read_is_refused_on_every_classic_path() {
 
     // post_send_list: nothing posted, the request stays in the list.
     let mut list = vec![SendRequest::read(evil, t.remote).inline(true)];
-    assert_inline_read_refused(&p.a.post_send_list(&mut list).unwrap_err());
+    assert_inline_read_refused(&p.a.post_send(&mut list).unwrap_err());
     assert_eq!(list.len(), 1, "the refused request stays in the list");
     let evil = list.pop().unwrap().into_buffers().into_local().unwrap();
     assert_untouched(&p, view);
@@ -177,15 +177,15 @@ fn soundness_inline_read_is_refused_on_the_extended_path() {
     let t = inline_read(&p);
     let view: &[u8] = &t.victim;
     let e =
-        p.a.post_send_ex(SendRequest::read(t.evil, t.remote).inline(true))
+        p.a.post_send(SendRequest::read(t.evil, t.remote).inline(true))
             .unwrap_err();
     assert_inline_read_refused(&e.error);
     let evil = e.request.into_buffers().into_local().unwrap();
     let mut list = vec![SendRequest::read(evil, t.remote).inline(true)];
-    assert_inline_read_refused(&p.a.post_send_list_ex(&mut list).unwrap_err());
+    assert_inline_read_refused(&p.a.post_send(&mut list).unwrap_err());
     assert_eq!(list.len(), 1);
     let e =
-        p.a.post_send_ex(
+        p.a.post_send(
             SendRequest::compare_and_swap(
                 p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(),
                 t.remote,
@@ -351,7 +351,7 @@ fn soundness_every_invalid_option_cell_is_refused() {
                 // post_send_list
                 let (r, _) = make(op);
                 let mut list = vec![with(r)];
-                let e = p.a.post_send_list(&mut list).unwrap_err();
+                let e = p.a.post_send(&mut list).unwrap_err();
                 assert!(same(&e), "{what} (list): {e}");
                 assert_eq!(list.len(), 1, "{what} (list)");
                 // prepare_send

@@ -249,7 +249,7 @@ fn soundness_q_receive_after_err_is_refused_and_earlier_ones_flush() {
         "buffer not handed back"
     );
     let mut list = vec![RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(13)];
-    let e = p.b.post_recv_list(&mut list).unwrap_err();
+    let e = p.b.post_recv(&mut list).unwrap_err();
     assert!(is_in_error(&e), "{e}");
     assert_eq!(list.len(), 1, "the refused request stays in the list");
 

@@ -106,21 +106,19 @@ pub struct Waiter {
     channel: Option<CompletionChannel>,
     timeout: Duration,
     armed: bool,
-    /// Poll with `poll_ex` (an extended CQ).
-    extended: bool,
 }
 
 impl Waiter {
     /// Polls without waiting.
     pub fn poll(&mut self, done: &mut Completions) -> Result<usize> {
-        Ok(poll_cq(&self.cq, self.extended, done)?)
+        Ok(self.cq.poll(done)?)
     }
 
     /// Waits for the next completion: busy polling takes it with
-    /// `poll_one`; sleeping (and extended CQs) go through `done`, which may
-    /// keep further completions for the next call.
+    /// `poll_one`; sleeping goes through `done`, which may keep further
+    /// completions for the next call.
     pub fn wait_one(&mut self, done: &mut Completions, what: &str) -> Result<Completion> {
-        if self.channel.is_none() && !self.extended {
+        if self.channel.is_none() {
             return wait_one(&self.cq, self.timeout, what);
         }
         loop {
@@ -132,8 +130,7 @@ impl Waiter {
     }
 
     /// Waits for the next completion into `wc` (a failed one is an error)
-    /// and returns its request's buffers: busy polling takes it with
-    /// `poll_one_into`, building no `Completion`; otherwise as `wait_one`.
+    /// and returns its request's buffers, as `wait_one`.
     #[inline]
     pub fn wait_wc(
         &mut self,
@@ -141,13 +138,9 @@ impl Waiter {
         wc: &mut WorkCompletion,
         what: &str,
     ) -> Result<SgList> {
-        let sg = if self.channel.is_none() && !self.extended {
-            spin(self.timeout, what, || self.cq.poll_one_into(wc))?
-        } else {
-            let mut c = self.wait_one(done, what)?;
-            *wc = *c.wc();
-            c.take_buffers()
-        };
+        let mut c = self.wait_one(done, what)?;
+        *wc = *c.wc();
+        let sg = c.take_buffers();
         if !wc.is_success() {
             return Err(format!("{what} failed: {}", wc.status()).into());
         }
@@ -162,11 +155,10 @@ impl Waiter {
             channel,
             timeout,
             armed,
-            extended,
         } = self;
         match channel {
-            None => wait_busy(cq, *extended, *timeout, done, what),
-            Some(ch) => wait_event(cq, *extended, ch, armed, *timeout, done, what),
+            None => wait_busy(cq, *timeout, done, what),
+            Some(ch) => wait_event(cq, ch, armed, *timeout, done, what),
         }
     }
 }
@@ -179,19 +171,8 @@ fn timed_out(timeout: Duration, what: &str) -> Error {
     .into()
 }
 
-/// Classic or extended polling.
-#[inline]
-fn poll_cq(cq: &CompletionQueue, extended: bool, done: &mut Completions) -> ibverbs::Result<usize> {
-    if extended {
-        cq.poll_ex(done)
-    } else {
-        cq.poll(done)
-    }
-}
-
 fn wait_busy(
     cq: &CompletionQueue,
-    extended: bool,
     timeout: Duration,
     done: &mut Completions,
     what: &str,
@@ -199,7 +180,7 @@ fn wait_busy(
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
     loop {
-        let n = poll_cq(cq, extended, done)?;
+        let n = cq.poll(done)?;
         if n > 0 {
             return Ok(n);
         }
@@ -275,7 +256,6 @@ fn spin<T>(
 
 fn wait_event(
     cq: &CompletionQueue,
-    extended: bool,
     ch: &CompletionChannel,
     armed: &mut bool,
     timeout: Duration,
@@ -285,7 +265,7 @@ fn wait_event(
     use rustix::event::{poll, PollFd, PollFlags};
     let deadline = Instant::now() + timeout;
     loop {
-        let n = poll_cq(cq, extended, done)?;
+        let n = cq.poll(done)?;
         if n > 0 {
             return Ok(n);
         }
@@ -357,8 +337,8 @@ impl Resources {
     }
 
     /// As [`Resources::open`]; `extended` creates the CQ with
-    /// `ibv_create_cq_ex` and the QP with `ibv_create_qp_ex` (post with
-    /// `post_send_ex`; the waiter polls with `poll_ex`).
+    /// `ibv_create_cq_ex` and the QP with `ibv_create_qp_ex` (`post_send`
+    /// then goes through `ibv_wr_*`, `poll` through `ibv_start_poll`).
     pub fn open_ex(cfg: &Config, spec: QpSpec, extended: bool) -> Result<Resources> {
         let list = ibverbs::devices()?;
         let dev = match &cfg.device {
@@ -444,7 +424,6 @@ impl Resources {
             channel,
             timeout: cfg.timeout,
             armed: false,
-            extended,
         };
         Ok(Resources {
             ctx,

@@ -93,7 +93,7 @@ pub fn run<'a, S: Source<'a>>(
                 list.push(src.request(idx)?.wr_id(idx).signaled(signaled));
             }
             let ts = ns_since(t.base);
-            if let Err(e) = qp.post_send_list(&mut list) {
+            if let Err(e) = qp.post_send(&mut list) {
                 list.clear();
                 return Err(format!("posting request {posted}: {e}").into());
             }

@@ -1013,10 +1013,9 @@ impl PingPong<'_> {
             let _ = qp.to_err();
         }
         let deadline = Instant::now() + Duration::from_secs(1);
-        let mut wc = WorkCompletion::default();
         while self.routs > 0 && Instant::now() < deadline {
-            match s.cq.poll_one_into(&mut wc) {
-                Ok(Some(_)) if wc.raw_wr_id() & WRID_KIND == RECV_WRID => self.routs -= 1,
+            match s.cq.poll_one() {
+                Ok(Some(c)) if c.wr_id() & WRID_KIND == RECV_WRID => self.routs -= 1,
                 Ok(_) => {}
                 Err(_) => return,
             }

@@ -318,13 +318,39 @@ impl CompletionQueue {
     /// back each completed request's buffers. Returns how many were added.
     /// Does not allocate.
     ///
+    /// A CQ created with [`wc_fields`](crate::CompletionQueueBuilder::wc_fields)
+    /// is polled through `ibv_start_poll` … `ibv_end_poll`, reading only
+    /// the fields it was created with (the others read as 0) and the
+    /// completion timestamp when asked for; any other through
+    /// `ibv_poll_cq`. On rxe an extended CQ yields one completion per poll
+    /// cycle (see the provider quirk in `extended_cq`'s module docs).
+    ///
     /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`,
+    /// `ibv_start_poll` or `ibv_next_poll`.
     ///
     /// # References
-    /// `ibv_poll_cq(3)`
+    /// `ibv_poll_cq(3)`, `ibv_create_cq_ex(3)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(cq: &ibverbs::CompletionQueue) -> ibverbs::Result<()> {
+    /// let mut done = ibverbs::Completions::with_capacity(16);
+    /// cq.poll(&mut done)?;
+    /// for mut c in done.drain() {
+    ///     c.result()?;
+    ///     let _buf = c.take_local();
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[doc(alias = "ibv_poll_cq")]
+    #[doc(alias = "ibv_start_poll")]
+    #[doc(alias = "ibv_next_poll")]
+    #[doc(alias = "ibv_end_poll")]
     pub fn poll(&self, out: &mut Completions) -> Result<usize> {
+        if let Some(ex) = &self.inner.ex {
+            return self.poll_extended(ex, out);
+        }
         let start = out.free_start();
         let raw = &mut out.raw[start..];
         if raw.is_empty() {
@@ -341,11 +367,12 @@ impl CompletionQueue {
 
     /// Polls at most one completion and returns it: the lean form of
     /// [`poll`](Self::poll) for loops that wait for one request at a time.
-    /// No [`Completions`] batch is involved, and an empty CQ costs one
-    /// `ibv_poll_cq` call. Buffers come back as with `poll`.
+    /// No [`Completions`] batch is involved, and an empty classic CQ costs
+    /// one `ibv_poll_cq` call. Buffers come back as with `poll`; an
+    /// extended CQ is polled as there.
     ///
     /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    /// As [`poll`](Self::poll).
     ///
     /// # References
     /// `ibv_poll_cq(3)`
@@ -364,6 +391,9 @@ impl CompletionQueue {
     #[doc(alias = "ibv_poll_cq")]
     #[inline(always)]
     pub fn poll_one(&self) -> Result<Option<Completion>> {
+        if let Some(ex) = &self.inner.ex {
+            return self.poll_one_extended(ex);
+        }
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
         let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, wc.as_mut_ptr()) };
@@ -373,51 +403,14 @@ impl CompletionQueue {
         ret_count("ibv_poll_cq", n)?;
         // SAFETY: the provider reported one entry, so it wrote `wc` whole.
         let wc = unsafe { wc.assume_init() };
-        Ok(Some(self.complete_one(wc)))
-    }
-
-    /// Polls at most one completion into `wc`, without building a
-    /// [`Completion`]: the lightest safe poll, for loops that need only
-    /// the status and `wr_id` (a re-posted [`PreparedSend`] above all).
-    ///
-    /// `Ok(None)`: the CQ was empty (`wc` may have been overwritten).
-    /// `Ok(Some(buffers))`: `wc` holds the entry, its `wr_id` the caller's
-    /// for a safely posted request, and `buffers` the request's buffers
-    /// ([`SgList::Empty`] for a prepared posting, inline data, a request
-    /// posted through the raw path, or an orphan). A prepared posting's
-    /// count is taken back as by [`poll_one`](Self::poll_one).
-    ///
-    /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
-    ///
-    /// # References
-    /// `ibv_poll_cq(3)`
-    ///
-    /// [`PreparedSend`]: crate::PreparedSend
-    #[doc(alias = "ibv_poll_cq")]
-    #[inline(always)]
-    pub fn poll_one_into(&self, wc: &mut WorkCompletion) -> Result<Option<SgList>> {
-        // SAFETY: live CQ; `wc` is one writable entry (WorkCompletion is
-        // repr(transparent) over ibv_wc).
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, &mut wc.raw) };
-        if n == 0 {
-            return Ok(None);
-        }
-        ret_count("ibv_poll_cq", n)?;
-        Ok(Some(match self.claim_entry(&mut wc.raw) {
-            Some(c) => {
-                wc.raw.wr_id = c.wr_id;
-                c.sg
-            }
-            None => SgList::Empty,
-        }))
+        Ok(Some(self.complete_one(wc, None)))
     }
 
     /// The [`Completion`] of one raw entry polled by `poll_one`.
     #[inline(always)]
-    fn complete_one(&self, mut raw: sys::ibv_wc) -> Completion {
+    pub(crate) fn complete_one(&self, mut raw: sys::ibv_wc, timestamp: Option<u64>) -> Completion {
         let claimed = self.claim_entry(&mut raw);
-        Completion::new(raw, None, claimed)
+        Completion::new(raw, timestamp, claimed)
     }
 
     /// Fixes a polled entry (the rxe quirk) and claims its request: the
@@ -481,7 +474,7 @@ impl CompletionQueue {
     /// # Safety
     /// The caller must ensure that:
     /// * no request posted through the safe API (`post_send`, `post_recv`,
-    ///   `post_send_ex`, prepared requests, memory-window binds, SRQ
+    ///   prepared requests, memory-window binds, SRQ
     ///   receives, async futures) can complete on this CQ while it is
     ///   polled here — in practice, every queue reporting to it is posted
     ///   to only through the raw path — since a safe request's completion

@@ -4,12 +4,12 @@
 //! The polling functions are function pointers in `struct ibv_cq_ex` that
 //! providers fill only for the fields requested at creation; they are
 //! resolved (and checked non-NULL) once, when the CQ is created, so
-//! [`CompletionQueue::poll_ex`] never calls a NULL provider op.
+//! [`CompletionQueue::poll`] never calls a NULL provider op.
 //!
 //! **Provider quirk.** The rxe provider of rdma-core before 55 advances its
 //! consumer index one entry too far in `ibv_end_poll` after `ibv_next_poll`
 //! returned `ENOENT` (fixed upstream in rdma-core 55, commit b78b414e0), so
-//! later polls see phantom or lost completions. On rxe devices `poll_ex`
+//! later polls see phantom or lost completions. On rxe devices `poll`
 //! therefore never drives `ibv_next_poll` to `ENOENT`: it takes one
 //! completion per `ibv_start_poll`/`ibv_end_poll` cycle (the library cannot
 //! read the installed rdma-core version at run time, so this holds for every
@@ -240,9 +240,9 @@ impl ExCq {
 }
 
 impl crate::CompletionQueueBuilder<'_> {
-    /// Creates the CQ with `ibv_create_cq_ex`, reporting `fields`, for
-    /// [`CompletionQueue::poll_ex`]. The classic [`CompletionQueue::poll`]
-    /// still works on it.
+    /// Creates the CQ with `ibv_create_cq_ex`, reporting `fields`:
+    /// [`CompletionQueue::poll`] then reads only these (and the completion
+    /// timestamp when asked for).
     #[doc(alias = "ibv_create_cq_ex")]
     pub fn wc_fields(mut self, fields: WcFields) -> Self {
         self.wc_fields = Some(fields);
@@ -256,41 +256,10 @@ impl CompletionQueue {
         self.inner.ex.as_ref().map(|e| e.fields)
     }
 
-    /// Polls an extended CQ (`ibv_start_poll`, `ibv_next_poll`,
-    /// `ibv_end_poll`), reading only the fields it was created with, into
-    /// `out`, handing back buffers exactly as [`CompletionQueue::poll`]
-    /// does. Fields not asked for read as 0. On rxe devices one completion
-    /// is taken per poll cycle (see the provider quirk in the module docs
-    /// of `extended_cq`).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] on a classic CQ; [`Error::Verb`] naming
-    /// `ibv_start_poll` or `ibv_next_poll`.
-    ///
-    /// # References
-    /// `ibv_create_cq_ex(3)`
-    ///
-    /// # Example
-    /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
-    /// use ibverbs::{Completions, WcFields};
-    /// let ctx = ibverbs::open_device("rxe0")?;
-    /// let cq = ctx.create_cq(64).wc_fields(WcFields::BYTE_LEN | WcFields::QP_NUM).build()?;
-    /// let mut done = Completions::with_capacity(16);
-    /// let n = cq.poll_ex(&mut done)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "ibv_start_poll")]
-    #[doc(alias = "ibv_next_poll")]
-    #[doc(alias = "ibv_end_poll")]
-    pub fn poll_ex(&self, out: &mut Completions) -> Result<usize> {
-        let Some(ex) = &self.inner.ex else {
-            return Err(Error::Unsupported(
-                "poll_ex needs a CQ created with CompletionQueueBuilder::wc_fields \
-                 (ibv_create_cq_ex)"
-                    .into(),
-            ));
-        };
+    /// [`CompletionQueue::poll`] of an extended CQ: `ibv_start_poll`,
+    /// `ibv_next_poll`, `ibv_end_poll`, reading the fields it was created
+    /// with into `out`, buffers handed back as for a classic CQ.
+    pub(crate) fn poll_extended(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
         let start = out.free_start();
         let room = out.raw.len() - start;
         let c = ex.cq.as_ptr();
@@ -336,5 +305,27 @@ impl CompletionQueue {
         }
         self.deliver(out, start, n, ex.ts.is_some());
         Ok(n)
+    }
+
+    /// [`CompletionQueue::poll_one`] of an extended CQ: one poll cycle,
+    /// one completion.
+    pub(crate) fn poll_one_extended(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
+        let c = ex.cq.as_ptr();
+        let mut attr = sys::ibv_poll_cq_attr::default();
+        // SAFETY: live extended CQ; `start` checked non-NULL at creation.
+        let rc = unsafe { (ex.start)(c, &mut attr) };
+        if rc == libc::ENOENT {
+            return Ok(None);
+        }
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_start_poll", rc));
+        }
+        let mut wc = sys::ibv_wc::default();
+        let mut ts = 0;
+        // SAFETY: a completion is current (start_poll returned 0).
+        unsafe { ex.read(&mut wc, &mut ts) };
+        // SAFETY: closes the cycle opened by the successful start_poll.
+        unsafe { (ex.end)(c) };
+        Ok(Some(self.complete_one(wc, ex.ts.is_some().then_some(ts))))
     }
 }

@@ -323,3 +323,32 @@
 //! cq.poll(&mut done)?; // every completion claimed, buffers back
 //! # Ok(()) }
 //! ```
+//!
+//! # 15. Keeping a buffer across posting it in a chain
+//!
+//! A chain (`post_send(&mut Vec<SendRequest>)`) moves each buffer into its
+//! request as a single request does; the posted requests leave the `Vec`,
+//! so nothing in it reaches a posted buffer either.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let view: &[u8] = &buf;
+//! let mut chain = vec![SendRequest::write(buf, remote)];
+//! qp.post_send(&mut chain)?;
+//! println!("{}", view[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+//! let first = buf[0];
+//! let mut chain = vec![SendRequest::write(buf, remote)];
+//! qp.post_send(&mut chain)?;
+//! assert!(chain.is_empty()); // every request posted: its buffer is the QP's
+//! println!("{first}");
+//! # Ok(()) }
+//! ```

@@ -81,7 +81,7 @@
 //! let mut chain: Vec<SendRequest> = (0..8)
 //!     .map(|i| SendRequest::write(msg.clone(), remote).signaled(i == 7))
 //!     .collect();
-//! qp.post_send_list(&mut chain)?;
+//! qp.post_send(&mut chain)?;
 //!
 //! // One request, many postings: checked and built once (as C code reuses
 //! // one ibv_send_wr); the bytes are reachable when nothing is outstanding.

@@ -8,7 +8,7 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, ret_ptr, Result};
 use crate::queue_pair::{
-    check_bufs, post_recv_common, release_after_destroy, PostError, RecvRequest, RecvScratch,
+    check_bufs, post_recv_common, release_after_destroy, RecvRequest, RecvScratch, RecvWork,
 };
 use crate::wq_table::{Mode, WqTable};
 #[cfg(doc)]
@@ -222,38 +222,26 @@ impl SharedReceiveQueue {
         ret_errno("ibv_modify_srq", rc)
     }
 
-    /// Posts one receive request to the shared pool.
+    /// Posts receive work to the shared pool: one [`RecvRequest`], or a
+    /// chain of them in a `&mut Vec` ([`RecvWork`]), as
+    /// [`QueuePair::post_recv`](crate::QueuePair::post_recv).
     ///
     /// # Errors
-    /// The request is handed back with [`Error::InvalidArgument`],
-    /// [`Error::QueueFull`] or [`Error::Verb`] naming `ibv_post_srq_recv`.
+    /// A refused [`RecvRequest`] comes back whole in a
+    /// [`PostError`](crate::PostError); a chain keeps the requests not
+    /// posted in its `Vec`. SGE count, PD, a frozen or read-only buffer,
+    /// [`Error::QueueFull`](crate::Error::QueueFull), or
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_srq_recv`.
     ///
     /// # References
     /// `ibv_post_srq_recv(3)`
     #[doc(alias = "ibv_post_srq_recv")]
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
-        let mut one = [wr];
-        match self.post_slice(&mut one).1 {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let [request] = one;
-                Err(PostError { error, request })
-            }
-        }
+    #[inline]
+    pub fn post_recv<W: RecvWork>(&self, work: W) -> Result<(), W::Error> {
+        work.post_to_srq(self, crate::queue_pair::Token(()))
     }
 
-    /// Posts a chain of receive requests; posted ones are drained from `wrs`.
-    ///
-    /// # Errors
-    /// As [`SharedReceiveQueue::post_recv`].
-    #[doc(alias = "ibv_post_srq_recv")]
-    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
-        let (posted, r) = self.post_slice(wrs);
-        wrs.drain(..posted);
-        r
-    }
-
-    fn post_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+    pub(crate) fn post_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
         for r in wrs.iter() {
             if let Err(e) = check_bufs(r.sg(), &self.inner.pd, true, self.inner.max_sge, "receive")
             {

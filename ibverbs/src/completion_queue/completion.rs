@@ -143,8 +143,7 @@ impl Completion {
     pub fn wc(&self) -> &WorkCompletion {
         &self.wc
     }
-    /// The completion timestamp, when polled with
-    /// [`CompletionQueue::poll_ex`](crate::CompletionQueue::poll_ex) from a CQ created with
+    /// The completion timestamp, when polled from a CQ created with
     /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
     /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
     #[inline]

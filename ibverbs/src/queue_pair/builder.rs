@@ -64,9 +64,10 @@ impl<'a> QueuePairBuilder<'a> {
         self
     }
     /// Creates the QP with `ibv_create_qp_ex` and these `ibv_wr_*`
-    /// operations (`send_ops_flags`), enabling
-    /// [`QueuePair::post_send_ex`] beside the legacy `post_send`. Empty (the
-    /// default) creates a classic QP.
+    /// operations (`send_ops_flags`): [`QueuePair::post_send`] then posts
+    /// through `ibv_wr_start` … `ibv_wr_complete` (the only way to atomic
+    /// write and flush) and refuses operations not listed. Empty (the
+    /// default) creates a classic QP, posted to with `ibv_post_send`.
     #[doc(alias = "ibv_create_qp_ex")]
     pub fn send_ops(mut self, ops: SendOps) -> Self {
         self.send_ops = ops;

@@ -26,6 +26,7 @@ mod raw;
 mod recv;
 mod request;
 mod transition;
+mod work;
 pub(crate) use post::{check_bufs, RecvScratch};
 pub(crate) use recv::post_recv_common;
 
@@ -41,6 +42,8 @@ pub use prepared_send::PreparedSend;
 pub(crate) use prepared_send::{claim_prepared, is_prepared};
 pub use request::*;
 pub use transition::check_qp_transition;
+pub(crate) use work::Token;
+pub use work::{RecvWork, SendWork};
 
 device_enum! {
     /// Transport service type of a queue pair.

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::options::{check_options, Asked};
-use super::request::{Op, PostError, SendRequest};
+use super::request::{Op, SendRequest};
+use super::work::{SendWork, Token};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
 use crate::memory_region::AccessFlags;
@@ -230,8 +231,8 @@ impl QueuePair {
         if let Op::Flush { .. } = &r.op {
             if !extended {
                 return Err(Error::Unsupported(
-                    "flush is posted with post_send_ex on a queue pair created with \
-                     SendOps::FLUSH (ibv_wr_flush)"
+                    "flush needs a queue pair created with \
+                     QueuePairBuilder::send_ops(SendOps::FLUSH) (ibv_wr_flush)"
                         .into(),
                 ));
             }
@@ -239,8 +240,8 @@ impl QueuePair {
         if let Op::AtomicWrite { remote, .. } = &r.op {
             if !extended {
                 return Err(Error::Unsupported(
-                    "atomic write is posted with post_send_ex on a queue pair created with \
-                     SendOps::ATOMIC_WRITE (ibv_wr_atomic_write)"
+                    "atomic write needs a queue pair created with \
+                     QueuePairBuilder::send_ops(SendOps::ATOMIC_WRITE) (ibv_wr_atomic_write)"
                         .into(),
                 ));
             }
@@ -314,41 +315,77 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts one send-queue work request. Its buffers stay owned by the
-    /// queue pair until the completion is polled.
+    /// Posts send-queue work: one [`SendRequest`], or a chain of them in a
+    /// `&mut Vec` rung with one doorbell ([`SendWork`]). The buffers stay
+    /// owned by the queue pair until the completion hands them back.
     ///
-    /// A request with at most one buffer (or inline data) takes a short
-    /// path: its C request and SGE are built on the stack and its buffer
-    /// goes straight into its slot, costing little more than the raw
+    /// A queue pair created with [`SendOps`](crate::SendOps) is posted to
+    /// through the `ibv_wr_start` … `ibv_wr_complete` region (the only way
+    /// to atomic write and flush; a chain is then all or nothing); any
+    /// other through `ibv_post_send`. A request with at most one buffer (or
+    /// inline data) to a classic queue pair builds its C request and SGE on
+    /// the stack and costs little more than the raw
     /// [`post_send_raw`](Self::post_send_raw).
     ///
     /// # Errors
-    /// The request is handed back in a [`PostError`] with
-    /// [`Error::InvalidArgument`] (checked before posting: QP type, SGE
-    /// count, inline size, atomic alignment, PD, unsignaled exclusive
-    /// buffers, a UD message longer than the port's active MTU),
-    /// [`Error::QueueFull`], or [`Error::Verb`] naming `ibv_post_send`
-    /// (`EINVAL` for a queue pair in RESET, INIT or RTR, refused before
-    /// reaching the provider).
+    /// A refused [`SendRequest`] comes back whole in a [`PostError`]; a
+    /// chain keeps the requests not posted in its `Vec` and returns the
+    /// [`Error`]. Checked before anything is posted (a failed check posts
+    /// nothing): QP type and request options, SGE count, inline size,
+    /// atomic alignment, PD, unsignaled exclusive buffers, a UD message
+    /// longer than the port's active MTU, an operation the queue pair was
+    /// not created for ([`Error::Unsupported`]), [`Error::QueueFull`], a
+    /// queue pair in RESET, INIT or RTR ([`Error::Verb`] with `EINVAL`,
+    /// refused before reaching the provider). The provider's refusal is
+    /// [`Error::Verb`] naming `ibv_post_send` or `ibv_wr_complete`.
     ///
     /// # References
-    /// `ibv_post_send(3)`
+    /// `ibv_post_send(3)`, `ibv_wr_post(3)`
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(qp: &ibverbs::QueuePair, buf: ibverbs::LocalBuffer) -> ibverbs::Result<()> {
-    /// qp.post_send(ibverbs::SendRequest::send(buf).wr_id(1))?;
+    /// # fn demo(
+    /// #     qp: &ibverbs::QueuePair,
+    /// #     a: ibverbs::LocalBuffer,
+    /// #     b: ibverbs::LocalBuffer,
+    /// #     c: ibverbs::LocalBuffer,
+    /// # ) -> ibverbs::Result<()> {
+    /// use ibverbs::SendRequest;
+    /// qp.post_send(SendRequest::send(a).wr_id(1))?;
+    /// // Two requests, one doorbell:
+    /// let mut chain = vec![SendRequest::send(b).wr_id(2), SendRequest::send(c).wr_id(3)];
+    /// qp.post_send(&mut chain)?;
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_post_send")]
-    // The refused request comes back by value: boxing it would allocate.
-    #[allow(clippy::result_large_err)]
+    #[doc(alias = "ibv_wr_start")]
+    #[doc(alias = "ibv_wr_complete")]
     #[inline]
-    pub fn post_send<'a>(&self, mut wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
-        match self.post_single(&mut wr) {
-            Ok(()) => Ok(()),
-            Err(error) => Err(PostError { error, request: wr }),
+    pub fn post_send<W: SendWork>(&self, work: W) -> Result<(), W::Error> {
+        work.post_to(self, Token(()))
+    }
+
+    /// Posts one request through the queue pair's verb; on success its
+    /// buffers are in their slot (`r` keeps none), on error `r` is
+    /// unchanged.
+    #[inline]
+    pub(super) fn post_request(&self, r: &mut SendRequest<'_>) -> Result<()> {
+        if self.inner.qpx.is_some() {
+            return self.post_send_ex_slice(std::slice::from_mut(r));
         }
+        self.post_single(r)
+    }
+
+    /// Posts a chain through the queue pair's verb: how many requests the
+    /// device took (from the front of `wrs`), and the error if not all.
+    pub(super) fn post_chain(&self, wrs: &mut [SendRequest<'_>]) -> (usize, Result<()>) {
+        if self.inner.qpx.is_some() {
+            return match self.post_send_ex_slice(wrs) {
+                Ok(()) => (wrs.len(), Ok(())),
+                Err(e) => (0, Err(e)),
+            };
+        }
+        self.post_send_slice(wrs)
     }
 
     /// Posts one request; on success its buffers are in their slot (`r`
@@ -402,19 +439,6 @@ impl QueuePair {
             st.dispatch(table, tag);
         }
         Ok(())
-    }
-
-    /// Posts a chain of requests with one doorbell. Posted requests are
-    /// drained from `wrs` (its capacity is kept for reuse); on error the
-    /// requests that were not posted stay in `wrs`, buffers included.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_send`]; validation errors post nothing.
-    #[doc(alias = "ibv_post_send")]
-    pub fn post_send_list(&self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
-        let (posted, result) = self.post_send_slice(wrs);
-        wrs.drain(..posted);
-        result
     }
 
     /// Returns how many requests the device took, and the error if not all.

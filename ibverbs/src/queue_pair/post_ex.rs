@@ -14,7 +14,7 @@ use super::post::fill_sges;
 use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
 use crate::wq_table::Payload;
-use crate::{PostError, QueuePair};
+use crate::QueuePair;
 
 bitflags::bitflags! {
     /// Operations an extended queue pair is created for
@@ -134,60 +134,15 @@ impl QueuePair {
         self.inner.qpx.map(|(_, ops)| ops)
     }
 
-    /// Posts one send-queue request through the extended API
-    /// (`ibv_wr_start`, the operation's `ibv_wr_*`, its SGEs or inline
-    /// data, `ibv_wr_complete`). Same contract as
-    /// [`QueuePair::post_send`]: the buffers stay with the queue pair until
-    /// the completion hands them back.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_send`], plus [`Error::Unsupported`] when the QP
-    /// was not created with [`SendOps`] covering the request (or the
-    /// provider left that builder NULL); [`Error::Verb`] names
-    /// `ibv_wr_complete`.
-    ///
-    /// # References
-    /// `ibv_wr_post(3)`
-    ///
-    /// # Example
-    /// ```no_run
-    /// # fn demo(qp: &ibverbs::QueuePair, target: ibverbs::RemoteMemory) -> ibverbs::Result<()> {
-    /// // The QP was built with .send_ops(SendOps::ATOMIC_WRITE | ..).
-    /// qp.post_send_ex(ibverbs::SendRequest::atomic_write(target, 7u64.to_le_bytes()))?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "ibv_wr_start")]
-    #[doc(alias = "ibv_wr_complete")]
-    #[allow(clippy::result_large_err)]
-    pub fn post_send_ex<'a>(&self, wr: SendRequest<'a>) -> Result<(), PostError<SendRequest<'a>>> {
-        let mut one = [wr];
-        match self.post_send_ex_slice(&mut one) {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let [request] = one;
-                Err(PostError { error, request })
-            }
-        }
-    }
-
-    /// Posts a list of requests in one `ibv_wr_start` … `ibv_wr_complete`
-    /// region (all or nothing). Posted requests are drained from `wrs`; on
-    /// error all stay there, buffers included.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_send_ex`].
-    #[doc(alias = "ibv_wr_complete")]
-    pub fn post_send_list_ex(&self, wrs: &mut Vec<SendRequest<'_>>) -> Result<()> {
-        self.post_send_ex_slice(wrs)?;
-        wrs.clear();
-        Ok(())
-    }
-
-    fn post_send_ex_slice(&self, wrs: &mut [SendRequest<'_>]) -> Result<()> {
+    /// Posts `wrs` in one `ibv_wr_start` … `ibv_wr_complete` region, all
+    /// or nothing: on success every request's buffers are in their slots,
+    /// on error `wrs` is unchanged. [`QueuePair::post_send`] of a queue
+    /// pair created with [`SendOps`] comes here.
+    pub(super) fn post_send_ex_slice(&self, wrs: &mut [SendRequest<'_>]) -> Result<()> {
         let Some((qpx, ops)) = self.inner.qpx else {
             return Err(Error::Unsupported(
-                "post_send_ex needs a queue pair created with QueuePairBuilder::send_ops \
-                 (ibv_create_qp_ex)"
+                "the ibv_wr_* path needs a queue pair created with \
+                 QueuePairBuilder::send_ops (ibv_create_qp_ex)"
                     .into(),
             ));
         };
@@ -202,7 +157,9 @@ impl QueuePair {
                 && r.sg.len() > 1
             {
                 return Err(Error::InvalidArgument(
-                    "post_send_ex inlines one buffer per request (or use inline data)".into(),
+                    "a queue pair created with SendOps inlines one buffer per request \
+                     (or use inline data)"
+                        .into(),
                 ));
             }
             let need = needed(r);

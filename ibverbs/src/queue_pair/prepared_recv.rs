@@ -81,11 +81,10 @@ impl Target {
 /// for r in &mut recvs {
 ///     r.post()?;
 /// }
-/// let mut wc = WorkCompletion::default();
 /// loop {
-///     if cq.poll_one_into(&mut wc)?.is_some() {
-///         wc.result()?;
-///         let r = &mut recvs[wc.raw_wr_id() as usize];
+///     if let Some(c) = cq.poll_one()? {
+///         c.result()?;
+///         let r = &mut recvs[c.wr_id() as usize];
 ///         let message = r.bytes(0).expect("its only posting completed");
 ///         // … use the message, then give the buffer back to the device:
 ///         # let _ = message;

@@ -274,7 +274,7 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// buffers ([`Completion::take_buffers`](crate::Completion::take_buffers)
 /// gives [`SgList::Empty`]). Poll it with any of the safe polls
 /// ([`CompletionQueue::poll_one`](crate::CompletionQueue::poll_one),
-/// `poll`, `poll_ex`, the async dispatcher); a completion consumed by
+/// `poll`, `poll_one`, the async dispatcher); a completion consumed by
 /// [`poll_raw`](crate::CompletionQueue::poll_raw), or never polled because
 /// the queue pair was destroyed with postings outstanding, keeps the
 /// buffers allocated for good (a leak, never a use after free).

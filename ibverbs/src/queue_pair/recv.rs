@@ -4,12 +4,14 @@ use ibverbs_sys as sys;
 
 use super::post::{check_bufs, fill_sges, RecvScratch};
 use super::request::RecvRequest;
+use super::work::{RecvWork, Token};
 use crate::error::{Error, Result};
 use crate::wq_table::{Payload, SgList, WqTable};
-use crate::{PostError, QpState, QueuePair};
+use crate::{QpState, QueuePair};
 
 impl QueuePair {
-    /// Posts one receive request; its buffers come back in the completion.
+    /// Posts receive work: one [`RecvRequest`], or a chain of them in a
+    /// `&mut Vec` ([`RecvWork`]). The buffers come back in the completions.
     ///
     /// A queue pair moved to ERR (by [`modify`](Self::modify) and its
     /// helpers) refuses receives until it is reset: the move flushes the
@@ -17,38 +19,22 @@ impl QueuePair {
     /// be flushed (rxe, for one, holds it without a system call).
     ///
     /// # Errors
-    /// The request is handed back in a [`PostError`] with
-    /// [`Error::InvalidArgument`] (QP uses an SRQ, SGE count, PD, frozen or
-    /// read-only buffer), [`Error::QueuePairInError`], [`Error::QueueFull`],
-    /// or [`Error::Verb`] naming `ibv_post_recv`.
+    /// A refused [`RecvRequest`] comes back whole in a
+    /// [`PostError`](crate::PostError); a chain keeps the requests not
+    /// posted in its `Vec`. Checked first: the QP receives through an SRQ,
+    /// SGE count, PD, a frozen or read-only buffer;
+    /// [`Error::QueuePairInError`], [`Error::QueueFull`], or
+    /// [`Error::Verb`] naming `ibv_post_recv`.
     ///
     /// # References
     /// `ibv_post_recv(3)`
     #[doc(alias = "ibv_post_recv")]
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError<RecvRequest>> {
-        let mut one = [wr];
-        match self.post_recv_slice(&mut one).1 {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let [request] = one;
-                Err(PostError { error, request })
-            }
-        }
+    #[inline]
+    pub fn post_recv<W: RecvWork>(&self, work: W) -> Result<(), W::Error> {
+        work.post_to_qp(self, Token(()))
     }
 
-    /// Posts a chain of receive requests with one call; posted ones are
-    /// drained from `wrs`.
-    ///
-    /// # Errors
-    /// As [`QueuePair::post_recv`].
-    #[doc(alias = "ibv_post_recv")]
-    pub fn post_recv_list(&self, wrs: &mut Vec<RecvRequest>) -> Result<()> {
-        let (posted, result) = self.post_recv_slice(wrs);
-        wrs.drain(..posted);
-        result
-    }
-
-    fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+    pub(super) fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
         let Some(table) = &self.inner.recv else {
             return (
                 0,

@@ -262,7 +262,7 @@ impl<'a> SendRequest<'a> {
     /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes
     /// at `remote.addr` (8-byte aligned) as one atomic unit, byte for byte
     /// (use `to_le_bytes`/`to_be_bytes` for the peer's byte order). Posted
-    /// only with [`QueuePair::post_send_ex`] on a queue pair created with
+    /// only to a queue pair created with
     /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
     /// copied at post time, so the request carries no buffer.
     #[doc(alias = "ibv_wr_atomic_write")]
@@ -272,8 +272,8 @@ impl<'a> SendRequest<'a> {
 
     /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
     /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
-    /// whole memory region) globally visible or persistent. Posted with
-    /// [`QueuePair::post_send_ex`] on a queue pair created with
+    /// whole memory region) globally visible or persistent. Posted to
+    /// a queue pair created with
     /// `SendOps::FLUSH`; the peer's region needs the matching
     /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
     /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
