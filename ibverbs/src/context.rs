@@ -115,9 +115,8 @@ impl Context {
         let rc = unsafe { sys::ibv_query_device(self.as_ptr(), attr.as_mut_ptr()) };
         ret_errno("ibv_query_device", rc)?;
         // SAFETY: initialised by the successful call (and zeroed before).
-        Ok(DeviceAttr {
-            raw: unsafe { attr.assume_init() },
-        })
+        let raw = unsafe { attr.assume_init() };
+        Ok(DeviceAttr { raw })
     }
 
     /// Port attributes (the real `ibv_query_port`, extended fields included).

@@ -139,7 +139,7 @@
 //! ([`Error::InvalidArgument`], [`Error::QueueFull`],
 //! [`Error::InvalidTransition`]), and [`Error::Unsupported`].
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod address_handle;
 #[cfg(feature = "tokio")]
@@ -168,12 +168,12 @@ pub mod hazards;
 
 pub use ibverbs_sys as sys;
 
-pub use address_handle::*;
+pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
 #[cfg(feature = "tokio")]
 pub use async_io::{AsyncEvents, AsyncQueuePair, CompletionFuture};
 pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
-    SharedBuffer,
+    SgList, SharedBuffer,
 };
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
@@ -189,7 +189,12 @@ pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
-pub use queue_pair::*;
+pub use queue_pair::{
+    check_qp_transition, ConnectOptions, Endpoint, LocalPort, PathMigState, PostError,
+    PreparedRecv, PreparedSend, QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair,
+    QueuePairBuilder, RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
+};
+#[cfg(ibverbs_flush)]
+pub use queue_pair::{FlushLevel, FlushType};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
-pub use wq_table::SgList;

@@ -328,7 +328,7 @@ impl QueuePair {
     /// [`post_send_raw`](Self::post_send_raw).
     ///
     /// # Errors
-    /// A refused [`SendRequest`] comes back whole in a [`PostError`]; a
+    /// A refused [`SendRequest`] comes back whole in a [`PostError`](crate::PostError); a
     /// chain keeps the requests not posted in its `Vec` and returns the
     /// [`Error`]. Checked before anything is posted (a failed check posts
     /// nothing): QP type and request options, SGE count, inline size,
