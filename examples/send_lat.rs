@@ -75,7 +75,7 @@ struct Progress {
 
 impl Progress {
     fn handle(&mut self, recvs: &mut [PreparedRecv], wc: &WorkCompletion) -> Result<()> {
-        let wr_id = wc.raw_wr_id();
+        let wr_id = wc.wr_id();
         if wr_id & RECV != 0 {
             if u64::from(wc.byte_len()) != self.size {
                 return Err(format!(
@@ -229,7 +229,7 @@ impl Drop for RawRecvs<'_> {
             // --raw loop), the only one reporting to `cq`.
             match unsafe { self.cq.poll_raw(&mut wc) } {
                 Ok(n) => {
-                    let recvs = wc[..n].iter().filter(|c| c.raw_wr_id() & RECV != 0).count();
+                    let recvs = wc[..n].iter().filter(|c| c.wr_id() & RECV != 0).count();
                     self.posted = self.posted.saturating_sub(recvs as u32);
                 }
                 Err(_) => break,
@@ -271,10 +271,10 @@ fn raw_loop(
             for c in &wc[..n] {
                 if !c.is_success() {
                     return Err(
-                        format!("completion {:#x} failed: {}", c.raw_wr_id(), c.status()).into(),
+                        format!("completion {:#x} failed: {}", c.wr_id(), c.status()).into(),
                     );
                 }
-                if c.raw_wr_id() & RECV != 0 {
+                if c.wr_id() & RECV != 0 {
                     recvs.posted -= 1;
                     if u64::from(c.byte_len()) != size {
                         return Err(format!(
@@ -284,9 +284,9 @@ fn raw_loop(
                         .into());
                     }
                     *received += 1;
-                    recvs.post(c.raw_wr_id() & !RECV)?;
+                    recvs.post(c.wr_id() & !RECV)?;
                 } else {
-                    *sent = c.raw_wr_id() + 1;
+                    *sent = c.wr_id() + 1;
                 }
             }
             Ok(())

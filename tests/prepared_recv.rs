@@ -56,7 +56,7 @@ fn prepared_receives_repost_and_give_each_message_back() {
         // Alternate the claim paths: poll_one and the batch poll.
         let (wr_id, sg, len, opcode) = if round % 2 == 0 {
             let sg = poll_into_ok(&p.cq_b, &mut wc);
-            (wc.raw_wr_id(), sg, wc.byte_len(), wc.opcode())
+            (wc.wr_id(), sg, wc.byte_len(), wc.opcode())
         } else {
             let mut c = wait_ok(&p.cq_b);
             (c.wr_id(), c.take_buffers(), c.byte_len(), c.opcode())

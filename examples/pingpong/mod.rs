@@ -946,7 +946,7 @@ impl PingPong<'_> {
     }
 
     fn complete(&mut self, c: &WorkCompletion) -> Res<()> {
-        let wr_id = c.raw_wr_id();
+        let wr_id = c.wr_id();
         if !c.is_success() {
             return Err(format!(
                 "Failed status {} ({}) for wr_id {wr_id}",

@@ -113,8 +113,12 @@ impl WorkCompletion {
         unsafe { &*(raw as *const sys::ibv_wc).cast::<WorkCompletion>() }
     }
 
-    /// The raw 64-bit work request id as the device reported it.
-    pub fn raw_wr_id(&self) -> u64 {
+    /// The work request id: the one the request was posted with (the
+    /// safe polls give each entry its caller's `wr_id` back; an entry from
+    /// [`poll_raw`](crate::CompletionQueue::poll_raw) carries what the raw
+    /// request was posted with).
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
         self.raw.wr_id
     }
     /// Status.
