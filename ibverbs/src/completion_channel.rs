@@ -43,24 +43,29 @@ pub struct CompletionChannel {
     inner: Arc<ChannelInner>,
 }
 
-impl CompletionChannel {
-    /// Creates a channel.
+impl Context {
+    /// Creates a completion channel.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_comp_channel`.
+    ///
+    /// # References
+    /// `ibv_create_comp_channel(3)`
     #[doc(alias = "ibv_create_comp_channel")]
-    pub fn new(ctx: &Context) -> Result<CompletionChannel> {
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         // SAFETY: live context; destroyed in ChannelInner's Drop.
-        let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = unsafe { sys::ibv_create_comp_channel(self.as_ptr()) };
         let ch = ret_ptr("ibv_create_comp_channel", ch)?;
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
                 ch,
-                _ctx: ctx.clone(),
+                _ctx: self.clone(),
             }),
         })
     }
+}
 
+impl CompletionChannel {
     /// The raw channel pointer.
     ///
     /// [`get_event`](Self::get_event) takes the `cq_context` of every CQ
@@ -121,16 +126,6 @@ impl CompletionChannel {
     /// [`Error::Verb`](crate::Error::Verb) naming `fcntl`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
         set_nonblocking(self.as_raw_fd(), nonblocking)
-    }
-}
-
-impl Context {
-    /// Creates a completion channel; see [`CompletionChannel::new`].
-    ///
-    /// # Errors
-    /// As [`CompletionChannel::new`].
-    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
-        CompletionChannel::new(self)
     }
 }
 

@@ -157,7 +157,7 @@ pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
 }
 
-/// Builder for a [`CompletionQueue`].
+/// Builder for a [`CompletionQueue`], from [`Context::create_cq`].
 #[derive(Debug)]
 #[must_use]
 pub struct CompletionQueueBuilder<'a> {
@@ -251,17 +251,6 @@ impl<'a> CompletionQueueBuilder<'a> {
 }
 
 impl CompletionQueue {
-    /// Starts building a CQ with room for at least `cqe` completions.
-    pub fn builder(ctx: &Context, cqe: u32) -> CompletionQueueBuilder<'_> {
-        CompletionQueueBuilder {
-            ctx,
-            cqe,
-            channel: None,
-            comp_vector: 0,
-            wc_fields: None,
-        }
-    }
-
     /// Actual capacity (may exceed the requested size).
     pub fn capacity(&self) -> u32 {
         self.inner.cqe
@@ -543,9 +532,28 @@ impl CompletionQueue {
 }
 
 impl Context {
-    /// Starts building a completion queue; see [`CompletionQueue::builder`].
+    /// Starts building a completion queue with room for at least `cqe`
+    /// completions: options are the builder's setters, and
+    /// [`build`](CompletionQueueBuilder::build) creates it.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// let channel = ctx.create_comp_channel()?;
+    /// let cq = ctx.create_cq(256).channel(&channel).build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_cq(3)`
     pub fn create_cq(&self, cqe: u32) -> CompletionQueueBuilder<'_> {
-        CompletionQueue::builder(self, cqe)
+        CompletionQueueBuilder {
+            ctx: self,
+            cqe,
+            channel: None,
+            comp_vector: 0,
+            wc_fields: None,
+        }
     }
 }
 
