@@ -576,68 +576,62 @@ fn many_waits_acknowledge_their_events() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn wait_never_sleeps_through_a_completion() {
-    // The lost wake-up: a completion that lands after the wait's first
-    // poll but before it armed the CQ raises no event; only the poll after
-    // arming finds it. The receiver starts its wait at a random moment
-    // around the completion's arrival, so that over the rounds some land
-    // in that window; a wait that slept through one would return only at
-    // its deadline.
-    const ROUNDS: u64 = 600;
+fn wait_finds_a_completion_that_raised_no_event() {
+    // The lost wake-up: a completion that lands after a wait's first poll
+    // but before it armed the CQ raises no event; only the poll after
+    // arming finds it. Two waiters make that moment wide: the second polls
+    // (nothing yet) and queues behind the first, which sleeps. Two
+    // messages then complete together: the first completion's event wakes
+    // the first waiter, whose batch holds one; the second completion
+    // raised no event (the event disarmed the CQ) unless it came after the
+    // first waiter re-armed, and the second waiter arms after it. Without
+    // the poll after arming it would sleep until its deadline.
+    const ROUNDS: u64 = 20;
     let w = own_channel();
-    let mut out = Completions::with_capacity(4);
-    let mut rbuf = buf(&w.pd, 0);
-    let mut sbuf = buf(&w.pd, 0);
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    // How long after the go a completion arrives, measured by polling.
-    let mut arrivals = Vec::new();
-    let mut spread = Duration::ZERO;
-    std::thread::scope(|s| {
-        let (go, went) = std::sync::mpsc::channel::<(u64, LocalBuffer)>();
-        let (back, came_back) = std::sync::mpsc::channel();
-        let w = &w;
-        s.spawn(move || {
-            for (round, mut b) in went {
-                b.fill(round as u8);
-                back.send(send_and_reap(w, b, round)).unwrap();
-            }
-        });
-        for round in 0..ROUNDS {
-            w.b.post_recv(RecvRequest::new(rbuf).wr_id(round)).unwrap();
-            let t = Instant::now();
-            go.send((round, sbuf)).unwrap();
-            if round < 21 {
-                // Calibration: poll until it arrives; the waits then start
-                // anywhere within twice the median arrival.
-                while w.cq_b.poll(&mut out).unwrap() == 0 {}
-                arrivals.push(t.elapsed());
-                arrivals.sort();
-                spread = 2 * arrivals[arrivals.len() / 2];
-            } else {
-                let delay = spread.mul_f64((next() % 1000) as f64 / 1000.0);
-                while t.elapsed() < delay {}
-                let started = Instant::now();
-                let n = w.cq_b.wait(&mut out, Some(Duration::from_secs(4))).unwrap();
-                assert_eq!(n, 1, "round {round}");
-                if started.elapsed() > Duration::from_secs(2) {
-                    panic!(
-                        "round {round}: the wait slept {:?} with a completion in the CQ \
-                         (delay {delay:?} of {spread:?})",
-                        started.elapsed()
-                    );
-                }
-            }
-            rbuf = one_receive(&mut out, round, round as u8);
-            sbuf = came_back.recv().unwrap();
+    let deadline = Duration::from_secs(10);
+    for round in 0..ROUNDS {
+        let ids = [2 * round, 2 * round + 1];
+        for id in ids {
+            w.b.post_recv(RecvRequest::new(buf(&w.pd, 0)).wr_id(id))
+                .unwrap();
         }
-        drop(go);
-    });
-    eprintln!("waits started within {spread:?} of the go");
+        let (first, second) = std::thread::scope(|s| {
+            let waiter = |capacity| {
+                let w = &w;
+                move || {
+                    let mut out = Completions::with_capacity(capacity);
+                    let t = Instant::now();
+                    let n = w.cq_b.wait(&mut out, Some(deadline)).unwrap();
+                    (n, out, t.elapsed())
+                }
+            };
+            let first = s.spawn(waiter(1));
+            std::thread::sleep(Duration::from_millis(100));
+            let second = s.spawn(waiter(4));
+            std::thread::sleep(Duration::from_millis(100));
+            for id in ids {
+                w.a.post_send(SendRequest::send(buf(&w.pd, id as u8)).wr_id(id))
+                    .unwrap();
+            }
+            for c in common::wait(&w.cq_a, 2) {
+                c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            }
+            (first.join().unwrap(), second.join().unwrap())
+        });
+        let mut got = Vec::new();
+        for (who, (n, mut out, took)) in [("first", first), ("second", second)] {
+            assert_eq!(n, 1, "round {round}: the {who} waiter got {n}: {out:?}");
+            assert!(
+                took < deadline / 2,
+                "round {round}: the {who} waiter slept {took:?} with a completion in the CQ"
+            );
+            let mut c = out.pop().unwrap();
+            c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            assert_eq!(c.take_local().unwrap()[0], c.wr_id() as u8);
+            got.push(c.wr_id());
+        }
+        got.sort();
+        assert_eq!(got, ids, "round {round}: each message once");
+    }
     drop_all(w);
 }
