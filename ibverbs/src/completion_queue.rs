@@ -564,7 +564,7 @@ impl CompletionQueue {
     /// for a CQ created without a channel;
     /// [`Error::CompletionChannelShared`](crate::Error::CompletionChannelShared)
     /// when other CQs report to its channel (checked before sleeping, and
-    /// when an event read for another CQ); [`Error::Verb`](crate::Error::Verb)
+    /// when it reads an event for another CQ); [`Error::Verb`](crate::Error::Verb)
     /// naming `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event`,
     /// `fcntl` or `ppoll`.
     ///
