@@ -85,7 +85,12 @@ fn run(args: Args) -> ibverbs::Result<()> {
     let pd = ctx.alloc_pd()?;
     let channel = ctx.create_comp_channel()?;
     let cq = ctx.create_cq(8).channel(&channel).build()?;
-    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
+    // One send and one receive outstanding: the CQ holds both.
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .build()?;
     let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
     qp.connect(me.psn, &me, &ConnectOptions::new(port).gid_index(gid_index))?;
     println!(
