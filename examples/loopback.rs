@@ -5,7 +5,8 @@
 //! ```
 //! The smallest end-to-end use of the safe API: open a device, register
 //! memory, create a CQ and a QP, connect the QP to its own endpoint, post a
-//! receive and a send, and get both buffers back from their completions.
+//! receive and a send, and get both buffers back from their completions
+//! (sleeping on the CQ's completion channel until they arrive).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -82,8 +83,14 @@ fn run(args: Args) -> ibverbs::Result<()> {
     );
 
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq(8).build()?;
-    let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
+    let channel = ctx.create_comp_channel()?;
+    let cq = ctx.create_cq(8).channel(&channel).build()?;
+    // One send and one receive outstanding: the CQ holds both.
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .build()?;
     let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
     qp.connect(me.psn, &me, &ConnectOptions::new(port).gid_index(gid_index))?;
     println!(
@@ -108,8 +115,10 @@ fn run(args: Args) -> ibverbs::Result<()> {
 
     let mut done = Completions::with_capacity(4);
     let (mut recv_buf, mut send_buf) = (None, None);
+    let deadline = start + Duration::from_secs(10);
     while recv_buf.is_none() || send_buf.is_none() {
-        cq.poll(&mut done)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        cq.wait(&mut done, Some(left))?;
         for mut c in done.drain() {
             c.result()?;
             match c.wr_id() {
@@ -124,7 +133,7 @@ fn run(args: Args) -> ibverbs::Result<()> {
                 _ => send_buf = c.take_local(),
             }
         }
-        if start.elapsed() > Duration::from_secs(10) {
+        if (recv_buf.is_none() || send_buf.is_none()) && Instant::now() >= deadline {
             return Err(ibverbs::Error::InvalidArgument(
                 "no completion within 10 s".into(),
             ));

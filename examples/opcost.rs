@@ -326,7 +326,7 @@ fn build_lane(
 ) -> Result<Lane> {
     let per = a.qps / a.threads;
     let channel = if a.events {
-        Some(CompletionChannel::new(ctx)?)
+        Some(ctx.create_comp_channel()?)
     } else {
         None
     };

@@ -17,7 +17,7 @@ pub const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// Where packets to a peer go (`struct ibv_ah_attr`): used for the path of
 /// a connected QP ([`QpAttr::ah_attr`](crate::QpAttr::ah_attr)) and for
-/// address handles of UD sends ([`AddressHandle::new`]).
+/// address handles of UD sends ([`ProtectionDomain::create_ah`]).
 ///
 /// InfiniBand addresses by LID (optionally with a GRH, which routed subnets
 /// need); RoCE always needs the GRH, i.e. the peer's GID and the index of
@@ -245,8 +245,8 @@ pub struct AddressHandle {
     pub(crate) inner: Arc<AhInner>,
 }
 
-impl AddressHandle {
-    /// Creates an address handle for `av` in `pd`.
+impl ProtectionDomain {
+    /// Creates an address handle for `av` in this PD.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a service level or flow label wider
@@ -258,13 +258,13 @@ impl AddressHandle {
     /// # References
     /// `ibv_create_ah(3)`
     #[doc(alias = "ibv_create_ah")]
-    pub fn new(pd: &ProtectionDomain, av: &AddressVector) -> Result<AddressHandle> {
+    pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {
         av.check()?;
         let mut attr = av.raw;
         // SAFETY: live PD; `attr` is a valid, initialised ibv_ah_attr that
         // outlives the call; the AH is destroyed exactly once by AhInner.
-        let ah = unsafe { sys::ibv_create_ah(pd.as_ptr(), &mut attr) };
-        let ctx = pd.context();
+        let ah = unsafe { sys::ibv_create_ah(self.as_ptr(), &mut attr) };
+        let ctx = self.context();
         let ah = ret_ptr("ibv_create_ah", ah).map_err(|e| {
             let hint = ctx.port_hint(av.port()).or_else(|| {
                 av.is_global()
@@ -279,13 +279,15 @@ impl AddressHandle {
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 ah,
-                pd: pd.clone(),
+                pd: self.clone(),
                 av: *av,
                 mtu,
             }),
         })
     }
+}
 
+impl AddressHandle {
     /// The raw pointer, valid while `self` lives.
     pub fn as_ptr(&self) -> *mut sys::ibv_ah {
         self.inner.ah.as_ptr()
@@ -302,17 +304,6 @@ impl AddressHandle {
     /// unknown): the largest UD message sent through it.
     pub fn port_mtu(&self) -> u32 {
         self.inner.mtu
-    }
-}
-
-impl ProtectionDomain {
-    /// Creates an address handle; see [`AddressHandle::new`].
-    ///
-    /// # Errors
-    /// As [`AddressHandle::new`].
-    #[doc(alias = "ibv_create_ah")]
-    pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {
-        AddressHandle::new(self, av)
     }
 }
 

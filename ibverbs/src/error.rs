@@ -169,6 +169,30 @@ pub enum Error {
         /// `context's async events`).
         descriptor: &'static str,
     },
+    /// [`CompletionQueue::wait`](crate::CompletionQueue::wait) on a CQ
+    /// created without a completion channel: there is nothing to sleep on.
+    /// Create the CQ with a channel of its own
+    /// ([`CompletionQueueBuilder::channel`](crate::CompletionQueueBuilder::channel)).
+    #[error(
+        "the completion queue has no completion channel to wait on: \
+         create it with .channel(&ctx.create_comp_channel()?)"
+    )]
+    NoCompletionChannel,
+    /// [`CompletionQueue::wait`](crate::CompletionQueue::wait) on a CQ
+    /// whose completion channel other CQs report to as well. The kernel
+    /// delivers each event once: an event the wait read for another CQ
+    /// would be lost to whoever waits for that CQ, so a wait needs a
+    /// channel of its own. Also returned when the wait read such an event
+    /// (a CQ created on the channel during the wait): it was counted for
+    /// acknowledgement, and that CQ's completions stay in it.
+    #[error(
+        "waiting on a completion queue needs a completion channel of its own, \
+         but {cqs} completion queues report to this one"
+    )]
+    CompletionChannelShared {
+        /// The completion queues reporting to the channel.
+        cqs: usize,
+    },
 }
 
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0

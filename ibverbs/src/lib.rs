@@ -101,12 +101,12 @@
 //!     .map_err(|e| e.error)?;
 //! recv.post()?;                                         // bytes(0) is None until it completes
 //!
-//! // Completion events: sleep on a channel instead of spinning.
+//! // Completion events: sleep on a channel instead of spinning. `wait`
+//! // polls, arms (ibv_req_notify_cq), polls again, sleeps on the channel's
+//! // fd and reads the event (ibv_get_cq_event, acked in batches); 0 on timeout.
 //! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
 //! let cq2 = ctx.create_cq(16).channel(&channel).build()?;
-//! cq2.req_notify(false)?;                               // ibv_req_notify_cq
-//! // ... poll(2) on channel's fd, then:
-//! // let cq = channel.get_event()?;                     // ibv_get_cq_event (+ ack)
+//! let _n = cq2.wait(&mut done, Some(std::time::Duration::from_millis(10)))?;
 //!
 //! // Shared receive queue for many QPs.
 //! let srq = pd.create_srq(64).build()?;                 // ibv_create_srq

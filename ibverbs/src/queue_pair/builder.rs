@@ -9,7 +9,7 @@ use crate::queue_pair::SendOps;
 use crate::queue_pair::{QpCaps, QpType, QueuePair};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
-/// Builder for a [`QueuePair`]: required parts in [`QueuePair::builder`],
+/// Builder for a [`QueuePair`]: required parts in [`ProtectionDomain::create_qp`],
 /// optional ones as setters named after the `ibv_qp_init_attr` fields.
 ///
 /// # References
@@ -225,17 +225,22 @@ impl QueuePairBuilder<'_> {
     }
 }
 
-impl QueuePair {
-    /// Starts building a queue pair of `qp_type` on `pd` with its send and
-    /// receive completion queues (which may be the same).
-    pub fn builder<'a>(
-        pd: &'a ProtectionDomain,
+impl ProtectionDomain {
+    /// Starts building a queue pair of `qp_type` on this PD with its send
+    /// and receive completion queues (which may be the same): options are
+    /// the builder's setters, and [`build`](QueuePairBuilder::build)
+    /// creates it.
+    ///
+    /// # References
+    /// `ibv_create_qp(3)`
+    pub fn create_qp<'a>(
+        &'a self,
         qp_type: QpType,
         send_cq: &'a CompletionQueue,
         recv_cq: &'a CompletionQueue,
     ) -> QueuePairBuilder<'a> {
         QueuePairBuilder {
-            pd,
+            pd: self,
             qp_type,
             send_cq,
             recv_cq,
@@ -250,17 +255,5 @@ impl QueuePair {
             sq_sig_all: false,
             send_ops: SendOps::empty(),
         }
-    }
-}
-
-impl ProtectionDomain {
-    /// Starts building a queue pair; see [`QueuePair::builder`].
-    pub fn create_qp<'a>(
-        &'a self,
-        qp_type: QpType,
-        send_cq: &'a CompletionQueue,
-        recv_cq: &'a CompletionQueue,
-    ) -> QueuePairBuilder<'a> {
-        QueuePair::builder(self, qp_type, send_cq, recv_cq)
     }
 }
