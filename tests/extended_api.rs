@@ -281,3 +281,54 @@ fn timestamps_when_the_device_has_them() {
         .unwrap()
         .contains(WcFields::COMPLETION_TIMESTAMP));
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_sleeps_on_an_extended_cq() {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let channel = dev.ctx.create_comp_channel().unwrap();
+    let cq = dev
+        .ctx
+        .create_cq(256)
+        .channel(&channel)
+        .wc_fields(WcFields::standard())
+        .build()
+        .unwrap();
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .send_ops(SendOps::rc_data())
+        .build()
+        .unwrap();
+    // The peer reports elsewhere: the channel serves `cq` alone.
+    let peer_cq = dev.ctx.create_cq(256).build().unwrap();
+    let peer = pd
+        .create_qp(QpType::Rc, &peer_cq, &peer_cq)
+        .build()
+        .unwrap();
+    common::connect_pair(&dev, &qp, &peer, remote_all());
+    let shared = pd.alloc_shared(64, remote_all()).unwrap();
+    let remote = shared.remote().unwrap();
+    let mut out = Completions::with_capacity(4);
+    // Nothing outstanding: the wait sleeps until its deadline.
+    let t = Instant::now();
+    assert_eq!(
+        cq.wait(&mut out, Some(Duration::from_millis(200))).unwrap(),
+        0
+    );
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // A read posted 100 ms into the wait wakes it, its buffer handed back.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            let dst = pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap();
+            qp.post_send(SendRequest::read(dst, remote.slice(0, 16).unwrap()).wr_id(7))
+                .unwrap();
+        });
+        assert_eq!(cq.wait(&mut out, Some(Duration::from_secs(10))).unwrap(), 1);
+    });
+    let mut c = out.pop().unwrap();
+    c.result().unwrap();
+    assert_eq!((c.wr_id(), c.opcode()), (7, WcOpcode::RdmaRead));
+    assert_eq!(c.take_local().map(|b| b.len()), Some(16));
+}
