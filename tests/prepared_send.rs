@@ -177,7 +177,15 @@ fn prepared_requests_are_checked_once_and_refusals_are_undone() {
         .prepare_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()))
         .unwrap();
     let e = send.post().unwrap_err();
-    assert!(matches!(e, Error::Verb { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::NotReadyToSend {
+                state: QpState::Reset
+            }
+        ),
+        "{e}"
+    );
     assert!(!send.is_posted(), "a refused posting kept its count");
     assert!(send.into_buffers().is_ok());
 
