@@ -266,12 +266,18 @@ struct Setup {
     gid_index: GidIndex,
 }
 
-fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverbs::Result<Setup> {
+fn open(
+    device: &Option<String>,
+    ib_port: Option<u8>,
+    gid: Option<u8>,
+) -> Result<Setup, Box<dyn std::error::Error>> {
     let list = ibverbs::devices()?;
     let ctx = match device {
         Some(name) => list
             .find(name)
-            .ok_or_else(|| ibverbs::Error::NoDevice(format!(" named {name:?}")))?
+            .ok_or_else(|| ibverbs::Error::NoDevice {
+                name: Some(name.clone()),
+            })?
             .open()?,
         None => {
             let mut found = None;
@@ -282,7 +288,7 @@ fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverb
                     break;
                 }
             }
-            found.ok_or_else(|| ibverbs::Error::NoDevice(" with an active port".into()))?
+            found.ok_or("no RDMA device with an active port")?
         }
     };
     let port = match ib_port {

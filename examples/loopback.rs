@@ -52,15 +52,13 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn run(args: Args) -> ibverbs::Result<()> {
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let list = ibverbs::devices()?;
     let dev = match &args.device {
-        Some(name) => list
-            .find(name)
-            .ok_or_else(|| ibverbs::Error::NoDevice(format!(" named {name:?}")))?,
-        None => list
-            .get(0)
-            .ok_or_else(|| ibverbs::Error::NoDevice(String::new()))?,
+        Some(name) => list.find(name).ok_or_else(|| ibverbs::Error::NoDevice {
+            name: Some(name.clone()),
+        })?,
+        None => list.get(0).ok_or(ibverbs::Error::NoDevice { name: None })?,
     };
     let ctx = dev.open()?;
     let port = match args.port {
@@ -134,16 +132,12 @@ fn run(args: Args) -> ibverbs::Result<()> {
             }
         }
         if (recv_buf.is_none() || send_buf.is_none()) && Instant::now() >= deadline {
-            return Err(ibverbs::Error::InvalidArgument(
-                "no completion within 10 s".into(),
-            ));
+            return Err("no completion within 10 s".into());
         }
     }
     let (recv_buf, send_buf) = (recv_buf.unwrap(), send_buf.unwrap());
     if recv_buf[..] != send_buf[..] {
-        return Err(ibverbs::Error::InvalidArgument(
-            "received bytes differ from the sent ones".into(),
-        ));
+        return Err("received bytes differ from the sent ones".into());
     }
     println!(
         "received {:?} ({} bytes verified) in {:.1} µs",

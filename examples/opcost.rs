@@ -205,8 +205,7 @@ path!(
     post(lane, i) {
         let buf = lane.bufs[i].take().ok_or("buffer not back")?;
         lane.qps[i / lane.depth]
-            .post_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
-            .map_err(|e| e.error)?;
+            .post_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
         Ok(())
     },
     poll(lane) {
@@ -387,9 +386,7 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
             for (i, b) in lane.bufs.iter_mut().enumerate() {
                 let buf = b.take().ok_or("missing buffer")?;
                 let qp = &lane.qps[i / a.depth];
-                let p = qp
-                    .prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
-                    .map_err(|e| e.error)?;
+                let p = qp.prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
                 lane.prepared.push(p);
             }
         }

@@ -328,12 +328,14 @@ fn async_construction_errors() {
     // Outside a runtime: an error, not a panic.
     let qp = channel_qp(&dev, &pd, 4);
     match AsyncQueuePair::new(qp.clone()) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("Tokio runtime"), "{m}"),
-        other => panic!("expected InvalidArgument, got {other:?}"),
+        Err(Error::NoRuntime {
+            by: "AsyncQueuePair",
+        }) => {}
+        other => panic!("expected NoRuntime, got {other:?}"),
     }
     assert!(matches!(
         AsyncEvents::new(&dev.ctx),
-        Err(Error::InvalidArgument(_))
+        Err(Error::NoRuntime { by: "AsyncEvents" })
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -344,8 +346,10 @@ fn async_construction_errors() {
         let cq = dev.ctx.create_cq(256).build().unwrap();
         let plain = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         match AsyncQueuePair::new(plain) {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("completion channel"), "{m}"),
-            other => panic!("expected InvalidArgument, got {other:?}"),
+            Err(Error::NoCompletionChannel {
+                which: "AsyncQueuePair's send CQ",
+            }) => {}
+            other => panic!("expected NoCompletionChannel, got {other:?}"),
         }
         // One AsyncQueuePair per channel.
         let first = AsyncQueuePair::new(qp.clone()).unwrap();

@@ -511,7 +511,12 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
     // No channel: nothing to sleep on.
     let err = w.cq_a.wait(&mut out, Some(Duration::ZERO)).unwrap_err();
     assert!(
-        matches!(err, ibverbs::Error::NoCompletionChannel),
+        matches!(
+            err,
+            ibverbs::Error::NoCompletionChannel {
+                which: "CQ waited on"
+            }
+        ),
         "{err:?}"
     );
     drop_all(w);

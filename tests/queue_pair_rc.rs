@@ -513,10 +513,16 @@ fn a_local_port_queried_once_connects_queue_pairs() {
         .build()
         .unwrap();
     let e = local.endpoint(&stranger, 1).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(e, Error::ForeignContext { what: "LocalPort" }),
+        "{e}"
+    );
     let ea = local.endpoint(&qps[0], 1).unwrap();
     let e = stranger.connect(1, &ea, &opts).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(e, Error::ForeignContext { what: "LocalPort" }),
+        "{e}"
+    );
     assert_eq!(stranger.state().unwrap(), QpState::Reset);
 }
 

@@ -483,7 +483,12 @@ fn address_handle_from_another_pd_is_rejected() {
         t.a.post_send(SendRequest::send(filled(&t.pd, &[0; 8])).ud(&foreign, t.b.qp_num(), QKEY))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(ref m) if m.contains("protection domain")),
+        matches!(
+            err.error,
+            Error::ForeignProtectionDomain {
+                what: "address handle"
+            }
+        ),
         "an AH of another PD: {}",
         err.error
     );

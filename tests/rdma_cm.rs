@@ -148,6 +148,19 @@ fn reject_is_a_typed_event_with_private_data() {
     assert_eq!(ev.kind(), CmEventType::Rejected, "{ev:?}");
     assert_eq!(ev.private_data().get(..7), Some(&b"go away"[..]));
     let e = ev.expect(CmEventType::Established).unwrap_err();
+    // A reject reason (positive status) is no errno: a typed mismatch; a
+    // negative errno status would be a verb error naming it.
+    assert!(
+        matches!(
+            e,
+            Error::UnexpectedEvent {
+                expected: CmEventType::Established,
+                got: CmEventType::Rejected,
+                ..
+            } | Error::Verb { .. }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("Rejected"), "{e}");
     server.join().unwrap().unwrap();
 }
@@ -164,12 +177,26 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     let ud = pd.create_qp(QpType::Ud, &cq, &cq).build().unwrap();
     assert!(matches!(
         id.connect(&ud, &ConnParam::new()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::WrongQpType {
+            qp_type: QpType::Ud,
+            ..
+        })
     ));
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let e = id
         .connect(&qp, &ConnParam::new().private_data(&[0; 57]))
         .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::OutOfRange {
+                value: 57,
+                max: 56,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("private data"), "{e}");
     // A QP of another device context is refused.
     let other = common::device();
@@ -178,7 +205,7 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     let oqp = opd.create_qp(QpType::Rc, &ocq, &ocq).build().unwrap();
     assert!(matches!(
         id.connect(&oqp, &ConnParam::new()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::ForeignContext { what: "queue pair" })
     ));
     // Nobody listens: the connect is rejected (a typed event, no hang).
     id.connect(&qp, &ConnParam::new()).unwrap();

@@ -10,7 +10,7 @@ mod common;
 use common::{pair, remote_all, Pair};
 use ibverbs::{
     AccessFlags, AddressVector, Endpoint, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
-    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest,
+    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest, TransitionReason,
 };
 
 /// An RDMA read's inline "data" as rxe reads it: one SGE
@@ -483,7 +483,11 @@ fn soundness_a_state_the_device_changed_is_checked_from_the_real_state() {
         assert!(
             matches!(
                 &e,
-                Error::InvalidTransition { from: QpState::Err, reason, .. } if reason.contains("claims")
+                Error::InvalidTransition {
+                    from: QpState::Err,
+                    reason: TransitionReason::ClaimedState(QpState::Rts),
+                    ..
+                }
             ),
             "{e}"
         );

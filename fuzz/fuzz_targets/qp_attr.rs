@@ -111,7 +111,10 @@ fn check_error(e: &Error) {
     assert!(
         matches!(
             e,
-            Error::InvalidArgument(_) | Error::InvalidTransition { .. } | Error::Unsupported(_)
+            Error::OutOfRange { .. }
+                | Error::InvalidMtu { .. }
+                | Error::InvalidTransition { .. }
+                | Error::Unsupported(_)
         ),
         "{e:?}"
     );

@@ -66,8 +66,8 @@ impl AddressVector {
     ///   (non-zero).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the remote lacks what the link layer
-    /// needs: a zero GID on RoCE, or LID 0 on InfiniBand.
+    /// [`Error::MissingRemoteAddress`] when the remote lacks what the link
+    /// layer needs: a zero GID on RoCE, or LID 0 on InfiniBand.
     pub fn for_port(
         port_attr: &PortAttr,
         remote: &Endpoint,
@@ -76,16 +76,18 @@ impl AddressVector {
         let port = port_attr.port();
         if port_attr.grh_required() {
             if remote.gid.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "port {port} needs GRH addressing (RoCE) but the remote GID is zero"
-                )));
+                return Err(Error::MissingRemoteAddress {
+                    port,
+                    needed: "GID",
+                });
             }
             return Ok(AddressVector::roce(port, remote.gid, sgid_index));
         }
         if remote.lid == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "port {port} addresses by LID (InfiniBand) but the remote LID is 0"
-            )));
+            return Err(Error::MissingRemoteAddress {
+                port,
+                needed: "LID",
+            });
         }
         let av = AddressVector::infiniband(port, remote.lid);
         Ok(if remote.gid.is_zero() {
@@ -179,16 +181,18 @@ impl AddressVector {
     /// Rejects field values wider than their wire encoding.
     pub(crate) fn check(&self) -> Result<()> {
         if self.raw.sl > 15 {
-            return Err(Error::InvalidArgument(format!(
-                "service level {} does not fit in 4 bits",
-                self.raw.sl
-            )));
+            return Err(Error::OutOfRange {
+                what: "service level",
+                value: self.raw.sl.into(),
+                max: 15,
+            });
         }
         if self.is_global() && self.raw.grh.flow_label > 0xF_FFFF {
-            return Err(Error::InvalidArgument(format!(
-                "flow label {:#x} does not fit in 20 bits",
-                self.raw.grh.flow_label
-            )));
+            return Err(Error::OutOfRange {
+                what: "flow label",
+                value: self.raw.grh.flow_label.into(),
+                max: 0xF_FFFF,
+            });
         }
         Ok(())
     }
@@ -249,7 +253,7 @@ impl ProtectionDomain {
     /// Creates an address handle for `av` in this PD.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a service level or flow label wider
+    /// [`Error::OutOfRange`] for a service level or flow label wider
     /// than its field; [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
     /// for a bad port, `ENODATA` for an empty GID slot, both explained in
     /// the message, `ENOENT`/`EHOSTUNREACH` when RoCE cannot resolve the

@@ -112,9 +112,7 @@ struct Registered<T: VerbsFd> {
 /// in errors.
 fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registered<T>> {
     if tokio::runtime::Handle::try_current().is_err() {
-        return Err(Error::InvalidArgument(format!(
-            "{by} needs a Tokio runtime: create it from within one (with IO enabled)"
-        )));
+        return Err(Error::NoRuntime { by });
     }
     let claim = Claim::take(inner.key(), by, T::DESCRIPTOR)?;
     // `register_with_interest` needs the descriptor to stay open, referring
@@ -127,7 +125,7 @@ fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registered<T>> {
         let (_, source) = e.into_parts();
         Error::Verb {
             verb: "epoll_ctl",
-            source,
+            io: source,
         }
     })?;
     Ok(Registered { fd, _claim: claim })
@@ -237,7 +235,7 @@ impl Shared {
             while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
                 let mut guard = ready.map_err(|source| Error::Verb {
                     verb: "epoll_wait",
-                    source,
+                    io: source,
                 })?;
                 loop {
                     match fd.get_ref().get_event() {
@@ -355,8 +353,8 @@ impl AsyncQueuePair {
     /// non-blocking and registers them with the current Tokio runtime.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when a CQ of `qp` has no completion
-    /// channel, or when called outside a Tokio runtime;
+    /// [`Error::NoCompletionChannel`] when a CQ of `qp` has no completion
+    /// channel, [`Error::NoRuntime`] when called outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when a channel is already driven by another
     /// `AsyncQueuePair` (on this runtime or another); [`Error::Verb`]
     /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered.
@@ -375,13 +373,11 @@ impl AsyncQueuePair {
             }
         }
         let mut found: Vec<CompletionChannel> = Vec::with_capacity(2);
-        for (cq, which) in [(qp.send_cq(), "send"), (qp.recv_cq(), "receive")] {
-            let ch = cq.channel().ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "AsyncQueuePair: the {which} CQ has no completion channel \
-                     (build it with CompletionQueueBuilder::channel)"
-                ))
-            })?;
+        for (cq, which) in [
+            (qp.send_cq(), "AsyncQueuePair's send CQ"),
+            (qp.recv_cq(), "AsyncQueuePair's receive CQ"),
+        ] {
+            let ch = cq.channel().ok_or(Error::NoCompletionChannel { which })?;
             if !found.iter().any(|c| c.as_ptr() == ch.as_ptr()) {
                 found.push(ch.clone());
             }
@@ -601,7 +597,7 @@ impl std::fmt::Debug for AsyncQueuePair {
 /// status (its buffers are released); [`Error::Verb`] naming
 /// `ibv_get_cq_event`, `ibv_req_notify_cq`, `ibv_poll_cq` or `epoll_wait`
 /// when the dispatcher fails (the request is then abandoned);
-/// [`Error::InvalidArgument`] when polled again after it resolved.
+/// [`Error::PolledAfterCompletion`] when polled again after it resolved.
 ///
 /// # References
 /// `ibv_poll_cq(3)`
@@ -643,9 +639,7 @@ impl Future for CompletionFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
         let this = self.get_mut();
         if this.finished {
-            return Poll::Ready(Err(Error::InvalidArgument(
-                "CompletionFuture polled after it resolved".into(),
-            )));
+            return Poll::Ready(Err(Error::PolledAfterCompletion));
         }
         let shared = Arc::clone(&this.shared);
         // Registered before driving: a wake-up between driving and
@@ -747,7 +741,7 @@ impl AsyncEvents {
     /// Watches `ctx`'s asynchronous events.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] outside a Tokio runtime;
+    /// [`Error::NoRuntime`] outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when the context's async events are already
     /// watched by another `AsyncEvents` (on any runtime, through any handle
     /// of the same `ibv_context`); [`Error::Verb`] naming `fcntl` or
@@ -795,7 +789,7 @@ impl AsyncEvents {
                 Poll::Ready(Err(source)) => {
                     return Poll::Ready(Err(Error::Verb {
                         verb: "epoll_wait",
-                        source,
+                        io: source,
                     }))
                 }
                 Poll::Ready(Ok(guard)) => guard,

@@ -147,10 +147,10 @@ impl Region {
 /// The `ibv_sge::length` for a buffer: refused, never truncated, past
 /// `u32::MAX`.
 pub(crate) fn sge_length(len: usize) -> Result<u32> {
-    u32::try_from(len).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "a scatter/gather entry holds at most 4 GiB - 1 bytes, this buffer has {len}"
-        ))
+    u32::try_from(len).map_err(|_| Error::OutOfRange {
+        what: "scatter/gather entry length",
+        value: len as u64,
+        max: u32::MAX.into(),
     })
 }
 
@@ -164,7 +164,11 @@ mod tests {
         assert_eq!(sge_length(u32::MAX as usize).unwrap(), u32::MAX);
         for len in [1usize << 32, (1 << 32) + 4096, usize::MAX] {
             let e = sge_length(len).unwrap_err();
-            assert!(e.to_string().contains("4 GiB"), "{e}");
+            assert!(
+                matches!(e, Error::OutOfRange { value, max, .. }
+                    if value == len as u64 && max == u64::from(u32::MAX)),
+                "{e}"
+            );
         }
     }
 
@@ -386,10 +390,11 @@ impl SharedBuffer {
                 // SAFETY: `offset <= len`, inside the owned range.
                 Ok(unsafe { self.region.ptr.as_ptr().add(offset) })
             }
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}..{offset}+{len} outside a {}-byte buffer",
-                self.len()
-            ))),
+            _ => Err(Error::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len() as u64,
+            }),
         }
     }
 
@@ -397,7 +402,7 @@ impl SharedBuffer {
     /// reads (a peer may be writing concurrently; the copy is not atomic).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    /// [`Error::OutOfBounds`] when the range is out of bounds.
     #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = self.check(offset, dst.len())?;
@@ -412,7 +417,7 @@ impl SharedBuffer {
     /// Copies `src` in at `offset` with volatile writes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    /// [`Error::OutOfBounds`] when the range is out of bounds.
     #[inline]
     pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         let dst = self.check(offset, src.len())?;
@@ -429,14 +434,15 @@ impl SharedBuffer {
     /// device reports `AtomicCap::Glob`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] unless `offset` is in bounds and the address
-    /// 8-byte aligned.
+    /// [`Error::OutOfBounds`] unless the 8 bytes at `offset` are in bounds,
+    /// [`Error::Misaligned`] unless their address is 8-byte aligned.
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
         let p = self.check(offset, 8)?;
         if p as usize % 8 != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "atomic access at {p:p} is not 8-byte aligned"
-            )));
+            return Err(Error::Misaligned {
+                addr: p as u64,
+                align: 8,
+            });
         }
         // SAFETY: in bounds, aligned, and AtomicU64 is an UnsafeCell, so
         // concurrent writes by the device do not violate aliasing rules.
@@ -540,7 +546,7 @@ impl Buf {
     /// Copies `dst.len()` bytes from `offset` (volatile for shared memory).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when out of bounds.
+    /// [`Error::OutOfBounds`] when out of bounds.
     #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let bytes: &[u8] = match self {
@@ -551,7 +557,11 @@ impl Buf {
         let src = offset
             .checked_add(dst.len())
             .and_then(|end| bytes.get(offset..end))
-            .ok_or_else(|| Error::InvalidArgument("range outside the buffer".into()))?;
+            .ok_or(Error::OutOfBounds {
+                offset: offset as u64,
+                len: dst.len() as u64,
+                size: bytes.len() as u64,
+            })?;
         dst.copy_from_slice(src);
         Ok(())
     }

@@ -211,7 +211,7 @@ impl CompletionChannel {
             }
             return Err(Error::Verb {
                 verb: "ppoll",
-                source: e,
+                io: e,
             });
         }
         if pfd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {

@@ -591,7 +591,9 @@ impl CompletionQueue {
         if n > 0 || out.len() >= out.raw.len() {
             return Ok(n);
         }
-        let ch = self.channel().ok_or(crate::Error::NoCompletionChannel)?;
+        let ch = self.channel().ok_or(crate::Error::NoCompletionChannel {
+            which: "CQ waited on",
+        })?;
         let cqs = ch.cq_count();
         if cqs > 1 {
             return Err(crate::Error::CompletionChannelShared { cqs });

@@ -152,17 +152,16 @@ impl Context {
     /// The first port whose state is ACTIVE.
     ///
     /// # Errors
-    /// [`Error::NoDevice`] when no port is active; query errors otherwise.
+    /// [`Error::NoActivePort`] when no port is active; query errors otherwise.
     pub fn active_port(&self) -> Result<PortNumber> {
         for port in self.ports()? {
             if self.query_port(port)?.state() == PortState::Active {
                 return Ok(port);
             }
         }
-        Err(Error::NoDevice(format!(
-            ": {} has no active port",
-            self.name()
-        )))
+        Err(Error::NoActivePort {
+            device: self.name().to_string(),
+        })
     }
 
     /// One GID; [`Gid::ZERO`] for an empty slot of the table (as in C).

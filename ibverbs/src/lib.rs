@@ -85,9 +85,8 @@
 //!
 //! // One request, many postings: checked and built once (as C code reuses
 //! // one ibv_send_wr); the bytes are reachable when nothing is outstanding.
-//! let mut read = qp
-//!     .prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))
-//!     .map_err(|e| e.error)?;
+//! let mut read =
+//!     qp.prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))?;
 //! read.post()?;
 //! let c = loop {
 //!     match cq.poll_one()? { Some(c) if c.wr_id() == 9 => break c, _ => {} }
@@ -96,9 +95,8 @@
 //! let _fresh = read.bytes(0);                           // Some once completed
 //!
 //! // The same for receives: one buffer, re-posted after each message.
-//! let mut recv = qp
-//!     .prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))
-//!     .map_err(|e| e.error)?;
+//! let mut recv =
+//!     qp.prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
 //! recv.post()?;                                         // bytes(0) is None until it completes
 //!
 //! // Completion events: sleep on a channel instead of spinning. `wait`
@@ -135,9 +133,12 @@
 //!
 //! One [`Error`] enum: which verb failed and its errno
 //! ([`Error::Verb`]), error completions ([`Error::WorkCompletion`]),
-//! arguments refused before reaching the device
-//! ([`Error::InvalidArgument`], [`Error::QueueFull`],
-//! [`Error::InvalidTransition`]), and [`Error::Unsupported`].
+//! arguments refused before reaching the device, each a variant of its own
+//! with the numbers that decided ([`Error::TooManySges`],
+//! [`Error::OutOfRange`], [`Error::QueueFull`],
+//! [`Error::InvalidTransition`], …), and [`Error::Unsupported`]. A refused
+//! request comes back in a [`PostError`], which `?` turns into an
+//! [`Error`], an [`std::io::Error`] or a `Box<dyn std::error::Error>`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
@@ -182,7 +183,7 @@ pub use completion_queue::{
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
-pub use error::{Error, Result};
+pub use error::{Error, Result, TransitionReason};
 pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};

@@ -12,11 +12,13 @@ use crate::{AccessFlags, AddressVector, LocalPort, QpAttr, QpNumber, QpState, Qp
 /// Largest 24-bit value (PSNs, QP numbers).
 const MAX_24: u32 = 0xFF_FFFF;
 
-pub(super) fn check_24(what: &str, v: u32) -> Result<()> {
+pub(super) fn check_24(what: &'static str, v: u32) -> Result<()> {
     if v > MAX_24 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {v:#x} does not fit in 24 bits"
-        )));
+        return Err(Error::OutOfRange {
+            what,
+            value: v.into(),
+            max: MAX_24.into(),
+        });
     }
     Ok(())
 }
@@ -48,8 +50,8 @@ impl Endpoint {
     /// a [`LocalPort`] once and use [`LocalPort::endpoint`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or, on a port
-    /// that needs a GRH, the GID entry is empty; [`Error::Verb`] naming
+    /// [`Error::OutOfRange`] when `psn` exceeds 24 bits, [`Error::EmptyGid`]
+    /// when the port needs a GRH and the GID entry is empty; [`Error::Verb`] naming
     /// `ibv_query_port`, `ibv_query_gid` or `ibv_query_gid_table`.
     ///
     /// [`Context::default_gid_index`]: crate::Context::default_gid_index
@@ -357,11 +359,12 @@ impl QueuePair {
     /// RNR timer from `opts`. For UD only the state changes.
     ///
     /// # Errors
-    /// As [`QueuePair::modify`]; [`Error::InvalidArgument`] when `remote`
-    /// lacks what the link layer needs, the local GID index names an empty
-    /// slot, the path MTU is not an `IBV_MTU_*` value, or
-    /// [`ConnectOptions::local_port`] describes another device context's
-    /// port; [`Error::Verb`] naming `ibv_query_port`, `ibv_query_gid` or
+    /// As [`QueuePair::modify`]; [`Error::MissingRemoteAddress`] when
+    /// `remote` lacks what the link layer needs, [`Error::EmptyGid`] when
+    /// the local GID index names an empty slot, [`Error::InvalidMtu`] when
+    /// the path MTU is not an `IBV_MTU_*` value, [`Error::ForeignContext`]
+    /// when [`ConnectOptions::local_port`] describes another device
+    /// context's port; [`Error::Verb`] naming `ibv_query_port`, `ibv_query_gid` or
     /// `ibv_query_gid_table` (not asked with a [`LocalPort`] that holds
     /// them).
     #[doc(alias = "ibv_modify_qp")]
@@ -392,10 +395,7 @@ impl QueuePair {
             None => GidIndex(0),
         };
         if let Mtu::Unknown(v) = opts.path_mtu {
-            return Err(Error::InvalidArgument(format!(
-                "path_mtu {v} is not an IBV_MTU_* value (Mtu::from_bytes takes 256, 512, \
-                 1024, 2048 or 4096)"
-            )));
+            return Err(Error::InvalidMtu { value: v });
         }
         let av = opts.address_vector(&port_attr, remote, sgid_index)?;
         if av.is_global() {
@@ -404,12 +404,10 @@ impl QueuePair {
                 None => ctx.query_gid(opts.port, sgid_index)?,
             };
             if sgid.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "GID index {} of {} port {} is empty: nothing to send from",
-                    sgid_index.0,
-                    ctx.name(),
-                    opts.port
-                )));
+                return Err(Error::EmptyGid {
+                    port: opts.port,
+                    index: sgid_index,
+                });
             }
         }
         Ok(rtr_attr(qp_type, av, opts.mtu(&port_attr), remote, opts))
@@ -440,11 +438,15 @@ impl QueuePair {
     /// [`QueuePair::modify`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a UD queue pair (use
-    /// [`QueuePair::activate_ud`]), a PSN or QP number wider than 24 bits,
-    /// a `remote` lacking what the link layer needs (a GID on RoCE, a LID
-    /// on InfiniBand), an empty local GID slot, an unknown path MTU, or a
-    /// [`LocalPort`] of another device context (all before the first step); [`Error::InvalidTransition`] when the
+    /// All before the first step: [`Error::WrongQpType`] for a UD queue
+    /// pair (use [`QueuePair::activate_ud`]), [`Error::OutOfRange`] for a
+    /// PSN or QP number wider than 24 bits (or another option wider than its
+    /// field), [`Error::MissingRemoteAddress`] for a `remote` lacking what
+    /// the link layer needs (a GID on RoCE, a LID on InfiniBand),
+    /// [`Error::EmptyGid`] for an empty local GID slot,
+    /// [`Error::InvalidMtu`] for an unknown path MTU,
+    /// [`Error::ForeignContext`] for a [`LocalPort`] of another device
+    /// context. Then [`Error::InvalidTransition`] when the
     /// QP is not in RESET; otherwise as [`QueuePair::modify`] and
     /// [`Context::query_port`](crate::Context::query_port).
     ///
@@ -465,10 +467,10 @@ impl QueuePair {
     #[doc(alias = "ibv_modify_qp")]
     pub fn connect(&self, local_psn: u32, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
-            return Err(Error::InvalidArgument(format!(
-                "connect is for RC and UC queue pairs, this one is {:?} (use activate_ud)",
-                self.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "connect",
+                qp_type: self.qp_type(),
+            });
         }
         check_24("local PSN", local_psn)?;
         check_24("remote PSN", remote.psn)?;
@@ -488,18 +490,19 @@ impl QueuePair {
     /// given per send ([`SendRequest::ud`](crate::SendRequest::ud)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a QP that is not UD or a PSN wider
-    /// than 24 bits; otherwise as [`QueuePair::modify`].
+    /// [`Error::WrongQpType`] for a QP that is not UD,
+    /// [`Error::OutOfRange`] for a PSN wider than 24 bits; otherwise as
+    /// [`QueuePair::modify`].
     ///
     /// # References
     /// `ibv_modify_qp(3)`, `ibv_ud_pingpong(1)`
     #[doc(alias = "ibv_modify_qp")]
     pub fn activate_ud(&self, port: PortNumber, qkey: u32, psn: u32) -> Result<()> {
         if self.qp_type() != QpType::Ud {
-            return Err(Error::InvalidArgument(format!(
-                "activate_ud is for UD queue pairs, this one is {:?} (use connect)",
-                self.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "activate_ud",
+                qp_type: self.qp_type(),
+            });
         }
         check_24("PSN", psn)?;
         self.to_init_ud(port, 0, qkey)?;
@@ -652,7 +655,14 @@ mod tests {
         assert!(format!("{a:?}").contains("IBV_QP_DEST_QPN"));
         // Field widths.
         let wide = a.rq_psn(1 << 24).validate(RC, S::Init);
-        assert!(matches!(wide, Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            wide,
+            Err(Error::OutOfRange {
+                what: "rq_psn",
+                value: 0x100_0000,
+                max: 0xFF_FFFF
+            })
+        ));
         let rts = QpAttr::new().qp_state(S::Rts).sq_psn(0).timeout(14);
         let rts = rts.retry_cnt(7).rnr_retry(7).max_rd_atomic(1);
         rts.validate(RC, S::Rtr).unwrap();

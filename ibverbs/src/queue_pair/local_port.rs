@@ -47,8 +47,8 @@ impl LocalPort {
     /// the same index.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the port needs a GRH and the GID
-    /// entry is empty; [`Error::Verb`] naming `ibv_query_port`,
+    /// [`Error::EmptyGid`] when the port needs a GRH and the GID entry is
+    /// empty; [`Error::Verb`] naming `ibv_query_port`,
     /// `ibv_query_gid` or `ibv_query_gid_table`.
     #[doc(alias = "ibv_query_port")]
     #[doc(alias = "ibv_query_gid")]
@@ -68,10 +68,10 @@ impl LocalPort {
             None => Gid::ZERO,
         };
         if attr.grh_required() && gid.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "GID index {} of port {port} is empty; RoCE needs a GID",
-                gid_index.map_or(0, |i| i.0)
-            )));
+            return Err(Error::EmptyGid {
+                port,
+                index: gid_index.unwrap_or(GidIndex(0)),
+            });
         }
         Ok(LocalPort {
             ctx: ctx.clone(),
@@ -85,8 +85,9 @@ impl LocalPort {
     /// `psn`, the port's LID and the GID. No system call.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or `qp` was
-    /// created on another device context.
+    /// [`Error::OutOfRange`] when `psn` exceeds 24 bits,
+    /// [`Error::ForeignContext`] when `qp` was created on another device
+    /// context.
     pub fn endpoint(&self, qp: &QueuePair, psn: u32) -> Result<Endpoint> {
         check_24("psn", psn)?;
         self.check_context(qp)?;
@@ -130,12 +131,7 @@ impl LocalPort {
         if Arc::ptr_eq(&self.ctx.inner, &qp.pd().context().inner) {
             return Ok(());
         }
-        Err(Error::InvalidArgument(format!(
-            "the LocalPort describes port {} of {}, the queue pair is on {}",
-            self.port(),
-            self.ctx.name(),
-            qp.pd().context().name()
-        )))
+        Err(Error::ForeignContext { what: "LocalPort" })
     }
 }
 

@@ -424,18 +424,47 @@ impl RecvRequest {
 }
 
 /// A request the device did not take, handed back with the reason.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
+///
+/// Its Display is the reason's, and its [`source`](std::error::Error::source)
+/// the reason's source: the cause is printed once. `?` turns it into an
+/// [`Error`] or an [`io::Error`](std::io::Error) (dropping the request,
+/// and with it its buffers), or, through the standard library's
+/// conversion, into a `Box<dyn std::error::Error + Send + Sync + 'a>` that
+/// keeps it. That box is `'static` (the plain `Box<dyn Error>`) only when
+/// the request is: a [`SendRequest<'a>`] that borrows inline bytes or an
+/// address handle cannot outlive them, so convert it into an [`Error`]
+/// first (`.map_err(ibverbs::Error::from)?`) or return
+/// [`ibverbs::Result`](crate::Result).
+#[derive(Debug)]
 pub struct PostError<R> {
     /// Why.
-    #[source]
     pub error: Error,
     /// The request, buffers included.
     pub request: R,
 }
 
+impl<R> std::fmt::Display for PostError<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<R: std::fmt::Debug> std::error::Error for PostError<R> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
 impl<R> From<PostError<R>> for Error {
     fn from(e: PostError<R>) -> Error {
         e.error
+    }
+}
+
+impl<R> From<PostError<R>> for std::io::Error {
+    /// As `From<Error> for io::Error`; the request (and its buffers) is
+    /// dropped.
+    fn from(e: PostError<R>) -> std::io::Error {
+        e.error.into()
     }
 }
