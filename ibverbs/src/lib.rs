@@ -191,9 +191,9 @@ pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
-    check_qp_transition, ConnectOptions, Endpoint, LocalPort, PathMigState, PostError,
-    PreparedRecv, PreparedSend, QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair,
-    QueuePairBuilder, RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
+    ConnectOptions, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
+    QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder,
+    RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};

@@ -279,13 +279,13 @@ impl QpAttr {
     /// Checks these attributes for a `qp_type` queue pair in state
     /// `current` (or in `cur_qp_state`, when set: [`QueuePair::modify`] first
     /// checks that claim against the state the device reports): field widths, then the
-    /// state transition table ([`check_qp_transition`]).
+    /// state transition table ([`QpState::check_transition`]).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a value wider than its field (PSNs and QP
     /// numbers are 24 bits, `timeout` 5, `retry_cnt` 3, the service level
     /// 4, the flow label 20), [`Error::InvalidMtu`] for a `path_mtu` that
-    /// is no `IBV_MTU_*` value, otherwise as [`check_qp_transition`].
+    /// is no `IBV_MTU_*` value, otherwise as [`QpState::check_transition`].
     pub fn validate(&self, qp_type: QpType, current: QpState) -> Result<()> {
         self.check_values()?;
         let from = if self.mask & CUR_STATE != 0 {
@@ -293,7 +293,7 @@ impl QpAttr {
         } else {
             current
         };
-        check_qp_transition(qp_type, from, self.target(from), self.mask())
+        from.check_transition(self.target(from), qp_type, self.mask())
     }
 }
 

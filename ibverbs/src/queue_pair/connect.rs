@@ -514,7 +514,6 @@ impl QueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check_qp_transition;
     use ibverbs_sys as sys;
     use sys::ibv_qp_attr_mask as M;
     use QpState as S;
@@ -610,7 +609,9 @@ mod tests {
             .unwrap();
         rts_attr(t, 7, &o).validate(t, QpState::Rtr).unwrap();
         let rts = rts_attr(QpType::Rc, 7, &o);
-        check_qp_transition(QpType::Rc, QpState::Rtr, QpState::Rts, rts.mask()).unwrap();
+        QpState::Rtr
+            .check_transition(QpState::Rts, QpType::Rc, rts.mask())
+            .unwrap();
         assert!(rts_attr(QpType::Rc, 1 << 24, &o)
             .validate(QpType::Rc, QpState::Rtr)
             .is_err());

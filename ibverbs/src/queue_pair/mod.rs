@@ -41,7 +41,6 @@ pub use prepared_recv::PreparedRecv;
 pub use prepared_send::PreparedSend;
 pub(crate) use prepared_send::{claim_prepared, is_prepared};
 pub use request::{PostError, RecvRequest, SendOp, SendOption, SendRequest};
-pub use transition::check_qp_transition;
 pub(crate) use transition::mask_names;
 pub(crate) use work::Token;
 pub use work::{RecvWork, SendWork};

@@ -1,5 +1,5 @@
 //! The IBA queue pair state machine: which attributes each transition
-//! requires and allows, checked by [`check_qp_transition`] before every
+//! requires and allows, checked by [`QpState::check_transition`] before every
 //! [`QueuePair::modify`](crate::QueuePair::modify).
 
 use ibverbs_sys as sys;
@@ -138,46 +138,49 @@ fn rule(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     })
 }
 
-/// Checks a modify of a `qp_type` queue pair from state `from` to state `to`
-/// with attribute mask `mask` against the IBA state transition table (as
-/// the kernel's `ib_modify_qp_is_ok` does): the transition must exist, every
-/// attribute it requires must be in `mask`, and nothing it does not allow.
-///
-/// Pure: no device needed. [`QueuePair::modify`](crate::QueuePair::modify) calls it with the QP's
-/// current state.
-///
-/// # Errors
-/// [`Error::InvalidTransition`] with its [`TransitionReason`]: no such
-/// transition, or the missing or forbidden `IBV_QP_*` attributes (the
-/// Display names them: `missing IBV_QP_DEST_QPN`);
-/// [`Error::Unsupported`] for QP types other than RC, UC and UD.
-///
-/// # References
-/// `ibv_modify_qp(3)`; InfiniBand Architecture Specification vol. 1,
-/// "QP State Transition" tables.
-pub fn check_qp_transition(
-    qp_type: QpType,
-    from: QpState,
-    to: QpState,
-    mask: sys::ibv_qp_attr_mask,
-) -> Result<()> {
-    if !matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
-        return Err(Error::Unsupported(
-            "state checks for queue pair types other than RC, UC and UD",
-        ));
+impl QpState {
+    /// Checks a modify of a `qp_type` queue pair from this state to state `to`
+    /// with attribute mask `mask` against the IBA state transition table (as
+    /// the kernel's `ib_modify_qp_is_ok` does): the transition must exist, every
+    /// attribute it requires must be in `mask`, and nothing it does not allow.
+    ///
+    /// Pure: no device needed. [`QueuePair::modify`](crate::QueuePair::modify) calls it with the QP's
+    /// current state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTransition`] with its [`TransitionReason`]: no such
+    /// transition, or the missing or forbidden `IBV_QP_*` attributes (the
+    /// Display names them: `missing IBV_QP_DEST_QPN`);
+    /// [`Error::Unsupported`] for QP types other than RC, UC and UD.
+    ///
+    /// # References
+    /// `ibv_modify_qp(3)`; InfiniBand Architecture Specification vol. 1,
+    /// "QP State Transition" tables.
+    pub fn check_transition(
+        self,
+        to: QpState,
+        qp_type: QpType,
+        mask: sys::ibv_qp_attr_mask,
+    ) -> Result<()> {
+        let from = self;
+        if !matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
+            return Err(Error::Unsupported(
+                "state checks for queue pair types other than RC, UC and UD",
+            ));
+        }
+        let invalid = |reason| Error::InvalidTransition { from, to, reason };
+        let (required, optional) =
+            rule(qp_type, from, to).ok_or(invalid(TransitionReason::NoSuchTransition))?;
+        let missing = required & !mask.0;
+        if missing != 0 {
+            return Err(invalid(TransitionReason::Missing(M(missing))));
+        }
+        let forbidden = mask.0 & !(required | optional | STATE);
+        if forbidden != 0 {
+            return Err(invalid(TransitionReason::NotAllowed(M(forbidden))));
+        }
+        Ok(())
     }
-    let invalid = |reason| Error::InvalidTransition { from, to, reason };
-    let (required, optional) =
-        rule(qp_type, from, to).ok_or(invalid(TransitionReason::NoSuchTransition))?;
-    let missing = required & !mask.0;
-    if missing != 0 {
-        return Err(invalid(TransitionReason::Missing(M(missing))));
-    }
-    let forbidden = mask.0 & !(required | optional | STATE);
-    if forbidden != 0 {
-        return Err(invalid(TransitionReason::NotAllowed(M(forbidden))));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -187,7 +190,7 @@ mod tests {
     use QpType::{Rc as RC, Uc as UC, Ud as UD};
 
     fn check(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<()> {
-        check_qp_transition(t, from, to, M(mask | STATE))
+        from.check_transition(to, t, M(mask | STATE))
     }
 
     /// The reason of an `InvalidTransition` (`None` when the check passed).
