@@ -166,7 +166,7 @@ pub enum Error {
         needed: u64,
     },
     /// A completion channel (or a context's async-event descriptor) is
-    /// already driven by an [`AsyncQueuePair`](crate::AsyncQueuePair) (an
+    /// already driven by an `AsyncQueuePair` (an
     /// `AsyncEvents`) in this process, on this or another Tokio runtime:
     /// two readers would steal each other's events and completions. Drop
     /// the first (all its clones) before wrapping again.
@@ -400,7 +400,7 @@ pub enum Error {
         /// The wrapper (`"AsyncQueuePair"`, `"AsyncEvents"`).
         by: &'static str,
     },
-    /// An [`AsyncQueuePair`](crate::AsyncQueuePair) of a queue pair whose
+    /// An `AsyncQueuePair` (feature `tokio`) of a queue pair whose
     /// completion queue has no completion channel.
     #[error(
         "AsyncQueuePair: the {which} CQ has no completion channel (give it one when creating it)"
