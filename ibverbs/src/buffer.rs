@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireProblem};
 use crate::memory_region::{MemoryRegion, MrInner};
 
 /// A remote key (`rkey`): lets a peer access a memory region.
@@ -49,22 +49,53 @@ impl RemoteMemory {
         })
     }
 
-    /// Wire form: addr (8 bytes), len (8), rkey (4), big-endian.
-    pub fn to_bytes(&self) -> [u8; 20] {
-        let mut b = [0; 20];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.0.to_be_bytes());
+    /// Bytes of the wire form ([`RemoteMemory::to_bytes`]).
+    pub const WIRE_LEN: usize = 21;
+
+    /// The wire form, for sending to the peer out of band: a version byte
+    /// (1), then addr (8 bytes), len (8) and rkey (4), big-endian (the
+    /// layout of [`Endpoint::to_bytes`](crate::Endpoint::to_bytes)).
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0; Self::WIRE_LEN];
+        b[0] = crate::error::WIRE_VERSION;
+        b[1..9].copy_from_slice(&self.addr.to_be_bytes());
+        b[9..17].copy_from_slice(&self.len.to_be_bytes());
+        b[17..].copy_from_slice(&self.rkey.0.to_be_bytes());
         b
     }
 
-    /// Parses [`RemoteMemory::to_bytes`].
-    pub fn from_bytes(b: &[u8; 20]) -> RemoteMemory {
-        RemoteMemory {
-            addr: u64::from_be_bytes(b[..8].try_into().unwrap()),
-            len: u64::from_be_bytes(b[8..16].try_into().unwrap()),
-            rkey: RemoteKey(u32::from_be_bytes(b[16..].try_into().unwrap())),
+    /// Parses [`RemoteMemory::to_bytes`] from a peer, which is not
+    /// trusted: whatever it accepts is a range that does not pass the end
+    /// of the 64-bit address space, and
+    /// [`to_bytes`](Self::to_bytes) writes it back byte for byte.
+    ///
+    /// # Errors
+    /// [`Error::BadWireFormat`] with [`WireProblem::Version`] for a first
+    /// byte other than 1, [`WireProblem::Length`] for a message that is
+    /// not [`WIRE_LEN`](Self::WIRE_LEN) bytes long, and
+    /// [`WireProblem::OutOfRange`] (field `len`) for a range that wraps.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteMemory> {
+        const WHAT: &str = "RemoteMemory";
+        crate::error::check_wire(WHAT, b, Self::WIRE_LEN)?;
+        let mut be = [[0; 8]; 2];
+        be[0].copy_from_slice(&b[1..9]);
+        be[1].copy_from_slice(&b[9..17]);
+        let (addr, len) = (u64::from_be_bytes(be[0]), u64::from_be_bytes(be[1]));
+        if addr.checked_add(len).is_none() {
+            return Err(Error::BadWireFormat {
+                what: WHAT,
+                problem: WireProblem::OutOfRange {
+                    field: "len",
+                    value: len,
+                    max: u64::MAX - addr,
+                },
+            });
         }
+        Ok(RemoteMemory {
+            addr,
+            len,
+            rkey: RemoteKey(u32::from_be_bytes([b[17], b[18], b[19], b[20]])),
+        })
     }
 }
 
@@ -181,10 +212,83 @@ mod tests {
         assert!(m.slice(u64::MAX, 2).is_none());
         // A peer's nonsense (a range wrapping the address space) is refused,
         // never an overflow.
-        let wild = RemoteMemory::from_bytes(&[0xff; 20]);
+        let wild = RemoteMemory {
+            addr: u64::MAX,
+            len: u64::MAX,
+            rkey: RemoteKey(!0),
+        };
         assert!(wild.slice(1, 0).is_none());
         assert_eq!(wild.slice(0, 8).map(|s| s.addr), Some(u64::MAX));
-        assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()), m);
+        assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()).unwrap(), m);
+    }
+
+    fn wire_problem(r: Result<RemoteMemory>) -> WireProblem {
+        match r {
+            Err(Error::BadWireFormat {
+                what: "RemoteMemory",
+                problem,
+            }) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn remote_memory_wire_form_is_versioned_and_checked() {
+        let m = RemoteMemory {
+            addr: 0x0102_0304_0506_0708,
+            len: 0x1000,
+            rkey: RemoteKey(0xa1b2_c3d4),
+        };
+        let b = m.to_bytes();
+        assert_eq!(
+            b,
+            [1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0x10, 0, 0xa1, 0xb2, 0xc3, 0xd4]
+        );
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&b[..20])),
+            WireProblem::Length {
+                len: 20,
+                expected: 21
+            }
+        );
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&[])),
+            WireProblem::Length {
+                len: 0,
+                expected: 21
+            }
+        );
+        let mut longer = b.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            wire_problem(RemoteMemory::from_bytes(&longer)),
+            WireProblem::Length { len: 22, .. }
+        ));
+        let mut v2 = b;
+        v2[0] = 2;
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&v2)),
+            WireProblem::Version {
+                version: 2,
+                supported: 1
+            }
+        );
+        // The last byte of the address space is a range; one more wraps.
+        let top = RemoteMemory {
+            addr: u64::MAX - 7,
+            len: 7,
+            rkey: RemoteKey(1),
+        };
+        assert_eq!(RemoteMemory::from_bytes(&top.to_bytes()).unwrap(), top);
+        let wraps = RemoteMemory { len: 8, ..top };
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&wraps.to_bytes())),
+            WireProblem::OutOfRange {
+                field: "len",
+                value: 8,
+                max: 7
+            }
+        );
     }
 }
 
