@@ -23,7 +23,7 @@ fn local() -> AccessFlags {
 fn endpoints_and_memory_cross_as_bytes() {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(64).build().unwrap();
+    let cq = dev.ctx.create_cq(512).build().unwrap();
     let qp = || pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let (a, b) = (qp(), qp());
     let port = LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index)).unwrap();
@@ -149,7 +149,7 @@ fn missing_remote_access_fails_the_peers_request() {
 fn rd_atomic_sets_both_directions() {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(64).build().unwrap();
+    let cq = dev.ctx.create_cq(512).build().unwrap();
     let qp = || {
         pd.create_qp(QpType::Rc, &cq, &cq)
             .max_send_wr(8)

@@ -131,7 +131,7 @@ fn connect_accept_data_disconnect() {
         .expect(CmEventType::Disconnected)
         .unwrap();
     let seen = server.join().unwrap().unwrap();
-    assert_eq!(&seen[20..], b"echo via cm");
+    assert_eq!(&seen[ibverbs::RemoteMemory::WIRE_LEN..], b"echo via cm");
 }
 
 #[test]
