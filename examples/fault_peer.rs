@@ -482,20 +482,15 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     let recv_len = if op == Op::Send { msg_size } else { 0 };
     let mut pool: Vec<LocalBuffer> = Vec::new();
     if recv_len > 0 {
-        let mut all = pd
+        (pool, _) = pd
             .alloc(recv_len * RX_DEPTH, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        for _ in 0..RX_DEPTH - 1 {
-            let (a, b) = all.split_at(recv_len);
-            pool.push(a);
-            all = b;
-        }
-        pool.push(all);
+            .map_err(|e| e.to_string())?
+            .chunks_exact(recv_len);
     }
     let post = |qp: &QueuePair, buf: Option<LocalBuffer>| -> Result<(), String> {
         let wr = match buf {
             Some(b) => RecvRequest::new(b),
-            None => RecvRequest::sgl(Vec::new()),
+            None => RecvRequest::empty(),
         };
         qp.post_recv(wr).map_err(|e| e.error.to_string())
     };
@@ -700,16 +695,10 @@ fn client(
     // The harness times its faults from this line.
     eprintln!("fault_peer client: connected");
     st.start = Instant::now();
-    let mut all = pd
+    let (mut pool, _) = pd
         .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let mut pool: Vec<LocalBuffer> = Vec::with_capacity(window);
-    for _ in 0..window - 1 {
-        let (a, b) = all.split_at(msg_size);
-        pool.push(a);
-        all = b;
-    }
-    pool.push(all);
+        .map_err(|e| e.to_string())?
+        .chunks_exact(msg_size);
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
     let mut last_progress = Instant::now();
     let mut batch = Completions::with_capacity(32);

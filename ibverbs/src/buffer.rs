@@ -140,8 +140,45 @@ impl Region {
         )
     }
 
+    /// Whether `next` starts where `self` ends, in the same region.
+    fn precedes(&self, next: &Region) -> bool {
+        Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr()
+    }
+
+    /// `[0, size)`, `[size, 2 size)`, … and the remainder (shorter than
+    /// `size`, maybe empty), each exclusively owned.
+    fn chunks_exact(self, size: usize) -> (Vec<Region>, Region) {
+        assert!(size != 0, "chunk size must be non-zero");
+        let mut chunks = Vec::with_capacity(self.len / size);
+        let mut rest = self;
+        while rest.len >= size {
+            let (chunk, tail) = rest.split_at(size);
+            chunks.push(chunk);
+            rest = tail;
+        }
+        (chunks, rest)
+    }
+
+    /// The union of the regions `of(piece)` when each
+    /// [`precedes`](Self::precedes) the next; `None` otherwise or when
+    /// there are none. Sound only if the caller consumes the pieces: each
+    /// was the only handle to its range, and the union is the only handle
+    /// to them all.
+    fn join<P>(pieces: &[P], of: impl Fn(&P) -> &Region) -> Option<Region> {
+        let first = of(pieces.first()?);
+        if !pieces.windows(2).all(|w| of(&w[0]).precedes(of(&w[1]))) {
+            return None;
+        }
+        Some(Region {
+            mr: first.mr.clone(),
+            ptr: first.ptr,
+            // Adjacent ranges of one registration: the sum is within it.
+            len: pieces.iter().map(|p| of(p).len).sum(),
+        })
+    }
+
     fn unsplit(self, next: Region) -> std::result::Result<Region, (Region, Region)> {
-        if Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr() {
+        if self.precedes(&next) {
             Ok(Region {
                 mr: self.mr,
                 ptr: self.ptr,
@@ -344,6 +381,34 @@ macro_rules! region_common {
                     Err((a, b)) => Err(($ty { region: a }, $ty { region: b })),
                 }
             }
+            /// Carves the buffer into buffers of `size` bytes — `[0, size)`,
+            /// `[size, 2 size)`, … — each exclusively owned, to be posted
+            /// independently (one registration, many requests). The bytes
+            /// that do not make a whole chunk come back as the second
+            /// value, shorter than `size` and empty when `size` divides the
+            /// length; [`join`](Self::join) undoes it. Allocates the `Vec`;
+            /// no system call.
+            ///
+            /// # Panics
+            /// When `size` is 0 (like `slice::chunks_exact`).
+            pub fn chunks_exact(self, size: usize) -> (Vec<Self>, Self) {
+                let (chunks, rest) = self.region.chunks_exact(size);
+                let chunks = chunks.into_iter().map(|region| $ty { region }).collect();
+                (chunks, $ty { region: rest })
+            }
+            /// Joins `pieces`, each starting where the one before ends in
+            /// the same registration (as [`chunks_exact`](Self::chunks_exact)
+            /// and [`split_at`](Self::split_at) make them; a remainder may
+            /// come last), into one buffer: [`unsplit`](Self::unsplit) for
+            /// any number of pieces. Gives `pieces` back, untouched, when
+            /// they are not in that order or there are none.
+            pub fn join(pieces: Vec<Self>) -> std::result::Result<Self, Vec<Self>> {
+                match Region::join(&pieces, |p| &p.region) {
+                    // The pieces, now covered by `region`, are dropped.
+                    Some(region) => Ok($ty { region }),
+                    None => Err(pieces),
+                }
+            }
             pub(crate) fn truncate_to(&mut self, len: usize) {
                 self.region.len = self.region.len.min(len);
             }
@@ -379,7 +444,55 @@ impl DerefMut for LocalBuffer {
     }
 }
 
+/// The error of a failed [`bytemuck`] cast of the `len` bytes at `addr`
+/// to `[T]`: the address is not aligned for `T`, or the length is not a
+/// whole number of `T` (a zero-sized `T` never is).
+fn cast_error<T>(addr: *const u8, len: usize, e: bytemuck::PodCastError) -> Error {
+    match e {
+        bytemuck::PodCastError::TargetAlignmentGreaterAndInputNotAligned => Error::Misaligned {
+            addr: addr as u64,
+            align: std::mem::align_of::<T>(),
+        },
+        _ => Error::LengthNotMultiple {
+            len,
+            size: std::mem::size_of::<T>(),
+        },
+    }
+}
+
+/// `bytes` as `[T]` (see [`LocalBuffer::as_slice_of`]).
+fn view_of<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+    bytemuck::try_cast_slice(bytes).map_err(|e| cast_error::<T>(bytes.as_ptr(), bytes.len(), e))
+}
+
 impl LocalBuffer {
+    /// The bytes as a slice of `T`, a plain-old-data type (any bytes are a
+    /// valid `T`: `u32`, `f32`, `[u64; 2]`, a `#[repr(C)]` struct deriving
+    /// [`bytemuck::Pod`], …), in host byte order. No copy. The slice
+    /// borrows the buffer, so it cannot live across posting it (see
+    /// [`crate::hazards`]).
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`] when the buffer's address is not aligned for
+    /// `T`; [`Error::LengthNotMultiple`] when its length is not a whole
+    /// number of `T` (a zero-sized `T` views only an empty buffer). [`split_at`](Self::split_at)
+    /// and [`chunks_exact`](Self::chunks_exact) at multiples of the size
+    /// keep a page-aligned registration aligned.
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        view_of(self)
+    }
+
+    /// The bytes as a mutable slice of `T` (see
+    /// [`as_slice_of`](Self::as_slice_of)).
+    ///
+    /// # Errors
+    /// As [`as_slice_of`](Self::as_slice_of).
+    pub fn as_mut_slice_of<T: bytemuck::Pod>(&mut self) -> Result<&mut [T]> {
+        let bytes: &mut [u8] = self;
+        let (addr, len) = (bytes.as_ptr(), bytes.len());
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error::<T>(addr, len, e))
+    }
+
     /// Makes the buffer read-only and cloneable, so it can be posted in many
     /// send/RDMA-write requests at once.
     pub fn freeze(self) -> FrozenBuffer {
@@ -431,6 +544,15 @@ impl FrozenBuffer {
     #[inline]
     pub(crate) fn region(&self) -> &Region {
         &self.region
+    }
+    /// The bytes as a slice of `T` (see
+    /// [`LocalBuffer::as_slice_of`]); the device only reads a frozen
+    /// buffer, so the view may live while clones are posted.
+    ///
+    /// # Errors
+    /// As [`LocalBuffer::as_slice_of`].
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        view_of(self)
     }
     /// Gets the writable buffer back when no other clone exists — in
     /// particular when no posted work request still holds one.
@@ -526,6 +648,32 @@ impl SharedBuffer {
             unsafe { dst.add(i).write_volatile(*s) };
         }
         Ok(())
+    }
+
+    /// Copies the bytes at `offset` out into `dst`, a slice of
+    /// plain-old-data `T` (see [`LocalBuffer::as_slice_of`]), in host byte
+    /// order: [`copy_to_slice`](Self::copy_to_slice) into `dst`'s bytes,
+    /// so `offset` needs no alignment and no reference to the buffer's
+    /// bytes is made (a peer may be writing them; a `T` it is writing may
+    /// come out torn).
+    ///
+    /// # Errors
+    /// As [`copy_to_slice`](Self::copy_to_slice) when the range is out of
+    /// bounds.
+    pub fn read_into<T: bytemuck::Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        // Never panics: any `[T]` is a whole number of bytes, aligned for u8.
+        self.copy_to_slice(offset, bytemuck::cast_slice_mut(dst))
+    }
+
+    /// Copies `src`, a slice of plain-old-data `T`, in at `offset` (the
+    /// counterpart of [`read_into`](Self::read_into), through
+    /// [`copy_from_slice`](Self::copy_from_slice)).
+    ///
+    /// # Errors
+    /// As [`read_into`](Self::read_into).
+    pub fn write_from<T: bytemuck::Pod>(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        // Never panics, as in `read_into`.
+        self.copy_from_slice(offset, bytemuck::cast_slice(src))
     }
 
     /// The 8 bytes at `offset` as an `AtomicU64` (what RDMA atomics operate

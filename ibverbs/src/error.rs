@@ -192,6 +192,23 @@ pub enum Error {
         /// The QP number in the local endpoint given.
         endpoint: crate::QpNumber,
     },
+    /// A typed view of a buffer at an address not aligned for the type.
+    #[error("address {addr:#x} is not aligned to {align} bytes")]
+    Misaligned {
+        /// The buffer's address.
+        addr: u64,
+        /// The alignment the type needs.
+        align: usize,
+    },
+    /// A typed view or an equal split of a buffer whose length is not a
+    /// multiple of the element size.
+    #[error("{len} bytes are not a whole number of {size}-byte elements")]
+    LengthNotMultiple {
+        /// The buffer's length.
+        len: usize,
+        /// The element size (0 for a zero-sized type, which is refused).
+        size: usize,
+    },
 }
 
 /// What is wrong with a wire message ([`Error::BadWireFormat`]).

@@ -167,6 +167,9 @@ mod wq_table;
 
 pub mod hazards;
 
+/// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
+/// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
+pub use bytemuck;
 pub use ibverbs_sys as sys;
 
 pub use address_handle::*;

@@ -48,7 +48,9 @@ device_enum! {
         /// pair without the matching remote access flag (rxe reports
         /// [`RemInvReqErr`](Self::RemInvReqErr) for that).
         RemAccessErr = sys::IBV_WC_REM_ACCESS_ERR,
-        /// Remote operation error.
+        /// Remote operation error: the peer could not complete the
+        /// request (e.g. on rxe, a message with a payload sent into a
+        /// receive with no buffer, [`RecvRequest::empty`](crate::RecvRequest::empty)).
         RemOpErr = sys::IBV_WC_REM_OP_ERR,
         /// Transport retry counter exceeded.
         RetryExcErr = sys::IBV_WC_RETRY_EXC_ERR,

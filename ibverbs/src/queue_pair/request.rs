@@ -402,6 +402,22 @@ impl RecvRequest {
             dispatched: false,
         }
     }
+    /// A receive without a buffer (`num_sge` 0): what an RDMA write with
+    /// immediate data consumes at the target (its bytes land in the
+    /// memory the write names, the immediate in the completion), or a
+    /// zero-length send. A message with a payload finds no room in it:
+    /// the receive and the send complete with errors (rxe reports
+    /// [`LocQpOpErr`](crate::WcStatus::LocQpOpErr) at the receiver,
+    /// [`RemOpErr`](crate::WcStatus::RemOpErr) at the sender) and both
+    /// queue pairs move to ERR.
+    #[inline]
+    pub fn empty() -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::Empty,
+            dispatched: false,
+        }
+    }
     /// Receive scattering over several buffers (none may be frozen).
     pub fn sgl(bufs: Vec<Buf>) -> Self {
         RecvRequest {
