@@ -53,8 +53,9 @@ impl RemoteMemory {
     pub const WIRE_LEN: usize = 21;
 
     /// The wire form, for sending to the peer out of band: a version byte
-    /// (1), then addr (8 bytes), len (8) and rkey (4), big-endian (the
-    /// layout of [`Endpoint::to_bytes`](crate::Endpoint::to_bytes)).
+    /// (1), then addr (8 bytes), len (8) and rkey (4), big-endian (framed
+    /// as [`Endpoint::to_bytes`](crate::Endpoint::to_bytes), with the same
+    /// version byte).
     pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
         let mut b = [0; Self::WIRE_LEN];
         b[0] = crate::error::WIRE_VERSION;
@@ -475,9 +476,10 @@ impl LocalBuffer {
     /// # Errors
     /// [`Error::Misaligned`] when the buffer's address is not aligned for
     /// `T`; [`Error::LengthNotMultiple`] when its length is not a whole
-    /// number of `T` (a zero-sized `T` views only an empty buffer). [`split_at`](Self::split_at)
-    /// and [`chunks_exact`](Self::chunks_exact) at multiples of the size
-    /// keep a page-aligned registration aligned.
+    /// number of `T` (a zero-sized `T` views only an empty buffer).
+    /// [`split_at`](Self::split_at) and
+    /// [`chunks_exact`](Self::chunks_exact) at multiples of the size keep
+    /// a page-aligned registration aligned.
     pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
         view_of(self)
     }

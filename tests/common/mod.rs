@@ -82,10 +82,10 @@ pub fn options(dev: &TestDevice, access: AccessFlags) -> ConnectOptions {
         .remote_access(access)
 }
 
-/// The endpoint of `qp` (on `dev`'s context) on the test port and GID,
-/// sending from `psn`.
+/// The endpoint of `qp` on the test port and GID (of `qp`'s own device
+/// context, which may be another than `dev.ctx`), sending from `psn`.
 pub fn endpoint(dev: &TestDevice, qp: &QueuePair, psn: u32) -> Endpoint {
-    LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index))
+    LocalPort::query(qp.pd().context(), dev.port, Some(dev.gid_index))
         .unwrap()
         .endpoint(qp, psn)
         .unwrap()
