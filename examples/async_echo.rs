@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::{
-    AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, Gid, GidIndex, LocalBuffer,
-    PortNumber, ProtectionDomain, QpNumber, QpType,
+    AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer,
+    LocalPort, PortNumber, ProtectionDomain, QpType,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,9 +55,10 @@ struct Cli {
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Exchange header: magic, message size, iterations, then the endpoint.
-const MAGIC: &[u8; 8] = b"AECHO\0v1";
-const HELLO_LEN: usize = 8 + 4 + 4 + 4 + 4 + 2 + 16;
+/// Exchange header: magic, message size, iterations, then the endpoint's
+/// wire form.
+const MAGIC: &[u8; 8] = b"AECHO\0v2";
+const HELLO_LEN: usize = 8 + 4 + 4 + Endpoint::WIRE_LEN;
 const READY: u8 = b'R';
 const DONE: u8 = b'D';
 
@@ -66,10 +67,7 @@ fn encode(size: u32, iters: u32, ep: &Endpoint) -> [u8; HELLO_LEN] {
     m[..8].copy_from_slice(MAGIC);
     m[8..12].copy_from_slice(&size.to_be_bytes());
     m[12..16].copy_from_slice(&iters.to_be_bytes());
-    m[16..20].copy_from_slice(&ep.qp_num.0.to_be_bytes());
-    m[20..24].copy_from_slice(&ep.psn.to_be_bytes());
-    m[24..26].copy_from_slice(&ep.lid.to_be_bytes());
-    m[26..42].copy_from_slice(&ep.gid.0);
+    m[16..].copy_from_slice(&ep.to_bytes());
     m
 }
 
@@ -78,14 +76,7 @@ fn decode(m: &[u8; HELLO_LEN]) -> Result<(u32, u32, Endpoint)> {
         return Err("the peer is not async_echo (bad greeting)".into());
     }
     let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
-    let mut gid = [0u8; 16];
-    gid.copy_from_slice(&m[26..42]);
-    let ep = Endpoint {
-        qp_num: QpNumber(u32_at(16)),
-        psn: u32_at(20),
-        lid: u16::from_be_bytes([m[24], m[25]]),
-        gid: Gid(gid),
-    };
+    let ep = Endpoint::from_bytes(&m[16..])?;
     Ok((u32_at(8), u32_at(12), ep))
 }
 
@@ -137,7 +128,8 @@ async fn handshake(
     gid: GidIndex,
 ) -> Result<()> {
     let limit = Duration::from_secs(cli.timeout);
-    let me = Endpoint::local(qp.queue_pair(), port, Some(gid), Endpoint::random_psn())?;
+    let local = LocalPort::query(qp.queue_pair().pd().context(), port, Some(gid))?;
+    let me = local.endpoint(qp.queue_pair(), Endpoint::random_psn())?;
     let hello = encode(cli.size, cli.iters, &me);
     bounded(limit, "sending the endpoint", tcp.write_all(&hello)).await?;
     let mut buf = [0u8; HELLO_LEN];
@@ -164,7 +156,7 @@ async fn handshake(
         peer.lid, peer.qp_num, peer.psn, peer.gid
     );
     qp.queue_pair()
-        .connect(me.psn, &peer, &ConnectOptions::new(port).gid_index(gid))
+        .connect(&me, &peer, &ConnectOptions::new(port).local_port(&local))
         .map_err(|e| format!("connecting the queue pair: {e}"))?;
     Ok(())
 }

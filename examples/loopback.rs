@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completions, ConnectOptions, Endpoint, GidIndex, PortNumber, QpType, RecvRequest,
-    SendRequest,
+    AccessFlags, Completions, ConnectOptions, Endpoint, GidIndex, LocalPort, PortNumber, QpType,
+    RecvRequest, SendRequest,
 };
 
 struct Args {
@@ -89,8 +89,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .max_send_wr(1)
         .max_recv_wr(1)
         .build()?;
-    let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
-    qp.connect(me.psn, &me, &ConnectOptions::new(port).gid_index(gid_index))?;
+    let local = LocalPort::query(&ctx, port, Some(gid_index))?;
+    let me = local.endpoint(&qp, Endpoint::random_psn())?;
+    qp.connect(&me, &me, &ConnectOptions::new(port).local_port(&local))?;
     println!(
         "QP {} connected to itself (PSN {:#08x})",
         qp.qp_num(),

@@ -344,7 +344,7 @@ fn build_lane(
     let opts = ConnectOptions::new(port)
         .gid_index(gid)
         .local_port(&local)
-        .qp_access_flags(AccessFlags::REMOTE_WRITE);
+        .remote_access(AccessFlags::REMOTE_WRITE);
     for _ in 0..per {
         let qp = pd
             .create_qp(QpType::Rc, &cq, &cq)
@@ -352,7 +352,7 @@ fn build_lane(
             .max_recv_wr(1)
             .build()?;
         let me = local.endpoint(&qp, Endpoint::random_psn())?;
-        qp.connect(me.psn, &me, &opts)?;
+        qp.connect(&me, &me, &opts)?;
         qps.push(qp);
     }
     Ok(Lane {

@@ -12,8 +12,8 @@ mod common;
 use common::{device, pair, pattern, remote_all, wait, wait_ok, TestDevice};
 use ibverbs::{
     sys, AccessFlags, AddressHandle, AddressVector, CompletionQueue, ConnectOptions, Endpoint,
-    Error, Gid, GidIndex, LocalBuffer, Mtu, PortNumber, ProtectionDomain, QpAttr, QpState, QpType,
-    QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    Error, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortNumber, ProtectionDomain, QpAttr,
+    QpState, QpType, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 fn local() -> AccessFlags {
@@ -44,7 +44,7 @@ fn filled(pd: &ProtectionDomain, bytes: &[u8]) -> LocalBuffer {
 /// A fresh RC queue pair (in RESET) and its endpoint on the test port.
 fn rc_qp(dev: &TestDevice, pd: &ProtectionDomain, cq: &CompletionQueue) -> (QueuePair, Endpoint) {
     let qp = pd.create_qp(QpType::Rc, cq, cq).build().unwrap();
-    let me = Endpoint::local(&qp, dev.port, Some(dev.gid_index), 0x4242).unwrap();
+    let me = common::endpoint(dev, &qp, 0x4242);
     (qp, me)
 }
 
@@ -96,12 +96,16 @@ fn ports_that_do_not_exist_are_named() {
 
         let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         for index in [Some(dev.gid_index), None] {
-            let e = Endpoint::local(&qp, p, index, 1).unwrap_err();
+            let e = LocalPort::query(ctx, p, index).unwrap_err();
             assert_verb(&e, "ibv_query_port", &named);
         }
         // connect checks the port before the first step: the QP stays in RESET.
         let opts = ConnectOptions::new(p).gid_index(dev.gid_index);
-        let e = qp.connect(1, &me, &opts).unwrap_err();
+        let own = Endpoint {
+            qp_num: qp.qp_num(),
+            ..me
+        };
+        let e = qp.connect(&own, &me, &opts).unwrap_err();
         assert_verb(&e, "ibv_query_port", &named);
         assert_eq!(qp.state().unwrap(), QpState::Reset);
         // The kernel refuses the port in RESET -> INIT.
@@ -151,12 +155,12 @@ fn gid_indexes_naming_no_gid_are_named() {
     let cq = ctx.create_cq(256).build().unwrap();
     let (qp, me) = rc_qp(&dev, &pd, &cq);
     if port_attr.grh_required() {
-        let e = Endpoint::local(&qp, dev.port, Some(empty), 1).unwrap_err();
+        let e = LocalPort::query(ctx, dev.port, Some(empty)).unwrap_err();
         assert!(is_empty_gid(&e), "{e:?}");
         assert!(e.to_string().contains(&format!("GID index {i}")), "{e}");
         // connect checks the GID before the first step: the QP stays in RESET.
         let opts = ConnectOptions::new(dev.port).gid_index(empty);
-        let e = qp.connect(1, &me, &opts).unwrap_err();
+        let e = qp.connect(&me, &me, &opts).unwrap_err();
         assert!(is_empty_gid(&e), "{e:?}");
         assert_eq!(qp.state().unwrap(), QpState::Reset);
     } else {
@@ -210,7 +214,7 @@ fn mtus_that_are_not_one_are_refused() {
     for raw in [0, 6, 9, 255] {
         let (qp, me) = rc_qp(&dev, &pd, &cq);
         let e = qp
-            .connect(me.psn, &me, &opts.clone().path_mtu(Mtu::Unknown(raw)))
+            .connect(&me, &me, &opts.clone().path_mtu(Mtu::Unknown(raw)))
             .unwrap_err();
         assert!(
             matches!(e, Error::InvalidMtu { value } if value == raw),
@@ -261,7 +265,7 @@ fn mtus_that_are_not_one_are_refused() {
 
     // Above the active MTU: connect caps it (documented), whatever was asked.
     let (qp, me) = rc_qp(&dev, &pd, &cq);
-    qp.connect(me.psn, &me, &opts.clone().path_mtu(Mtu::Mtu4096))
+    qp.connect(&me, &me, &opts.clone().path_mtu(Mtu::Mtu4096))
         .unwrap();
     let (attr, _) = qp.query().unwrap();
     assert_eq!(attr.path_mtu(), active, "4096 capped at the active MTU");
@@ -619,19 +623,33 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
     };
     let wide_psn = Endpoint { psn: 1 << 24, ..me };
     // (field, value given, largest value it holds)
-    type Case<'a> = (&'a str, u64, u64, u32, &'a Endpoint, ConnectOptions);
+    type Case<'a> = (
+        &'a str,
+        u64,
+        u64,
+        &'a Endpoint,
+        &'a Endpoint,
+        ConnectOptions,
+    );
     let cases: [Case; 8] = [
-        ("local PSN", 1 << 24, 0xFF_FFFF, 1 << 24, &me, opts()),
-        ("remote PSN", 1 << 24, 0xFF_FFFF, 0, &wide_psn, opts()),
-        ("remote QP number", 1 << 24, 0xFF_FFFF, 0, &wide_qpn, opts()),
-        ("timeout", 32, 31, 0, &me, opts().timeout(32)),
-        ("retry_cnt", 8, 7, 0, &me, opts().retry_cnt(8)),
-        ("rnr_retry", 8, 7, 0, &me, opts().rnr_retry(8)),
-        ("min_rnr_timer", 32, 31, 0, &me, opts().min_rnr_timer(32)),
-        ("service level", 16, 15, 0, &me, opts().sl(16)),
+        ("local PSN", 1 << 24, 0xFF_FFFF, &wide_psn, &me, opts()),
+        ("remote PSN", 1 << 24, 0xFF_FFFF, &me, &wide_psn, opts()),
+        (
+            "remote QP number",
+            1 << 24,
+            0xFF_FFFF,
+            &me,
+            &wide_qpn,
+            opts(),
+        ),
+        ("timeout", 32, 31, &me, &me, opts().timeout(32)),
+        ("retry_cnt", 8, 7, &me, &me, opts().retry_cnt(8)),
+        ("rnr_retry", 8, 7, &me, &me, opts().rnr_retry(8)),
+        ("min_rnr_timer", 32, 31, &me, &me, opts().min_rnr_timer(32)),
+        ("service level", 16, 15, &me, &me, opts().sl(16)),
     ];
-    for (what, value, max, psn, remote, o) in cases {
-        let e = qp.connect(psn, remote, &o).unwrap_err();
+    for (what, value, max, local, remote, o) in cases {
+        let e = qp.connect(local, remote, &o).unwrap_err();
         assert!(
             matches!(e, Error::OutOfRange { what: w, value: v, max: m }
                 if w == what && v == value && m == max),
@@ -639,9 +657,19 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
         );
         assert_eq!(qp.state().unwrap(), QpState::Reset, "{what}");
     }
+    // The local endpoint must be this queue pair's (its PSN is what the
+    // peer expects from it).
+    let (other, theirs) = rc_qp(&dev, &pd, &cq);
+    match qp.connect(&theirs, &me, &opts()) {
+        Err(Error::NotThisQueuePair { qp_num, endpoint }) => {
+            assert_eq!((qp_num, endpoint), (qp.qp_num(), other.qp_num()))
+        }
+        other => panic!("expected NotThisQueuePair, got {other:?}"),
+    }
+    assert_eq!(qp.state().unwrap(), QpState::Reset);
     // A UD queue pair cannot be connected, an RC one not activated as UD.
     let ud = pd.create_qp(QpType::Ud, &cq, &cq).build().unwrap();
-    let e = ud.connect(0, &me, &opts()).unwrap_err();
+    let e = ud.connect(&me, &me, &opts()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -676,7 +704,7 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
         "{e:?}"
     );
     // Everything refused, nothing changed: the QP still connects.
-    qp.connect(me.psn, &me, &opts()).unwrap();
+    qp.connect(&me, &me, &opts()).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Rts);
 }
 
@@ -743,7 +771,7 @@ fn sends_before_rts_are_refused_and_never_run_later() {
     assert_eq!(qp.recv_outstanding(), 1);
 
     // RTR: still no sends.
-    let me = Endpoint::local(&qp, dev.port, Some(dev.gid_index), 0x77).unwrap();
+    let me = common::endpoint(&dev, &qp, 0x77);
     let opts = ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     qp.to_rtr(&me, &opts).unwrap();
     send_refused(&qp, &pd, QpState::Rtr);
@@ -804,7 +832,7 @@ fn rxe_runs_a_send_it_refused_once_the_qp_is_ready() {
     // the chain is one request.
     let e = unsafe { qp.post_send_raw(&mut wr) }.unwrap_err();
     assert_verb(&e, "ibv_post_send", &[]);
-    let me = Endpoint::local(&qp, dev.port, Some(dev.gid_index), 0x99).unwrap();
+    let me = common::endpoint(&dev, &qp, 0x99);
     let opts = ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     qp.to_rtr(&me, &opts).unwrap();
     qp.to_rts(0x99, &opts).unwrap();
@@ -891,7 +919,7 @@ fn ud_messages_longer_than_the_mtu_are_refused() {
     b.activate_ud(dev.port, QKEY, 2).unwrap();
     let port_attr = dev.ctx.query_port(dev.port).unwrap();
     let mtu = port_attr.active_mtu().bytes() as usize;
-    let to_b = Endpoint::local(&b, dev.port, Some(dev.gid_index), 0).unwrap();
+    let to_b = common::endpoint(&dev, &b, 0);
     let ah: AddressHandle = pd
         .create_ah(&AddressVector::for_port(&port_attr, &to_b, dev.gid_index).unwrap())
         .unwrap();

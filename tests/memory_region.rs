@@ -92,7 +92,7 @@ fn shared_buffer_accessors() {
         .store(42, std::sync::atomic::Ordering::SeqCst);
     let r = s.remote().unwrap();
     assert_eq!((r.addr, r.len), (s.addr(), 4096));
-    assert_eq!(ibverbs::RemoteMemory::from_bytes(&r.to_bytes()), r);
+    assert_eq!(ibverbs::RemoteMemory::from_bytes(&r.to_bytes()).unwrap(), r);
     assert_eq!(r.slice(4000, 96).unwrap().addr, s.addr() + 4000);
     assert!(r.slice(4000, 97).is_none());
 }

@@ -224,10 +224,12 @@ pub enum Error {
         /// The raw value given.
         value: u32,
     },
-    /// An address that an atomic operation needs aligned: the remote
-    /// target of a compare-and-swap, fetch-and-add or atomic write, the
-    /// local result buffer, or the word of
-    /// [`SharedBuffer::atomic_u64`](crate::SharedBuffer::atomic_u64).
+    /// An address that needs aligning: the remote target of a
+    /// compare-and-swap, fetch-and-add or atomic write, the local result
+    /// buffer, the word of
+    /// [`SharedBuffer::atomic_u64`](crate::SharedBuffer::atomic_u64), or a
+    /// buffer viewed as a slice of a type
+    /// ([`LocalBuffer::as_slice_of`](crate::LocalBuffer::as_slice_of)).
     #[error("address {addr:#x} is not {align}-byte aligned")]
     Misaligned {
         /// The address.
@@ -462,6 +464,38 @@ pub enum Error {
         /// The completion queues reporting to the channel.
         cqs: usize,
     },
+    /// Bytes that are not a wire message of this library: a peer's
+    /// [`Endpoint`](crate::Endpoint) or
+    /// [`RemoteMemory`](crate::RemoteMemory) of another version, cut short,
+    /// padded, or with a value out of its field's range. Nothing was
+    /// connected or addressed with them.
+    #[error("malformed {what} message: {problem}")]
+    BadWireFormat {
+        /// The message (`"Endpoint"`, `"RemoteMemory"`).
+        what: &'static str,
+        /// What is wrong with it, with its numbers.
+        problem: WireProblem,
+    },
+    /// [`QueuePair::connect`](crate::QueuePair::connect) was given a local
+    /// [`Endpoint`](crate::Endpoint) of another queue pair: the PSN it
+    /// carries is the one the peer expects from `endpoint`, not from this
+    /// queue pair. Nothing was changed.
+    #[error("the local endpoint names queue pair {endpoint}, this queue pair is {qp_num}")]
+    NotThisQueuePair {
+        /// This queue pair's number.
+        qp_num: crate::QpNumber,
+        /// The QP number in the local endpoint given.
+        endpoint: crate::QpNumber,
+    },
+    /// A typed view or an equal split of a buffer whose length is not a
+    /// multiple of the element size.
+    #[error("{len} bytes are not a whole number of {size}-byte elements")]
+    LengthNotMultiple {
+        /// The buffer's length.
+        len: usize,
+        /// The element size (0 for a zero-sized type, which is refused).
+        size: usize,
+    },
 }
 
 /// Why [`Error::InvalidTransition`] refused a state change.
@@ -501,6 +535,55 @@ impl fmt::Display for TransitionReason {
     }
 }
 
+/// What is wrong with a wire message ([`Error::BadWireFormat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WireProblem {
+    /// The message has `len` bytes; its version has `expected`.
+    Length {
+        /// Bytes received.
+        len: usize,
+        /// Bytes of the message's version.
+        expected: usize,
+    },
+    /// The first byte names a version this library does not read.
+    Version {
+        /// The version byte received.
+        version: u8,
+        /// The version this library writes and reads.
+        supported: u8,
+    },
+    /// A field holds a value beyond its range (a 24-bit QP number or PSN,
+    /// a memory range passing the end of the address space).
+    OutOfRange {
+        /// The field (`"qp_num"`, `"psn"`, `"len"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+        /// The largest value the field takes.
+        max: u64,
+    },
+}
+
+impl std::fmt::Display for WireProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireProblem::Length { len, expected } => {
+                write!(f, "{len} bytes, expected {expected}")
+            }
+            WireProblem::Version { version, supported } => {
+                write!(
+                    f,
+                    "version {version}, this library reads version {supported}"
+                )
+            }
+            WireProblem::OutOfRange { field, value, max } => {
+                write!(f, "{field} {value:#x} exceeds {max:#x}")
+            }
+        }
+    }
+}
+
 /// `named "x"` or `found`, for [`Error::NoDevice`].
 fn device_named(name: &Option<String>) -> String {
     match name {
@@ -520,6 +603,33 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         bitflags::parser::to_writer(self.0, f)
     }
+}
+
+/// The version byte that starts every wire message this library writes
+/// ([`Endpoint::to_bytes`](crate::Endpoint::to_bytes),
+/// [`RemoteMemory::to_bytes`](crate::RemoteMemory::to_bytes)).
+pub(crate) const WIRE_VERSION: u8 = 1;
+
+/// Checks the frame of a wire message `what` whose version
+/// [`WIRE_VERSION`] has `len` bytes: the version byte first (a later
+/// version may have another length), then the length.
+pub(crate) fn check_wire(what: &'static str, b: &[u8], len: usize) -> Result<()> {
+    let problem = match b.first() {
+        None => WireProblem::Length {
+            len: 0,
+            expected: len,
+        },
+        Some(&v) if v != WIRE_VERSION => WireProblem::Version {
+            version: v,
+            supported: WIRE_VERSION,
+        },
+        Some(_) if b.len() != len => WireProblem::Length {
+            len: b.len(),
+            expected: len,
+        },
+        Some(_) => return Ok(()),
+    };
+    Err(Error::BadWireFormat { what, problem })
 }
 
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0
@@ -674,7 +784,10 @@ impl Error {
             | Error::WindowNotBound
             | Error::NoCompletionChannel { .. }
             | Error::CompletionChannelShared { .. }
+            | Error::NotThisQueuePair { .. }
+            | Error::LengthNotMultiple { .. }
             | Error::ConflictingOptions { .. } => K::InvalidInput,
+            Error::BadWireFormat { .. } => K::InvalidData,
         }
     }
 }

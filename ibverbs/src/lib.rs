@@ -37,11 +37,12 @@
 //! let qp = pd.create_qp(QpType::Rc, &cq, &cq)        // ibv_create_qp
 //!     .max_send_wr(16).max_recv_wr(16).max_inline_data(64)
 //!     .build()?;
-//! let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
+//! let local = LocalPort::query(&ctx, port, Some(gid_index))?; // ibv_query_port, _gid
+//! let me = local.endpoint(&qp, Endpoint::random_psn())?; // to_bytes() for the peer
 //! let remote_rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ
 //!     | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-//! qp.connect(me.psn, &me,                            // ibv_modify_qp x3
-//!     &ConnectOptions::new(port).gid_index(gid_index).qp_access_flags(remote_rights))?;
+//! qp.connect(&me, &me,                               // ibv_modify_qp x3
+//!     &ConnectOptions::new(port).local_port(&local).remote_access(remote_rights))?;
 //! let mut done = Completions::with_capacity(16);
 //!
 //! // Send / receive (ibv_post_recv, ibv_post_send, ibv_poll_cq).
@@ -167,6 +168,9 @@ mod wq_table;
 
 pub mod hazards;
 
+/// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
+/// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
+pub use bytemuck;
 pub use ibverbs_sys as sys;
 
 pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
@@ -183,7 +187,7 @@ pub use completion_queue::{
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
-pub use error::{Error, Result, TransitionReason};
+pub use error::{Error, Result, TransitionReason, WireProblem};
 pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};

@@ -165,6 +165,18 @@ fn every_variant() -> Vec<Error> {
             device: "rxe0".into(),
         },
         Error::CompletionChannelShared { cqs: 2 },
+        Error::BadWireFormat {
+            what: "Endpoint",
+            problem: crate::WireProblem::Version {
+                version: 9,
+                supported: 1,
+            },
+        },
+        Error::NotThisQueuePair {
+            qp_num: crate::QpNumber(17),
+            endpoint: crate::QpNumber(18),
+        },
+        Error::LengthNotMultiple { len: 63, size: 4 },
     ];
     for e in &all {
         match e {
@@ -214,7 +226,10 @@ fn every_variant() -> Vec<Error> {
             | Error::ConflictingOptions { .. }
             | Error::QueuePairDropped
             | Error::NoActivePort { .. }
-            | Error::CompletionChannelShared { .. } => {}
+            | Error::CompletionChannelShared { .. }
+            | Error::BadWireFormat { .. }
+            | Error::NotThisQueuePair { .. }
+            | Error::LengthNotMultiple { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
