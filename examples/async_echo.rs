@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ibverbs::{
     AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer,
-    LocalPort, PortNumber, ProtectionDomain, QpType,
+    LocalPort, PortNumber, ProtectionDomain, QpType, RecvRequest, SendRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -191,7 +191,7 @@ async fn server(
     let mut spare = Some(pd.alloc(size, AccessFlags::LOCAL_WRITE)?);
     let mut incoming = match cli.iters {
         0 => None,
-        _ => Some(qp.recv(pd.alloc(size, AccessFlags::LOCAL_WRITE)?)?),
+        _ => Some(qp.post_recv(RecvRequest::new(pd.alloc(size, AccessFlags::LOCAL_WRITE)?))?),
     };
     bounded(limit, "telling the client to start", tcp.write_u8(READY)).await?;
     for i in 0..cli.iters {
@@ -208,9 +208,14 @@ async fn server(
         // The next receive is posted before the echo goes out.
         if i + 1 < cli.iters {
             let buf = spare.take().ok_or("no spare receive buffer")?;
-            incoming = Some(qp.recv(buf)?);
+            incoming = Some(qp.post_recv(RecvRequest::new(buf))?);
         }
-        let mut sent = bounded(limit, &format!("echoing message {i}"), qp.send(msg)?).await?;
+        let mut sent = bounded(
+            limit,
+            &format!("echoing message {i}"),
+            qp.post_send(SendRequest::send(msg))?,
+        )
+        .await?;
         spare = Some(
             sent.take_local()
                 .ok_or("a send completion without its buffer")?,
@@ -266,8 +271,8 @@ async fn client(
             *b = p;
         }
         back.fill(0);
-        let echo = qp.recv(back)?;
-        let sent = qp.send(out)?;
+        let echo = qp.post_recv(RecvRequest::new(back))?;
+        let sent = qp.post_send(SendRequest::send(out))?;
         let (mut s, mut r) = bounded(limit, &format!("message {i}"), async {
             let s = sent.await?;
             let r = echo.await?;

@@ -26,7 +26,6 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::buffer::{DeviceReadable, DeviceWritable, RemoteMemory};
 use crate::completion_channel::CompletionChannel;
 use crate::completion_queue::{Completion, CompletionQueue, Completions};
 use crate::context::{AsyncEvent, Context};
@@ -325,13 +324,14 @@ impl Shared {
 ///     let qp = pd.create_qp(QpType::Rc, &cq, &cq).max_send_wr(16).max_recv_wr(16).build()?;
 ///     // ... connect `qp` (Endpoint, QueuePair::connect) ...
 ///     let qp = AsyncQueuePair::new(qp)?; // inside a Tokio runtime
-///     let incoming = qp.recv(pd.alloc(4096, AccessFlags::LOCAL_WRITE)?)?;
+///     let incoming = qp.post_recv(RecvRequest::new(pd.alloc(4096, AccessFlags::LOCAL_WRITE)?))?;
 ///     let mut msg = pd.alloc(5, AccessFlags::LOCAL_WRITE)?;
 ///     msg.copy_from_slice(b"hello");
-///     let sent = qp.send(msg)?.await?;          // the send buffer comes back
+///     let sent = qp.post_send(SendRequest::send(msg))?.await?; // the send buffer comes back
 ///     let mut got = incoming.await?;            // the peer's message
 ///     println!("{} bytes: {:?}", got.byte_len(), &got.take_local().unwrap()[..5]);
-///     let old = qp.fetch_and_add(pd.alloc(8, AccessFlags::LOCAL_WRITE)?, remote, 1)?.await?;
+///     let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+///     let old = qp.post_send(SendRequest::fetch_and_add(result, remote, 1))?.await?;
 ///     # drop((sent, old));
 ///     Ok(())
 /// }
@@ -488,81 +488,6 @@ impl AsyncQueuePair {
             }
         }
     }
-
-    /// Receives into `buf` ([`RecvRequest::new`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_recv`].
-    pub fn recv(
-        &self,
-        buf: impl DeviceWritable,
-    ) -> Result<CompletionFuture, PostError<RecvRequest>> {
-        self.post_recv(RecvRequest::new(buf))
-    }
-
-    /// Sends `buf` ([`SendRequest::send`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn send(
-        &self,
-        buf: impl DeviceReadable,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::send(buf))
-    }
-
-    /// Writes `buf` to the peer's `remote` memory ([`SendRequest::write`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn write(
-        &self,
-        buf: impl DeviceReadable,
-        remote: RemoteMemory,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::write(buf, remote))
-    }
-
-    /// Reads the peer's `remote` memory into `buf` ([`SendRequest::read`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn read(
-        &self,
-        buf: impl DeviceWritable,
-        remote: RemoteMemory,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::read(buf, remote))
-    }
-
-    /// Atomic compare-and-swap on the 8 bytes at `remote`; the old value
-    /// lands in `result` ([`SendRequest::compare_and_swap`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn compare_and_swap(
-        &self,
-        result: impl DeviceWritable,
-        remote: RemoteMemory,
-        compare: u64,
-        swap: u64,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::compare_and_swap(result, remote, compare, swap))
-    }
-
-    /// Atomic fetch-and-add on the 8 bytes at `remote`; the old value lands
-    /// in `result` ([`SendRequest::fetch_and_add`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn fetch_and_add(
-        &self,
-        result: impl DeviceWritable,
-        remote: RemoteMemory,
-        add: u64,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::fetch_and_add(result, remote, add))
-    }
 }
 
 impl std::fmt::Debug for AsyncQueuePair {
@@ -586,7 +511,7 @@ impl std::fmt::Debug for AsyncQueuePair {
 /// # Example
 /// ```no_run
 /// # async fn demo(qp: &ibverbs::AsyncQueuePair, buf: ibverbs::LocalBuffer) -> ibverbs::Result<()> {
-/// let pending = qp.recv(buf)?;   // posted here
+/// let pending = qp.post_recv(ibverbs::RecvRequest::new(buf))?; // posted here
 /// let mut c = pending.await?;    // completed successfully
 /// let buf = c.take_local().expect("the receive buffer");
 /// # drop(buf); Ok(()) }
