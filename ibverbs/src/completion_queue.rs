@@ -24,8 +24,22 @@ use registry::Registry;
 /// in libibverbs); the rest are acknowledged before the CQ is destroyed.
 const ACK_BATCH: u32 = 64;
 
+/// The provider's `poll_cq` (`ibv_context_ops::poll_cq`).
+type PollCqFn = unsafe extern "C" fn(*mut sys::ibv_cq, i32, *mut sys::ibv_wc) -> i32;
+
+/// What a context without a `poll_cq` gives (as `ibv_poll_cq` does).
+unsafe extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: i32, _: *mut sys::ibv_wc) -> i32 {
+    -libc::EOPNOTSUPP
+}
+
 pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
+    /// The provider's `poll_cq`, read once from the context's ops at
+    /// creation: the function the `ibv_poll_cq` inline of `verbs.h` calls
+    /// on every poll (libibverbs sets a context's ops, a stub for every op
+    /// the provider lacks, before `ibv_open_device` returns and never
+    /// changes them).
+    poll_cq_fn: PollCqFn,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
     /// The in-flight tables of the queues reporting here, by table id, and
@@ -221,6 +235,9 @@ impl<'a> CompletionQueueBuilder<'a> {
     fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>, rxe: bool) -> CompletionQueue {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
+        // SAFETY: a live CQ points at its live context.
+        let poll_cq_fn =
+            unsafe { (*(*cq.as_ptr()).context).ops.poll_cq }.unwrap_or(missing_poll_cq);
         let inner = Arc::new_cyclic(|weak| {
             let event_ctx = match self.channel {
                 Some(_) => {
@@ -236,6 +253,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             };
             CqInner {
                 cq,
+                poll_cq_fn,
                 ctx: self.ctx.clone(),
                 channel: self.channel.cloned(),
                 tables: RwLock::new(Registry::new()),
@@ -273,6 +291,18 @@ impl CompletionQueue {
     /// writes through the pointer must leave it unchanged.
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.inner.cq.as_ptr()
+    }
+
+    /// `ibv_poll_cq(cq, n, wc)` through the provider's `poll_cq` resolved
+    /// at creation (see `CqInner::poll_cq_fn`).
+    ///
+    /// # Safety
+    /// As `ibv_poll_cq(3)`: the caller must ensure that `wc` is valid for
+    /// `n` writes.
+    #[inline(always)]
+    unsafe fn provider_poll(&self, n: i32, wc: *mut sys::ibv_wc) -> i32 {
+        // SAFETY: live CQ; the rest is the caller's contract.
+        unsafe { (self.inner.poll_cq_fn)(self.as_ptr(), n, wc) }
     }
 
     /// The channel it reports events to.
@@ -357,7 +387,7 @@ impl CompletionQueue {
             return Ok(0);
         }
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), raw.len() as i32, raw.as_mut_ptr()) };
+        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
         let n = ret_count("ibv_poll_cq", n)?;
         if n > 0 {
             self.deliver(out, start, n, false);
@@ -396,7 +426,7 @@ impl CompletionQueue {
         }
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, wc.as_mut_ptr()) };
+        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
         if n == 0 {
             return Ok(None);
         }
@@ -498,8 +528,7 @@ impl CompletionQueue {
         // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
         // and `out` has `len` writable entries.
         let n = unsafe {
-            sys::ibv_poll_cq(
-                self.as_ptr(),
+            self.provider_poll(
                 out.len().min(i32::MAX as usize) as i32,
                 out.as_mut_ptr().cast(),
             )

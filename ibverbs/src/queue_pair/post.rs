@@ -424,7 +424,7 @@ impl QueuePair {
         // slot below without its memory moving and stays there until the
         // completion is claimed (inline data is copied during the call).
         // SAFETY: live QP; `wr` is one request (`next` NULL), SGE as above.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
+        let rc = unsafe { self.provider_post_send(&mut wr, &mut bad) };
         if rc != 0 {
             return crate::error::ret_errno("ibv_post_send", rc);
         }
@@ -502,7 +502,7 @@ impl QueuePair {
         // point into buffers owned by `wrs` (moved into the slots below
         // before the lock is released, so no completion can be retired
         // first) or into inline data the provider copies during the call.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr_base, &mut bad) };
+        let rc = unsafe { self.provider_post_send(wr_base, &mut bad) };
         let posted = posted_count(rc, wr_base, bad, n);
         for (i, r) in wrs.iter_mut().enumerate().take(posted) {
             let tag = st.scratch.bufs().tags[i];

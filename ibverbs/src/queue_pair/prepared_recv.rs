@@ -306,7 +306,8 @@ fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Posti
     // soon as the provider took the request.
     let posting = postings.posting();
     wr.wr_id = posting.wr_id();
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // Written by a provider that refuses the request, never read here.
+    let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_recv_wr>::uninit();
     // `wr`'s SGEs point into `sges` and describe the registered,
     // device-writable buffers `postings` owns (checked by `prepare`,
     // never replaced), kept alive by the posting's count until its
@@ -315,12 +316,12 @@ fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Posti
         Target::Qp(qp) => {
             // SAFETY: live QP (`target` holds it); one request
             // (`next` NULL), SGEs as above.
-            unsafe { sys::ibv_post_recv(qp.as_ptr(), wr, &mut bad) }
+            unsafe { qp.provider_post_recv(wr, bad.as_mut_ptr()) }
         }
         Target::Srq(srq) => {
             // SAFETY: live SRQ (`target` holds it); one request,
             // SGEs as above.
-            unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), wr, &mut bad) }
+            unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), wr, bad.as_mut_ptr()) }
         }
     };
     if rc != 0 {

@@ -586,14 +586,15 @@ fn ring(qp: &QueuePair, wr: &mut sys::ibv_send_wr, postings: &mut Postings) -> (
     // as the provider took the request.
     let posting = postings.posting();
     wr.wr_id = posting.wr_id();
-    let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+    // Written by a provider that refuses the request, never read here.
+    let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_send_wr>::uninit();
     // `wr` is a PreparedSend's: its SGEs point into the request's `sges` and
     // describe the registered buffers `postings` owns (checked by
     // prepare_send, never replaced), kept alive by the posting's count until
     // its completion is claimed, or the inline bytes the provider copies
     // during the call.
     // SAFETY: live QP (`qp`); one request (`next` NULL), SGEs as above.
-    let rc = unsafe { sys::ibv_post_send(qp.as_ptr(), wr, &mut bad) };
+    let rc = unsafe { qp.provider_post_send(wr, bad.as_mut_ptr()) };
     (posting, rc)
 }
 
