@@ -12,7 +12,7 @@ use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::extended_cq::ExCq;
 use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::{Claimed, Retire, SgList, WqTable};
+use crate::wq_table::{Claimed, Retire, SgList, TableRef, WqTable};
 use crate::{CompletionChannel, Context};
 
 mod completion;
@@ -319,7 +319,7 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
-    pub(crate) fn register(&self, table: Arc<dyn Retire>, depth: u32) -> Result<()> {
+    pub(crate) fn register(&self, table: TableRef, depth: u32) -> Result<()> {
         let mut tables = self.inner.tables.write();
         if tables.contains(table.id()) {
             return Ok(());
@@ -467,31 +467,34 @@ impl CompletionQueue {
     /// Claims the `n` entries the provider just wrote into `out` at
     /// `start` (its free tail, [`Completions::free_start`]): each gets the
     /// caller's `wr_id` and its request's buffers, in place, and is held.
+    #[inline]
     pub(crate) fn deliver(&self, out: &mut Completions, start: usize, n: usize, stamped: bool) {
         if n == 0 {
             return;
         }
+        let quirk = self.inner.rxe_inv_quirk;
         // Read-locked at the first table entry, once per batch (a batch of
         // prepared postings takes no lock).
         let mut tables = None;
-        for i in start..start + n {
-            let wc = &mut out.raw[i];
-            if self.inner.rxe_inv_quirk {
+        let (raw, claims) = out.fresh(start, n);
+        for (wc, claim) in raw.iter_mut().zip(claims) {
+            if quirk {
                 fix_rxe_inv_flag(wc);
             }
             if is_prepared(wc.wr_id) {
                 // SAFETY: a prepared posting's wr_id from an entry just
                 // polled; each entry is claimed once.
-                let wr_id = unsafe { claim_prepared(wc.wr_id) };
-                out.hold_prepared(i, wr_id, stamped);
+                wc.wr_id = unsafe { claim_prepared(wc.wr_id) };
+                claim.hold_prepared(stamped);
                 continue;
             }
             let claimed = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
                 let tables = tables.get_or_insert_with(|| self.inner.tables.read());
                 tables.get(id)?.retire(tag, wc.status)
             });
-            out.hold(i, claimed, stamped);
+            claim.hold(wc, claimed, stamped);
         }
+        out.held(n);
     }
 
     /// Polls raw work completions, bypassing the buffer bookkeeping: the

@@ -503,7 +503,7 @@ impl<S> WqTable<S> {
     }
 }
 
-/// Type-erased access for completion queues, which see tables of send
+/// What a completion queue's registry holds per queue: tables of send
 /// queues, receive queues and SRQs alike.
 pub(crate) trait Retire: Send + Sync {
     fn id(&self) -> u32;
@@ -514,11 +514,38 @@ pub(crate) trait Retire: Send + Sync {
     fn retire(&self, tag: u32, status: u32) -> Option<Claimed>;
 }
 
-impl<S: Send> Retire for WqTable<S> {
+/// A queue's in-flight table as a CQ's registry holds it. An enum, not a
+/// `dyn Retire`: the claim is inlined into the poll loop (no indirect call,
+/// and the claimed buffers go straight into the caller's entry).
+#[derive(Clone)]
+pub(crate) enum TableRef {
+    /// A send queue's.
+    Send(Arc<WqTable<crate::queue_pair::SendScratch>>),
+    /// A receive queue's or an SRQ's.
+    Recv(Arc<WqTable<crate::queue_pair::RecvScratch>>),
+}
+
+impl Retire for TableRef {
+    #[inline]
     fn id(&self) -> u32 {
-        self.id
+        match self {
+            TableRef::Send(t) => t.id,
+            TableRef::Recv(t) => t.id,
+        }
     }
+    #[inline(always)]
     fn retire(&self, tag: u32, status: u32) -> Option<Claimed> {
+        match self {
+            TableRef::Send(t) => t.claim(tag, status),
+            TableRef::Recv(t) => t.claim(tag, status),
+        }
+    }
+}
+
+impl<S: Send> WqTable<S> {
+    /// [`Retire::retire`] of this table.
+    #[inline(always)]
+    fn claim(&self, tag: u32, status: u32) -> Option<Claimed> {
         let r = self.lock().retire(self, tag)?;
         // The lock is released (the guard was a temporary): the address
         // handle and memory window the request kept alive go here.

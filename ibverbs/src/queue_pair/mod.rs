@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::port::device_enum;
-use crate::wq_table::{Mode, WqTable};
+use crate::wq_table::{Mode, TableRef, WqTable};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 mod attr;
@@ -27,7 +27,7 @@ mod recv;
 mod request;
 mod transition;
 mod work;
-pub(crate) use post::{check_bufs, RecvScratch};
+pub(crate) use post::{check_bufs, RecvScratch, SendScratch};
 pub(crate) use recv::post_recv_common;
 
 pub use attr::*;
@@ -345,11 +345,13 @@ impl QueuePair {
         // sizes them: providers may grant deeper queues (rxe about twice).
         inner
             .send_cq
-            .register(inner.send.clone(), inner.send.capacity())?;
+            .register(TableRef::Send(inner.send.clone()), inner.send.capacity())?;
         if let Some(srq) = &inner.srq {
             srq.attach_cq(&inner.recv_cq)?;
         } else if let Some(t) = &inner.recv {
-            inner.recv_cq.register(t.clone(), t.capacity())?;
+            inner
+                .recv_cq
+                .register(TableRef::Recv(t.clone()), t.capacity())?;
         }
         Ok(qp)
     }
