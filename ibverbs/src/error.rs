@@ -271,7 +271,7 @@ pub(crate) fn ret_errno(verb: &'static str, rc: i32) -> Result<()> {
 /// The error of a nonzero return code `rc` (see [`ret_errno`]).
 #[cold]
 #[inline(never)]
-fn errno_error(verb: &'static str, rc: i32) -> Error {
+pub(crate) fn errno_error(verb: &'static str, rc: i32) -> Error {
     match rc {
         -1 => Error::last_os(verb),
         e if e < 0 => Error::from_errno(verb, -e),

@@ -306,12 +306,27 @@ impl<S> TableState<S> {
     /// (an unsignaled one may carry only what the device cannot write and
     /// the user does not own exclusively: frozen buffers, inline data,
     /// address handles, since the next completion of the queue releases it).
+    #[inline]
     pub(crate) fn reserve_as(
         &mut self,
         table: &WqTable<S>,
         user_wr_id: u64,
         payload: Payload,
         signaled: bool,
+    ) -> u32 {
+        self.reserve_with(table, user_wr_id, payload, signaled, false)
+    }
+
+    /// [`reserve_as`](Self::reserve_as), the slot marked as the async
+    /// dispatcher's when `dispatched` (see [`dispatch`](Self::dispatch)).
+    #[inline(always)]
+    pub(crate) fn reserve_with(
+        &mut self,
+        table: &WqTable<S>,
+        user_wr_id: u64,
+        payload: Payload,
+        signaled: bool,
+        dispatched: bool,
     ) -> u32 {
         let tag = self.next_tag(table);
         let idx = match table.mode {
@@ -329,7 +344,7 @@ impl<S> TableState<S> {
         debug_assert!(!slot.occupied);
         slot.tag = tag;
         slot.occupied = true;
-        slot.dispatched = false;
+        slot.dispatched = dispatched;
         slot.signaled = signaled || table.mode == Mode::Slab;
         slot.user_wr_id = user_wr_id;
         // A free slot's payload is empty (retire, unreserve and take_all

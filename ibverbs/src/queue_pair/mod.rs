@@ -140,6 +140,9 @@ pub(crate) struct QpInner {
     pub(crate) srq: Option<SharedReceiveQueue>,
     pub(crate) qp_type: QpType,
     pub(crate) caps: QpCaps,
+    /// An RC queue pair whose requests may carry an SGE: what the inline
+    /// common case of the send checks needs to know of it.
+    pub(crate) rc_with_sge: bool,
     pub(crate) sq_sig_all: bool,
     pub(crate) send: Arc<WqTable<post::SendScratch>>,
     pub(crate) recv: Option<Arc<WqTable<post::RecvScratch>>>,
@@ -330,6 +333,7 @@ impl QueuePair {
                 srq,
                 qp_type,
                 caps,
+                rc_with_sge: qp_type == QpType::Rc && caps.max_send_sge >= 1,
                 sq_sig_all,
                 qpx,
                 send,
