@@ -461,7 +461,7 @@ impl CompletionQueue {
     /// completion's.
     fn claim_table(&self, wr_id: u64, status: u32) -> Option<Claimed> {
         let (id, tag) = WqTable::<()>::decode(wr_id)?;
-        self.inner.tables.read().get(id)?.retire(tag, status)
+        self.inner.tables.read().get(id)?.claim(tag, status)
     }
 
     /// Claims the `n` entries the provider just wrote into `out` at
@@ -488,11 +488,12 @@ impl CompletionQueue {
                 claim.hold_prepared(stamped);
                 continue;
             }
-            let claimed = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
+            let ids = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
                 let tables = tables.get_or_insert_with(|| self.inner.tables.read());
-                tables.get(id)?.retire(tag, wc.status)
+                // The buffers go straight into the (free) claim.
+                tables.get(id)?.claim_into(tag, wc.status, claim.sg_mut())
             });
-            claim.hold(wc, claimed, stamped);
+            claim.hold(wc, ids, stamped);
         }
         out.held(n);
     }

@@ -137,21 +137,6 @@ impl Default for Held {
     }
 }
 
-impl Held {
-    /// The request's completion arrived with `status`: the buffers go back
-    /// to the caller, a window learns the status.
-    #[inline]
-    fn release(self, status: u32) -> SgList {
-        match self {
-            Held::Sg(sg) => sg,
-            Held::Window(op) => {
-                op.complete(status);
-                SgList::Empty
-            }
-        }
-    }
-}
-
 #[derive(Default)]
 struct Slot {
     tag: u32,
@@ -196,7 +181,9 @@ pub(crate) struct WqTable<S> {
     state: Mutex<TableState<S>>,
 }
 
-/// The result of retiring a completion's slot.
+/// The result of retiring a completion's slot (the table's unit tests
+/// look at it; a CQ claims into its batch, see [`Retire::claim_into`]).
+#[cfg(test)]
 pub(crate) struct Retired {
     pub(crate) user_wr_id: u64,
     pub(crate) dispatched: bool,
@@ -400,17 +387,36 @@ impl<S> TableState<S> {
         Some(std::mem::take(&mut slot.payload))
     }
 
-    /// Retires the slot named by `tag`. For a ring, the earlier outstanding
-    /// *unsignaled* requests (which never complete on their own) are
-    /// retired too and their payloads dropped: the device finished them
-    /// before this completion, and only frozen buffers, inline data and
-    /// address handles may ride on unsignaled requests, so nothing the
-    /// user owns exclusively is lost. Earlier *signaled* requests keep their
-    /// slots: their completions were polled but may not be claimed yet
-    /// (another thread polling the same CQ), and their buffers go back
-    /// only with them. The tail then advances over the released prefix.
-    /// Stale, unknown or already retired tags give `None`.
+    /// [`retire_slot`](Self::retire_slot), the payload taken out (what
+    /// the unit tests look at).
+    #[cfg(test)]
     pub(crate) fn retire(&mut self, table: &WqTable<S>, tag: u32) -> Option<Retired> {
+        self.retire_slot(table, tag, |slot| Retired {
+            user_wr_id: slot.user_wr_id,
+            dispatched: slot.dispatched,
+            payload: std::mem::take(&mut slot.payload),
+        })
+    }
+
+    /// Retires the slot named by `tag`: `take` gets the (now free) slot
+    /// to take the payload out of, before the ring's bookkeeping. For a
+    /// ring, the earlier outstanding *unsignaled* requests (which
+    /// never complete on their own) are retired too and their payloads
+    /// dropped: the device finished them before this completion, and only
+    /// frozen buffers, inline data and address handles may ride on
+    /// unsignaled requests, so nothing the user owns exclusively is lost.
+    /// Earlier *signaled* requests keep their slots: their completions
+    /// were polled but may not be claimed yet (another thread polling the
+    /// same CQ), and their buffers go back only with them. The tail then
+    /// advances over the released prefix. Stale, unknown or already
+    /// retired tags give `None`.
+    #[inline(always)]
+    fn retire_slot<R>(
+        &mut self,
+        table: &WqTable<S>,
+        tag: u32,
+        take: impl FnOnce(&mut Slot) -> R,
+    ) -> Option<R> {
         match table.mode {
             Mode::Ring => {
                 let outstanding = self.head.wrapping_sub(self.tail);
@@ -426,34 +432,18 @@ impl<S> TableState<S> {
                     return None;
                 }
                 slot.occupied = false;
-                let retired = Retired {
-                    user_wr_id: slot.user_wr_id,
-                    dispatched: slot.dispatched,
-                    payload: std::mem::take(&mut slot.payload),
-                };
-                // Invariant: every retire releases the unsignaled requests
-                // before its own, so walking back from `tag` may stop at the
-                // first free slot (everything before it was settled when it
-                // was retired). In order, with every request signaled, the
-                // walk is empty.
-                let mut seq = tag;
-                while seq != self.tail {
-                    seq = seq.wrapping_sub(1);
-                    let slot = &mut self.slots[(seq & table.mask) as usize];
-                    if !slot.occupied {
-                        break;
-                    }
-                    if !slot.signaled {
-                        slot.occupied = false;
-                        drop(std::mem::take(&mut slot.payload));
-                    }
+                let taken = take(slot);
+                // In order, with every request signaled, `tag` is the
+                // tail: nothing before it to release.
+                if tag != self.tail {
+                    self.release_unsignaled_before(table, tag);
                 }
                 while self.tail != self.head
                     && !self.slots[(self.tail & table.mask) as usize].occupied
                 {
                     self.tail = self.tail.wrapping_add(1);
                 }
-                Some(retired)
+                Some(taken)
             }
             Mode::Slab => {
                 let idx = (tag & 0xff_ffff) as usize;
@@ -462,12 +452,31 @@ impl<S> TableState<S> {
                     return None;
                 }
                 slot.occupied = false;
+                let taken = take(slot);
                 self.free.push(idx as u32);
-                Some(Retired {
-                    user_wr_id: slot.user_wr_id,
-                    dispatched: slot.dispatched,
-                    payload: std::mem::take(&mut slot.payload),
-                })
+                Some(taken)
+            }
+        }
+    }
+
+    /// Releases the outstanding unsignaled requests of a ring before the
+    /// one `tag` names (whose completion retires them: the device finished
+    /// them first). Invariant: every retire releases the unsignaled
+    /// requests before its own, so walking back from `tag` may stop at the
+    /// first free slot (everything before it was settled when it was
+    /// retired).
+    #[inline(never)]
+    fn release_unsignaled_before(&mut self, table: &WqTable<S>, tag: u32) {
+        let mut seq = tag;
+        while seq != self.tail {
+            seq = seq.wrapping_sub(1);
+            let slot = &mut self.slots[(seq & table.mask) as usize];
+            if !slot.occupied {
+                break;
+            }
+            if !slot.signaled {
+                slot.occupied = false;
+                drop(std::mem::take(&mut slot.payload));
             }
         }
     }
@@ -522,11 +531,27 @@ impl<S> WqTable<S> {
 /// queues, receive queues and SRQs alike.
 pub(crate) trait Retire: Send + Sync {
     fn id(&self) -> u32;
-    /// Retires slot `tag`, whose completion has `status`: the caller's
-    /// `wr_id` and the request's buffers. What else it kept alive (address
-    /// handle, memory window) is released here, after the table's lock,
-    /// and a window learns the status.
-    fn retire(&self, tag: u32, status: u32) -> Option<Claimed>;
+    /// Retires slot `tag`, whose completion has `status`: moves the
+    /// request's buffers into `sg` (which must be [`SgList::Empty`]: it is
+    /// overwritten, not dropped) and returns the caller's `wr_id` and
+    /// whether the async dispatcher posted the request (see
+    /// [`Claimed::dispatched`]); `None` for a stale or unknown tag. What
+    /// else the request kept alive (address handle, memory window) is
+    /// released here, after the table's lock, and a window learns the
+    /// status.
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)>;
+
+    /// [`claim_into`](Self::claim_into) as a [`Claimed`].
+    #[inline(always)]
+    fn claim(&self, tag: u32, status: u32) -> Option<Claimed> {
+        let mut sg = SgList::Empty;
+        let (wr_id, dispatched) = self.claim_into(tag, status, &mut sg)?;
+        Some(Claimed {
+            wr_id,
+            dispatched,
+            sg,
+        })
+    }
 }
 
 /// A queue's in-flight table as a CQ's registry holds it. An enum, not a
@@ -549,22 +574,40 @@ impl Retire for TableRef {
         }
     }
     #[inline(always)]
-    fn retire(&self, tag: u32, status: u32) -> Option<Claimed> {
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)> {
         match self {
-            TableRef::Send(t) => t.claim(tag, status),
-            TableRef::Recv(t) => t.claim(tag, status),
+            TableRef::Send(t) => t.claim_into(tag, status, sg),
+            TableRef::Recv(t) => t.claim_into(tag, status, sg),
         }
     }
 }
 
 impl<S: Send> WqTable<S> {
-    /// [`Retire::retire`] of this table.
+    /// [`Retire::claim_into`] of this table.
     #[inline(always)]
-    fn claim(&self, tag: u32, status: u32) -> Option<Claimed> {
-        let r = self.lock().retire(self, tag)?;
-        // The lock is released (the guard was a temporary): the address
-        // handle and memory window the request kept alive go here.
-        let Payload { held, ah } = r.payload;
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)> {
+        // What the request kept alive besides its buffers: the address
+        // handle is dropped and a window told the status after the lock.
+        let mut ah = None;
+        let mut window = None;
+        let mut st = self.lock();
+        let ids = st.retire_slot(
+            self,
+            tag,
+            #[inline(always)]
+            |slot| {
+                // The buffers go straight into `sg` (which is empty: nothing
+                // to drop); the slot's payload is left empty.
+                ah = slot.payload.ah.take();
+                if let Held::Sg(held) = &mut slot.payload.held {
+                    std::mem::forget(std::mem::replace(sg, std::mem::take(held)));
+                } else if let Held::Window(op) = std::mem::take(&mut slot.payload.held) {
+                    window = Some(op);
+                }
+                (slot.user_wr_id, slot.dispatched)
+            },
+        );
+        drop(st);
         if ah.is_some() {
             drop(ah);
         } else {
@@ -572,12 +615,10 @@ impl<S: Send> WqTable<S> {
             // drop glue on the common path.
             std::mem::forget(ah);
         }
-        let sg = held.release(status);
-        Some(Claimed {
-            wr_id: r.user_wr_id,
-            dispatched: r.dispatched,
-            sg,
-        })
+        if let Some(op) = window {
+            op.complete(status);
+        }
+        ids
     }
 }
 

@@ -184,6 +184,21 @@ impl Completion {
     /// [`take_buffers`](Self::take_buffers)).
     #[inline]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+        // The common case (a one-buffer request's local buffer) inline:
+        // anything else is put back as it was (the placeholder `Empty` is
+        // forgotten, not dropped) and left to the general case.
+        match std::mem::take(&mut *self.sg) {
+            SgList::One(Buf::Local(b)) => Some(b),
+            other => {
+                std::mem::forget(std::mem::replace(&mut *self.sg, other));
+                self.take_local_other()
+            }
+        }
+    }
+    /// [`take_local`](Self::take_local) but for a one-buffer request's
+    /// local buffer (out of line: the data path's case is that one).
+    #[inline(never)]
+    fn take_local_other(&mut self) -> Option<crate::LocalBuffer> {
         self.take_one_if(|b| matches!(b, Buf::Local(_)))
             .and_then(Buf::into_local)
     }
@@ -343,23 +358,28 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    /// Holds the entry `wc` whose request left `claimed` (`None`: an
-    /// orphan): the caller's `wr_id` goes into the entry, the buffers
-    /// here.
+    /// The buffers of this (free) claim, for a table to move a request's
+    /// into: they are [`SgList::Empty`], and are overwritten, not dropped.
     #[inline(always)]
-    pub(crate) fn hold(&mut self, wc: &mut sys::ibv_wc, claimed: Option<Claimed>, stamped: bool) {
+    pub(crate) fn sg_mut(&mut self) -> &mut SgList {
+        &mut self.sg
+    }
+
+    /// Holds the entry `wc`, whose request's buffers a table already moved
+    /// into this claim ([`sg_mut`](Self::sg_mut)): `ids` is the caller's
+    /// `wr_id` (it goes into the entry) and whether the dispatcher posted
+    /// the request (`None`: an orphan).
+    #[inline(always)]
+    pub(crate) fn hold(&mut self, wc: &mut sys::ibv_wc, ids: Option<(u64, bool)>, stamped: bool) {
         self.stamped = stamped;
-        match claimed {
-            Some(c) => {
-                wc.wr_id = c.wr_id;
-                self.origin = if c.dispatched {
+        match ids {
+            Some((wr_id, dispatched)) => {
+                wc.wr_id = wr_id;
+                self.origin = if dispatched {
                     Origin::Dispatcher
                 } else {
                     Origin::Caller
                 };
-                // The entry is free, so its buffers are `Empty`: nothing
-                // to drop.
-                std::mem::forget(std::mem::replace(&mut self.sg, c.sg));
             }
             None => self.origin = Origin::Orphan,
         }

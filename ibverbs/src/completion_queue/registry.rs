@@ -194,32 +194,18 @@ impl<T: Retire> Registry<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wq_table::Claimed;
     use std::collections::HashMap;
     use std::sync::Arc;
 
     /// A table that answers every tag with its own id as the `wr_id`.
     struct Fake(u32);
 
-    impl Retire for Fake {
-        fn id(&self) -> u32 {
-            self.0
-        }
-        fn retire(&self, tag: u32, _status: u32) -> Option<Claimed> {
-            Some(Claimed {
-                wr_id: (u64::from(self.0) << 32) | u64::from(tag),
-                dispatched: false,
-                sg: crate::SgList::Empty,
-            })
-        }
-    }
-
     impl Retire for Arc<Fake> {
         fn id(&self) -> u32 {
             self.0
         }
-        fn retire(&self, tag: u32, status: u32) -> Option<Claimed> {
-            (**self).retire(tag, status)
+        fn claim_into(&self, tag: u32, _: u32, _: &mut crate::SgList) -> Option<(u64, bool)> {
+            Some(((u64::from(self.0) << 32) | u64::from(tag), false))
         }
     }
 
@@ -254,7 +240,7 @@ mod tests {
             (found(&r, 5), found(&r, 6), found(&r, 7)),
             (Some(5), Some(6), None)
         );
-        let t = r.get(6).unwrap().retire(3, 0).unwrap();
+        let t = r.get(6).unwrap().claim(3, 0).unwrap();
         assert_eq!(t.wr_id, (6 << 32) | 3);
         assert_eq!(r.remove(5).map(|t| t.id()), Some(5));
         assert_eq!(found(&r, 5), None, "a removed id still found a table");
