@@ -433,11 +433,26 @@ impl QueuePair {
     fn post_single(&self, r: &mut SendRequest<'_>) -> Result<()> {
         // Before the SGE is built: the checks refuse a region an SGE
         // cannot describe (`sge_prechecked` only debug-asserts it).
-        let fast = self.send_passes_fast(r);
-        debug_assert!(!fast || self.check_send(r, false).is_ok());
-        if !fast {
-            self.check_send(r, false)?;
+        if self.send_passes_fast(r) {
+            debug_assert!(self.check_send(r, false).is_ok());
+            // Its own copy: where the request was just built, its options
+            // are known and the C request's fields are written directly.
+            return self.post_checked(r);
         }
+        self.check_send(r, false)?;
+        self.post_checked_other(r)
+    }
+
+    /// [`post_checked`](Self::post_checked) for requests off the common
+    /// case (out of line).
+    #[inline(never)]
+    fn post_checked_other(&self, r: &mut SendRequest<'_>) -> Result<()> {
+        self.post_checked(r)
+    }
+
+    /// [`post_single`](Self::post_single) of a checked request.
+    #[inline(always)]
+    fn post_checked(&self, r: &mut SendRequest<'_>) -> Result<()> {
         let (mut sge, num_sge) = match (r.inline, &r.sg) {
             (Some(data), _) => (inline_sge(data), i32::from(!data.is_empty())),
             // An empty buffer goes as no SGE (see fill_sges).
@@ -445,6 +460,10 @@ impl QueuePair {
             // No buffer (a scatter list went the chain path).
             _ => (sys::ibv_sge::default(), 0),
         };
+        // Built before the lock (its `wr_id` under it, below).
+        let mut wr = std::mem::MaybeUninit::<sys::ibv_send_wr>::uninit();
+        // SAFETY: `wr` is valid for writes.
+        unsafe { write_send_wr(wr.as_mut_ptr(), r, 0, &mut sge, num_sge) };
         let table = &self.inner.send;
         let mut st = table.lock();
         // Refused here, not by the provider: see post_send_slice.
@@ -456,10 +475,10 @@ impl QueuePair {
         // (even one polled by another thread before this returns) can only
         // be claimed after the slot holds them; a refused request leaves
         // nothing to undo.
-        let wr_id = table.encode(st.next_tag(table));
-        let mut wr = std::mem::MaybeUninit::<sys::ibv_send_wr>::uninit();
         // SAFETY: `wr` is valid for writes.
-        unsafe { write_send_wr(wr.as_mut_ptr(), r, wr_id, &mut sge, num_sge) };
+        unsafe {
+            std::ptr::addr_of_mut!((*wr.as_mut_ptr()).wr_id).write(table.encode(st.next_tag(table)))
+        };
         // Written by a provider that refuses the request, never read here.
         let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_send_wr>::uninit();
         // The SGE points into the buffer `r` still owns: it moves into the
