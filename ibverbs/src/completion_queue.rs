@@ -76,6 +76,24 @@ pub(crate) fn fix_rxe_inv_flag(wc: &mut sys::ibv_wc) {
     }
 }
 
+/// [`fix_rxe_inv_flag`] over a polled batch: one OR per entry finds
+/// whether any has the bit (a receive with an invalidated key, on rxe),
+/// and only then are the entries fixed.
+#[inline(always)]
+pub(crate) fn fix_rxe_inv_flags(wcs: &mut [sys::ibv_wc]) {
+    let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    if wcs.iter().fold(0, |any, wc| any | wc.wc_flags) & csum != 0 {
+        fix_rxe_inv_flags_found(wcs);
+    }
+}
+
+/// [`fix_rxe_inv_flags`] once an entry has the bit.
+#[cold]
+#[inline(never)]
+fn fix_rxe_inv_flags_found(wcs: &mut [sys::ibv_wc]) {
+    wcs.iter_mut().for_each(fix_rxe_inv_flag);
+}
+
 // SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
 // the provider's CQ lock); the table registry is behind a lock;
 // `event_ctx` is only passed to `Weak::from_raw` (an atomic count).
@@ -472,15 +490,14 @@ impl CompletionQueue {
         if n == 0 {
             return;
         }
-        let quirk = self.inner.rxe_inv_quirk;
         // Read-locked at the first table entry, once per batch (a batch of
         // prepared postings takes no lock).
         let mut tables = None;
         let (raw, claims) = out.fresh(start, n);
+        if self.inner.rxe_inv_quirk {
+            fix_rxe_inv_flags(raw);
+        }
         for (wc, claim) in raw.iter_mut().zip(claims) {
-            if quirk {
-                fix_rxe_inv_flag(wc);
-            }
             if is_prepared(wc.wr_id) {
                 // SAFETY: a prepared posting's wr_id from an entry just
                 // polled; each entry is claimed once.
@@ -539,9 +556,7 @@ impl CompletionQueue {
         };
         let n = ret_count("ibv_poll_cq", n)?;
         if self.inner.rxe_inv_quirk {
-            out[..n]
-                .iter_mut()
-                .for_each(|wc| fix_rxe_inv_flag(&mut wc.raw));
+            fix_rxe_inv_flags(WorkCompletion::raw_slice_mut(&mut out[..n]));
         }
         Ok(n)
     }
@@ -644,5 +659,33 @@ mod quirk_tests {
         };
         fix_rxe_inv_flag(&mut send);
         assert_eq!(send.wc_flags, csum, "send completions are left alone");
+    }
+
+    #[test]
+    fn a_batch_is_fixed_as_each_entry_would_be() {
+        let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        let grh = sys::ibv_wc_flags::IBV_WC_GRH.0;
+        let entry = |opcode, wc_flags| sys::ibv_wc {
+            opcode,
+            wc_flags,
+            ..Default::default()
+        };
+        let mut batch = [
+            entry(sys::IBV_WC_SEND, 0),
+            entry(sys::IBV_WC_RECV, grh),
+            entry(sys::IBV_WC_RECV, csum),
+            entry(sys::IBV_WC_SEND, csum),
+            entry(sys::IBV_WC_RECV_RDMA_WITH_IMM, csum | grh),
+        ];
+        let mut one_by_one = batch;
+        one_by_one.iter_mut().for_each(fix_rxe_inv_flag);
+        fix_rxe_inv_flags(&mut batch);
+        let flags = |b: &[sys::ibv_wc]| b.iter().map(|w| w.wc_flags).collect::<Vec<_>>();
+        assert_eq!(flags(&batch), flags(&one_by_one));
+        assert_ne!(batch[2].wc_flags, csum, "the receive was fixed");
+        // Nothing to fix: nothing changes.
+        let mut clean = [entry(sys::IBV_WC_RECV, grh), entry(sys::IBV_WC_SEND, 0)];
+        fix_rxe_inv_flags(&mut clean);
+        assert_eq!(flags(&clean), [grh, 0]);
     }
 }

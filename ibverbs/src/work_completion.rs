@@ -113,6 +113,14 @@ impl WorkCompletion {
         unsafe { &*(raw as *const sys::ibv_wc).cast::<WorkCompletion>() }
     }
 
+    /// The raw entries of `wcs`.
+    #[inline]
+    pub(crate) fn raw_slice_mut(wcs: &mut [WorkCompletion]) -> &mut [sys::ibv_wc] {
+        // SAFETY: WorkCompletion is repr(transparent) over ibv_wc, so the
+        // slices have the same layout; the borrow is carried over.
+        unsafe { std::slice::from_raw_parts_mut(wcs.as_mut_ptr().cast(), wcs.len()) }
+    }
+
     /// The raw 64-bit work request id as the device reported it.
     pub fn raw_wr_id(&self) -> u64 {
         self.raw.wr_id
