@@ -58,8 +58,11 @@ pub struct Completion {
     /// it kept alive are released when it is claimed). Dropped by `Drop`
     /// only when not empty: the common empty case costs no call.
     sg: std::mem::ManuallyDrop<SgList>,
-    timestamp: Option<u64>,
+    /// The completion timestamp, when `stamped` (copied as it is either
+    /// way: no branch when a batch's completions are taken).
+    stamp: u64,
     origin: Origin,
+    stamped: bool,
 }
 
 /// Who posted a completion's request, as its slot (or prepared posting)
@@ -127,8 +130,9 @@ impl Completion {
         Completion {
             wc: WorkCompletion { raw },
             sg: std::mem::ManuallyDrop::new(sg),
-            timestamp,
+            stamp: timestamp.unwrap_or(0),
             origin,
+            stamped: timestamp.is_some(),
         }
     }
 
@@ -156,7 +160,7 @@ impl Completion {
     /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
     #[inline]
     pub fn timestamp(&self) -> Option<u64> {
-        self.timestamp
+        self.stamped.then_some(self.stamp)
     }
     /// Whether no posted request matched (raw-path requests, or a stale
     /// completion of a destroyed queue pair).
@@ -398,12 +402,18 @@ impl Claim {
     #[inline(always)]
     fn take(&mut self, wc: &sys::ibv_wc) -> Completion {
         // The claim first: the entry is then read straight into place.
-        let sg = std::mem::take(&mut self.sg);
+        // A prepared posting's claim has no buffers: nothing to move.
+        let sg = if matches!(self.sg, SgList::Empty) {
+            SgList::Empty
+        } else {
+            std::mem::take(&mut self.sg)
+        };
         Completion {
             wc: WorkCompletion { raw: *wc },
             sg: std::mem::ManuallyDrop::new(sg),
-            timestamp: self.stamped.then_some(self.stamp),
+            stamp: self.stamp,
             origin: self.origin,
+            stamped: self.stamped,
         }
     }
 }
