@@ -157,6 +157,17 @@ pub(crate) enum Mode {
     Slab,
 }
 
+/// What a table's scratch type says of the table: a send queue's is
+/// always a ring, so its data path's mode tests fold away.
+pub(crate) trait Kind {
+    /// Every table of this type is a [`Mode::Ring`].
+    const ALWAYS_RING: bool;
+}
+
+impl Kind for () {
+    const ALWAYS_RING: bool = false;
+}
+
 pub(crate) struct TableState<S> {
     slots: Vec<Slot>,
     head: u32,
@@ -259,7 +270,7 @@ impl<S> WqTable<S> {
     }
 }
 
-impl<S> TableState<S> {
+impl<S: Kind> TableState<S> {
     /// Free slots.
     pub(crate) fn available(&self, mode: Mode, capacity: u32) -> u32 {
         match mode {
@@ -273,7 +284,7 @@ impl<S> TableState<S> {
     /// first and its slot filled after the doorbell.
     #[inline]
     pub(crate) fn next_tag(&self, table: &WqTable<S>) -> u32 {
-        match table.mode {
+        match table.mode() {
             Mode::Ring => self.head,
             Mode::Slab => {
                 let idx = *self.free.last().expect("caller checked available()");
@@ -316,7 +327,7 @@ impl<S> TableState<S> {
         dispatched: bool,
     ) -> u32 {
         let tag = self.next_tag(table);
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => {
                 self.head = self.head.wrapping_add(1);
                 (tag & table.mask) as usize
@@ -332,7 +343,7 @@ impl<S> TableState<S> {
         slot.tag = tag;
         slot.occupied = true;
         slot.dispatched = dispatched;
-        slot.signaled = signaled || table.mode == Mode::Slab;
+        slot.signaled = signaled || table.mode() == Mode::Slab;
         slot.user_wr_id = user_wr_id;
         // A free slot's payload is empty (retire, unreserve and take_all
         // take it out): overwrite it without running its drop glue.
@@ -344,7 +355,7 @@ impl<S> TableState<S> {
     /// [`Claimed::dispatched`]). Called under the same lock as `reserve`,
     /// so no completion can claim the slot before.
     pub(crate) fn dispatch(&mut self, table: &WqTable<S>, tag: u32) {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => (tag & table.mask) as usize,
             Mode::Slab => (tag & 0xff_ffff) as usize,
         };
@@ -355,7 +366,7 @@ impl<S> TableState<S> {
 
     /// Moves the payload into a reserved slot once the device took the request.
     pub(crate) fn store(&mut self, table: &WqTable<S>, tag: u32, payload: Payload) {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => (tag & table.mask) as usize,
             Mode::Slab => (tag & 0xff_ffff) as usize,
         };
@@ -367,7 +378,7 @@ impl<S> TableState<S> {
     /// Undoes the most recent reservations (ring) / a reservation (slab) of
     /// requests the device refused, giving their payloads back.
     pub(crate) fn unreserve(&mut self, table: &WqTable<S>, tag: u32) -> Option<Payload> {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => {
                 // Only the newest reservation can be undone.
                 if self.head.wrapping_sub(1) != tag {
@@ -417,7 +428,7 @@ impl<S> TableState<S> {
         tag: u32,
         take: impl FnOnce(&mut Slot) -> R,
     ) -> Option<R> {
-        match table.mode {
+        match table.mode() {
             Mode::Ring => {
                 let outstanding = self.head.wrapping_sub(self.tail);
                 let pos = tag.wrapping_sub(self.tail);
@@ -501,7 +512,7 @@ impl<S> TableState<S> {
 }
 
 #[cfg(test)]
-impl<S> TableState<S> {
+impl<S: Kind> TableState<S> {
     /// Heap bytes of the slots and the slab's free list (footprint tests).
     pub(crate) fn slot_heap_bytes(&self) -> usize {
         use std::mem::size_of;
@@ -511,13 +522,20 @@ impl<S> TableState<S> {
     }
 }
 
-impl<S> WqTable<S> {
+impl<S: Kind> WqTable<S> {
+    /// The table's mode (a constant for send queues: see [`Kind`]).
+    #[inline(always)]
     pub(crate) fn mode(&self) -> Mode {
-        self.mode
+        if S::ALWAYS_RING {
+            debug_assert_eq!(self.mode, Mode::Ring);
+            Mode::Ring
+        } else {
+            self.mode
+        }
     }
 
     pub(crate) fn check_room(&self, st: &TableState<S>, n: usize) -> Result<()> {
-        if (st.available(self.mode, self.capacity) as usize) < n {
+        if (st.available(self.mode(), self.capacity) as usize) < n {
             return Err(Error::QueueFull {
                 queue: self.queue,
                 depth: self.capacity,
@@ -582,7 +600,7 @@ impl Retire for TableRef {
     }
 }
 
-impl<S: Send> WqTable<S> {
+impl<S: Send + Kind> WqTable<S> {
     /// [`Retire::claim_into`] of this table.
     #[inline(always)]
     fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)> {

@@ -81,6 +81,16 @@ pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
 /// Scratch space of a receive queue or SRQ.
 pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 
+// A send queue completes in order: its table is a ring.
+impl crate::wq_table::Kind for SendScratch {
+    const ALWAYS_RING: bool = true;
+}
+
+// An SRQ's table is a slab.
+impl crate::wq_table::Kind for RecvScratch {
+    const ALWAYS_RING: bool = false;
+}
+
 /// Checks a request's buffers: SGE count, protection domain, write access
 /// where the device writes, and lengths an SGE can describe.
 pub(crate) fn check_bufs(
