@@ -127,50 +127,73 @@ fn rss_kib() -> u64 {
     pages * 4
 }
 
-/// One thread's share: a CQ, its queue pairs, the buffers of every request.
+/// One thread's share: a CQ, its queue pairs, the requests of its path
+/// (request `i` is `qps[i / depth]`'s; `wr_id` `i`). Each request is one
+/// record that names its queue pair, as the C twin's: posting one is
+/// `ibv_post_send(r->qp, &r->wr, ..)` there, the record's post here.
 struct Lane {
     cq: CompletionQueue,
     channel: Option<CompletionChannel>,
     qps: Vec<QueuePair>,
-    /// Request buffers by request index (`qp * depth + slot`): the request
-    /// path moves them out and back.
-    bufs: Vec<Option<LocalBuffer>>,
+    /// The request path's requests (the buffers move out and back).
+    owned: Vec<Owned>,
     prepared: Vec<PreparedSend>,
-    /// The raw path's requests and SGEs (the buffers stay in `bufs`).
-    raw: Vec<(sys::ibv_send_wr, Box<sys::ibv_sge>)>,
+    raw: Vec<Raw>,
+    /// The raw path's buffers (its requests point into them).
+    bufs: Vec<LocalBuffer>,
     remote: RemoteMemory,
     comps: Completions,
     wcs: [WorkCompletion; BATCH],
-    depth: usize,
     short_polls: u64,
     polls: u64,
 }
 
-// SAFETY: the raw work requests point into their own boxed SGEs only; a
-// lane is used by one thread at a time.
+/// A request of the request path: a new `SendRequest` of `buf` per post.
+struct Owned {
+    qp: QueuePair,
+    /// `None` while posted.
+    buf: Option<LocalBuffer>,
+    remote: RemoteMemory,
+    wr_id: u64,
+}
+
+/// A request of the raw path: a C work request built once.
+struct Raw {
+    qp: QueuePair,
+    wr: sys::ibv_send_wr,
+    /// Held: `wr.sg_list` points at it.
+    _sge: Box<sys::ibv_sge>,
+}
+
+// SAFETY: the raw work requests point into their own boxed SGEs and the
+// lane's buffers only; a lane is used by one thread at a time.
 unsafe impl Send for Lane {}
 
 /// The three paths, each its own copy of the measured functions (so that
 /// none pays for the others' stack frame or dispatch), all named
 /// `instr_post` / `instr_poll` / `instr_empty` for callgrind.
 trait Ops {
-    fn post(lane: &mut Lane, i: usize) -> Result<()>;
+    /// One request's record.
+    type Req;
+    fn reqs(lane: &mut Lane) -> &mut [Self::Req];
+    fn post(req: &mut Self::Req) -> Result<()>;
     fn poll(lane: &mut Lane) -> Result<usize>;
     fn empty(lane: &mut Lane) -> Result<bool>;
 }
 
-/// A path's module: `post` posts request `i`, `poll` polls once and hands
-/// back what completed (their number).
+/// A path's module: `reqs` are its requests' records, `post` posts one,
+/// `poll` polls once and hands back what completed (their number).
 macro_rules! path {
     ($(#[$doc:meta])* $name:ident,
-     post($pl:ident, $i:ident) $post:block,
+     reqs($rl:ident) -> $req:ty { $reqs:expr },
+     post($r:ident) $post:block,
      poll($ql:ident) $poll:block) => {
         $(#[$doc])*
         mod $name {
             use super::*;
             pub struct P;
             #[inline(never)]
-            fn instr_post($pl: &mut Lane, $i: usize) -> Result<()> $post
+            fn instr_post($r: &mut $req) -> Result<()> $post
             #[inline(always)]
             fn body($ql: &mut Lane) -> Result<usize> $poll
             #[inline(never)]
@@ -184,8 +207,12 @@ macro_rules! path {
                 Ok(body(lane)? == 0)
             }
             impl Ops for P {
-                fn post(lane: &mut Lane, i: usize) -> Result<()> {
-                    instr_post(lane, i)
+                type Req = $req;
+                fn reqs($rl: &mut Lane) -> &mut [$req] {
+                    $reqs
+                }
+                fn post(req: &mut $req) -> Result<()> {
+                    instr_post(req)
                 }
                 fn poll(lane: &mut Lane) -> Result<usize> {
                     instr_poll(lane)
@@ -202,18 +229,19 @@ path!(
     /// A new owned-buffer request per operation; the buffer comes back from
     /// the completion.
     request,
-    post(lane, i) {
-        let buf = lane.bufs[i].take().ok_or("buffer not back")?;
-        lane.qps[i / lane.depth]
-            .post_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
+    reqs(lane) -> Owned { &mut lane.owned },
+    post(r) {
+        let buf = r.buf.take().ok_or("buffer not back")?;
+        r.qp
+            .post_send(SendRequest::write(buf, r.remote).wr_id(r.wr_id))?;
         Ok(())
     },
     poll(lane) {
         let n = lane.cq.poll(&mut lane.comps)?;
         for mut c in lane.comps.drain() {
             c.result()?;
-            let i = c.wr_id() as usize;
-            lane.bufs[i] = c.take_local();
+            let r = lane.owned.get_mut(c.wr_id() as usize).ok_or("unknown wr_id")?;
+            r.buf = c.take_local();
         }
         Ok(n)
     }
@@ -222,8 +250,9 @@ path!(
 path!(
     /// A [`PreparedSend`] re-posted.
     prepared,
-    post(lane, i) {
-        lane.prepared[i].post()?;
+    reqs(lane) -> PreparedSend { &mut lane.prepared },
+    post(p) {
+        p.post()?;
         Ok(())
     },
     poll(lane) {
@@ -238,12 +267,12 @@ path!(
 path!(
     /// A reused C work request through the unsafe raw path.
     raw,
-    post(lane, i) {
-        let qp = &lane.qps[i / lane.depth];
+    reqs(lane) -> Raw { &mut lane.raw },
+    post(r) {
         // SAFETY: the request's buffer lives in `lane.bufs` (registered, not
         // touched until its completion is polled); its wr_id has bit 63
         // clear; one request, NULL-terminated.
-        unsafe { qp.post_send_raw(&mut lane.raw[i].0) }?;
+        unsafe { r.qp.post_send_raw(&mut r.wr) }?;
         Ok(())
     },
     poll(lane) {
@@ -282,13 +311,13 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
             return Err("calibration found a completion".into());
         }
     }
-    let per_round = lane.qps.len() * lane.depth;
+    let per_round = P::reqs(lane).len();
     // Settling time per outstanding request; doubled when a poll comes
     // back short (counted), so the counts stay deterministic.
     let mut settle = Duration::from_micros(40);
     for _ in 0..rounds {
-        for i in 0..per_round {
-            P::post(lane, i)?;
+        for r in P::reqs(lane) {
+            P::post(r)?;
         }
         if events {
             instr_wait(lane)?;
@@ -359,13 +388,13 @@ fn build_lane(
         cq,
         channel,
         qps,
-        bufs: Vec::new(),
+        owned: Vec::new(),
         prepared: Vec::new(),
         raw: Vec::new(),
+        bufs: Vec::new(),
         remote,
         comps: Completions::with_capacity(BATCH),
         wcs: [WorkCompletion::default(); BATCH],
-        depth: a.depth,
         short_polls: 0,
         polls: 0,
     })
@@ -375,28 +404,30 @@ fn build_lane(
 fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Result<()> {
     let n = lane.qps.len() * a.depth;
     let mut rest = pd.alloc(n * a.size, AccessFlags::LOCAL_WRITE)?;
+    let mut bufs = Vec::with_capacity(n);
     for _ in 0..n {
         let (head, tail) = rest.split_at(a.size);
-        lane.bufs.push(Some(head));
+        bufs.push(head);
         rest = tail;
     }
-    match a.path {
-        Path::Request => {}
-        Path::Prepared => {
-            for (i, b) in lane.bufs.iter_mut().enumerate() {
-                let buf = b.take().ok_or("missing buffer")?;
-                let qp = &lane.qps[i / a.depth];
+    for (i, buf) in bufs.into_iter().enumerate() {
+        let qp = &lane.qps[i / a.depth];
+        match a.path {
+            Path::Request => lane.owned.push(Owned {
+                qp: qp.clone(),
+                buf: Some(buf),
+                remote: lane.remote,
+                wr_id: i as u64,
+            }),
+            Path::Prepared => {
                 let p = qp.prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
                 lane.prepared.push(p);
             }
-        }
-        Path::Raw => {
-            for (i, b) in lane.bufs.iter().enumerate() {
-                let b = b.as_ref().ok_or("missing buffer")?;
+            Path::Raw => {
                 let mut sge = Box::new(sys::ibv_sge {
-                    addr: b.addr(),
-                    length: b.len() as u32,
-                    lkey: b.lkey(),
+                    addr: buf.addr(),
+                    length: buf.len() as u32,
+                    lkey: buf.lkey(),
                 });
                 let mut wr = sys::ibv_send_wr {
                     wr_id: i as u64,
@@ -410,7 +441,12 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
                     remote_addr: lane.remote.addr,
                     rkey: lane.remote.rkey.0,
                 };
-                lane.raw.push((wr, sge));
+                lane.raw.push(Raw {
+                    qp: qp.clone(),
+                    wr,
+                    _sge: sge,
+                });
+                lane.bufs.push(buf);
             }
         }
     }
@@ -470,7 +506,9 @@ fn run(a: Args) -> Result<()> {
         .fold((0, 0), |acc, l| (acc.0 + l.polls, acc.1 + l.short_polls));
     let t = Instant::now();
     for lane in lanes.iter_mut() {
+        lane.owned.clear();
         lane.prepared.clear();
+        lane.raw.clear();
         lane.qps.clear();
     }
     let qp_teardown = t.elapsed();

@@ -12,7 +12,7 @@ use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::extended_cq::ExCq;
 use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::{Claimed, Retire, SgList, WqTable};
+use crate::wq_table::{Claimed, Retire, SgList, TableRef, WqTable};
 use crate::{CompletionChannel, Context};
 
 mod completion;
@@ -24,8 +24,22 @@ use registry::Registry;
 /// in libibverbs); the rest are acknowledged before the CQ is destroyed.
 const ACK_BATCH: u32 = 64;
 
+/// The provider's `poll_cq` (`ibv_context_ops::poll_cq`).
+type PollCqFn = unsafe extern "C" fn(*mut sys::ibv_cq, i32, *mut sys::ibv_wc) -> i32;
+
+/// What a context without a `poll_cq` gives (as `ibv_poll_cq` does).
+unsafe extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: i32, _: *mut sys::ibv_wc) -> i32 {
+    -libc::EOPNOTSUPP
+}
+
 pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
+    /// The provider's `poll_cq`, read once from the context's ops at
+    /// creation: the function the `ibv_poll_cq` inline of `verbs.h` calls
+    /// on every poll (libibverbs sets a context's ops, a stub for every op
+    /// the provider lacks, before `ibv_open_device` returns and never
+    /// changes them).
+    poll_cq_fn: PollCqFn,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
     /// The in-flight tables of the queues reporting here, by table id, and
@@ -60,6 +74,24 @@ pub(crate) fn fix_rxe_inv_flag(wc: &mut sys::ibv_wc) {
     if wc.wc_flags & csum != 0 && wc.opcode & sys::IBV_WC_RECV != 0 {
         wc.wc_flags = (wc.wc_flags & !csum) | sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
     }
+}
+
+/// [`fix_rxe_inv_flag`] over a polled batch: one OR per entry finds
+/// whether any has the bit (a receive with an invalidated key, on rxe),
+/// and only then are the entries fixed.
+#[inline(always)]
+pub(crate) fn fix_rxe_inv_flags(wcs: &mut [sys::ibv_wc]) {
+    let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    if wcs.iter().fold(0, |any, wc| any | wc.wc_flags) & csum != 0 {
+        fix_rxe_inv_flags_found(wcs);
+    }
+}
+
+/// [`fix_rxe_inv_flags`] once an entry has the bit.
+#[cold]
+#[inline(never)]
+fn fix_rxe_inv_flags_found(wcs: &mut [sys::ibv_wc]) {
+    wcs.iter_mut().for_each(fix_rxe_inv_flag);
 }
 
 // SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
@@ -224,6 +256,9 @@ impl<'a> CompletionQueueBuilder<'a> {
     fn finish(self, cq: NonNull<sys::ibv_cq>, ex: Option<ExCq>, rxe: bool) -> CompletionQueue {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
+        // SAFETY: a live CQ points at its live context.
+        let poll_cq_fn =
+            unsafe { (*(*cq.as_ptr()).context).ops.poll_cq }.unwrap_or(missing_poll_cq);
         let inner = Arc::new_cyclic(|weak| {
             let event_ctx = match self.channel {
                 Some(_) => {
@@ -239,6 +274,7 @@ impl<'a> CompletionQueueBuilder<'a> {
             };
             CqInner {
                 cq,
+                poll_cq_fn,
                 ctx: self.ctx.clone(),
                 channel: self.channel.map(CompletionChannel::attach_cq),
                 tables: RwLock::new(Registry::new()),
@@ -267,6 +303,18 @@ impl CompletionQueue {
         self.inner.cq.as_ptr()
     }
 
+    /// `ibv_poll_cq(cq, n, wc)` through the provider's `poll_cq` resolved
+    /// at creation (see `CqInner::poll_cq_fn`).
+    ///
+    /// # Safety
+    /// As `ibv_poll_cq(3)`: the caller must ensure that `wc` is valid for
+    /// `n` writes.
+    #[inline(always)]
+    unsafe fn provider_poll(&self, n: i32, wc: *mut sys::ibv_wc) -> i32 {
+        // SAFETY: live CQ; the rest is the caller's contract.
+        unsafe { (self.inner.poll_cq_fn)(self.as_ptr(), n, wc) }
+    }
+
     /// The channel it reports events to.
     pub fn channel(&self) -> Option<&CompletionChannel> {
         self.inner.channel.as_ref()
@@ -281,7 +329,7 @@ impl CompletionQueue {
     ///
     /// # Errors
     /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
-    pub(crate) fn register(&self, table: Arc<dyn Retire>, depth: u32) -> Result<()> {
+    pub(crate) fn register(&self, table: TableRef, depth: u32) -> Result<()> {
         let mut tables = self.inner.tables.write();
         if tables.contains(table.id()) {
             return Ok(());
@@ -349,7 +397,7 @@ impl CompletionQueue {
             return Ok(0);
         }
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), raw.len() as i32, raw.as_mut_ptr()) };
+        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
         let n = ret_count("ibv_poll_cq", n)?;
         if n > 0 {
             self.deliver(out, start, n, false);
@@ -388,7 +436,7 @@ impl CompletionQueue {
         }
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
-        let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), 1, wc.as_mut_ptr()) };
+        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
         if n == 0 {
             return Ok(None);
         }
@@ -423,12 +471,13 @@ impl CompletionQueue {
     /// completion's.
     fn claim_table(&self, wr_id: u64, status: u32) -> Option<Claimed> {
         let (id, tag) = WqTable::<()>::decode(wr_id)?;
-        self.inner.tables.read().get(id)?.retire(tag, status)
+        self.inner.tables.read().get(id)?.claim(tag, status)
     }
 
     /// Claims the `n` entries the provider just wrote into `out` at
     /// `start` (its free tail, [`Completions::free_start`]): each gets the
     /// caller's `wr_id` and its request's buffers, in place, and is held.
+    #[inline]
     pub(crate) fn deliver(&self, out: &mut Completions, start: usize, n: usize, stamped: bool) {
         if n == 0 {
             return;
@@ -436,24 +485,26 @@ impl CompletionQueue {
         // Read-locked at the first table entry, once per batch (a batch of
         // prepared postings takes no lock).
         let mut tables = None;
-        for i in start..start + n {
-            let wc = &mut out.raw[i];
-            if self.inner.rxe_inv_quirk {
-                fix_rxe_inv_flag(wc);
-            }
+        let (raw, claims) = out.fresh(start, n);
+        if self.inner.rxe_inv_quirk {
+            fix_rxe_inv_flags(raw);
+        }
+        for (wc, claim) in raw.iter_mut().zip(claims) {
             if is_prepared(wc.wr_id) {
                 // SAFETY: a prepared posting's wr_id from an entry just
                 // polled; each entry is claimed once.
-                let wr_id = unsafe { claim_prepared(wc.wr_id) };
-                out.hold_prepared(i, wr_id, stamped);
+                wc.wr_id = unsafe { claim_prepared(wc.wr_id) };
+                claim.hold_prepared(stamped);
                 continue;
             }
-            let claimed = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
+            let ids = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
                 let tables = tables.get_or_insert_with(|| self.inner.tables.read());
-                tables.get(id)?.retire(tag, wc.status)
+                // The buffers go straight into the (free) claim.
+                tables.get(id)?.claim_into(tag, wc.status, claim.sg_mut())
             });
-            out.hold(i, claimed, stamped);
+            claim.hold(wc, ids, stamped);
         }
+        out.held(n);
     }
 
     /// Polls raw work completions, bypassing the buffer bookkeeping: the
@@ -490,17 +541,14 @@ impl CompletionQueue {
         // SAFETY: live CQ; WorkCompletion is repr(transparent) over ibv_wc
         // and `out` has `len` writable entries.
         let n = unsafe {
-            sys::ibv_poll_cq(
-                self.as_ptr(),
+            self.provider_poll(
                 out.len().min(i32::MAX as usize) as i32,
                 out.as_mut_ptr().cast(),
             )
         };
         let n = ret_count("ibv_poll_cq", n)?;
         if self.inner.rxe_inv_quirk {
-            out[..n]
-                .iter_mut()
-                .for_each(|wc| fix_rxe_inv_flag(&mut wc.raw));
+            fix_rxe_inv_flags(WorkCompletion::raw_slice_mut(&mut out[..n]));
         }
         Ok(n)
     }
@@ -745,5 +793,33 @@ mod quirk_tests {
         };
         fix_rxe_inv_flag(&mut send);
         assert_eq!(send.wc_flags, csum, "send completions are left alone");
+    }
+
+    #[test]
+    fn a_batch_is_fixed_as_each_entry_would_be() {
+        let csum = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        let grh = sys::ibv_wc_flags::IBV_WC_GRH.0;
+        let entry = |opcode, wc_flags| sys::ibv_wc {
+            opcode,
+            wc_flags,
+            ..Default::default()
+        };
+        let mut batch = [
+            entry(sys::IBV_WC_SEND, 0),
+            entry(sys::IBV_WC_RECV, grh),
+            entry(sys::IBV_WC_RECV, csum),
+            entry(sys::IBV_WC_SEND, csum),
+            entry(sys::IBV_WC_RECV_RDMA_WITH_IMM, csum | grh),
+        ];
+        let mut one_by_one = batch;
+        one_by_one.iter_mut().for_each(fix_rxe_inv_flag);
+        fix_rxe_inv_flags(&mut batch);
+        let flags = |b: &[sys::ibv_wc]| b.iter().map(|w| w.wc_flags).collect::<Vec<_>>();
+        assert_eq!(flags(&batch), flags(&one_by_one));
+        assert_ne!(batch[2].wc_flags, csum, "the receive was fixed");
+        // Nothing to fix: nothing changes.
+        let mut clean = [entry(sys::IBV_WC_RECV, grh), entry(sys::IBV_WC_SEND, 0)];
+        fix_rxe_inv_flags(&mut clean);
+        assert_eq!(flags(&clean), [grh, 0]);
     }
 }

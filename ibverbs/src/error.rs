@@ -796,13 +796,25 @@ impl Error {
 /// (`ibv_modify_qp`, `ibv_post_send`, `ibv_dealloc_pd`, …).
 ///
 /// Some providers return -1 and set `errno` instead; both are handled.
-#[inline]
+/// The success test is inlined (every post ends with it); building the
+/// error is not.
+#[inline(always)]
 pub(crate) fn ret_errno(verb: &'static str, rc: i32) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(errno_error(verb, rc))
+    }
+}
+
+/// The error of a nonzero return code `rc` (see [`ret_errno`]).
+#[cold]
+#[inline(never)]
+pub(crate) fn errno_error(verb: &'static str, rc: i32) -> Error {
     match rc {
-        0 => Ok(()),
-        -1 => Err(Error::last_os(verb)),
-        e if e < 0 => Err(Error::from_errno(verb, -e)),
-        e => Err(Error::from_errno(verb, e)),
+        -1 => Error::last_os(verb),
+        e if e < 0 => Error::from_errno(verb, -e),
+        e => Error::from_errno(verb, e),
     }
 }
 

@@ -285,9 +285,9 @@ impl CompletionQueue {
             }
             let mut failed = 0;
             loop {
-                // SAFETY: a completion is current (start/next returned 0);
-                // `start + n < raw.len()`.
-                unsafe { ex.read(&mut out.raw[start + n], &mut out.stamps[start + n]) };
+                let (wc, stamp) = out.entry_mut(start + n);
+                // SAFETY: a completion is current (start/next returned 0).
+                unsafe { ex.read(wc, stamp) };
                 n += 1;
                 if n == room || ex.one_per_cycle {
                     break;

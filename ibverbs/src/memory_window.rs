@@ -594,7 +594,7 @@ impl QueuePair {
         let mut bad = std::ptr::null_mut();
         // SAFETY: live QP; one NULL-terminated request without SGEs whose
         // window and region are held by its slot.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { self.provider_post_send(wr, &mut bad) };
         crate::error::ret_errno("ibv_post_send", rc)
     }
 

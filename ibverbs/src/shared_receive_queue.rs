@@ -10,7 +10,7 @@ use crate::error::{ret_errno, ret_ptr, Result};
 use crate::queue_pair::{
     check_bufs, post_recv_common, release_after_destroy, RecvRequest, RecvScratch, RecvWork,
 };
-use crate::wq_table::{Mode, WqTable};
+use crate::wq_table::{Mode, TableRef, WqTable};
 #[cfg(doc)]
 use crate::Error;
 use crate::{CompletionQueue, ProtectionDomain};
@@ -143,7 +143,7 @@ impl SharedReceiveQueue {
     /// [`Error::CqTooSmall`]: nothing attached.
     pub(crate) fn attach_cq(&self, cq: &CompletionQueue) -> Result<()> {
         let table = &self.inner.table;
-        cq.register(table.clone(), self.inner.asked_wr)?;
+        cq.register(TableRef::Recv(table.clone()), self.inner.asked_wr)?;
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
             cqs.push(cq.clone());

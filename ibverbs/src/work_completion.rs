@@ -130,6 +130,14 @@ impl WorkCompletion {
         unsafe { &*(raw as *const sys::ibv_wc).cast::<WorkCompletion>() }
     }
 
+    /// The raw entries of `wcs`.
+    #[inline]
+    pub(crate) fn raw_slice_mut(wcs: &mut [WorkCompletion]) -> &mut [sys::ibv_wc] {
+        // SAFETY: WorkCompletion is repr(transparent) over ibv_wc, so the
+        // slices have the same layout; the borrow is carried over.
+        unsafe { std::slice::from_raw_parts_mut(wcs.as_mut_ptr().cast(), wcs.len()) }
+    }
+
     /// The work request id: the one the request was posted with (the
     /// safe polls give each entry its caller's `wr_id` back; an entry from
     /// [`poll_raw`](crate::CompletionQueue::poll_raw) carries what the raw

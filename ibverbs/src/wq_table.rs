@@ -88,21 +88,6 @@ impl Default for Held {
     }
 }
 
-impl Held {
-    /// The request's completion arrived with `status`: the buffers go back
-    /// to the caller, a window learns the status.
-    #[inline]
-    fn release(self, status: u32) -> SgList {
-        match self {
-            Held::Sg(sg) => sg,
-            Held::Window(op) => {
-                op.complete(status);
-                SgList::Empty
-            }
-        }
-    }
-}
-
 #[derive(Default)]
 struct Slot {
     tag: u32,
@@ -121,6 +106,17 @@ struct Slot {
 pub(crate) enum Mode {
     Ring,
     Slab,
+}
+
+/// What a table's scratch type says of the table: a send queue's is
+/// always a ring, so its data path's mode tests fold away.
+pub(crate) trait Kind {
+    /// Every table of this type is a [`Mode::Ring`].
+    const ALWAYS_RING: bool;
+}
+
+impl Kind for () {
+    const ALWAYS_RING: bool = false;
 }
 
 pub(crate) struct TableState<S> {
@@ -147,7 +143,9 @@ pub(crate) struct WqTable<S> {
     state: Mutex<TableState<S>>,
 }
 
-/// The result of retiring a completion's slot.
+/// The result of retiring a completion's slot (the table's unit tests
+/// look at it; a CQ claims into its batch, see [`Retire::claim_into`]).
+#[cfg(test)]
 pub(crate) struct Retired {
     pub(crate) user_wr_id: u64,
     pub(crate) dispatched: bool,
@@ -223,7 +221,7 @@ impl<S> WqTable<S> {
     }
 }
 
-impl<S> TableState<S> {
+impl<S: Kind> TableState<S> {
     /// Free slots.
     pub(crate) fn available(&self, mode: Mode, capacity: u32) -> u32 {
         match mode {
@@ -237,7 +235,7 @@ impl<S> TableState<S> {
     /// first and its slot filled after the doorbell.
     #[inline]
     pub(crate) fn next_tag(&self, table: &WqTable<S>) -> u32 {
-        match table.mode {
+        match table.mode() {
             Mode::Ring => self.head,
             Mode::Slab => {
                 let idx = *self.free.last().expect("caller checked available()");
@@ -257,6 +255,7 @@ impl<S> TableState<S> {
     /// (an unsignaled one may carry only what the device cannot write and
     /// the user does not own exclusively: frozen buffers, inline data,
     /// address handles, since the next completion of the queue releases it).
+    #[inline]
     pub(crate) fn reserve_as(
         &mut self,
         table: &WqTable<S>,
@@ -264,8 +263,22 @@ impl<S> TableState<S> {
         payload: Payload,
         signaled: bool,
     ) -> u32 {
+        self.reserve_with(table, user_wr_id, payload, signaled, false)
+    }
+
+    /// [`reserve_as`](Self::reserve_as), the slot marked as the async
+    /// dispatcher's when `dispatched` (see [`dispatch`](Self::dispatch)).
+    #[inline(always)]
+    pub(crate) fn reserve_with(
+        &mut self,
+        table: &WqTable<S>,
+        user_wr_id: u64,
+        payload: Payload,
+        signaled: bool,
+        dispatched: bool,
+    ) -> u32 {
         let tag = self.next_tag(table);
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => {
                 self.head = self.head.wrapping_add(1);
                 (tag & table.mask) as usize
@@ -280,8 +293,8 @@ impl<S> TableState<S> {
         debug_assert!(!slot.occupied);
         slot.tag = tag;
         slot.occupied = true;
-        slot.dispatched = false;
-        slot.signaled = signaled || table.mode == Mode::Slab;
+        slot.dispatched = dispatched;
+        slot.signaled = signaled || table.mode() == Mode::Slab;
         slot.user_wr_id = user_wr_id;
         // A free slot's payload is empty (retire, unreserve and take_all
         // take it out): overwrite it without running its drop glue.
@@ -293,7 +306,7 @@ impl<S> TableState<S> {
     /// [`Claimed::dispatched`]). Called under the same lock as `reserve`,
     /// so no completion can claim the slot before.
     pub(crate) fn dispatch(&mut self, table: &WqTable<S>, tag: u32) {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => (tag & table.mask) as usize,
             Mode::Slab => (tag & 0xff_ffff) as usize,
         };
@@ -304,7 +317,7 @@ impl<S> TableState<S> {
 
     /// Moves the payload into a reserved slot once the device took the request.
     pub(crate) fn store(&mut self, table: &WqTable<S>, tag: u32, payload: Payload) {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => (tag & table.mask) as usize,
             Mode::Slab => (tag & 0xff_ffff) as usize,
         };
@@ -316,7 +329,7 @@ impl<S> TableState<S> {
     /// Undoes the most recent reservations (ring) / a reservation (slab) of
     /// requests the device refused, giving their payloads back.
     pub(crate) fn unreserve(&mut self, table: &WqTable<S>, tag: u32) -> Option<Payload> {
-        let idx = match table.mode {
+        let idx = match table.mode() {
             Mode::Ring => {
                 // Only the newest reservation can be undone.
                 if self.head.wrapping_sub(1) != tag {
@@ -336,18 +349,37 @@ impl<S> TableState<S> {
         Some(std::mem::take(&mut slot.payload))
     }
 
-    /// Retires the slot named by `tag`. For a ring, the earlier outstanding
-    /// *unsignaled* requests (which never complete on their own) are
-    /// retired too and their payloads dropped: the device finished them
-    /// before this completion, and only frozen buffers, inline data and
-    /// address handles may ride on unsignaled requests, so nothing the
-    /// user owns exclusively is lost. Earlier *signaled* requests keep their
-    /// slots: their completions were polled but may not be claimed yet
-    /// (another thread polling the same CQ), and their buffers go back
-    /// only with them. The tail then advances over the released prefix.
-    /// Stale, unknown or already retired tags give `None`.
+    /// [`retire_slot`](Self::retire_slot), the payload taken out (what
+    /// the unit tests look at).
+    #[cfg(test)]
     pub(crate) fn retire(&mut self, table: &WqTable<S>, tag: u32) -> Option<Retired> {
-        match table.mode {
+        self.retire_slot(table, tag, |slot| Retired {
+            user_wr_id: slot.user_wr_id,
+            dispatched: slot.dispatched,
+            payload: std::mem::take(&mut slot.payload),
+        })
+    }
+
+    /// Retires the slot named by `tag`: `take` gets the (now free) slot
+    /// to take the payload out of, before the ring's bookkeeping. For a
+    /// ring, the earlier outstanding *unsignaled* requests (which
+    /// never complete on their own) are retired too and their payloads
+    /// dropped: the device finished them before this completion, and only
+    /// frozen buffers, inline data and address handles may ride on
+    /// unsignaled requests, so nothing the user owns exclusively is lost.
+    /// Earlier *signaled* requests keep their slots: their completions
+    /// were polled but may not be claimed yet (another thread polling the
+    /// same CQ), and their buffers go back only with them. The tail then
+    /// advances over the released prefix. Stale, unknown or already
+    /// retired tags give `None`.
+    #[inline(always)]
+    fn retire_slot<R>(
+        &mut self,
+        table: &WqTable<S>,
+        tag: u32,
+        take: impl FnOnce(&mut Slot) -> R,
+    ) -> Option<R> {
+        match table.mode() {
             Mode::Ring => {
                 let outstanding = self.head.wrapping_sub(self.tail);
                 let pos = tag.wrapping_sub(self.tail);
@@ -362,34 +394,18 @@ impl<S> TableState<S> {
                     return None;
                 }
                 slot.occupied = false;
-                let retired = Retired {
-                    user_wr_id: slot.user_wr_id,
-                    dispatched: slot.dispatched,
-                    payload: std::mem::take(&mut slot.payload),
-                };
-                // Invariant: every retire releases the unsignaled requests
-                // before its own, so walking back from `tag` may stop at the
-                // first free slot (everything before it was settled when it
-                // was retired). In order, with every request signaled, the
-                // walk is empty.
-                let mut seq = tag;
-                while seq != self.tail {
-                    seq = seq.wrapping_sub(1);
-                    let slot = &mut self.slots[(seq & table.mask) as usize];
-                    if !slot.occupied {
-                        break;
-                    }
-                    if !slot.signaled {
-                        slot.occupied = false;
-                        drop(std::mem::take(&mut slot.payload));
-                    }
+                let taken = take(slot);
+                // In order, with every request signaled, `tag` is the
+                // tail: nothing before it to release.
+                if tag != self.tail {
+                    self.release_unsignaled_before(table, tag);
                 }
                 while self.tail != self.head
                     && !self.slots[(self.tail & table.mask) as usize].occupied
                 {
                     self.tail = self.tail.wrapping_add(1);
                 }
-                Some(retired)
+                Some(taken)
             }
             Mode::Slab => {
                 let idx = (tag & 0xff_ffff) as usize;
@@ -398,12 +414,31 @@ impl<S> TableState<S> {
                     return None;
                 }
                 slot.occupied = false;
+                let taken = take(slot);
                 self.free.push(idx as u32);
-                Some(Retired {
-                    user_wr_id: slot.user_wr_id,
-                    dispatched: slot.dispatched,
-                    payload: std::mem::take(&mut slot.payload),
-                })
+                Some(taken)
+            }
+        }
+    }
+
+    /// Releases the outstanding unsignaled requests of a ring before the
+    /// one `tag` names (whose completion retires them: the device finished
+    /// them first). Invariant: every retire releases the unsignaled
+    /// requests before its own, so walking back from `tag` may stop at the
+    /// first free slot (everything before it was settled when it was
+    /// retired).
+    #[inline(never)]
+    fn release_unsignaled_before(&mut self, table: &WqTable<S>, tag: u32) {
+        let mut seq = tag;
+        while seq != self.tail {
+            seq = seq.wrapping_sub(1);
+            let slot = &mut self.slots[(seq & table.mask) as usize];
+            if !slot.occupied {
+                break;
+            }
+            if !slot.signaled {
+                slot.occupied = false;
+                drop(std::mem::take(&mut slot.payload));
             }
         }
     }
@@ -428,7 +463,7 @@ impl<S> TableState<S> {
 }
 
 #[cfg(test)]
-impl<S> TableState<S> {
+impl<S: Kind> TableState<S> {
     /// Heap bytes of the slots and the slab's free list (footprint tests).
     pub(crate) fn slot_heap_bytes(&self) -> usize {
         use std::mem::size_of;
@@ -438,13 +473,20 @@ impl<S> TableState<S> {
     }
 }
 
-impl<S> WqTable<S> {
+impl<S: Kind> WqTable<S> {
+    /// The table's mode (a constant for send queues: see [`Kind`]).
+    #[inline(always)]
     pub(crate) fn mode(&self) -> Mode {
-        self.mode
+        if S::ALWAYS_RING {
+            debug_assert_eq!(self.mode, Mode::Ring);
+            Mode::Ring
+        } else {
+            self.mode
+        }
     }
 
     pub(crate) fn check_room(&self, st: &TableState<S>, n: usize) -> Result<()> {
-        if (st.available(self.mode, self.capacity) as usize) < n {
+        if (st.available(self.mode(), self.capacity) as usize) < n {
             return Err(Error::QueueFull {
                 queue: self.queue,
                 depth: self.capacity,
@@ -454,26 +496,87 @@ impl<S> WqTable<S> {
     }
 }
 
-/// Type-erased access for completion queues, which see tables of send
+/// What a completion queue's registry holds per queue: tables of send
 /// queues, receive queues and SRQs alike.
 pub(crate) trait Retire: Send + Sync {
     fn id(&self) -> u32;
-    /// Retires slot `tag`, whose completion has `status`: the caller's
-    /// `wr_id` and the request's buffers. What else it kept alive (address
-    /// handle, memory window) is released here, after the table's lock,
-    /// and a window learns the status.
-    fn retire(&self, tag: u32, status: u32) -> Option<Claimed>;
+    /// Retires slot `tag`, whose completion has `status`: moves the
+    /// request's buffers into `sg` (which must be [`SgList::Empty`]: it is
+    /// overwritten, not dropped) and returns the caller's `wr_id` and
+    /// whether the async dispatcher posted the request (see
+    /// [`Claimed::dispatched`]); `None` for a stale or unknown tag. What
+    /// else the request kept alive (address handle, memory window) is
+    /// released here, after the table's lock, and a window learns the
+    /// status.
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)>;
+
+    /// [`claim_into`](Self::claim_into) as a [`Claimed`].
+    #[inline(always)]
+    fn claim(&self, tag: u32, status: u32) -> Option<Claimed> {
+        let mut sg = SgList::Empty;
+        let (wr_id, dispatched) = self.claim_into(tag, status, &mut sg)?;
+        Some(Claimed {
+            wr_id,
+            dispatched,
+            sg,
+        })
+    }
 }
 
-impl<S: Send> Retire for WqTable<S> {
+/// A queue's in-flight table as a CQ's registry holds it. An enum, not a
+/// `dyn Retire`: the claim is inlined into the poll loop (no indirect call,
+/// and the claimed buffers go straight into the caller's entry).
+#[derive(Clone)]
+pub(crate) enum TableRef {
+    /// A send queue's.
+    Send(Arc<WqTable<crate::queue_pair::SendScratch>>),
+    /// A receive queue's or an SRQ's.
+    Recv(Arc<WqTable<crate::queue_pair::RecvScratch>>),
+}
+
+impl Retire for TableRef {
+    #[inline]
     fn id(&self) -> u32 {
-        self.id
+        match self {
+            TableRef::Send(t) => t.id,
+            TableRef::Recv(t) => t.id,
+        }
     }
-    fn retire(&self, tag: u32, status: u32) -> Option<Claimed> {
-        let r = self.lock().retire(self, tag)?;
-        // The lock is released (the guard was a temporary): the address
-        // handle and memory window the request kept alive go here.
-        let Payload { held, ah } = r.payload;
+    #[inline(always)]
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)> {
+        match self {
+            TableRef::Send(t) => t.claim_into(tag, status, sg),
+            TableRef::Recv(t) => t.claim_into(tag, status, sg),
+        }
+    }
+}
+
+impl<S: Send + Kind> WqTable<S> {
+    /// [`Retire::claim_into`] of this table.
+    #[inline(always)]
+    fn claim_into(&self, tag: u32, status: u32, sg: &mut SgList) -> Option<(u64, bool)> {
+        // What the request kept alive besides its buffers: the address
+        // handle is dropped and a window told the status after the lock.
+        let mut ah = None;
+        let mut window = None;
+        let mut st = self.lock();
+        let ids = st.retire_slot(
+            self,
+            tag,
+            #[inline(always)]
+            |slot| {
+                // The buffers go straight into `sg` (which is empty: nothing
+                // to drop); the slot's payload is left empty.
+                ah = slot.payload.ah.take();
+                if let Held::Sg(held) = &mut slot.payload.held {
+                    std::mem::forget(std::mem::replace(sg, std::mem::take(held)));
+                } else if let Held::Window(op) = std::mem::take(&mut slot.payload.held) {
+                    window = Some(op);
+                }
+                (slot.user_wr_id, slot.dispatched)
+            },
+        );
+        drop(st);
         if ah.is_some() {
             drop(ah);
         } else {
@@ -481,12 +584,10 @@ impl<S: Send> Retire for WqTable<S> {
             // drop glue on the common path.
             std::mem::forget(ah);
         }
-        let sg = held.release(status);
-        Some(Claimed {
-            wr_id: r.user_wr_id,
-            dispatched: r.dispatched,
-            sg,
-        })
+        if let Some(op) = window {
+            op.complete(status);
+        }
+        ids
     }
 }
 

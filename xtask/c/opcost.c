@@ -1,6 +1,7 @@
 /* The C twin of examples/opcost.rs for `cargo xtask instr`: the same program
  * on libibverbs, written the way perftest writes its loops (one ibv_send_wr
- * per request, built once and re-posted). N RC queue pairs, each connected
+ * per request, built once and re-posted; each request's record names its
+ * queue pair, as the Rust program's do). N RC queue pairs, each connected
  * to itself, share one CQ per thread; every round posts `depth` signaled
  * RDMA writes per queue pair, sleeps until they completed, and polls them
  * in batches of 16. instr_post / instr_poll / instr_empty / instr_wait are
@@ -31,13 +32,19 @@ struct args {
 	int port, gid;
 };
 
+/* One request: its queue pair and its work request, built once. */
+struct req {
+	struct ibv_qp *qp;
+	struct ibv_send_wr wr;
+};
+
 struct lane {
 	struct ibv_cq *cq;
 	struct ibv_comp_channel *channel;
 	struct ibv_qp **qps;
 	struct ibv_mr *mr;
 	char *bufs;
-	struct ibv_send_wr *wrs;
+	struct req *reqs;
 	struct ibv_sge *sges;
 	int nqps, depth;
 	long polls, short_polls;
@@ -77,10 +84,10 @@ static void sleep_us(long us)
 	nanosleep(&t, NULL);
 }
 
-NOINLINE static int instr_post(struct lane *l, int i)
+NOINLINE static int instr_post(struct req *r)
 {
 	struct ibv_send_wr *bad;
-	return ibv_post_send(l->qps[i / l->depth], &l->wrs[i], &bad);
+	return ibv_post_send(r->qp, &r->wr, &bad);
 }
 
 static inline int poll_body(struct lane *l, struct ibv_wc *wc)
@@ -126,7 +133,7 @@ static void *run_lane(void *arg)
 			goto fail;
 	for (long r = 0; r < l->rounds; r++) {
 		for (int i = 0; i < per_round; i++)
-			if (instr_post(l, i))
+			if (instr_post(&l->reqs[i]))
 				goto fail;
 		if (l->events) {
 			if (instr_wait(l))
@@ -328,19 +335,21 @@ int main(int argc, char **argv)
 		l->mr = ibv_reg_mr(pd, l->bufs, (size_t)n * a.size, IBV_ACCESS_LOCAL_WRITE);
 		if (!l->mr)
 			die("ibv_reg_mr");
-		l->wrs = calloc(n, sizeof(*l->wrs));
+		l->reqs = calloc(n, sizeof(*l->reqs));
 		l->sges = calloc(n, sizeof(*l->sges));
 		for (int i = 0; i < n; i++) {
 			l->sges[i].addr = (uintptr_t)l->bufs + (size_t)i * a.size;
 			l->sges[i].length = a.size;
 			l->sges[i].lkey = l->mr->lkey;
-			l->wrs[i].wr_id = i;
-			l->wrs[i].sg_list = &l->sges[i];
-			l->wrs[i].num_sge = 1;
-			l->wrs[i].opcode = IBV_WR_RDMA_WRITE;
-			l->wrs[i].send_flags = IBV_SEND_SIGNALED;
-			l->wrs[i].wr.rdma.remote_addr = (uintptr_t)target;
-			l->wrs[i].wr.rdma.rkey = tmr->rkey;
+			struct ibv_send_wr *wr = &l->reqs[i].wr;
+			l->reqs[i].qp = l->qps[i / a.depth];
+			wr->wr_id = i;
+			wr->sg_list = &l->sges[i];
+			wr->num_sge = 1;
+			wr->opcode = IBV_WR_RDMA_WRITE;
+			wr->send_flags = IBV_SEND_SIGNALED;
+			wr->wr.rdma.remote_addr = (uintptr_t)target;
+			wr->wr.rdma.rkey = tmr->rkey;
 		}
 	}
 	long rss_bufs = rss_kib();

@@ -58,8 +58,11 @@ pub struct Completion {
     /// it kept alive are released when it is claimed). Dropped by `Drop`
     /// only when not empty: the common empty case costs no call.
     sg: std::mem::ManuallyDrop<SgList>,
-    timestamp: Option<u64>,
+    /// The completion timestamp, when `stamped` (copied as it is either
+    /// way: no branch when a batch's completions are taken).
+    stamp: u64,
     origin: Origin,
+    stamped: bool,
 }
 
 /// Who posted a completion's request, as its slot (or prepared posting)
@@ -79,10 +82,18 @@ impl Drop for Completion {
     #[inline]
     fn drop(&mut self) {
         if !matches!(*self.sg, SgList::Empty) {
-            // SAFETY: `sg` is dropped only here, once, and never used after.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.sg) }
+            // SAFETY: `sg` is taken only here, once, and never used after.
+            drop_buffers(unsafe { std::mem::ManuallyDrop::take(&mut self.sg) });
         }
     }
+}
+
+/// The buffers a dropped [`Completion`] still held. Out of line, so that
+/// dropping a completion whose buffers were taken (or that had none) is
+/// one test where it is dropped.
+#[inline(never)]
+fn drop_buffers(sg: SgList) {
+    drop(sg);
 }
 
 impl std::ops::Deref for Completion {
@@ -119,8 +130,9 @@ impl Completion {
         Completion {
             wc: WorkCompletion { raw },
             sg: std::mem::ManuallyDrop::new(sg),
-            timestamp,
+            stamp: timestamp.unwrap_or(0),
             origin,
+            stamped: timestamp.is_some(),
         }
     }
 
@@ -148,7 +160,7 @@ impl Completion {
     /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
     #[inline]
     pub fn timestamp(&self) -> Option<u64> {
-        self.timestamp
+        self.stamped.then_some(self.stamp)
     }
     /// Whether no posted request matched (raw-path requests, or a stale
     /// completion of a destroyed queue pair).
@@ -176,6 +188,21 @@ impl Completion {
     /// [`take_buffers`](Self::take_buffers)).
     #[inline]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+        // The common case (a one-buffer request's local buffer) inline:
+        // anything else is put back as it was (the placeholder `Empty` is
+        // forgotten, not dropped) and left to the general case.
+        match std::mem::take(&mut *self.sg) {
+            SgList::One(Buf::Local(b)) => Some(b),
+            other => {
+                std::mem::forget(std::mem::replace(&mut *self.sg, other));
+                self.take_local_other()
+            }
+        }
+    }
+    /// [`take_local`](Self::take_local) but for a one-buffer request's
+    /// local buffer (out of line: the data path's case is that one).
+    #[inline(never)]
+    fn take_local_other(&mut self) -> Option<crate::LocalBuffer> {
         self.take_one_if(|b| matches!(b, Buf::Local(_)))
             .and_then(Buf::into_local)
     }
@@ -249,10 +276,12 @@ mod tests {
     /// orphans.
     fn hold(out: &mut Completions, wr_ids: &[u64]) {
         let start = out.free_start();
-        for (i, &w) in wr_ids.iter().enumerate() {
-            out.raw[start + i].wr_id = w;
-            out.hold(start + i, None, false);
+        let (raw, claims) = out.fresh(start, wr_ids.len());
+        for ((wc, claim), &w) in raw.iter_mut().zip(claims).zip(wr_ids) {
+            wc.wr_id = w;
+            claim.hold(wc, None, false);
         }
+        out.held(wr_ids.len());
     }
 
     #[test]
@@ -312,9 +341,10 @@ pub struct Completions {
     /// The entries: `[head, head + len)` are held (claimed: `wr_id` is the
     /// caller's); the provider writes new ones after them.
     pub(crate) raw: Box<[sys::ibv_wc]>,
-    /// Completion timestamps read from an extended CQ, by entry.
-    pub(crate) stamps: Box<[u64]>,
-    /// What each held entry's request left: its buffers, who posted it.
+    /// What each held entry's request left (its buffers, who posted it)
+    /// and its timestamp, by entry (as long as `raw`). A free entry's
+    /// buffers are always [`SgList::Empty`] (taking a completion takes
+    /// them), so holding an entry writes its claim without dropping.
     claims: Box<[Claim]>,
     head: usize,
     len: usize,
@@ -322,11 +352,70 @@ pub struct Completions {
 
 /// What a poll claimed for one entry of a [`Completions`].
 #[derive(Default)]
-struct Claim {
+pub(crate) struct Claim {
     sg: SgList,
+    /// The completion timestamp read from an extended CQ.
+    stamp: u64,
     origin: Origin,
-    /// Whether the entry's timestamp was read (extended CQ).
+    /// Whether `stamp` was read (extended CQ).
     stamped: bool,
+}
+
+impl Claim {
+    /// The buffers of this (free) claim, for a table to move a request's
+    /// into: they are [`SgList::Empty`], and are overwritten, not dropped.
+    #[inline(always)]
+    pub(crate) fn sg_mut(&mut self) -> &mut SgList {
+        &mut self.sg
+    }
+
+    /// Holds the entry `wc`, whose request's buffers a table already moved
+    /// into this claim ([`sg_mut`](Self::sg_mut)): `ids` is the caller's
+    /// `wr_id` (it goes into the entry) and whether the dispatcher posted
+    /// the request (`None`: an orphan).
+    #[inline(always)]
+    pub(crate) fn hold(&mut self, wc: &mut sys::ibv_wc, ids: Option<(u64, bool)>, stamped: bool) {
+        self.stamped = stamped;
+        match ids {
+            Some((wr_id, dispatched)) => {
+                wc.wr_id = wr_id;
+                self.origin = if dispatched {
+                    Origin::Dispatcher
+                } else {
+                    Origin::Caller
+                };
+            }
+            None => self.origin = Origin::Orphan,
+        }
+    }
+
+    /// [`hold`](Self::hold) for a prepared posting, whose entry already
+    /// has the caller's `wr_id`: no buffers.
+    #[inline(always)]
+    pub(crate) fn hold_prepared(&mut self, stamped: bool) {
+        self.stamped = stamped;
+        self.origin = Origin::Caller;
+    }
+
+    /// The [`Completion`] of entry `wc`, held with this claim; the claim's
+    /// buffers go with it (the entry is free again).
+    #[inline(always)]
+    fn take(&mut self, wc: &sys::ibv_wc) -> Completion {
+        // The claim first: the entry is then read straight into place.
+        // A prepared posting's claim has no buffers: nothing to move.
+        let sg = if matches!(self.sg, SgList::Empty) {
+            SgList::Empty
+        } else {
+            std::mem::take(&mut self.sg)
+        };
+        Completion {
+            wc: WorkCompletion { raw: *wc },
+            sg: std::mem::ManuallyDrop::new(sg),
+            stamp: self.stamp,
+            origin: self.origin,
+            stamped: self.stamped,
+        }
+    }
 }
 
 impl Completions {
@@ -335,11 +424,32 @@ impl Completions {
         let capacity = capacity.max(1);
         Completions {
             raw: vec![sys::ibv_wc::default(); capacity].into_boxed_slice(),
-            stamps: vec![0; capacity].into_boxed_slice(),
             claims: (0..capacity).map(|_| Claim::default()).collect(),
             head: 0,
             len: 0,
         }
+    }
+
+    /// Entries `start..start + n` (the free tail a poll just wrote, see
+    /// [`free_start`](Self::free_start)) and their claims, for the poll to
+    /// claim in place; [`held`](Self::held) counts them afterwards.
+    #[inline(always)]
+    pub(crate) fn fresh(&mut self, start: usize, n: usize) -> (&mut [sys::ibv_wc], &mut [Claim]) {
+        debug_assert_eq!(start, self.head + self.len);
+        let range = start..start + n;
+        (&mut self.raw[range.clone()], &mut self.claims[range])
+    }
+
+    /// Counts the `n` entries [`fresh`](Self::fresh) gave as held.
+    #[inline(always)]
+    pub(crate) fn held(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Entry `i` and its timestamp, for an extended CQ's poll to write.
+    #[inline]
+    pub(crate) fn entry_mut(&mut self, i: usize) -> (&mut sys::ibv_wc, &mut u64) {
+        (&mut self.raw[i], &mut self.claims[i].stamp)
     }
 
     /// Where the provider may write: the index after the held entries,
@@ -362,51 +472,13 @@ impl Completions {
     fn compact(&mut self) -> usize {
         if self.head > 0 && self.head + self.len == self.raw.len() {
             let held = self.head..self.head + self.len;
-            self.raw.copy_within(held.clone(), 0);
-            self.stamps.copy_within(held, 0);
+            self.raw.copy_within(held, 0);
             for i in 0..self.len {
                 self.claims.swap(i, self.head + i);
             }
             self.head = 0;
         }
         self.head + self.len
-    }
-
-    /// Holds entry `i`, the next after the held ones, with what its
-    /// request left (`None`: an orphan). A free entry's buffers are always
-    /// [`SgList::Empty`] (`pop` took them), so only the fields are written.
-    #[inline]
-    pub(crate) fn hold(&mut self, i: usize, claimed: Option<Claimed>, stamped: bool) {
-        debug_assert_eq!(i, self.head + self.len);
-        let claim = &mut self.claims[i];
-        claim.stamped = stamped;
-        match claimed {
-            Some(c) => {
-                self.raw[i].wr_id = c.wr_id;
-                claim.origin = if c.dispatched {
-                    Origin::Dispatcher
-                } else {
-                    Origin::Caller
-                };
-                if !matches!(c.sg, SgList::Empty) {
-                    claim.sg = c.sg;
-                }
-            }
-            None => claim.origin = Origin::Orphan,
-        }
-        self.len += 1;
-    }
-
-    /// [`hold`](Self::hold) for a prepared posting: the caller's `wr_id`,
-    /// no buffers.
-    #[inline]
-    pub(crate) fn hold_prepared(&mut self, i: usize, wr_id: u64, stamped: bool) {
-        debug_assert_eq!(i, self.head + self.len);
-        self.raw[i].wr_id = wr_id;
-        let claim = &mut self.claims[i];
-        claim.stamped = stamped;
-        claim.origin = Origin::Caller;
-        self.len += 1;
     }
 
     /// Completions held.
@@ -428,19 +500,24 @@ impl Completions {
         let i = self.head;
         self.head += 1;
         self.len -= 1;
-        let claim = &mut self.claims[i];
-        Some(Completion {
-            wc: WorkCompletion { raw: self.raw[i] },
-            sg: std::mem::ManuallyDrop::new(std::mem::take(&mut claim.sg)),
-            timestamp: claim.stamped.then(|| self.stamps[i]),
-            origin: claim.origin,
-        })
+        Some(self.claims[i].take(&self.raw[i]))
     }
     /// Takes all held completions, oldest first (those the iterator is
-    /// dropped before reaching are dropped with it, buffers included).
+    /// dropped before reaching are dropped with it, buffers included; a
+    /// drain that is forgotten instead leaks them).
     #[inline]
     pub fn drain(&mut self) -> CompletionsDrain<'_> {
-        CompletionsDrain { out: self }
+        let held = self.head..self.head + self.len;
+        // All taken from here on: the drain walks them (no per-entry
+        // bookkeeping here), and `mem::forget` of it leaks what it did not
+        // reach, never hands it out twice (as `Vec::drain`).
+        self.head = 0;
+        self.len = 0;
+        CompletionsDrain {
+            rest: self.raw[held.clone()]
+                .iter()
+                .zip(self.claims[held].iter_mut()),
+        }
     }
     /// Looks at the held completions' entries (`wr_id` the caller's).
     pub fn iter(&self) -> impl Iterator<Item = &WorkCompletion> {
@@ -452,18 +529,20 @@ impl Completions {
 
 /// The iterator of [`Completions::drain`].
 pub struct CompletionsDrain<'a> {
-    out: &'a mut Completions,
+    /// The held entries not yet taken, with their claims.
+    rest: std::iter::Zip<std::slice::Iter<'a, sys::ibv_wc>, std::slice::IterMut<'a, Claim>>,
 }
 
 impl Iterator for CompletionsDrain<'_> {
     type Item = Completion;
     #[inline]
     fn next(&mut self) -> Option<Completion> {
-        self.out.pop()
+        let (wc, claim) = self.rest.next()?;
+        Some(claim.take(wc))
     }
     #[inline]
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.out.len, Some(self.out.len))
+        self.rest.size_hint()
     }
 }
 
@@ -473,9 +552,10 @@ impl Drop for CompletionsDrain<'_> {
     #[inline]
     fn drop(&mut self) {
         // As `VecDeque::drain(..)`: what was not taken goes, buffers and
-        // all (to their owners' drop); fully drained, one comparison.
-        while self.out.len > 0 {
-            drop(self.out.pop());
+        // all (to their owners' drop), and the entries are free again
+        // (their buffers `Empty`); fully drained, one comparison.
+        for (_, claim) in self.rest.by_ref() {
+            drop(std::mem::take(&mut claim.sg));
         }
     }
 }

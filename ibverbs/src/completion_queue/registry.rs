@@ -18,25 +18,23 @@
 //! n-th queue, still spread, because the index comes from the product's
 //! high bits, which every bit of the id reaches).
 
-use std::sync::Arc;
-
-use crate::wq_table::Retire;
+use crate::wq_table::{Retire, TableRef};
 
 /// 2^64 / φ, odd: the Fibonacci hashing multiplier.
 const FIB: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The smallest table allocated (slots).
 const MIN_SLOTS: usize = 8;
 
-struct Entry {
+struct Entry<T> {
     id: u32,
     /// The depth the queue asked for (what the CQ must hold for it).
     depth: u32,
     /// `None`: the slot is empty (`id` and `depth` mean nothing then).
-    table: Option<Arc<dyn Retire>>,
+    table: Option<T>,
 }
 
-impl Entry {
-    const EMPTY: Entry = Entry {
+impl<T> Entry<T> {
+    const EMPTY: Entry<T> = Entry {
         id: 0,
         depth: 0,
         table: None,
@@ -44,11 +42,12 @@ impl Entry {
 }
 
 /// The tables of the queues reporting to one CQ (see the module docs),
-/// and the sum of their depths.
-pub(crate) struct Registry {
+/// and the sum of their depths. Generic over the table type for the
+/// tests; a CQ's holds [`TableRef`]s (static dispatch).
+pub(crate) struct Registry<T = TableRef> {
     /// Empty, or a power of two of at least [`MIN_SLOTS`] slots, at most
     /// half of them taken: every probe run ends at an empty slot.
-    slots: Box<[Entry]>,
+    slots: Box<[Entry<T>]>,
     /// `64 - log2(slots.len())`: the hash's top bits index the slots.
     shift: u32,
     len: usize,
@@ -57,9 +56,9 @@ pub(crate) struct Registry {
     depth_sum: u64,
 }
 
-impl Registry {
+impl<T: Retire> Registry<T> {
     /// An empty registry; allocates nothing until the first insertion.
-    pub(crate) fn new() -> Registry {
+    pub(crate) fn new() -> Registry<T> {
         Registry {
             slots: Box::new([]),
             // Any index this gives is out of bounds of the empty slots.
@@ -82,14 +81,14 @@ impl Registry {
 
     /// The slot holding `id` and its table, if registered.
     #[inline(always)]
-    fn probe(&self, id: u32) -> Option<(usize, &dyn Retire)> {
+    fn probe(&self, id: u32) -> Option<(usize, &T)> {
         let mask = self.mask();
         let mut i = self.home(id);
         loop {
             // `get`: the empty registry has no slot at all (the only case
             // where `i` can be out of bounds) and gives `None` here.
             let e = self.slots.get(i)?;
-            let t = e.table.as_deref()?;
+            let t = e.table.as_ref()?;
             if e.id == id {
                 return Some((i, t));
             }
@@ -102,7 +101,7 @@ impl Registry {
     /// this CQ has that id (a raw `wr_id`, a destroyed queue's stale
     /// completion).
     #[inline(always)]
-    pub(crate) fn get(&self, id: u32) -> Option<&dyn Retire> {
+    pub(crate) fn get(&self, id: u32) -> Option<&T> {
         self.probe(id).map(|(_, t)| t)
     }
 
@@ -118,7 +117,7 @@ impl Registry {
 
     /// Registers `table` under its id with `depth`; `false` (and nothing
     /// changed) when the id is registered already.
-    pub(crate) fn insert(&mut self, table: Arc<dyn Retire>, depth: u32) -> bool {
+    pub(crate) fn insert(&mut self, table: T, depth: u32) -> bool {
         let id = table.id();
         if self.contains(id) {
             return false;
@@ -137,7 +136,7 @@ impl Registry {
     }
 
     /// Puts `e` in the first empty slot of its probe run (there is room).
-    fn place(&mut self, e: Entry) {
+    fn place(&mut self, e: Entry<T>) {
         let mask = self.mask();
         let mut i = self.home(e.id);
         while self.slots[i].table.is_some() {
@@ -162,7 +161,7 @@ impl Registry {
     /// Unregisters `id`: its table, which the caller should drop after
     /// releasing the lock around the registry (it may be the last
     /// reference); `None` when not registered.
-    pub(crate) fn remove(&mut self, id: u32) -> Option<Arc<dyn Retire>> {
+    pub(crate) fn remove(&mut self, id: u32) -> Option<T> {
         let (mut hole, _) = self.probe(id)?;
         let gone = std::mem::replace(&mut self.slots[hole], Entry::EMPTY);
         self.len -= 1;
@@ -195,28 +194,26 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wq_table::Claimed;
     use std::collections::HashMap;
+    use std::sync::Arc;
 
     /// A table that answers every tag with its own id as the `wr_id`.
     struct Fake(u32);
 
-    impl Retire for Fake {
+    impl Retire for Arc<Fake> {
         fn id(&self) -> u32 {
             self.0
         }
-        fn retire(&self, tag: u32, _status: u32) -> Option<Claimed> {
-            Some(Claimed {
-                wr_id: (u64::from(self.0) << 32) | u64::from(tag),
-                dispatched: false,
-                sg: crate::SgList::Empty,
-            })
+        fn claim_into(&self, tag: u32, _: u32, _: &mut crate::SgList) -> Option<(u64, bool)> {
+            Some(((u64::from(self.0) << 32) | u64::from(tag), false))
         }
     }
 
-    fn fake(id: u32) -> Arc<dyn Retire> {
+    fn fake(id: u32) -> Arc<Fake> {
         Arc::new(Fake(id))
     }
+
+    type Registry = super::Registry<Arc<Fake>>;
 
     /// Which table `id` finds (its own id), `None` for none.
     fn found(r: &Registry, id: u32) -> Option<u32> {
@@ -243,7 +240,7 @@ mod tests {
             (found(&r, 5), found(&r, 6), found(&r, 7)),
             (Some(5), Some(6), None)
         );
-        let t = r.get(6).unwrap().retire(3, 0).unwrap();
+        let t = r.get(6).unwrap().claim(3, 0).unwrap();
         assert_eq!(t.wr_id, (6 << 32) | 3);
         assert_eq!(r.remove(5).map(|t| t.id()), Some(5));
         assert_eq!(found(&r, 5), None, "a removed id still found a table");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::port::device_enum;
-use crate::wq_table::{Mode, WqTable};
+use crate::wq_table::{Mode, TableRef, WqTable};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 mod attr;
@@ -27,7 +27,7 @@ mod recv;
 mod request;
 mod transition;
 mod work;
-pub(crate) use post::{check_bufs, RecvScratch};
+pub(crate) use post::{check_bufs, RecvScratch, SendScratch};
 pub(crate) use recv::post_recv_common;
 
 pub use attr::{PathMigState, QpAttr, QpAttrView, QpState};
@@ -92,14 +92,57 @@ impl QpCaps {
     }
 }
 
+/// The provider's `post_send` (`ibv_context_ops::post_send`).
+pub(crate) type PostSendFn = unsafe extern "C" fn(
+    *mut sys::ibv_qp,
+    *mut sys::ibv_send_wr,
+    *mut *mut sys::ibv_send_wr,
+) -> i32;
+/// The provider's `post_recv` (`ibv_context_ops::post_recv`).
+pub(crate) type PostRecvFn = unsafe extern "C" fn(
+    *mut sys::ibv_qp,
+    *mut sys::ibv_recv_wr,
+    *mut *mut sys::ibv_recv_wr,
+) -> i32;
+
+/// What a context without a `post_send` gives (as `ibv_post_send` does).
+unsafe extern "C" fn missing_post_send(
+    _: *mut sys::ibv_qp,
+    _: *mut sys::ibv_send_wr,
+    _: *mut *mut sys::ibv_send_wr,
+) -> i32 {
+    libc::EOPNOTSUPP
+}
+
+/// What a context without a `post_recv` gives (as `ibv_post_recv` does).
+unsafe extern "C" fn missing_post_recv(
+    _: *mut sys::ibv_qp,
+    _: *mut sys::ibv_recv_wr,
+    _: *mut *mut sys::ibv_recv_wr,
+) -> i32 {
+    libc::EOPNOTSUPP
+}
+
 pub(crate) struct QpInner {
     pub(crate) qp: NonNull<sys::ibv_qp>,
+    /// The provider's `post_send` and `post_recv`, read once from the
+    /// context's ops when the QP was wrapped: the functions the
+    /// `ibv_post_send`/`ibv_post_recv` inlines of `verbs.h` call on every
+    /// post (libibverbs sets a context's ops before `ibv_open_device`
+    /// returns, a stub for every op the provider lacks, and never changes
+    /// them). The data path calls them without reading the context or
+    /// testing for NULL each time.
+    post_send_fn: PostSendFn,
+    post_recv_fn: PostRecvFn,
     pub(crate) pd: ProtectionDomain,
     pub(crate) send_cq: CompletionQueue,
     pub(crate) recv_cq: CompletionQueue,
     pub(crate) srq: Option<SharedReceiveQueue>,
     pub(crate) qp_type: QpType,
     pub(crate) caps: QpCaps,
+    /// An RC queue pair whose requests may carry an SGE: what the inline
+    /// common case of the send checks needs to know of it.
+    pub(crate) rc_with_sge: bool,
     pub(crate) sq_sig_all: bool,
     pub(crate) send: Arc<WqTable<post::SendScratch>>,
     pub(crate) recv: Option<Arc<WqTable<post::RecvScratch>>>,
@@ -273,17 +316,24 @@ impl QueuePair {
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     ) -> crate::Result<QueuePair> {
         let (send, recv) = new_tables(caps, asked, srq.is_none());
+        // SAFETY: a live QP (just created) points at its live context.
+        let ops = unsafe { &(*(*qp.as_ptr()).context).ops };
+        let post_send_fn = ops.post_send.unwrap_or(missing_post_send);
+        let post_recv_fn = ops.post_recv.unwrap_or(missing_post_recv);
         // Owned from here: dropping it on an error below destroys the QP
         // (teardown), and unregisters what was registered.
         let qp = QueuePair {
             inner: Arc::new(QpInner {
                 qp,
+                post_send_fn,
+                post_recv_fn,
                 pd,
                 send_cq,
                 recv_cq,
                 srq,
                 qp_type,
                 caps,
+                rc_with_sge: qp_type == QpType::Rc && caps.max_send_sge >= 1,
                 sq_sig_all,
                 qpx,
                 send,
@@ -299,11 +349,13 @@ impl QueuePair {
         // sizes them: providers may grant deeper queues (rxe about twice).
         inner
             .send_cq
-            .register(inner.send.clone(), inner.send.capacity())?;
+            .register(TableRef::Send(inner.send.clone()), inner.send.capacity())?;
         if let Some(srq) = &inner.srq {
             srq.attach_cq(&inner.recv_cq)?;
         } else if let Some(t) = &inner.recv {
-            inner.recv_cq.register(t.clone(), t.capacity())?;
+            inner
+                .recv_cq
+                .register(TableRef::Recv(t.clone()), t.capacity())?;
         }
         Ok(qp)
     }
@@ -456,6 +508,39 @@ impl QueuePair {
     /// The raw QP pointer, valid while `self` lives.
     pub fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.qp.as_ptr()
+    }
+
+    /// `ibv_post_send(qp, wr, bad)`: the provider's `post_send`, resolved
+    /// when the QP was created (see `QpInner::post_send_fn`).
+    ///
+    /// # Safety
+    /// As `ibv_post_send(3)`: the caller must ensure that `wr` is a valid
+    /// NULL-terminated chain whose memory stays valid as the verb requires,
+    /// and that `bad` is valid for writes.
+    #[inline(always)]
+    pub(crate) unsafe fn provider_post_send(
+        &self,
+        wr: *mut sys::ibv_send_wr,
+        bad: *mut *mut sys::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: live QP; the rest is the caller's contract.
+        unsafe { (self.inner.post_send_fn)(self.as_ptr(), wr, bad) }
+    }
+
+    /// `ibv_post_recv(qp, wr, bad)`, as [`provider_post_send`](Self::provider_post_send).
+    ///
+    /// # Safety
+    /// As `ibv_post_recv(3)`: the caller must ensure that `wr` is a valid
+    /// NULL-terminated chain whose buffers stay valid as the verb requires,
+    /// and that `bad` is valid for writes.
+    #[inline(always)]
+    pub(crate) unsafe fn provider_post_recv(
+        &self,
+        wr: *mut sys::ibv_recv_wr,
+        bad: *mut *mut sys::ibv_recv_wr,
+    ) -> i32 {
+        // SAFETY: live QP; the rest is the caller's contract.
+        unsafe { (self.inner.post_recv_fn)(self.as_ptr(), wr, bad) }
     }
 
     /// Destroys the QP now if this is the last handle, reporting a teardown

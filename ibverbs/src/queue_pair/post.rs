@@ -81,6 +81,16 @@ pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
 /// Scratch space of a receive queue or SRQ.
 pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 
+// A send queue completes in order: its table is a ring.
+impl crate::wq_table::Kind for SendScratch {
+    const ALWAYS_RING: bool = true;
+}
+
+// An SRQ's table is a slab.
+impl crate::wq_table::Kind for RecvScratch {
+    const ALWAYS_RING: bool = false;
+}
+
 /// Checks a request's buffers: SGE count, protection domain, write access
 /// where the device writes, and lengths an SGE can describe.
 pub(crate) fn check_bufs(
@@ -184,6 +194,40 @@ pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
 }
 
 impl QueuePair {
+    /// The data path's common case of [`check_send`](Self::check_send),
+    /// decided inline: a signaled send, RDMA write or RDMA read of one
+    /// buffer of this queue pair's PD, on an RC queue pair that takes an
+    /// SGE, with no option but a fence. Every cell of DESIGN.md's
+    /// request-option table allows it, so `true` means every check passed;
+    /// `false` only that `check_send` must decide (and name the error).
+    #[inline(always)]
+    fn send_passes_fast(&self, r: &SendRequest<'_>) -> bool {
+        use sys::ibv_send_flags as F;
+        let SgList::One(b) = &r.sg else {
+            return false;
+        };
+        if !(self.inner.rc_with_sge
+            && r.flags & !F::IBV_SEND_FENCE.0 == F::IBV_SEND_SIGNALED.0
+            && r.inline.is_none()
+            && r.imm.is_none()
+            && r.invalidate.is_none()
+            && r.ud.is_none())
+        {
+            return false;
+        }
+        let device_writes = match r.op {
+            Op::Send | Op::Write(_) => false,
+            Op::Read(_) => true,
+            _ => return false,
+        };
+        let region = b.region();
+        Arc::ptr_eq(&region.mr.pd.inner, &self.inner.pd.inner)
+            && u32::try_from(region.len()).is_ok()
+            && (!device_writes
+                || (!matches!(b, Buf::Frozen(_))
+                    && region.mr.access.contains(AccessFlags::LOCAL_WRITE)))
+    }
+
     /// Checks a request before posting: DESIGN.md's request-option table
     /// ([`check_options`]), then the queue pair's limits and the buffers.
     /// `extended` says whether it goes through the `ibv_wr_*` path (the
@@ -383,13 +427,17 @@ impl QueuePair {
         work.post_to(self, Token(()))
     }
 
-    /// Posts one request through the queue pair's verb; on success its
-    /// buffers are in their slot (`r` keeps none), on error `r` is
+    /// Posts one request through the queue pair's verb. On success its
+    /// buffers and address handle are in their slot (`r` keeps nothing
+    /// that needs dropping: the caller may forget it), on error `r` is
     /// unchanged.
     #[inline]
     pub(super) fn post_request(&self, r: &mut SendRequest<'_>) -> Result<()> {
         if self.inner.qpx.is_some() {
             return self.post_send_ex_slice(std::slice::from_mut(r));
+        }
+        if let (None, SgList::Many(_)) = (r.inline, &r.sg) {
+            return self.post_send_slice(std::slice::from_mut(r)).1;
         }
         self.post_single(r)
     }
@@ -406,56 +454,75 @@ impl QueuePair {
         self.post_send_slice(wrs)
     }
 
-    /// Posts one request; on success its buffers are in their slot (`r`
-    /// keeps none), on error `r` is unchanged.
+    /// Posts one request of at most one buffer (or inline data) to a
+    /// classic queue pair, its C request and SGE built on the stack; as
+    /// [`post_request`](Self::post_request).
+    #[inline]
     fn post_single(&self, r: &mut SendRequest<'_>) -> Result<()> {
-        if let (None, SgList::Many(_)) = (r.inline, &r.sg) {
-            return self.post_send_slice(std::slice::from_mut(r)).1;
-        }
-        // Before the SGE is built: check_send refuses a region an SGE
+        // Before the SGE is built: the checks refuse a region an SGE
         // cannot describe (`sge_prechecked` only debug-asserts it).
+        if self.send_passes_fast(r) {
+            debug_assert!(self.check_send(r, false).is_ok());
+            // Its own copy: where the request was just built, its options
+            // are known and the C request's fields are written directly.
+            return self.post_checked(r);
+        }
         self.check_send(r, false)?;
+        self.post_checked_other(r)
+    }
+
+    /// [`post_checked`](Self::post_checked) for requests off the common
+    /// case (out of line).
+    #[inline(never)]
+    fn post_checked_other(&self, r: &mut SendRequest<'_>) -> Result<()> {
+        self.post_checked(r)
+    }
+
+    /// [`post_single`](Self::post_single) of a checked request.
+    #[inline(always)]
+    fn post_checked(&self, r: &mut SendRequest<'_>) -> Result<()> {
         let (mut sge, num_sge) = match (r.inline, &r.sg) {
             (Some(data), _) => (inline_sge(data), i32::from(!data.is_empty())),
             // An empty buffer goes as no SGE (see fill_sges).
             (None, SgList::One(b)) => (b.region().sge_prechecked(), i32::from(!b.is_empty())),
-            // No buffer (a scatter list went the chain path above).
+            // No buffer (a scatter list went the chain path).
             _ => (sys::ibv_sge::default(), 0),
         };
+        // Built before the lock (its `wr_id` under it, below).
+        let mut wr = std::mem::MaybeUninit::<sys::ibv_send_wr>::uninit();
+        // SAFETY: `wr` is valid for writes.
+        unsafe { write_send_wr(wr.as_mut_ptr(), r, 0, &mut sge, num_sge) };
         let table = &self.inner.send;
         let mut st = table.lock();
         // Refused here, not by the provider: see post_send_slice.
         self.check_sendable()?;
         table.check_room(&st, 1)?;
-        let mut wr = c_send_wr(r);
-        wr.sg_list = &mut sge;
-        wr.num_sge = num_sge;
         // Doorbell first, bookkeeping after: the request goes out under
         // the slot's future tag and its buffers move into the slot once the
         // provider took it. The lock is held throughout, so a completion
         // (even one polled by another thread before this returns) can only
         // be claimed after the slot holds them; a refused request leaves
         // nothing to undo.
-        wr.wr_id = table.encode(st.next_tag(table));
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: `wr` is valid for writes.
+        unsafe {
+            std::ptr::addr_of_mut!((*wr.as_mut_ptr()).wr_id).write(table.encode(st.next_tag(table)))
+        };
+        // Written by a provider that refuses the request, never read here.
+        let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_send_wr>::uninit();
         // The SGE points into the buffer `r` still owns: it moves into the
         // slot below without its memory moving and stays there until the
         // completion is claimed (inline data is copied during the call).
-        // SAFETY: live QP; `wr` is one request (`next` NULL), SGE as above.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: live QP; `wr` is one request (`next` NULL) with every
+        // field its opcode has (write_send_wr), SGE as above.
+        let rc = unsafe { self.provider_post_send(wr.as_mut_ptr(), bad.as_mut_ptr()) };
         if rc != 0 {
-            return crate::error::ret_errno("ibv_post_send", rc);
+            return Err(crate::error::errno_error("ibv_post_send", rc));
         }
-        let payload = Payload::bufs(
-            std::mem::take(&mut r.sg),
-            r.ud.as_ref().map(|u| u.ah.clone()),
-        );
-        // Under the same lock: the tag `next_tag` gave.
         let signaled = r.is_signaled() || self.inner.sq_sig_all;
-        let tag = st.reserve_as(table, r.wr_id, payload, signaled);
-        if r.dispatched {
-            st.dispatch(table, tag);
-        }
+        // The buffers and the address handle move into the slot.
+        let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
+        // Under the same lock: the tag `next_tag` gave.
+        st.reserve_with(table, r.wr_id, payload, signaled, r.dispatched);
         Ok(())
     }
 
@@ -520,14 +587,11 @@ impl QueuePair {
         // point into buffers owned by `wrs` (moved into the slots below
         // before the lock is released, so no completion can be retired
         // first) or into inline data the provider copies during the call.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr_base, &mut bad) };
+        let rc = unsafe { self.provider_post_send(wr_base, &mut bad) };
         let posted = posted_count(rc, wr_base, bad, n);
         for (i, r) in wrs.iter_mut().enumerate().take(posted) {
             let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(
-                std::mem::take(&mut r.sg),
-                r.ud.as_ref().map(|u| u.ah.clone()),
-            );
+            let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
             st.store(table, tag, payload);
         }
         for i in (posted..n).rev() {
@@ -548,24 +612,41 @@ fn inline_sge(data: &[u8]) -> sys::ibv_sge {
 }
 
 /// The C request for a checked `r`: opcode, flags, immediate or key to
-/// invalidate, and the remote, atomic or UD fields. The caller sets
-/// `wr_id`, `next` and the SGEs.
+/// invalidate, and the remote, atomic or UD fields, every other field
+/// zero. The caller sets `wr_id`, `next` and the SGEs.
 #[inline]
 pub(super) fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
+    let mut wr = sys::ibv_send_wr::default();
+    // SAFETY: `wr` is valid for writes.
+    unsafe { write_send_wr(&mut wr, r, 0, std::ptr::null_mut(), 0) };
+    wr
+}
+
+/// Writes the C request for a checked `r` into `wr`: `wr_id`, `next`
+/// (NULL), the SGEs, the opcode, flags, immediate data or key to
+/// invalidate, the member of the `wr` union its operation has (remote,
+/// atomic or UD fields) and `qp_type` (zero). Those are the fields a
+/// provider reads for these opcodes and queue pair types
+/// (`ibv_post_send(3)`); the rest (the other union members, `bind_mw`,
+/// `tso`) is left as it was, uninitialised in a request built on the
+/// stack, which is only ever handed to the provider.
+///
+/// # Safety
+/// `wr` must be valid for writes of an `ibv_send_wr`.
+#[inline(always)]
+pub(super) unsafe fn write_send_wr(
+    wr: *mut sys::ibv_send_wr,
+    r: &SendRequest<'_>,
+    wr_id: u64,
+    sg_list: *mut sys::ibv_sge,
+    num_sge: i32,
+) {
+    use std::ptr::addr_of_mut;
     let mut flags = r.flags;
     if r.inline.is_some() {
         flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
     }
-    let mut wr = sys::ibv_send_wr {
-        send_flags: flags,
-        ..Default::default()
-    };
-    if let Some(rkey) = r.invalidate {
-        wr.__bindgen_anon_1.invalidate_rkey = rkey;
-    } else {
-        wr.__bindgen_anon_1.imm_data = r.imm.map(u32::to_be).unwrap_or(0);
-    }
-    wr.opcode = match (&r.op, r.imm.is_some()) {
+    let opcode = match (&r.op, r.imm.is_some()) {
         (Op::Send, false) if r.invalidate.is_some() => sys::IBV_WR_SEND_WITH_INV,
         (Op::Send, false) => sys::IBV_WR_SEND,
         (Op::Send, true) => sys::IBV_WR_SEND_WITH_IMM,
@@ -580,45 +661,60 @@ pub(super) fn c_send_wr(r: &SendRequest<'_>) -> sys::ibv_send_wr {
         #[cfg(ibverbs_flush)]
         (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
     };
-    match r.op {
-        Op::Send | Op::AtomicWrite { .. } => {}
-        #[cfg(ibverbs_flush)]
-        Op::Flush { .. } => {}
-        Op::Write(m) | Op::Read(m) => {
-            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                remote_addr: m.addr,
-                rkey: m.rkey.0,
-            };
+    // SAFETY: for every write below, `wr` is valid for writes (the caller's
+    // contract); fields and union members are written, never read.
+    unsafe {
+        addr_of_mut!((*wr).wr_id).write(wr_id);
+        addr_of_mut!((*wr).next).write(std::ptr::null_mut());
+        addr_of_mut!((*wr).sg_list).write(sg_list);
+        addr_of_mut!((*wr).num_sge).write(num_sge);
+        addr_of_mut!((*wr).opcode).write(opcode);
+        addr_of_mut!((*wr).send_flags).write(flags);
+        match r.invalidate {
+            Some(rkey) => addr_of_mut!((*wr).__bindgen_anon_1.invalidate_rkey).write(rkey),
+            None => addr_of_mut!((*wr).__bindgen_anon_1.imm_data)
+                .write(r.imm.map(u32::to_be).unwrap_or(0)),
         }
-        Op::CompareSwap {
-            remote,
-            compare,
-            swap,
-        } => {
-            wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                remote_addr: remote.addr,
-                compare_add: compare,
+        match r.op {
+            Op::Send | Op::AtomicWrite { .. } => {}
+            #[cfg(ibverbs_flush)]
+            Op::Flush { .. } => {}
+            Op::Write(m) | Op::Read(m) => {
+                addr_of_mut!((*wr).wr.rdma).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: m.addr,
+                    rkey: m.rkey.0,
+                });
+            }
+            Op::CompareSwap {
+                remote,
+                compare,
                 swap,
-                rkey: remote.rkey.0,
-            };
+            } => {
+                addr_of_mut!((*wr).wr.atomic).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: compare,
+                    swap,
+                    rkey: remote.rkey.0,
+                });
+            }
+            Op::FetchAdd { remote, add } => {
+                addr_of_mut!((*wr).wr.atomic).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: remote.rkey.0,
+                });
+            }
         }
-        Op::FetchAdd { remote, add } => {
-            wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                remote_addr: remote.addr,
-                compare_add: add,
-                swap: 0,
-                rkey: remote.rkey.0,
-            };
+        if let Some(ud) = &r.ud {
+            addr_of_mut!((*wr).wr.ud).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: ud.ah.as_ptr(),
+                remote_qpn: ud.qpn.0,
+                remote_qkey: ud.qkey,
+            });
         }
+        addr_of_mut!((*wr).qp_type.xrc.remote_srqn).write(0);
     }
-    if let Some(ud) = &r.ud {
-        wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah: ud.ah.as_ptr(),
-            remote_qpn: ud.qpn.0,
-            remote_qkey: ud.qkey,
-        };
-    }
-    wr
 }
 
 #[cfg(test)]

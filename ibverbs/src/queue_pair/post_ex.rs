@@ -217,10 +217,7 @@ impl QueuePair {
         }
         for (i, r) in wrs.iter_mut().enumerate() {
             let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(
-                std::mem::take(&mut r.sg),
-                r.ud.as_ref().map(|u| u.ah.clone()),
-            );
+            let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
             st.store(table, tag, payload);
         }
         Ok(())

@@ -112,8 +112,8 @@ impl Target {
 #[doc(alias = "ibv_post_srq_recv")]
 pub struct PreparedRecv {
     target: Target,
-    /// The C request; `wr_id` is set per posting, `sg_list` points into
-    /// `sges`, `next` is NULL.
+    /// The C request; `wr_id` is the postings' (`Postings::posting_wr_id`),
+    /// `sg_list` points into `sges`, `next` is NULL.
     wr: sys::ibv_recv_wr,
     /// The SGEs. Held, never read: `wr` points into it.
     #[allow(dead_code)]
@@ -179,13 +179,13 @@ fn prepare(
     }
     let mut sges = vec![sys::ibv_sge::default(); wr.sg.len().max(1)];
     let num_sge = fill_sges(&wr.sg, &mut sges);
+    let postings = Postings::new(std::mem::take(&mut wr.sg), None, wr.wr_id);
     let c = sys::ibv_recv_wr {
-        wr_id: 0,
+        wr_id: postings.posting_wr_id(),
         next: std::ptr::null_mut(),
         sg_list: sges.as_mut_ptr(),
         num_sge: num_sge as i32,
     };
-    let postings = Postings::new(std::mem::take(&mut wr.sg), None, wr.wr_id);
     Ok(PreparedRecv {
         target,
         wr: c,
@@ -303,8 +303,9 @@ fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Posti
     // Before the doorbell: another thread may poll the completion as
     // soon as the provider took the request.
     let posting = postings.posting();
-    wr.wr_id = posting.wr_id();
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    debug_assert_eq!(wr.wr_id, postings.posting_wr_id());
+    // Written by a provider that refuses the request, never read here.
+    let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_recv_wr>::uninit();
     // `wr`'s SGEs point into `sges` and describe the registered,
     // device-writable buffers `postings` owns (checked by `prepare`,
     // never replaced), kept alive by the posting's count until its
@@ -313,12 +314,12 @@ fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Posti
         Target::Qp(qp) => {
             // SAFETY: live QP (`target` holds it); one request
             // (`next` NULL), SGEs as above.
-            unsafe { sys::ibv_post_recv(qp.as_ptr(), wr, &mut bad) }
+            unsafe { qp.provider_post_recv(wr, bad.as_mut_ptr()) }
         }
         Target::Srq(srq) => {
             // SAFETY: live SRQ (`target` holds it); one request,
             // SGEs as above.
-            unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), wr, &mut bad) }
+            unsafe { sys::ibv_post_srq_recv(srq.as_ptr(), wr, bad.as_mut_ptr()) }
         }
     };
     if rc != 0 {
@@ -340,6 +341,6 @@ fn post_counted(target: &Target, wr: &mut sys::ibv_recv_wr, postings: &mut Posti
         }
     }
     // After the doorbell: the next posting's count.
-    postings.restock();
+    postings.restock(posting);
     Ok(())
 }

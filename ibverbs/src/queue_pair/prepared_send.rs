@@ -97,57 +97,97 @@ const PTR_MASK: u64 = (1 << 61) - 1;
 #[derive(Debug)]
 pub(super) struct Postings {
     shared: Arc<Shared>,
-    /// The next posting's count, taken in advance: a posting leaks it into
-    /// its `wr_id` with no atomic operation, and the count for the one
-    /// after is taken once the doorbell rang, so that the increment is not
-    /// in a latency loop's window between a completion and the next
-    /// doorbell. Not a posting: the device never sees it.
-    spare: Option<Arc<Shared>>,
+    /// Whether the handle holds one more strong count of `shared` than
+    /// `shared` itself: the next posting's, taken in advance (a clone
+    /// leaked with `mem::forget`, given back by `Drop` or `sg_mut`). A
+    /// posting leaks it into its `wr_id` with no atomic operation, and the
+    /// count for the one after is taken once the doorbell rang, so that
+    /// the increment is not in a latency loop's window between a
+    /// completion and the next doorbell. Not a posting: the device never
+    /// sees it.
+    spare: bool,
+}
+
+impl Drop for Postings {
+    fn drop(&mut self) {
+        self.drop_spare();
+    }
 }
 
 impl Postings {
     pub(super) fn new(sg: SgList, ah: Option<AddressHandle>, wr_id: u64) -> Postings {
         Postings {
             shared: Arc::new(Shared { sg, ah, wr_id }),
-            spare: None,
+            spare: false,
         }
     }
 
-    /// A new posting's count (the spare one when there is one), to leak
-    /// into its `wr_id` before the doorbell (another thread may poll the
-    /// completion as soon as the provider took the request).
+    /// The `wr_id` every posting carries: the shared allocation's address
+    /// (it never moves) with bits 63 and 62 set. Each posting's count is
+    /// taken separately ([`posting`](Self::posting)); the `wr_id` is the
+    /// same for all, so the C request is built with it once.
+    #[inline]
+    pub(super) fn posting_wr_id(&self) -> u64 {
+        SAFE_BIT | PREPARED_BIT | ((Arc::as_ptr(&self.shared) as usize as u64) >> 3)
+    }
+
+    /// A new posting's count (the spare one when there is one), leaked
+    /// before the doorbell (another thread may poll the completion, and
+    /// take the count back, as soon as the provider took the request).
+    /// Until the returned [`Posting`] is settled ([`restock`](Self::restock),
+    /// [`refused`](Self::refused) or [`kept`](Self::kept), all before
+    /// anything else reads `spare`), `spare` is true: it stands for the
+    /// posting's count then, and the settling says who owns it.
     #[inline(always)]
     pub(super) fn posting(&mut self) -> Posting {
-        let count = match self.spare.take() {
-            Some(spare) => spare,
-            None => Arc::clone(&self.shared),
-        };
-        Posting(Arc::into_raw(count))
+        if !self.spare {
+            std::mem::forget(Arc::clone(&self.shared));
+            self.spare = true;
+        }
+        Posting(())
     }
 
-    /// Takes the next posting's count, after a doorbell.
+    /// The provider took `posting`: its count is the completion's now.
+    /// Takes the next posting's count (the new spare), after the doorbell.
     #[inline(always)]
-    pub(super) fn restock(&mut self) {
-        if self.spare.is_none() {
-            self.spare = Some(Arc::clone(&self.shared));
-        }
+    pub(super) fn restock(&mut self, posting: Posting) {
+        let Posting(()) = posting;
+        std::mem::forget(Arc::clone(&self.shared));
+        debug_assert!(self.spare);
     }
 
     /// The provider refused the request: no completion will carry the
-    /// count, so it becomes the spare again.
+    /// count, so it is the spare again (as `spare` already says).
     #[cold]
     pub(super) fn refused(&mut self, posting: Posting) {
-        // SAFETY: the count `posting` leaked, not handed to any completion
-        // (the request was refused, and not queued); taken back once, here.
-        let count = unsafe { Arc::from_raw(posting.0) };
-        if self.spare.is_none() {
-            self.spare = Some(count);
+        let Posting(()) = posting;
+        debug_assert!(self.spare);
+    }
+
+    /// The provider refused the request but may have queued it (the queue
+    /// pair changed state during the call): the count stays leaked, so the
+    /// buffers stay allocated for good rather than be freed under a request
+    /// the device may still execute. The handle holds no spare then.
+    #[cold]
+    pub(super) fn kept(&mut self, posting: Posting) {
+        let Posting(()) = posting;
+        self.spare = false;
+    }
+
+    /// Gives the spare count back, if one is held.
+    fn drop_spare(&mut self) {
+        if std::mem::take(&mut self.spare) {
+            // SAFETY: the spare is a count of `shared` leaked by
+            // `mem::forget(Arc::clone(..))` and owned by this handle
+            // (`spare` said so, and is cleared now): released once, here.
+            // `shared` holds another, so this is never the last.
+            unsafe { Arc::decrement_strong_count(Arc::as_ptr(&self.shared)) };
         }
     }
 
     #[inline]
     pub(super) fn is_posted(&self) -> bool {
-        Arc::strong_count(&self.shared) > 1 + usize::from(self.spare.is_some())
+        Arc::strong_count(&self.shared) > 1 + usize::from(self.spare)
     }
 
     #[inline]
@@ -162,9 +202,9 @@ impl Postings {
         if self.is_posted() {
             return None;
         }
-        // The spare count goes (restocked at the next posting's doorbell),
-        // so that `get_mut` sees the handle's count alone.
-        self.spare = None;
+        // The spare count goes (taken again by the next posting), so that
+        // `get_mut` sees the handle's count alone.
+        self.drop_spare();
         Some(&mut Arc::get_mut(&mut self.shared)?.sg)
     }
 
@@ -216,23 +256,12 @@ impl Postings {
     }
 }
 
-/// One posting's strong count, leaked into its `wr_id` until the
-/// completion is claimed.
-pub(super) struct Posting(*const Shared);
-
-impl Posting {
-    #[inline]
-    pub(super) fn wr_id(&self) -> u64 {
-        SAFE_BIT | PREPARED_BIT | ((self.0 as usize as u64) >> 3)
-    }
-
-    /// The provider refused the request but may have queued it (the queue
-    /// pair changed state during the call): the count stays leaked, so the
-    /// buffers stay allocated for good rather than be freed under a request
-    /// the device may still execute.
-    #[cold]
-    pub(super) fn keep(self) {}
-}
+/// One posting's strong count, leaked (its `wr_id` names it, see
+/// [`Postings::posting_wr_id`]) until the completion is claimed, or given
+/// back to the handle when the provider refused the request; settled by
+/// one of [`Postings::restock`], [`Postings::refused`], [`Postings::kept`].
+#[must_use]
+pub(super) struct Posting(());
 
 /// Whether a completion's `wr_id` is a prepared request's posting.
 #[inline]
@@ -333,8 +362,8 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 #[doc(alias = "ibv_post_send")]
 pub struct PreparedSend {
     qp: QueuePair,
-    /// The C request; `wr_id` is set per posting, `sg_list` points into
-    /// `sges`, `next` is NULL.
+    /// The C request; `wr_id` is the postings' (`Postings::posting_wr_id`),
+    /// `sg_list` points into `sges`, `next` is NULL.
     wr: sys::ibv_send_wr,
     /// The SGEs (or the one SGE of the inline bytes). Held, never read:
     /// `wr` points into it.
@@ -401,6 +430,7 @@ impl QueuePair {
             wr.ud.take().map(|u| u.ah),
             wr.wr_id,
         );
+        c.wr_id = postings.posting_wr_id();
         Ok(PreparedSend {
             qp: self.clone(),
             wr: c,
@@ -443,7 +473,7 @@ impl PreparedSend {
             return self.refused(posting, rc, seen);
         }
         // After the doorbell, out of a latency loop's window.
-        self.postings.restock();
+        self.postings.restock(posting);
         Ok(())
     }
 
@@ -462,7 +492,7 @@ impl PreparedSend {
             self.postings.refused(posting);
             return crate::error::ret_errno("ibv_post_send", rc);
         }
-        self.postings.restock();
+        self.postings.restock(posting);
         Ok(())
     }
 
@@ -478,7 +508,7 @@ impl PreparedSend {
         if self.qp.inner.send_epoch.unchanged_since(seen) {
             self.postings.refused(posting);
         } else {
-            posting.keep();
+            self.postings.kept(posting);
         }
         drop(st);
         crate::error::ret_errno("ibv_post_send", rc)
@@ -575,23 +605,24 @@ impl PreparedSend {
     }
 }
 
-/// Leaks a count of `postings` into `wr`'s `wr_id` and rings `qp`'s
-/// doorbell; returns the posting and `ibv_post_send`'s code (a refused
-/// posting's count is the caller's to settle).
+/// Leaks a count of `postings` (which `wr`'s `wr_id` names) and rings
+/// `qp`'s doorbell; returns the posting and `ibv_post_send`'s code (a
+/// refused posting's count is the caller's to settle).
 #[inline(always)]
 fn ring(qp: &QueuePair, wr: &mut sys::ibv_send_wr, postings: &mut Postings) -> (Posting, i32) {
     // Before the doorbell: another thread may poll the completion as soon
     // as the provider took the request.
     let posting = postings.posting();
-    wr.wr_id = posting.wr_id();
-    let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+    debug_assert_eq!(wr.wr_id, postings.posting_wr_id());
+    // Written by a provider that refuses the request, never read here.
+    let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_send_wr>::uninit();
     // `wr` is a PreparedSend's: its SGEs point into the request's `sges` and
     // describe the registered buffers `postings` owns (checked by
     // prepare_send, never replaced), kept alive by the posting's count until
     // its completion is claimed, or the inline bytes the provider copies
     // during the call.
     // SAFETY: live QP (`qp`); one request (`next` NULL), SGEs as above.
-    let rc = unsafe { sys::ibv_post_send(qp.as_ptr(), wr, &mut bad) };
+    let rc = unsafe { qp.provider_post_send(wr, bad.as_mut_ptr()) };
     (posting, rc)
 }
 
@@ -603,7 +634,9 @@ mod tests {
     #[test]
     fn a_postings_wr_id_carries_its_count_and_nothing_else_claims_it() {
         let mut postings = Postings::new(SgList::Empty, None, 42);
-        let wr_id = postings.posting().wr_id();
+        let wr_id = postings.posting_wr_id();
+        let posting = postings.posting();
+        postings.restock(posting);
         assert!(is_prepared(wr_id));
         // Neither a table slot nor a raw-path id.
         assert_eq!(WqTable::<()>::decode(wr_id), None);
@@ -621,11 +654,56 @@ mod tests {
         let posting = postings.posting();
         postings.refused(posting);
         assert!(!postings.is_posted());
-        // It became the spare: the next posting takes no new count.
-        let wr_id = postings.posting().wr_id();
+        assert_eq!(
+            Arc::strong_count(&postings.shared),
+            2,
+            "it became the spare"
+        );
+        // The next posting takes no new count.
+        let wr_id = postings.posting_wr_id();
+        let posting = postings.posting();
+        assert_eq!(Arc::strong_count(&postings.shared), 2);
+        postings.restock(posting);
         assert!(postings.is_posted());
-        // SAFETY: `wr_id` holds the count leaked above, claimed once.
+        // SAFETY: `wr_id` names the count the posting leaked, claimed once.
         unsafe { claim_prepared(wr_id) };
         assert!(!postings.is_posted());
+    }
+
+    #[test]
+    fn every_count_comes_back() {
+        // A posting kept (refused but maybe queued) stays leaked; the
+        // handle's own counts go with it: `sg_mut` gives the spare back,
+        // `Drop` too.
+        let shared = {
+            let mut postings = Postings::new(SgList::Empty, None, 3);
+            let wr_id = postings.posting_wr_id();
+            for _ in 0..3 {
+                let posting = postings.posting();
+                postings.restock(posting);
+            }
+            assert_eq!(Arc::strong_count(&postings.shared), 5);
+            for _ in 0..3 {
+                // SAFETY: three postings leaked three counts; one each.
+                unsafe { claim_prepared(wr_id) };
+            }
+            assert!(!postings.is_posted());
+            assert!(postings.sg_mut().is_some(), "the handle's count alone");
+            assert_eq!(Arc::strong_count(&postings.shared), 1);
+            let posting = postings.posting();
+            postings.kept(posting);
+            let weak = Arc::downgrade(&postings.shared);
+            let posting = postings.posting();
+            postings.restock(posting);
+            // SAFETY: the restocked posting's count, claimed once.
+            unsafe { claim_prepared(wr_id) };
+            assert_eq!(
+                Arc::strong_count(&postings.shared),
+                3,
+                "handle, spare, kept"
+            );
+            weak
+        };
+        assert_eq!(shared.strong_count(), 1, "only the kept posting's count");
     }
 }

@@ -30,9 +30,10 @@ impl QueuePair {
     #[doc(alias = "ibv_post_send")]
     #[inline]
     pub unsafe fn post_send_raw(&self, wr: *mut sys::ibv_send_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
+        // Written by a provider that refuses a request, never read here.
+        let mut bad = std::mem::MaybeUninit::uninit();
         // SAFETY: forwarded to the caller's contract.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { self.provider_post_send(wr, bad.as_mut_ptr()) };
         crate::error::ret_errno("ibv_post_send", rc)
     }
 
@@ -48,9 +49,10 @@ impl QueuePair {
     #[doc(alias = "ibv_post_recv")]
     #[inline]
     pub unsafe fn post_recv_raw(&self, wr: *mut sys::ibv_recv_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
+        // Written by a provider that refuses a request, never read here.
+        let mut bad = std::mem::MaybeUninit::uninit();
         // SAFETY: forwarded to the caller's contract.
-        let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), wr, &mut bad) };
+        let rc = unsafe { self.provider_post_recv(wr, bad.as_mut_ptr()) };
         crate::error::ret_errno("ibv_post_recv", rc)
     }
 }

@@ -52,7 +52,6 @@ impl QueuePair {
                 return (0, Err(e));
             }
         }
-        let qp = self.as_ptr();
         // Under the receive lock, which a move to ERR holds across the
         // modify (see modify_unchecked): the check cannot race it.
         let refuse = || {
@@ -66,7 +65,7 @@ impl QueuePair {
         };
         let (posted, result) = post_recv_common(table, wrs, refuse, |wr, bad| {
             // SAFETY: live QP; see post_recv_common.
-            unsafe { sys::ibv_post_recv(qp, wr, bad) }
+            unsafe { self.provider_post_recv(wr, bad) }
         });
         // Providers that check the state refuse receives in RESET (IBA
         // C10-97.2.1) with a bare EINVAL: say so.

@@ -62,7 +62,14 @@ impl<'a> SendWork for SendRequest<'a> {
     #[inline]
     fn post_to(mut self, qp: &QueuePair, _: Token) -> Result<(), Self::Error> {
         match qp.post_request(&mut self) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // Its buffers and address handle are in their slot: what is
+                // left (ids, options, remote addresses) needs no drop, so
+                // none is run (SgList's drop glue is a call).
+                debug_assert!(matches!(self.sg, crate::SgList::Empty) && self.ud.is_none());
+                std::mem::forget(self);
+                Ok(())
+            }
             Err(error) => Err(PostError {
                 error,
                 request: self,
