@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::{
-    AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, Gid, GidIndex, LocalBuffer,
-    PortNumber, ProtectionDomain, QpNumber, QpType,
+    AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer,
+    LocalPort, PortNumber, ProtectionDomain, QpType, RecvRequest, SendRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,9 +55,10 @@ struct Cli {
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Exchange header: magic, message size, iterations, then the endpoint.
-const MAGIC: &[u8; 8] = b"AECHO\0v1";
-const HELLO_LEN: usize = 8 + 4 + 4 + 4 + 4 + 2 + 16;
+/// Exchange header: magic, message size, iterations, then the endpoint's
+/// wire form.
+const MAGIC: &[u8; 8] = b"AECHO\0v2";
+const HELLO_LEN: usize = 8 + 4 + 4 + Endpoint::WIRE_LEN;
 const READY: u8 = b'R';
 const DONE: u8 = b'D';
 
@@ -66,10 +67,7 @@ fn encode(size: u32, iters: u32, ep: &Endpoint) -> [u8; HELLO_LEN] {
     m[..8].copy_from_slice(MAGIC);
     m[8..12].copy_from_slice(&size.to_be_bytes());
     m[12..16].copy_from_slice(&iters.to_be_bytes());
-    m[16..20].copy_from_slice(&ep.qp_num.0.to_be_bytes());
-    m[20..24].copy_from_slice(&ep.psn.to_be_bytes());
-    m[24..26].copy_from_slice(&ep.lid.to_be_bytes());
-    m[26..42].copy_from_slice(&ep.gid.0);
+    m[16..].copy_from_slice(&ep.to_bytes());
     m
 }
 
@@ -78,14 +76,7 @@ fn decode(m: &[u8; HELLO_LEN]) -> Result<(u32, u32, Endpoint)> {
         return Err("the peer is not async_echo (bad greeting)".into());
     }
     let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
-    let mut gid = [0u8; 16];
-    gid.copy_from_slice(&m[26..42]);
-    let ep = Endpoint {
-        qp_num: QpNumber(u32_at(16)),
-        psn: u32_at(20),
-        lid: u16::from_be_bytes([m[24], m[25]]),
-        gid: Gid(gid),
-    };
+    let ep = Endpoint::from_bytes(&m[16..])?;
     Ok((u32_at(8), u32_at(12), ep))
 }
 
@@ -137,7 +128,8 @@ async fn handshake(
     gid: GidIndex,
 ) -> Result<()> {
     let limit = Duration::from_secs(cli.timeout);
-    let me = Endpoint::local(qp.queue_pair(), port, Some(gid), Endpoint::random_psn())?;
+    let local = LocalPort::query(qp.queue_pair().pd().context(), port, Some(gid))?;
+    let me = local.endpoint(qp.queue_pair(), Endpoint::random_psn())?;
     let hello = encode(cli.size, cli.iters, &me);
     bounded(limit, "sending the endpoint", tcp.write_all(&hello)).await?;
     let mut buf = [0u8; HELLO_LEN];
@@ -164,7 +156,7 @@ async fn handshake(
         peer.lid, peer.qp_num, peer.psn, peer.gid
     );
     qp.queue_pair()
-        .connect(me.psn, &peer, &ConnectOptions::new(port).gid_index(gid))
+        .connect(&me, &peer, &ConnectOptions::new(port).local_port(&local))
         .map_err(|e| format!("connecting the queue pair: {e}"))?;
     Ok(())
 }
@@ -199,7 +191,7 @@ async fn server(
     let mut spare = Some(pd.alloc(size, AccessFlags::LOCAL_WRITE)?);
     let mut incoming = match cli.iters {
         0 => None,
-        _ => Some(qp.recv(pd.alloc(size, AccessFlags::LOCAL_WRITE)?)?),
+        _ => Some(qp.post_recv(RecvRequest::new(pd.alloc(size, AccessFlags::LOCAL_WRITE)?))?),
     };
     bounded(limit, "telling the client to start", tcp.write_u8(READY)).await?;
     for i in 0..cli.iters {
@@ -216,9 +208,14 @@ async fn server(
         // The next receive is posted before the echo goes out.
         if i + 1 < cli.iters {
             let buf = spare.take().ok_or("no spare receive buffer")?;
-            incoming = Some(qp.recv(buf)?);
+            incoming = Some(qp.post_recv(RecvRequest::new(buf))?);
         }
-        let mut sent = bounded(limit, &format!("echoing message {i}"), qp.send(msg)?).await?;
+        let mut sent = bounded(
+            limit,
+            &format!("echoing message {i}"),
+            qp.post_send(SendRequest::send(msg))?,
+        )
+        .await?;
         spare = Some(
             sent.take_local()
                 .ok_or("a send completion without its buffer")?,
@@ -274,8 +271,8 @@ async fn client(
             *b = p;
         }
         back.fill(0);
-        let echo = qp.recv(back)?;
-        let sent = qp.send(out)?;
+        let echo = qp.post_recv(RecvRequest::new(back))?;
+        let sent = qp.post_send(SendRequest::send(out))?;
         let (mut s, mut r) = bounded(limit, &format!("message {i}"), async {
             let s = sent.await?;
             let r = echo.await?;

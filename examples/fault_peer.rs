@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand, ValueEnum};
 use ibverbs::{
     AccessFlags, AsyncEventType, Buf, Completions, ConnectOptions, Context, Endpoint, Gid,
-    GidIndex, LocalBuffer, PortNumber, QpNumber, QpType, QueuePair, RecvRequest, RemoteKey,
-    RemoteMemory, SendRequest, SgList,
+    GidIndex, LocalBuffer, LocalPort, PortNumber, QpNumber, QpType, QueuePair, RecvRequest,
+    RemoteKey, RemoteMemory, SendRequest, SgList,
 };
 
 #[derive(Parser)]
@@ -266,12 +266,18 @@ struct Setup {
     gid_index: GidIndex,
 }
 
-fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverbs::Result<Setup> {
+fn open(
+    device: &Option<String>,
+    ib_port: Option<u8>,
+    gid: Option<u8>,
+) -> Result<Setup, Box<dyn std::error::Error>> {
     let list = ibverbs::devices()?;
     let ctx = match device {
         Some(name) => list
             .find(name)
-            .ok_or_else(|| ibverbs::Error::NoDevice(format!(" named {name:?}")))?
+            .ok_or_else(|| ibverbs::Error::NoDevice {
+                name: Some(name.clone()),
+            })?
             .open()?,
         None => {
             let mut found = None;
@@ -282,7 +288,7 @@ fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverb
                     break;
                 }
             }
-            found.ok_or_else(|| ibverbs::Error::NoDevice(" with an active port".into()))?
+            found.ok_or("no RDMA device with an active port")?
         }
     };
     let port = match ib_port {
@@ -298,6 +304,11 @@ fn open(device: &Option<String>, ib_port: Option<u8>, gid: Option<u8>) -> ibverb
         port,
         gid_index,
     })
+}
+
+/// The endpoint of `qp` on the setup's port and GID, sending from `psn`.
+fn endpoint(s: &Setup, qp: &QueuePair, psn: u32) -> ibverbs::Result<Endpoint> {
+    LocalPort::query(&s.ctx, s.port, Some(s.gid_index))?.endpoint(qp, psn)
 }
 
 /// The out-of-band hello: one text line each way.
@@ -368,8 +379,8 @@ fn connect_qp(
     s: &Setup,
     c: &Common,
     qp: &QueuePair,
+    me: &Endpoint,
     remote: &Endpoint,
-    psn: u32,
 ) -> ibverbs::Result<()> {
     let opts = ConnectOptions::new(s.port)
         .gid_index(s.gid_index)
@@ -377,12 +388,11 @@ fn connect_qp(
         .retry_cnt(c.retry_cnt)
         .rnr_retry(c.rnr_retry)
         .min_rnr_timer(12)
-        .max_rd_atomic(16)
-        .max_dest_rd_atomic(16)
-        .qp_access_flags(
+        .rd_atomic(16)
+        .remote_access(
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         );
-    qp.connect(psn, remote, &opts)
+    qp.connect(me, remote, &opts)
 }
 
 fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
@@ -441,8 +451,7 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         .max_send_wr(4)
         .build()
         .map_err(|e| e.to_string())?;
-    let psn = Endpoint::random_psn();
-    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), psn).map_err(|e| e.to_string())?;
+    let me = endpoint(&s, &qp, Endpoint::random_psn()).map_err(|e| e.to_string())?;
     let total = msg_size as u64 * msgs;
     let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     // write: peers write here; read: we fill it and peers read it (both
@@ -474,25 +483,20 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             r
         }
     };
-    connect_qp(&s, &c, &qp, &client.ep, psn).map_err(|e| e.to_string())?;
+    connect_qp(&s, &c, &qp, &me, &client.ep).map_err(|e| e.to_string())?;
     // Receive buffers (send op) or zero-length receives (write with imm).
     let recv_len = if op == Op::Send { msg_size } else { 0 };
     let mut pool: Vec<LocalBuffer> = Vec::new();
     if recv_len > 0 {
-        let mut all = pd
+        (pool, _) = pd
             .alloc(recv_len * RX_DEPTH, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        for _ in 0..RX_DEPTH - 1 {
-            let (a, b) = all.split_at(recv_len);
-            pool.push(a);
-            all = b;
-        }
-        pool.push(all);
+            .map_err(|e| e.to_string())?
+            .chunks_exact(recv_len);
     }
     let post = |qp: &QueuePair, buf: Option<LocalBuffer>| -> Result<(), String> {
         let wr = match buf {
             Some(b) => RecvRequest::new(b),
-            None => RecvRequest::sgl(Vec::new()),
+            None => RecvRequest::empty(),
         };
         qp.post_recv(wr).map_err(|e| e.error.to_string())
     };
@@ -665,8 +669,7 @@ fn client(
         .max_recv_wr(4)
         .build()
         .map_err(|e| e.to_string())?;
-    let psn = Endpoint::random_psn();
-    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), psn).map_err(|e| e.to_string())?;
+    let me = endpoint(&s, &qp, Endpoint::random_psn()).map_err(|e| e.to_string())?;
     // Connect (the server may start later).
     let t0 = Instant::now();
     let stream = loop {
@@ -694,20 +697,14 @@ fn client(
         )
         .map_err(|e| e.to_string())?;
     let server = parse_hello(&read_line(&stream)?)?;
-    connect_qp(&s, &c, &qp, &server.ep, psn).map_err(|e| e.to_string())?;
+    connect_qp(&s, &c, &qp, &me, &server.ep).map_err(|e| e.to_string())?;
     // The harness times its faults from this line.
     eprintln!("fault_peer client: connected");
     st.start = Instant::now();
-    let mut all = pd
+    let (mut pool, _) = pd
         .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let mut pool: Vec<LocalBuffer> = Vec::with_capacity(window);
-    for _ in 0..window - 1 {
-        let (a, b) = all.split_at(msg_size);
-        pool.push(a);
-        all = b;
-    }
-    pool.push(all);
+        .map_err(|e| e.to_string())?
+        .chunks_exact(msg_size);
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
     let mut last_progress = Instant::now();
     let mut batch = Completions::with_capacity(32);
@@ -853,7 +850,7 @@ fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         }
         qp => qp.map_err(|e| e.to_string())?,
     };
-    let me = Endpoint::local(&qp, s.port, Some(s.gid_index), 1).map_err(|e| e.to_string())?;
+    let me = endpoint(&s, &qp, 1).map_err(|e| e.to_string())?;
     let c = Common {
         device: None,
         ib_port: None,
@@ -864,7 +861,7 @@ fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         rnr_retry: 7,
         deadline: 30,
     };
-    connect_qp(&s, &c, &qp, &me, 1).map_err(|e| e.to_string())?;
+    connect_qp(&s, &c, &qp, &me, &me).map_err(|e| e.to_string())?;
     for _ in 0..n {
         let b = pd
             .alloc(16, AccessFlags::LOCAL_WRITE)

@@ -233,8 +233,7 @@ path!(
     post(r) {
         let buf = r.buf.take().ok_or("buffer not back")?;
         r.qp
-            .post_send(SendRequest::write(buf, r.remote).wr_id(r.wr_id))
-            .map_err(|e| e.error)?;
+            .post_send(SendRequest::write(buf, r.remote).wr_id(r.wr_id))?;
         Ok(())
     },
     poll(lane) {
@@ -355,7 +354,7 @@ fn build_lane(
 ) -> Result<Lane> {
     let per = a.qps / a.threads;
     let channel = if a.events {
-        Some(CompletionChannel::new(ctx)?)
+        Some(ctx.create_comp_channel()?)
     } else {
         None
     };
@@ -374,7 +373,7 @@ fn build_lane(
     let opts = ConnectOptions::new(port)
         .gid_index(gid)
         .local_port(&local)
-        .qp_access_flags(AccessFlags::REMOTE_WRITE);
+        .remote_access(AccessFlags::REMOTE_WRITE);
     for _ in 0..per {
         let qp = pd
             .create_qp(QpType::Rc, &cq, &cq)
@@ -382,7 +381,7 @@ fn build_lane(
             .max_recv_wr(1)
             .build()?;
         let me = local.endpoint(&qp, Endpoint::random_psn())?;
-        qp.connect(me.psn, &me, &opts)?;
+        qp.connect(&me, &me, &opts)?;
         qps.push(qp);
     }
     Ok(Lane {
@@ -421,9 +420,7 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
                 wr_id: i as u64,
             }),
             Path::Prepared => {
-                let p = qp
-                    .prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))
-                    .map_err(|e| e.error)?;
+                let p = qp.prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
                 lane.prepared.push(p);
             }
             Path::Raw => {

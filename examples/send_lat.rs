@@ -75,7 +75,7 @@ struct Progress {
 
 impl Progress {
     fn handle(&mut self, recvs: &mut [PreparedRecv], wc: &WorkCompletion) -> Result<()> {
-        let wr_id = wc.raw_wr_id();
+        let wr_id = wc.wr_id();
         if wr_id & RECV != 0 {
             if u64::from(wc.byte_len()) != self.size {
                 return Err(format!(
@@ -229,7 +229,7 @@ impl Drop for RawRecvs<'_> {
             // --raw loop), the only one reporting to `cq`.
             match unsafe { self.cq.poll_raw(&mut wc) } {
                 Ok(n) => {
-                    let recvs = wc[..n].iter().filter(|c| c.raw_wr_id() & RECV != 0).count();
+                    let recvs = wc[..n].iter().filter(|c| c.wr_id() & RECV != 0).count();
                     self.posted = self.posted.saturating_sub(recvs as u32);
                 }
                 Err(_) => break,
@@ -263,34 +263,34 @@ fn raw_loop(
     let mut wc = [WorkCompletion::default(); 16];
     let (mut received, mut sent) = (0u64, 0u64);
     // Polls once; handles what came.
-    let mut progress =
-        |recvs: &mut RawRecvs<'_>, received: &mut u64, sent: &mut u64| -> Result<()> {
-            // SAFETY: in --raw mode only raw requests are posted to `qp`,
-            // the only queue pair reporting to `cq`.
-            let n = unsafe { cq.poll_raw(&mut wc) }?;
-            for c in &wc[..n] {
-                if !c.is_success() {
-                    return Err(
-                        format!("completion {:#x} failed: {}", c.raw_wr_id(), c.status()).into(),
-                    );
-                }
-                if c.raw_wr_id() & RECV != 0 {
-                    recvs.posted -= 1;
-                    if u64::from(c.byte_len()) != size {
-                        return Err(format!(
-                            "received a {}-byte message, expected {size} bytes",
-                            c.byte_len()
-                        )
-                        .into());
-                    }
-                    *received += 1;
-                    recvs.post(c.raw_wr_id() & !RECV)?;
-                } else {
-                    *sent = c.raw_wr_id() + 1;
-                }
+    let mut progress = |recvs: &mut RawRecvs<'_>,
+                        received: &mut u64,
+                        sent: &mut u64|
+     -> Result<()> {
+        // SAFETY: in --raw mode only raw requests are posted to `qp`,
+        // the only queue pair reporting to `cq`.
+        let n = unsafe { cq.poll_raw(&mut wc) }?;
+        for c in &wc[..n] {
+            if !c.is_success() {
+                return Err(format!("completion {:#x} failed: {}", c.wr_id(), c.status()).into());
             }
-            Ok(())
-        };
+            if c.wr_id() & RECV != 0 {
+                recvs.posted -= 1;
+                if u64::from(c.byte_len()) != size {
+                    return Err(format!(
+                        "received a {}-byte message, expected {size} bytes",
+                        c.byte_len()
+                    )
+                    .into());
+                }
+                *received += 1;
+                recvs.post(c.wr_id() & !RECV)?;
+            } else {
+                *sent = c.wr_id() + 1;
+            }
+        }
+        Ok(())
+    };
     let deadline = |start: &mut Option<Instant>, what: &str, i: u64| -> Result<()> {
         if start.get_or_insert_with(Instant::now).elapsed() > cfg.timeout {
             return Err(format!("no completion for {what} {i} within the timeout").into());

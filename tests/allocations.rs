@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressVector, Completion, CompletionQueue, Completions, Endpoint, LocalBuffer,
-    QpType, RecvRequest, SendRequest,
+    AccessFlags, AddressVector, Completion, CompletionQueue, Completions, LocalBuffer, QpType,
+    RecvRequest, SendRequest,
 };
 
 struct Counting;
@@ -282,7 +282,7 @@ fn ud_send_with_address_handle_does_not_allocate() {
     a.activate_ud(t.port, QKEY, 1).unwrap();
     b.activate_ud(t.port, QKEY, 2).unwrap();
     let port_attr = t.ctx.query_port(t.port).unwrap();
-    let ep = Endpoint::local(&b, t.port, Some(t.gid_index), 0).unwrap();
+    let ep = common::endpoint(&t, &b, 0);
     let ah = pd
         .create_ah(&AddressVector::for_port(&port_attr, &ep, t.gid_index).unwrap())
         .unwrap();

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
-    ProtectionDomain, QpType, SendRequest, WcOpcode, WcStatus,
+    ProtectionDomain, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus,
 };
 
 /// Longest any single await may take here.
@@ -75,8 +75,12 @@ fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> ibverbs::LocalBuffer {
 #[ignore = "needs an RDMA device"]
 async fn async_send_recv_returns_both_buffers() {
     let p = pair(local(), 16);
-    let incoming = p.b.recv(p.pd.alloc(4096, local()).unwrap()).unwrap();
-    let sent = p.a.send(filled(&p.pd, 4096, 3)).unwrap();
+    let incoming =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(4096, local()).unwrap()))
+            .unwrap();
+    let sent =
+        p.a.post_send(SendRequest::send(filled(&p.pd, 4096, 3)))
+            .unwrap();
     let send_id = sent.wr_id();
     let mut s = ok("send", sent).await;
     assert_eq!((s.wr_id(), s.opcode()), (send_id, WcOpcode::Send));
@@ -86,7 +90,9 @@ async fn async_send_recv_returns_both_buffers() {
     assert_eq!(&r.take_local().unwrap()[..], &pattern(4096, 3)[..]);
     // Immediate data through the general post_send; the request's own
     // wr_id is replaced by a unique one.
-    let incoming = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
+    let incoming =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
     let sent =
         p.a.post_send(SendRequest::send(filled(&p.pd, 64, 4)).imm(0xfeed).wr_id(7))
             .unwrap();
@@ -117,11 +123,17 @@ async fn async_separate_send_and_recv_cqs_on_two_channels() {
         AsyncQueuePair::new(b).unwrap(),
     );
     for round in 0..3u8 {
-        let to_a = a.recv(pd.alloc(128, local()).unwrap()).unwrap();
-        let to_b = b.recv(pd.alloc(128, local()).unwrap()).unwrap();
+        let to_a = a
+            .post_recv(RecvRequest::new(pd.alloc(128, local()).unwrap()))
+            .unwrap();
+        let to_b = b
+            .post_recv(RecvRequest::new(pd.alloc(128, local()).unwrap()))
+            .unwrap();
         let (s1, s2) = (
-            a.send(filled(&pd, 128, round)).unwrap(),
-            b.send(filled(&pd, 128, round + 100)).unwrap(),
+            a.post_send(SendRequest::send(filled(&pd, 128, round)))
+                .unwrap(),
+            b.post_send(SendRequest::send(filled(&pd, 128, round + 100)))
+                .unwrap(),
         );
         let mut got_a = ok("recv on a", to_a).await;
         let mut got_b = ok("recv on b", to_b).await;
@@ -141,13 +153,22 @@ async fn async_rdma_write_then_read() {
     let p = pair(remote_all(), 16);
     let target = p.pd.alloc_shared(4096, remote_all()).unwrap();
     let remote = target.remote().unwrap();
-    let mut w = ok("write", p.a.write(filled(&p.pd, 4096, 9), remote).unwrap()).await;
+    let mut w = ok(
+        "write",
+        p.a.post_send(SendRequest::write(filled(&p.pd, 4096, 9), remote))
+            .unwrap(),
+    )
+    .await;
     assert_eq!(w.opcode(), WcOpcode::RdmaWrite);
     assert!(w.take_local().is_some(), "the write buffer comes back");
     assert_eq!(target.to_vec(), pattern(4096, 9));
     let into = p.pd.alloc(1024, local()).unwrap();
     let part = remote.slice(1024, 1024).unwrap();
-    let mut r = ok("read", p.a.read(into, part).unwrap()).await;
+    let mut r = ok(
+        "read",
+        p.a.post_send(SendRequest::read(into, part)).unwrap(),
+    )
+    .await;
     assert_eq!(r.opcode(), WcOpcode::RdmaRead);
     assert_eq!(&r.take_local().unwrap()[..], &pattern(4096, 9)[1024..2048]);
     assert_eq!(p.a.outstanding(), 0);
@@ -163,17 +184,33 @@ async fn async_compare_and_swap_and_fetch_and_add() {
         let b = c.take_local().expect("result buffer");
         u64::from_ne_bytes(b[..8].try_into().unwrap())
     };
-    let faa = p.a.fetch_and_add(p.pd.alloc(8, local()).unwrap(), word, 5);
+    let faa = p.a.post_send(SendRequest::fetch_and_add(
+        p.pd.alloc(8, local()).unwrap(),
+        word,
+        5,
+    ));
     let c = ok("fetch-and-add", faa.unwrap()).await;
     assert_eq!(c.opcode(), WcOpcode::FetchAdd);
     assert_eq!(old(c), 0);
-    let cas =
-        p.a.compare_and_swap(p.pd.alloc(8, local()).unwrap(), word, 5, 42);
+    let cas = p.a.post_send(SendRequest::compare_and_swap(
+        p.pd.alloc(8, local()).unwrap(),
+        word,
+        5,
+        42,
+    ));
     assert_eq!(old(ok("cas hit", cas.unwrap()).await), 5);
-    let cas =
-        p.a.compare_and_swap(p.pd.alloc(8, local()).unwrap(), word, 5, 7);
+    let cas = p.a.post_send(SendRequest::compare_and_swap(
+        p.pd.alloc(8, local()).unwrap(),
+        word,
+        5,
+        7,
+    ));
     assert_eq!(old(ok("cas miss", cas.unwrap()).await), 42, "compare fails");
-    let faa = p.a.fetch_and_add(p.pd.alloc(8, local()).unwrap(), word, 1);
+    let faa = p.a.post_send(SendRequest::fetch_and_add(
+        p.pd.alloc(8, local()).unwrap(),
+        word,
+        1,
+    ));
     assert_eq!(old(ok("fetch-and-add", faa.unwrap()).await), 42);
     assert_eq!(
         target
@@ -193,7 +230,9 @@ async fn async_many_concurrent_futures_across_tasks() {
     let remote = target.remote().unwrap();
     let mut receivers = Vec::new();
     for _ in 0..N {
-        let fut = p.b.recv(p.pd.alloc(256, local()).unwrap()).unwrap();
+        let fut =
+            p.b.post_recv(RecvRequest::new(p.pd.alloc(256, local()).unwrap()))
+                .unwrap();
         receivers.push(tokio::spawn(fut));
     }
     let mut senders = Vec::new();
@@ -204,7 +243,10 @@ async fn async_many_concurrent_futures_across_tasks() {
             let sent = a.post_send(SendRequest::send(msg).imm(i)).unwrap();
             let w = filled(&pd, 64, i as u8 + 1);
             let wrote = a
-                .write(w, remote.slice(64 * u64::from(i), 64).unwrap())
+                .post_send(SendRequest::write(
+                    w,
+                    remote.slice(64 * u64::from(i), 64).unwrap(),
+                ))
                 .unwrap();
             // Awaited in reverse order of posting.
             within("write", wrote).await.unwrap();
@@ -239,7 +281,9 @@ async fn async_many_concurrent_futures_across_tasks() {
 async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
     let p = pair(local(), 16);
     // A pending receive, polled (so it waits) and dropped.
-    let mut abandoned = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
+    let mut abandoned =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
     let poll = tokio::time::timeout(Duration::from_millis(50), &mut abandoned).await;
     assert!(poll.is_err(), "nothing was sent yet: {poll:?}");
     drop(abandoned);
@@ -247,11 +291,23 @@ async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
     assert_eq!(p.b.queue_pair().recv_outstanding(), 1);
     assert_eq!(p.b.outstanding(), 1);
     // Its completion arrives now: the message lands in the abandoned buffer.
-    ok("first send", p.a.send(filled(&p.pd, 64, 1)).unwrap()).await;
+    ok(
+        "first send",
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 1)))
+            .unwrap(),
+    )
+    .await;
     assert_eq!(p.b.queue_pair().recv_outstanding(), 1, "not polled yet");
     // Later operations work, and the abandoned completion is dropped.
-    let next = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    ok("second send", p.a.send(filled(&p.pd, 64, 2)).unwrap()).await;
+    let next =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    ok(
+        "second send",
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 2)))
+            .unwrap(),
+    )
+    .await;
     let mut c = ok("second recv", next).await;
     assert_eq!(&c.take_local().unwrap()[..], &pattern(64, 2)[..]);
     assert_eq!(
@@ -260,10 +316,24 @@ async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
     );
 
     // A future whose completion was already filed, dropped uncollected.
-    let r1 = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    let r2 = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    ok("send 3", p.a.send(filled(&p.pd, 64, 3)).unwrap()).await;
-    ok("send 4", p.a.send(filled(&p.pd, 64, 4)).unwrap()).await;
+    let r1 =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    let r2 =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    ok(
+        "send 3",
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 3)))
+            .unwrap(),
+    )
+    .await;
+    ok(
+        "send 4",
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 4)))
+            .unwrap(),
+    )
+    .await;
     let mut c = ok("recv 4", r2).await;
     assert_eq!(&c.take_local().unwrap()[..], &pattern(64, 4)[..]);
     assert_eq!(p.b.outstanding(), 1, "r1's completion is filed");
@@ -271,11 +341,22 @@ async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
     assert_eq!(p.b.outstanding(), 0);
 
     // A send dropped before it was ever polled; a later one collects it.
-    let lost = p.a.send(filled(&p.pd, 64, 5)).unwrap();
+    let lost =
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 5)))
+            .unwrap();
     drop(lost);
-    let r = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    let r6 = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    ok("send 6", p.a.send(filled(&p.pd, 64, 6)).unwrap()).await;
+    let r =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    let r6 =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    ok(
+        "send 6",
+        p.a.post_send(SendRequest::send(filled(&p.pd, 64, 6)))
+            .unwrap(),
+    )
+    .await;
     assert_eq!(
         p.a.outstanding(),
         0,
@@ -292,8 +373,12 @@ async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
 #[ignore = "needs an RDMA device"]
 async fn async_error_completions_resolve_every_waiter() {
     let p = pair(local(), 16);
-    let r1 = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
-    let r2 = p.b.recv(p.pd.alloc(64, local()).unwrap()).unwrap();
+    let r1 =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
+    let r2 =
+        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
+            .unwrap();
     let (t1, t2) = (tokio::spawn(r1), tokio::spawn(r2));
     tokio::time::sleep(Duration::from_millis(20)).await;
     p.b.queue_pair().to_err().unwrap();
@@ -310,7 +395,13 @@ async fn async_error_completions_resolve_every_waiter() {
     let target = q.pd.alloc_shared(64, remote_all()).unwrap();
     let mut bad = target.remote().unwrap();
     bad.rkey.0 ^= 0x5a5a_0000;
-    match within("bad write", q.a.write(filled(&q.pd, 8, 0), bad).unwrap()).await {
+    match within(
+        "bad write",
+        q.a.post_send(SendRequest::write(filled(&q.pd, 8, 0), bad))
+            .unwrap(),
+    )
+    .await
+    {
         Err(Error::WorkCompletion { status, wr_id, .. }) => {
             assert_eq!(status, WcStatus::RemAccessErr);
             assert_ne!(wr_id, 0);
@@ -328,12 +419,14 @@ fn async_construction_errors() {
     // Outside a runtime: an error, not a panic.
     let qp = channel_qp(&dev, &pd, 4);
     match AsyncQueuePair::new(qp.clone()) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("Tokio runtime"), "{m}"),
-        other => panic!("expected InvalidArgument, got {other:?}"),
+        Err(Error::NoRuntime {
+            by: "AsyncQueuePair",
+        }) => {}
+        other => panic!("expected NoRuntime, got {other:?}"),
     }
     assert!(matches!(
         AsyncEvents::new(&dev.ctx),
-        Err(Error::InvalidArgument(_))
+        Err(Error::NoRuntime { by: "AsyncEvents" })
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -344,8 +437,10 @@ fn async_construction_errors() {
         let cq = dev.ctx.create_cq(256).build().unwrap();
         let plain = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         match AsyncQueuePair::new(plain) {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("completion channel"), "{m}"),
-            other => panic!("expected InvalidArgument, got {other:?}"),
+            Err(Error::NoCompletionChannel {
+                which: "AsyncQueuePair's send CQ",
+            }) => {}
+            other => panic!("expected NoCompletionChannel, got {other:?}"),
         }
         // One AsyncQueuePair per channel.
         let first = AsyncQueuePair::new(qp.clone()).unwrap();
@@ -361,7 +456,9 @@ fn async_construction_errors() {
             "{second}"
         );
         // Posting on a queue pair in RESET is refused; nothing is tracked.
-        let refused = first.send(pd.alloc(8, local()).unwrap()).unwrap_err();
+        let refused = first
+            .post_send(SendRequest::send(pd.alloc(8, local()).unwrap()))
+            .unwrap_err();
         assert!(refused.request.into_buffers().total_len() == 8);
         assert_eq!(first.outstanding(), 0);
     });

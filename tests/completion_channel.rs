@@ -386,3 +386,257 @@ fn destroy_waits_for_the_ack_of_an_event_read() {
         Ok(cq) => panic!("an event for a destroyed CQ: {cq:?}"),
     }
 }
+
+// ---- CompletionQueue::wait ----
+
+/// CPU time the calling thread has used (user and system).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime: {}", std::io::Error::last_os_error());
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The receiver's CQ alone reports to the channel, which is left in its
+/// default (blocking) mode; the sender's CQ has no channel.
+fn own_channel() -> Wired {
+    let w = wired(false);
+    w.ch.set_nonblocking(false).unwrap();
+    w
+}
+
+/// Sends `msg` from `w.a` (posting a receive on `w.b` first is the
+/// caller's) and takes the send buffer back.
+fn send_and_reap(w: &Wired, msg: LocalBuffer, wr_id: u64) -> LocalBuffer {
+    w.a.post_send(SendRequest::send(msg).wr_id(wr_id)).unwrap();
+    let mut c = common::wait_ok(&w.cq_a);
+    c.take_local().expect("send buffer back")
+}
+
+/// The one receive completion of `out`, checked: `wr_id` and first byte.
+fn one_receive(out: &mut Completions, wr_id: u64, fill: u8) -> LocalBuffer {
+    assert_eq!(out.len(), 1, "{out:?}");
+    let mut c = out.pop().unwrap();
+    c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+    assert_eq!((c.wr_id(), c.opcode()), (wr_id, WcOpcode::Recv));
+    let b = c.take_local().expect("receive buffer back");
+    assert_eq!(b[0], fill, "the message of {wr_id}");
+    b
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_returns_completions_from_before_and_during_the_wait() {
+    let w = own_channel();
+    let mut out = Completions::with_capacity(4);
+    let mut rbuf = buf(&w.pd, 0);
+    let mut sbuf = buf(&w.pd, 0);
+    // Before: the receive completed before the wait began (the sender's
+    // completion follows the receiver's ACK).
+    w.b.post_recv(RecvRequest::new(rbuf).wr_id(1)).unwrap();
+    sbuf.fill(1);
+    sbuf = send_and_reap(&w, sbuf, 1);
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    assert_eq!(
+        w.cq_b
+            .wait(&mut out, Some(Duration::from_secs(10)))
+            .unwrap(),
+        1
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    rbuf = one_receive(&mut out, 1, 1);
+    // During: another thread sends 200 ms into the wait, which sleeps on
+    // the channel (with a deadline, then without).
+    for (round, timeout) in [(2u64, Some(Duration::from_secs(10))), (3, None)] {
+        w.b.post_recv(RecvRequest::new(rbuf).wr_id(round)).unwrap();
+        sbuf.fill(round as u8);
+        let t = Instant::now();
+        let cpu = thread_cpu();
+        let (n, back) = std::thread::scope(|s| {
+            let sender = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                send_and_reap(&w, sbuf, round)
+            });
+            let n = w.cq_b.wait(&mut out, timeout).unwrap();
+            (n, sender.join().unwrap())
+        });
+        let (wall, cpu) = (t.elapsed(), thread_cpu() - cpu);
+        sbuf = back;
+        assert_eq!(n, 1, "round {round}");
+        assert!(
+            wall >= Duration::from_millis(200) && wall < Duration::from_secs(5),
+            "round {round}: woke after {wall:?}"
+        );
+        assert!(
+            cpu < Duration::from_millis(20) + wall / 10,
+            "round {round}: {cpu:?} of CPU in {wall:?}: the wait did not sleep"
+        );
+        rbuf = one_receive(&mut out, round, round as u8);
+    }
+    drop((rbuf, sbuf));
+    drop_all(w);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
+    let w = own_channel();
+    let mut out = Completions::with_capacity(4);
+    for ms in [0, 300, 600] {
+        let timeout = Duration::from_millis(ms);
+        let t = Instant::now();
+        let cpu = thread_cpu();
+        let n = w.cq_b.wait(&mut out, Some(timeout)).unwrap();
+        let (wall, cpu) = (t.elapsed(), thread_cpu() - cpu);
+        assert_eq!(n, 0, "nothing to complete");
+        assert!(
+            wall >= timeout && wall < timeout + Duration::from_secs(3),
+            "{timeout:?} timeout returned after {wall:?}"
+        );
+        // A loose bound, not a performance gate: a wait that spun would
+        // use about as much CPU as wall time.
+        assert!(
+            cpu < Duration::from_millis(20) + wall / 10,
+            "{timeout:?} timeout: {cpu:?} of CPU in {wall:?}: the wait spun"
+        );
+    }
+    // The wait made the channel non-blocking: a read finds nothing.
+    let err = w.ch.get_event().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
+    // No channel: nothing to sleep on.
+    let err = w.cq_a.wait(&mut out, Some(Duration::ZERO)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ibverbs::Error::NoCompletionChannel {
+                which: "CQ waited on"
+            }
+        ),
+        "{err:?}"
+    );
+    drop_all(w);
+    // A channel two CQs report to: an event read for the other would be
+    // lost to it.
+    let w = wired(true);
+    let err = w.cq_b.wait(&mut out, Some(Duration::ZERO)).unwrap_err();
+    assert!(
+        matches!(err, ibverbs::Error::CompletionChannelShared { cqs: 2 }),
+        "{err:?}"
+    );
+    drop_all(w);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn many_waits_acknowledge_their_events() {
+    // Each round the receiver waits before the sender sends (3 ms later),
+    // so most waits sleep and read an event: more than the 64-event
+    // acknowledgement batch. The CQ's destruction must not hang on one
+    // left unacknowledged (the watchdog aborts the process if it does).
+    const ROUNDS: u64 = 200;
+    let w = own_channel();
+    let mut out = Completions::with_capacity(4);
+    let mut rbuf = buf(&w.pd, 0);
+    let mut sbuf = buf(&w.pd, 0);
+    let mut slept = 0;
+    std::thread::scope(|s| {
+        let (go, went) = std::sync::mpsc::channel::<(u64, LocalBuffer)>();
+        let (back, came_back) = std::sync::mpsc::channel();
+        let w = &w;
+        s.spawn(move || {
+            for (round, mut b) in went {
+                std::thread::sleep(Duration::from_millis(3));
+                b.fill(round as u8);
+                back.send(send_and_reap(w, b, round)).unwrap();
+            }
+        });
+        for round in 0..ROUNDS {
+            w.b.post_recv(RecvRequest::new(rbuf).wr_id(round)).unwrap();
+            go.send((round, sbuf)).unwrap();
+            let t = Instant::now();
+            let n = w
+                .cq_b
+                .wait(&mut out, Some(Duration::from_secs(10)))
+                .unwrap();
+            assert_eq!(n, 1, "round {round}");
+            if t.elapsed() >= Duration::from_millis(2) {
+                slept += 1;
+            }
+            rbuf = one_receive(&mut out, round, round as u8);
+            sbuf = came_back.recv().unwrap();
+        }
+        drop(go);
+    });
+    assert!(
+        slept > 64,
+        "only {slept} of {ROUNDS} waits slept: the test did not exercise the batch"
+    );
+    drop_all(w);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_finds_a_completion_that_raised_no_event() {
+    // The lost wake-up: a completion that lands after a wait's first poll
+    // but before it armed the CQ raises no event; only the poll after
+    // arming finds it. Two waiters make that moment wide: the second polls
+    // (nothing yet) and queues behind the first, which sleeps. Two
+    // messages then complete together: the first completion's event wakes
+    // the first waiter, whose batch holds one; the second completion
+    // raised no event (the event disarmed the CQ) unless it came after the
+    // first waiter re-armed, and the second waiter arms after it. Without
+    // the poll after arming it would sleep until its deadline.
+    const ROUNDS: u64 = 20;
+    let w = own_channel();
+    let deadline = Duration::from_secs(10);
+    for round in 0..ROUNDS {
+        let ids = [2 * round, 2 * round + 1];
+        for id in ids {
+            w.b.post_recv(RecvRequest::new(buf(&w.pd, 0)).wr_id(id))
+                .unwrap();
+        }
+        let (first, second) = std::thread::scope(|s| {
+            let waiter = |capacity| {
+                let w = &w;
+                move || {
+                    let mut out = Completions::with_capacity(capacity);
+                    let t = Instant::now();
+                    let n = w.cq_b.wait(&mut out, Some(deadline)).unwrap();
+                    (n, out, t.elapsed())
+                }
+            };
+            let first = s.spawn(waiter(1));
+            std::thread::sleep(Duration::from_millis(100));
+            let second = s.spawn(waiter(4));
+            std::thread::sleep(Duration::from_millis(100));
+            for id in ids {
+                w.a.post_send(SendRequest::send(buf(&w.pd, id as u8)).wr_id(id))
+                    .unwrap();
+            }
+            for c in common::wait(&w.cq_a, 2) {
+                c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            }
+            (first.join().unwrap(), second.join().unwrap())
+        });
+        let mut got = Vec::new();
+        for (who, (n, mut out, took)) in [("first", first), ("second", second)] {
+            assert_eq!(n, 1, "round {round}: the {who} waiter got {n}: {out:?}");
+            assert!(
+                took < deadline / 2,
+                "round {round}: the {who} waiter slept {took:?} with a completion in the CQ"
+            );
+            let mut c = out.pop().unwrap();
+            c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            assert_eq!(c.take_local().unwrap()[0], c.wr_id() as u8);
+            got.push(c.wr_id());
+        }
+        got.sort();
+        assert_eq!(got, ids, "round {round}: each message once");
+    }
+    drop_all(w);
+}

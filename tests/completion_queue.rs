@@ -43,7 +43,7 @@ fn poll_one_gives_the_callers_wr_id_and_the_buffers_back() {
         SgList::One(b) => b.into_local().unwrap(),
         other => panic!("buffer not given back: {other:?}"),
     };
-    assert_eq!((wc.raw_wr_id(), wc.opcode()), (77, WcOpcode::RdmaRead));
+    assert_eq!((wc.wr_id(), wc.opcode()), (77, WcOpcode::RdmaRead));
     assert_eq!(&back[..], &pattern(512, 5)[64..192]);
     // A prepared posting: no buffers, its count taken back.
     let mut read =
@@ -52,7 +52,7 @@ fn poll_one_gives_the_callers_wr_id_and_the_buffers_back() {
     for _ in 0..3 {
         read.post().unwrap();
         assert!(matches!(poll_into_ok(&p.cq_a, &mut wc), SgList::Empty));
-        assert_eq!(wc.raw_wr_id(), 78);
+        assert_eq!(wc.wr_id(), 78);
         assert!(!read.is_posted(), "the completion kept a count");
         assert_eq!(read.bytes(0).unwrap(), &pattern(512, 5)[..128]);
     }

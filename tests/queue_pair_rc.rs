@@ -462,8 +462,8 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
 }
 
 /// A `LocalPort` queried once connects any number of queue pairs, with the
-/// same result as `Endpoint::local` and `connect`'s own queries; a queue
-/// pair of another device context is refused.
+/// same result as a fresh query and `connect`'s own queries; a queue pair
+/// of another device context is refused.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_local_port_queried_once_connects_queue_pairs() {
@@ -490,11 +490,11 @@ fn a_local_port_queried_once_connects_queue_pairs() {
         let eb = local.endpoint(b, 0x200 + i as u32).unwrap();
         assert_eq!(
             ea,
-            Endpoint::local(a, dev.port, Some(dev.gid_index), ea.psn).unwrap(),
+            common::endpoint(&dev, a, ea.psn),
             "the snapshot and a fresh query agree"
         );
-        a.connect(ea.psn, &eb, &opts).unwrap();
-        b.connect(eb.psn, &ea, &opts).unwrap();
+        a.connect(&ea, &eb, &opts).unwrap();
+        b.connect(&eb, &ea, &opts).unwrap();
         b.post_recv(RecvRequest::new(p_alloc(&pd)).wr_id(7))
             .unwrap();
         a.post_send(SendRequest::send(p_alloc(&pd)).wr_id(8))
@@ -513,10 +513,20 @@ fn a_local_port_queried_once_connects_queue_pairs() {
         .build()
         .unwrap();
     let e = local.endpoint(&stranger, 1).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        matches!(e, Error::ForeignContext { what: "LocalPort" }),
+        "{e}"
+    );
     let ea = local.endpoint(&qps[0], 1).unwrap();
-    let e = stranger.connect(1, &ea, &opts).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let own = Endpoint {
+        qp_num: stranger.qp_num(),
+        ..ea
+    };
+    let e = stranger.connect(&own, &ea, &opts).unwrap_err();
+    assert!(
+        matches!(e, Error::ForeignContext { what: "LocalPort" }),
+        "{e}"
+    );
     assert_eq!(stranger.state().unwrap(), QpState::Reset);
 }
 

@@ -7,9 +7,9 @@
 mod common;
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionQueue, Endpoint, Error, Gid, LinkLayer,
-    LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory,
-    SendOption, SendRequest, WcOpcode,
+    AccessFlags, AddressHandle, AddressVector, CompletionQueue, Error, Gid, LinkLayer, LocalBuffer,
+    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory, SendOption,
+    SendRequest, WcOpcode,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -52,7 +52,7 @@ fn ud_pair(max_inline: u32) -> Ud {
     let b = build(&cq_b);
     let port_attr = dev.ctx.query_port(dev.port).unwrap();
     let ah_for = |qp: &QueuePair| {
-        let ep = Endpoint::local(qp, dev.port, Some(dev.gid_index), 0).unwrap();
+        let ep = common::endpoint(&dev, qp, 0);
         let av = AddressVector::for_port(&port_attr, &ep, dev.gid_index).unwrap();
         pd.create_ah(&av)
             .unwrap_or_else(|e| panic!("creating an address handle for {av:?}: {e}"))
@@ -342,7 +342,7 @@ fn address_handle_outlives_its_handle_while_posted() {
     let t = ud_pair(0);
     let payload = common::pattern(48, 5);
     let port_attr = t.dev.ctx.query_port(t.dev.port).unwrap();
-    let ep = Endpoint::local(&t.b, t.dev.port, Some(t.dev.gid_index), 0).unwrap();
+    let ep = common::endpoint(&t.dev, &t.b, 0);
     let ah =
         t.pd.create_ah(&AddressVector::for_port(&port_attr, &ep, t.dev.gid_index).unwrap())
             .unwrap();
@@ -476,14 +476,19 @@ fn address_handle_from_another_pd_is_rejected() {
     let t = ud_pair(0);
     let other = t.dev.ctx.alloc_pd().unwrap();
     let port_attr = t.dev.ctx.query_port(t.dev.port).unwrap();
-    let ep = Endpoint::local(&t.b, t.dev.port, Some(t.dev.gid_index), 0).unwrap();
+    let ep = common::endpoint(&t.dev, &t.b, 0);
     let av = AddressVector::for_port(&port_attr, &ep, t.dev.gid_index).unwrap();
     let foreign = other.create_ah(&av).unwrap();
     let err =
         t.a.post_send(SendRequest::send(filled(&t.pd, &[0; 8])).ud(&foreign, t.b.qp_num(), QKEY))
             .unwrap_err();
     assert!(
-        matches!(err.error, Error::InvalidArgument(ref m) if m.contains("protection domain")),
+        matches!(
+            err.error,
+            Error::ForeignProtectionDomain {
+                what: "address handle"
+            }
+        ),
         "an AH of another PD: {}",
         err.error
     );

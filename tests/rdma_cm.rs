@@ -51,13 +51,14 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
         ch.get_event(T)?.expect(CmEventType::Established)?;
         let mut c = wait_ok(&cq);
         let got = c.take_local().unwrap()[..c.byte_len() as usize].to_vec();
-        // The first 20 bytes name the client's memory; echo the rest there.
-        let remote = ibverbs::RemoteMemory::from_bytes(got[..20].try_into().unwrap());
-        let mut src = pd.alloc(got.len() - 20, AccessFlags::LOCAL_WRITE)?;
-        src.copy_from_slice(&got[20..]);
+        // The client's memory first (its wire form); echo the rest there.
+        let n = ibverbs::RemoteMemory::WIRE_LEN;
+        let remote = ibverbs::RemoteMemory::from_bytes(&got[..n])?;
+        let mut src = pd.alloc(got.len() - n, AccessFlags::LOCAL_WRITE)?;
+        src.copy_from_slice(&got[n..]);
         qp.post_send(SendRequest::write(
             src,
-            remote.slice(0, (got.len() - 20) as u64).unwrap(),
+            remote.slice(0, (got.len() - n) as u64).unwrap(),
         ))?;
         wait_ok(&cq);
         qp.post_send(SendRequest::send_inline(b"done"))?;
@@ -112,9 +113,10 @@ fn connect_accept_data_disconnect() {
     assert_eq!(id.peer_addr(), Some(addr));
     assert_eq!(qp.state().unwrap(), ibverbs::QpState::Rts);
 
-    let mut msg = pd.alloc(20 + 11, AccessFlags::LOCAL_WRITE).unwrap();
-    msg[..20].copy_from_slice(&sink.remote().unwrap().to_bytes());
-    msg[20..].copy_from_slice(b"echo via cm");
+    let n = ibverbs::RemoteMemory::WIRE_LEN;
+    let mut msg = pd.alloc(n + 11, AccessFlags::LOCAL_WRITE).unwrap();
+    msg[..n].copy_from_slice(&sink.remote().unwrap().to_bytes());
+    msg[n..].copy_from_slice(b"echo via cm");
     qp.post_send(SendRequest::send(msg)).unwrap();
     wait_ok(&cq); // our send
     let c = wait_ok(&cq); // the server's "done" (after its write)
@@ -129,7 +131,7 @@ fn connect_accept_data_disconnect() {
         .expect(CmEventType::Disconnected)
         .unwrap();
     let seen = server.join().unwrap().unwrap();
-    assert_eq!(&seen[20..], b"echo via cm");
+    assert_eq!(&seen[ibverbs::RemoteMemory::WIRE_LEN..], b"echo via cm");
 }
 
 #[test]
@@ -148,6 +150,19 @@ fn reject_is_a_typed_event_with_private_data() {
     assert_eq!(ev.kind(), CmEventType::Rejected, "{ev:?}");
     assert_eq!(ev.private_data().get(..7), Some(&b"go away"[..]));
     let e = ev.expect(CmEventType::Established).unwrap_err();
+    // A reject reason (positive status) is no errno: a typed mismatch; a
+    // negative errno status would be a verb error naming it.
+    assert!(
+        matches!(
+            e,
+            Error::UnexpectedEvent {
+                expected: CmEventType::Established,
+                got: CmEventType::Rejected,
+                ..
+            } | Error::Verb { .. }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("Rejected"), "{e}");
     server.join().unwrap().unwrap();
 }
@@ -164,12 +179,26 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     let ud = pd.create_qp(QpType::Ud, &cq, &cq).build().unwrap();
     assert!(matches!(
         id.connect(&ud, &ConnParam::new()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::WrongQpType {
+            qp_type: QpType::Ud,
+            ..
+        })
     ));
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let e = id
         .connect(&qp, &ConnParam::new().private_data(&[0; 57]))
         .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::OutOfRange {
+                value: 57,
+                max: 56,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("private data"), "{e}");
     // A QP of another device context is refused.
     let other = common::device();
@@ -178,7 +207,7 @@ fn nobody_listening_and_bad_arguments_are_errors() {
     let oqp = opd.create_qp(QpType::Rc, &ocq, &ocq).build().unwrap();
     assert!(matches!(
         id.connect(&oqp, &ConnParam::new()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::ForeignContext { what: "queue pair" })
     ));
     // Nobody listens: the connect is rejected (a typed event, no hang).
     id.connect(&qp, &ConnParam::new()).unwrap();

@@ -9,8 +9,8 @@ mod common;
 
 use common::{pair, remote_all, Pair};
 use ibverbs::{
-    AccessFlags, AddressVector, Endpoint, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
-    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest,
+    AccessFlags, AddressVector, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
+    RecvRequest, RemoteMemory, SendOp, SendOps, SendOption, SendRequest, TransitionReason,
 };
 
 /// An RDMA read's inline "data" as rxe reads it: one SGE
@@ -255,7 +255,7 @@ fn soundness_every_invalid_option_cell_is_refused() {
         let (p, ah) = match ty {
             QpType::Ud => {
                 let p = ud_pair();
-                let ep = Endpoint::local(&p.b, p.dev.port, Some(p.dev.gid_index), 0).unwrap();
+                let ep = common::endpoint(&p.dev, &p.b, 0);
                 let port = p.dev.ctx.query_port(p.dev.port).unwrap();
                 let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
                 let ah = p.pd.create_ah(&av).unwrap();
@@ -400,7 +400,7 @@ fn ud_pair() -> Pair {
 
 /// An address handle to `p.b` (for a UD destination on a connected pair).
 fn ud_ah(p: &Pair) -> ibverbs::AddressHandle {
-    let ep = Endpoint::local(&p.b, p.dev.port, Some(p.dev.gid_index), 0).unwrap();
+    let ep = common::endpoint(&p.dev, &p.b, 0);
     let port = p.dev.ctx.query_port(p.dev.port).unwrap();
     let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
     p.pd.create_ah(&av).unwrap()
@@ -483,7 +483,11 @@ fn soundness_a_state_the_device_changed_is_checked_from_the_real_state() {
         assert!(
             matches!(
                 &e,
-                Error::InvalidTransition { from: QpState::Err, reason, .. } if reason.contains("claims")
+                Error::InvalidTransition {
+                    from: QpState::Err,
+                    reason: TransitionReason::ClaimedState(QpState::Rts),
+                    ..
+                }
             ),
             "{e}"
         );

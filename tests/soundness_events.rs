@@ -133,7 +133,9 @@ async fn soundness_ev_direct_post_with_a_colliding_wr_id_does_not_resolve_a_futu
     let b = plain_qp(&dev, &pd, 16);
     connect_pair(&dev, &a, &b, local());
     let qa = AsyncQueuePair::new(a).unwrap();
-    let mut incoming = qa.recv(pd.alloc(4096, local()).unwrap()).unwrap();
+    let mut incoming = qa
+        .post_recv(RecvRequest::new(pd.alloc(4096, local()).unwrap()))
+        .unwrap();
     let id = incoming.wr_id();
     // The colliding request: a 64-byte send, posted around the dispatcher.
     b.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
@@ -229,7 +231,9 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
         .block_on(async { AsyncQueuePair::new(a.clone()) })
         .unwrap();
     rt2.block_on(async {
-        let incoming = second.recv(pd.alloc(64, local()).unwrap()).unwrap();
+        let incoming = second
+            .post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+            .unwrap();
         b.post_send(SendRequest::send(filled(&pd, 64, 2))).unwrap();
         let mut c = tokio::time::timeout(Duration::from_secs(10), incoming)
             .await

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, ConnectOptions,
-    Context, DeviceAttr, Endpoint, GidIndex, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
-    QueuePair, RemoteMemory, SgList, WorkCompletion,
+    Context, DeviceAttr, Endpoint, GidIndex, LocalPort, Mtu, PortAttr, PortNumber,
+    ProtectionDomain, QpType, QueuePair, RemoteMemory, SgList, WorkCompletion,
 };
 
 use args::Config;
@@ -323,8 +323,10 @@ pub struct Resources {
     pub waiter: Waiter,
     /// The RC queue pair.
     pub qp: QueuePair,
-    /// Our first PSN.
-    pub psn: u32,
+    /// The port's facts, queried once (for the endpoint and connecting).
+    pub local: LocalPort,
+    /// The queue pair's endpoint (with our first PSN).
+    pub me: Endpoint,
     /// The path MTU after connecting.
     pub mtu: Mtu,
 }
@@ -419,6 +421,8 @@ impl Resources {
             )
             .into());
         }
+        let local = LocalPort::query(&ctx, port, Some(gid_index))?;
+        let me = local.endpoint(&qp, Endpoint::random_psn())?;
         let waiter = Waiter {
             cq: cq.clone(),
             channel,
@@ -435,23 +439,20 @@ impl Resources {
             cq,
             waiter,
             qp,
-            psn: Endpoint::random_psn(),
+            local,
+            me,
             mtu: port_attr.active_mtu(),
         })
     }
 
     /// Our connection data, offering `mem` to the peer.
     pub fn local_info(&self, mem: Option<RemoteMemory>) -> Result<ConnInfo> {
-        let ep = Endpoint::local(&self.qp, self.port, Some(self.gid_index), self.psn)?;
         let mtu = match self.port_attr.active_mtu() {
             Mtu::Unknown(_) => 1024,
             m => m.bytes(),
         };
         Ok(ConnInfo {
-            qpn: ep.qp_num,
-            psn: ep.psn,
-            lid: ep.lid,
-            gid: ep.gid,
+            ep: self.me,
             mtu,
             mem: mem.unwrap_or(RemoteMemory {
                 addr: 0,
@@ -463,8 +464,8 @@ impl Resources {
 
     /// Connects the QP to the peer: path MTU the smallest of -m and both
     /// ports' active MTUs; `access` granted to the peer; with `rd_atomic`,
-    /// as many outstanding RDMA reads/atomics as the device allows (up to
-    /// 128, perftest's "Outstand reads").
+    /// as many outstanding RDMA reads/atomics as the device allows both
+    /// ways (up to 128, perftest's "Outstand reads").
     pub fn connect(
         &mut self,
         cfg: &Config,
@@ -477,28 +478,21 @@ impl Resources {
             mtu = mtu.min(m);
         }
         self.mtu = Mtu::from_bytes(mtu).unwrap_or(Mtu::Mtu1024);
-        let (init, dest) = if rd_atomic {
-            (
-                self.dev_attr.max_qp_init_rd_atom().clamp(1, 128) as u8,
-                self.dev_attr.max_qp_rd_atom().clamp(1, 128) as u8,
-            )
+        let depth = if rd_atomic {
+            let d = &self.dev_attr;
+            d.max_qp_init_rd_atom()
+                .min(d.max_qp_rd_atom())
+                .clamp(1, 128) as u8
         } else {
-            (1, 1)
+            1
         };
         let opts = ConnectOptions::new(self.port)
-            .gid_index(self.gid_index)
+            .local_port(&self.local)
             .path_mtu(self.mtu)
-            .qp_access_flags(access)
-            .max_rd_atomic(init)
-            .max_dest_rd_atomic(dest);
-        let ep = Endpoint {
-            qp_num: remote.qpn,
-            psn: remote.psn,
-            lid: remote.lid,
-            gid: remote.gid,
-        };
+            .remote_access(access)
+            .rd_atomic(depth);
         self.qp
-            .connect(self.psn, &ep, &opts)
+            .connect(&self.me, &remote.ep, &opts)
             .map_err(|e| format!("connecting the queue pair to the peer: {e}"))?;
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use ibverbs::{Gid, QpNumber, RemoteMemory};
+use ibverbs::{Endpoint, RemoteMemory};
 
 use super::args::Config;
 use super::Result;
@@ -73,57 +73,45 @@ impl Hello {
 /// What a side needs to connect its QP to the other and to reach its memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnInfo {
-    /// QP number (24 bits).
-    pub qpn: QpNumber,
-    /// First PSN (24 bits).
-    pub psn: u32,
-    /// LID (InfiniBand).
-    pub lid: u16,
-    /// GID (RoCE).
-    pub gid: Gid,
+    /// The queue pair's endpoint (QP number, first PSN, LID, GID).
+    pub ep: Endpoint,
     /// Active MTU of its port, bytes.
     pub mtu: u32,
     /// Memory the other side may access (`len` 0 when none).
     pub mem: RemoteMemory,
 }
 
+/// Bytes of the connection data: a tag, the endpoint's and the memory's
+/// wire forms, the MTU.
+const CONN_LEN: usize = 4 + Endpoint::WIRE_LEN + 4 + RemoteMemory::WIRE_LEN;
+
 impl ConnInfo {
-    fn encode(&self) -> [u8; 56] {
-        let mut b = [0u8; 56];
+    fn encode(&self) -> [u8; CONN_LEN] {
+        const EP: usize = 4 + Endpoint::WIRE_LEN;
+        let mut b = [0u8; CONN_LEN];
         b[..4].copy_from_slice(b"CONN");
-        b[4..8].copy_from_slice(&self.qpn.0.to_be_bytes());
-        b[8..12].copy_from_slice(&self.psn.to_be_bytes());
-        b[12..14].copy_from_slice(&self.lid.to_be_bytes());
-        b[16..32].copy_from_slice(&self.gid.0);
-        b[32..36].copy_from_slice(&self.mtu.to_be_bytes());
-        b[36..56].copy_from_slice(&self.mem.to_bytes());
+        b[4..EP].copy_from_slice(&self.ep.to_bytes());
+        b[EP..EP + 4].copy_from_slice(&self.mtu.to_be_bytes());
+        b[EP + 4..].copy_from_slice(&self.mem.to_bytes());
         b
     }
 
-    fn decode(b: &[u8; 56]) -> Result<ConnInfo> {
+    fn decode(b: &[u8; CONN_LEN]) -> Result<ConnInfo> {
+        const EP: usize = 4 + Endpoint::WIRE_LEN;
         if &b[..4] != b"CONN" {
             return Err("malformed connection data from the peer".into());
         }
+        // The library checks the versions, the 24-bit QP number and PSN,
+        // and that the memory range does not wrap.
         let info = ConnInfo {
-            qpn: QpNumber(u32::from_be_bytes(b[4..8].try_into().unwrap())),
-            psn: u32::from_be_bytes(b[8..12].try_into().unwrap()),
-            lid: u16::from_be_bytes(b[12..14].try_into().unwrap()),
-            gid: Gid(b[16..32].try_into().unwrap()),
-            mtu: u32::from_be_bytes(b[32..36].try_into().unwrap()),
-            mem: RemoteMemory::from_bytes(b[36..56].try_into().unwrap()),
+            ep: Endpoint::from_bytes(&b[4..EP])
+                .map_err(|e| format!("the peer's connection data: {e}"))?,
+            mtu: u32::from_be_bytes(b[EP..EP + 4].try_into().unwrap()),
+            mem: RemoteMemory::from_bytes(&b[EP + 4..])
+                .map_err(|e| format!("the peer's connection data: {e}"))?,
         };
-        if info.qpn.0 > 0xff_ffff || info.psn > 0xff_ffff {
-            return Err(format!(
-                "the peer sent a QP number {:#x} / PSN {:#x} wider than 24 bits",
-                info.qpn.0, info.psn
-            )
-            .into());
-        }
         if !matches!(info.mtu, 256 | 512 | 1024 | 2048 | 4096) {
             return Err(format!("the peer sent an invalid MTU {}", info.mtu).into());
-        }
-        if info.mem.addr.checked_add(info.mem.len).is_none() {
-            return Err("the peer's memory range wraps around the address space".into());
         }
         Ok(info)
     }
@@ -288,7 +276,7 @@ impl Peer {
     /// Sends our connection data and returns the peer's (validated).
     pub fn exchange(&mut self, ours: &ConnInfo) -> Result<ConnInfo> {
         self.send(&ours.encode(), "the connection data")?;
-        let mut b = [0u8; 56];
+        let mut b = [0u8; CONN_LEN];
         self.recv(&mut b, self.timeout, "the connection data")?;
         ConnInfo::decode(&b)
     }

@@ -21,15 +21,15 @@ fn address(label: &str, c: &ConnInfo) {
     if c.mem.len > 0 {
         println!(
             " {label} address: LID {:#06x} QPN {:#06x} PSN {:#08x} RKey {:#08x} VAddr {:#016x}",
-            c.lid, c.qpn.0, c.psn, c.mem.rkey.0, c.mem.addr
+            c.ep.lid, c.ep.qp_num.0, c.ep.psn, c.mem.rkey.0, c.mem.addr
         );
     } else {
         println!(
             " {label} address: LID {:#06x} QPN {:#06x} PSN {:#08x}",
-            c.lid, c.qpn.0, c.psn
+            c.ep.lid, c.ep.qp_num.0, c.ep.psn
         );
     }
-    println!(" GID: {}", c.gid);
+    println!(" GID: {}", c.ep.gid);
 }
 
 /// Prints the banner: test, device, settings, both addresses. `extra` adds

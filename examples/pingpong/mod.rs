@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
-    ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, Mtu, PortAttr, PortNumber,
-    PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalPort, Mtu, PortAttr,
+    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
     WorkCompletion,
 };
 
@@ -586,14 +586,18 @@ fn open(cfg: &Config) -> Res<Setup> {
     if port_attr.link_layer() != ibverbs::LinkLayer::Ethernet && port_attr.lid() == 0 {
         return Err("Couldn't get local LID".into());
     }
+    let local_port =
+        LocalPort::query(&ctx, port, gid_index).ctx("Couldn't get the local address")?;
     let mut local = Vec::with_capacity(qps.len());
     for qp in &qps {
-        let me = Endpoint::local(qp, port, gid_index, Endpoint::random_psn())
+        let me = local_port
+            .endpoint(qp, Endpoint::random_psn())
             .ctx("Couldn't get the local address")?;
         local.push(me);
     }
 
-    let mut opts = ConnectOptions::new(port)
+    let opts = ConnectOptions::new(port)
+        .local_port(&local_port)
         .path_mtu(Mtu::from_bytes(cfg.mtu).unwrap_or(Mtu::Mtu1024))
         .sl(c.sl)
         .pkey_index(0)
@@ -602,12 +606,8 @@ fn open(cfg: &Config) -> Res<Setup> {
         .retry_cnt(7)
         .rnr_retry(7)
         .min_rnr_timer(12)
-        .max_rd_atomic(1)
-        .max_dest_rd_atomic(1)
-        .qp_access_flags(AccessFlags::empty());
-    if let Some(g) = gid_index {
-        opts = opts.gid_index(g);
-    }
+        .rd_atomic(1)
+        .remote_access(AccessFlags::empty());
 
     Ok(Setup {
         ctx,
@@ -946,7 +946,7 @@ impl PingPong<'_> {
     }
 
     fn complete(&mut self, c: &WorkCompletion) -> Res<()> {
-        let wr_id = c.raw_wr_id();
+        let wr_id = c.wr_id();
         if !c.is_success() {
             return Err(format!(
                 "Failed status {} ({}) for wr_id {wr_id}",

@@ -1,4 +1,4 @@
-//! `QpAttr::validate` and `check_qp_transition` with arbitrary attributes,
+//! `QpAttr::validate` and `QpState::check_transition` with arbitrary attributes,
 //! QP types and states (including values no C enum has): never a panic;
 //! only the documented error variants; whatever `validate` accepts fits its
 //! wire fields and passes the state table on its own.
@@ -7,7 +7,7 @@
 use arbitrary::Arbitrary;
 use ibverbs::sys::ibv_qp_attr_mask as M;
 use ibverbs::{
-    check_qp_transition, AccessFlags, AddressVector, Error, Gid, GidIndex, Mtu, PathMigState,
+    AccessFlags, AddressVector, Error, Gid, GidIndex, Mtu, PathMigState,
     PortNumber, QpAttr, QpNumber, QpState, QpType,
 };
 use libfuzzer_sys::fuzz_target;
@@ -106,12 +106,15 @@ fn apply(a: QpAttr, s: &Set) -> QpAttr {
     }
 }
 
-/// Only the variants `check_qp_transition` and `validate` document.
+/// Only the variants `QpState::check_transition` and `validate` document.
 fn check_error(e: &Error) {
     assert!(
         matches!(
             e,
-            Error::InvalidArgument(_) | Error::InvalidTransition { .. } | Error::Unsupported(_)
+            Error::OutOfRange { .. }
+                | Error::InvalidMtu { .. }
+                | Error::InvalidTransition { .. }
+                | Error::Unsupported(_)
         ),
         "{e:?}"
     );
@@ -158,7 +161,7 @@ fuzz_target!(|i: Input| {
             } else {
                 from
             };
-            check_qp_transition(qp_type, from, to, attr.mask())
+            from.check_transition(to, qp_type, attr.mask())
                 .unwrap_or_else(|e| panic!("validate passed, the table does not: {e}"));
         }
         Err(e) => check_error(&e),
@@ -166,13 +169,13 @@ fuzz_target!(|i: Input| {
 
     // The table alone, with any states and mask bits.
     let (from, to) = (QpState::from_raw(i.from), QpState::from_raw(i.to));
-    match check_qp_transition(qp_type, from, to, M(i.mask)) {
+    match from.check_transition(to, qp_type, M(i.mask)) {
         Ok(()) => {
             assert!(matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud));
             assert!(!matches!(from, QpState::Unknown(_)) && !matches!(to, QpState::Unknown(_)));
             // IBV_QP_STATE is always allowed; an unknown bit never is.
-            check_qp_transition(qp_type, from, to, M(i.mask | M::IBV_QP_STATE.0)).unwrap();
-            let unknown = check_qp_transition(qp_type, from, to, M(i.mask | 1 << 31));
+            from.check_transition(to, qp_type, M(i.mask | M::IBV_QP_STATE.0)).unwrap();
+            let unknown = from.check_transition(to, qp_type, M(i.mask | 1 << 31));
             assert!(
                 matches!(unknown, Err(Error::InvalidTransition { .. })),
                 "{unknown:?}"

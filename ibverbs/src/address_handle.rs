@@ -17,7 +17,7 @@ pub const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// Where packets to a peer go (`struct ibv_ah_attr`): used for the path of
 /// a connected QP ([`QpAttr::ah_attr`](crate::QpAttr::ah_attr)) and for
-/// address handles of UD sends ([`AddressHandle::new`]).
+/// address handles of UD sends ([`ProtectionDomain::create_ah`]).
 ///
 /// InfiniBand addresses by LID (optionally with a GRH, which routed subnets
 /// need); RoCE always needs the GRH, i.e. the peer's GID and the index of
@@ -66,8 +66,8 @@ impl AddressVector {
     ///   (non-zero).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the remote lacks what the link layer
-    /// needs: a zero GID on RoCE, or LID 0 on InfiniBand.
+    /// [`Error::MissingRemoteAddress`] when the remote lacks what the link
+    /// layer needs: a zero GID on RoCE, or LID 0 on InfiniBand.
     pub fn for_port(
         port_attr: &PortAttr,
         remote: &Endpoint,
@@ -76,16 +76,18 @@ impl AddressVector {
         let port = port_attr.port();
         if port_attr.grh_required() {
             if remote.gid.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "port {port} needs GRH addressing (RoCE) but the remote GID is zero"
-                )));
+                return Err(Error::MissingRemoteAddress {
+                    port,
+                    needed: "GID",
+                });
             }
             return Ok(AddressVector::roce(port, remote.gid, sgid_index));
         }
         if remote.lid == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "port {port} addresses by LID (InfiniBand) but the remote LID is 0"
-            )));
+            return Err(Error::MissingRemoteAddress {
+                port,
+                needed: "LID",
+            });
         }
         let av = AddressVector::infiniband(port, remote.lid);
         Ok(if remote.gid.is_zero() {
@@ -179,16 +181,18 @@ impl AddressVector {
     /// Rejects field values wider than their wire encoding.
     pub(crate) fn check(&self) -> Result<()> {
         if self.raw.sl > 15 {
-            return Err(Error::InvalidArgument(format!(
-                "service level {} does not fit in 4 bits",
-                self.raw.sl
-            )));
+            return Err(Error::OutOfRange {
+                what: "service level",
+                value: self.raw.sl.into(),
+                max: 15,
+            });
         }
         if self.is_global() && self.raw.grh.flow_label > 0xF_FFFF {
-            return Err(Error::InvalidArgument(format!(
-                "flow label {:#x} does not fit in 20 bits",
-                self.raw.grh.flow_label
-            )));
+            return Err(Error::OutOfRange {
+                what: "flow label",
+                value: self.raw.grh.flow_label.into(),
+                max: 0xF_FFFF,
+            });
         }
         Ok(())
     }
@@ -245,11 +249,11 @@ pub struct AddressHandle {
     pub(crate) inner: Arc<AhInner>,
 }
 
-impl AddressHandle {
-    /// Creates an address handle for `av` in `pd`.
+impl ProtectionDomain {
+    /// Creates an address handle for `av` in this PD.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a service level or flow label wider
+    /// [`Error::OutOfRange`] for a service level or flow label wider
     /// than its field; [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
     /// for a bad port, `ENODATA` for an empty GID slot, both explained in
     /// the message, `ENOENT`/`EHOSTUNREACH` when RoCE cannot resolve the
@@ -258,13 +262,13 @@ impl AddressHandle {
     /// # References
     /// `ibv_create_ah(3)`
     #[doc(alias = "ibv_create_ah")]
-    pub fn new(pd: &ProtectionDomain, av: &AddressVector) -> Result<AddressHandle> {
+    pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {
         av.check()?;
         let mut attr = av.raw;
         // SAFETY: live PD; `attr` is a valid, initialised ibv_ah_attr that
         // outlives the call; the AH is destroyed exactly once by AhInner.
-        let ah = unsafe { sys::ibv_create_ah(pd.as_ptr(), &mut attr) };
-        let ctx = pd.context();
+        let ah = unsafe { sys::ibv_create_ah(self.as_ptr(), &mut attr) };
+        let ctx = self.context();
         let ah = ret_ptr("ibv_create_ah", ah).map_err(|e| {
             let hint = ctx.port_hint(av.port()).or_else(|| {
                 av.is_global()
@@ -279,13 +283,15 @@ impl AddressHandle {
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 ah,
-                pd: pd.clone(),
+                pd: self.clone(),
                 av: *av,
                 mtu,
             }),
         })
     }
+}
 
+impl AddressHandle {
     /// The raw pointer, valid while `self` lives.
     pub fn as_ptr(&self) -> *mut sys::ibv_ah {
         self.inner.ah.as_ptr()
@@ -302,17 +308,6 @@ impl AddressHandle {
     /// unknown): the largest UD message sent through it.
     pub fn port_mtu(&self) -> u32 {
         self.inner.mtu
-    }
-}
-
-impl ProtectionDomain {
-    /// Creates an address handle; see [`AddressHandle::new`].
-    ///
-    /// # Errors
-    /// As [`AddressHandle::new`].
-    #[doc(alias = "ibv_create_ah")]
-    pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {
-        AddressHandle::new(self, av)
     }
 }
 

@@ -26,7 +26,6 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::buffer::{DeviceReadable, DeviceWritable, RemoteMemory};
 use crate::completion_channel::CompletionChannel;
 use crate::completion_queue::{Completion, CompletionQueue, Completions};
 use crate::context::{AsyncEvent, Context};
@@ -112,9 +111,7 @@ struct Registered<T: VerbsFd> {
 /// in errors.
 fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registered<T>> {
     if tokio::runtime::Handle::try_current().is_err() {
-        return Err(Error::InvalidArgument(format!(
-            "{by} needs a Tokio runtime: create it from within one (with IO enabled)"
-        )));
+        return Err(Error::NoRuntime { by });
     }
     let claim = Claim::take(inner.key(), by, T::DESCRIPTOR)?;
     // `register_with_interest` needs the descriptor to stay open, referring
@@ -127,7 +124,7 @@ fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registered<T>> {
         let (_, source) = e.into_parts();
         Error::Verb {
             verb: "epoll_ctl",
-            source,
+            io: source,
         }
     })?;
     Ok(Registered { fd, _claim: claim })
@@ -237,7 +234,7 @@ impl Shared {
             while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
                 let mut guard = ready.map_err(|source| Error::Verb {
                     verb: "epoll_wait",
-                    source,
+                    io: source,
                 })?;
                 loop {
                     match fd.get_ref().get_event() {
@@ -327,13 +324,14 @@ impl Shared {
 ///     let qp = pd.create_qp(QpType::Rc, &cq, &cq).max_send_wr(16).max_recv_wr(16).build()?;
 ///     // ... connect `qp` (Endpoint, QueuePair::connect) ...
 ///     let qp = AsyncQueuePair::new(qp)?; // inside a Tokio runtime
-///     let incoming = qp.recv(pd.alloc(4096, AccessFlags::LOCAL_WRITE)?)?;
+///     let incoming = qp.post_recv(RecvRequest::new(pd.alloc(4096, AccessFlags::LOCAL_WRITE)?))?;
 ///     let mut msg = pd.alloc(5, AccessFlags::LOCAL_WRITE)?;
 ///     msg.copy_from_slice(b"hello");
-///     let sent = qp.send(msg)?.await?;          // the send buffer comes back
+///     let sent = qp.post_send(SendRequest::send(msg))?.await?; // the send buffer comes back
 ///     let mut got = incoming.await?;            // the peer's message
 ///     println!("{} bytes: {:?}", got.byte_len(), &got.take_local().unwrap()[..5]);
-///     let old = qp.fetch_and_add(pd.alloc(8, AccessFlags::LOCAL_WRITE)?, remote, 1)?.await?;
+///     let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
+///     let old = qp.post_send(SendRequest::fetch_and_add(result, remote, 1))?.await?;
 ///     # drop((sent, old));
 ///     Ok(())
 /// }
@@ -355,8 +353,8 @@ impl AsyncQueuePair {
     /// non-blocking and registers them with the current Tokio runtime.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when a CQ of `qp` has no completion
-    /// channel, or when called outside a Tokio runtime;
+    /// [`Error::NoCompletionChannel`] when a CQ of `qp` has no completion
+    /// channel, [`Error::NoRuntime`] when called outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when a channel is already driven by another
     /// `AsyncQueuePair` (on this runtime or another); [`Error::Verb`]
     /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered.
@@ -375,13 +373,11 @@ impl AsyncQueuePair {
             }
         }
         let mut found: Vec<CompletionChannel> = Vec::with_capacity(2);
-        for (cq, which) in [(qp.send_cq(), "send"), (qp.recv_cq(), "receive")] {
-            let ch = cq.channel().ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "AsyncQueuePair: the {which} CQ has no completion channel \
-                     (build it with CompletionQueueBuilder::channel)"
-                ))
-            })?;
+        for (cq, which) in [
+            (qp.send_cq(), "AsyncQueuePair's send CQ"),
+            (qp.recv_cq(), "AsyncQueuePair's receive CQ"),
+        ] {
+            let ch = cq.channel().ok_or(Error::NoCompletionChannel { which })?;
             if !found.iter().any(|c| c.as_ptr() == ch.as_ptr()) {
                 found.push(ch.clone());
             }
@@ -492,81 +488,6 @@ impl AsyncQueuePair {
             }
         }
     }
-
-    /// Receives into `buf` ([`RecvRequest::new`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_recv`].
-    pub fn recv(
-        &self,
-        buf: impl DeviceWritable,
-    ) -> Result<CompletionFuture, PostError<RecvRequest>> {
-        self.post_recv(RecvRequest::new(buf))
-    }
-
-    /// Sends `buf` ([`SendRequest::send`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn send(
-        &self,
-        buf: impl DeviceReadable,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::send(buf))
-    }
-
-    /// Writes `buf` to the peer's `remote` memory ([`SendRequest::write`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn write(
-        &self,
-        buf: impl DeviceReadable,
-        remote: RemoteMemory,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::write(buf, remote))
-    }
-
-    /// Reads the peer's `remote` memory into `buf` ([`SendRequest::read`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn read(
-        &self,
-        buf: impl DeviceWritable,
-        remote: RemoteMemory,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::read(buf, remote))
-    }
-
-    /// Atomic compare-and-swap on the 8 bytes at `remote`; the old value
-    /// lands in `result` ([`SendRequest::compare_and_swap`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn compare_and_swap(
-        &self,
-        result: impl DeviceWritable,
-        remote: RemoteMemory,
-        compare: u64,
-        swap: u64,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::compare_and_swap(result, remote, compare, swap))
-    }
-
-    /// Atomic fetch-and-add on the 8 bytes at `remote`; the old value lands
-    /// in `result` ([`SendRequest::fetch_and_add`]).
-    ///
-    /// # Errors
-    /// As [`AsyncQueuePair::post_send`].
-    pub fn fetch_and_add(
-        &self,
-        result: impl DeviceWritable,
-        remote: RemoteMemory,
-        add: u64,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'static>>> {
-        self.post_send(SendRequest::fetch_and_add(result, remote, add))
-    }
 }
 
 impl std::fmt::Debug for AsyncQueuePair {
@@ -590,7 +511,7 @@ impl std::fmt::Debug for AsyncQueuePair {
 /// # Example
 /// ```no_run
 /// # async fn demo(qp: &ibverbs::AsyncQueuePair, buf: ibverbs::LocalBuffer) -> ibverbs::Result<()> {
-/// let pending = qp.recv(buf)?;   // posted here
+/// let pending = qp.post_recv(ibverbs::RecvRequest::new(buf))?; // posted here
 /// let mut c = pending.await?;    // completed successfully
 /// let buf = c.take_local().expect("the receive buffer");
 /// # drop(buf); Ok(()) }
@@ -601,7 +522,7 @@ impl std::fmt::Debug for AsyncQueuePair {
 /// status (its buffers are released); [`Error::Verb`] naming
 /// `ibv_get_cq_event`, `ibv_req_notify_cq`, `ibv_poll_cq` or `epoll_wait`
 /// when the dispatcher fails (the request is then abandoned);
-/// [`Error::InvalidArgument`] when polled again after it resolved.
+/// [`Error::PolledAfterCompletion`] when polled again after it resolved.
 ///
 /// # References
 /// `ibv_poll_cq(3)`
@@ -643,9 +564,7 @@ impl Future for CompletionFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<Completion>> {
         let this = self.get_mut();
         if this.finished {
-            return Poll::Ready(Err(Error::InvalidArgument(
-                "CompletionFuture polled after it resolved".into(),
-            )));
+            return Poll::Ready(Err(Error::PolledAfterCompletion));
         }
         let shared = Arc::clone(&this.shared);
         // Registered before driving: a wake-up between driving and
@@ -747,7 +666,7 @@ impl AsyncEvents {
     /// Watches `ctx`'s asynchronous events.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] outside a Tokio runtime;
+    /// [`Error::NoRuntime`] outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when the context's async events are already
     /// watched by another `AsyncEvents` (on any runtime, through any handle
     /// of the same `ibv_context`); [`Error::Verb`] naming `fcntl` or
@@ -795,7 +714,7 @@ impl AsyncEvents {
                 Poll::Ready(Err(source)) => {
                     return Poll::Ready(Err(Error::Verb {
                         verb: "epoll_wait",
-                        source,
+                        io: source,
                     }))
                 }
                 Poll::Ready(Ok(guard)) => guard,

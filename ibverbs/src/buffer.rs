@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireProblem};
 use crate::memory_region::{MemoryRegion, MrInner};
 
 /// A remote key (`rkey`): lets a peer access a memory region.
@@ -49,22 +49,54 @@ impl RemoteMemory {
         })
     }
 
-    /// Wire form: addr (8 bytes), len (8), rkey (4), big-endian.
-    pub fn to_bytes(&self) -> [u8; 20] {
-        let mut b = [0; 20];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.0.to_be_bytes());
+    /// Bytes of the wire form ([`RemoteMemory::to_bytes`]).
+    pub const WIRE_LEN: usize = 21;
+
+    /// The wire form, for sending to the peer out of band: a version byte
+    /// (1), then addr (8 bytes), len (8) and rkey (4), big-endian (framed
+    /// as [`Endpoint::to_bytes`](crate::Endpoint::to_bytes), with the same
+    /// version byte).
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0; Self::WIRE_LEN];
+        b[0] = crate::error::WIRE_VERSION;
+        b[1..9].copy_from_slice(&self.addr.to_be_bytes());
+        b[9..17].copy_from_slice(&self.len.to_be_bytes());
+        b[17..].copy_from_slice(&self.rkey.0.to_be_bytes());
         b
     }
 
-    /// Parses [`RemoteMemory::to_bytes`].
-    pub fn from_bytes(b: &[u8; 20]) -> RemoteMemory {
-        RemoteMemory {
-            addr: u64::from_be_bytes(b[..8].try_into().unwrap()),
-            len: u64::from_be_bytes(b[8..16].try_into().unwrap()),
-            rkey: RemoteKey(u32::from_be_bytes(b[16..].try_into().unwrap())),
+    /// Parses [`RemoteMemory::to_bytes`] from a peer, which is not
+    /// trusted: whatever it accepts is a range that does not pass the end
+    /// of the 64-bit address space, and
+    /// [`to_bytes`](Self::to_bytes) writes it back byte for byte.
+    ///
+    /// # Errors
+    /// [`Error::BadWireFormat`] with [`WireProblem::Version`] for a first
+    /// byte other than 1, [`WireProblem::Length`] for a message that is
+    /// not [`WIRE_LEN`](Self::WIRE_LEN) bytes long, and
+    /// [`WireProblem::OutOfRange`] (field `len`) for a range that wraps.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteMemory> {
+        const WHAT: &str = "RemoteMemory";
+        crate::error::check_wire(WHAT, b, Self::WIRE_LEN)?;
+        let mut be = [[0; 8]; 2];
+        be[0].copy_from_slice(&b[1..9]);
+        be[1].copy_from_slice(&b[9..17]);
+        let (addr, len) = (u64::from_be_bytes(be[0]), u64::from_be_bytes(be[1]));
+        if addr.checked_add(len).is_none() {
+            return Err(Error::BadWireFormat {
+                what: WHAT,
+                problem: WireProblem::OutOfRange {
+                    field: "len",
+                    value: len,
+                    max: u64::MAX - addr,
+                },
+            });
         }
+        Ok(RemoteMemory {
+            addr,
+            len,
+            rkey: RemoteKey(u32::from_be_bytes([b[17], b[18], b[19], b[20]])),
+        })
     }
 }
 
@@ -109,8 +141,45 @@ impl Region {
         )
     }
 
+    /// Whether `next` starts where `self` ends, in the same region.
+    fn precedes(&self, next: &Region) -> bool {
+        Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr()
+    }
+
+    /// `[0, size)`, `[size, 2 size)`, … and the remainder (shorter than
+    /// `size`, maybe empty), each exclusively owned.
+    fn chunks_exact(self, size: usize) -> (Vec<Region>, Region) {
+        assert!(size != 0, "chunk size must be non-zero");
+        let mut chunks = Vec::with_capacity(self.len / size);
+        let mut rest = self;
+        while rest.len >= size {
+            let (chunk, tail) = rest.split_at(size);
+            chunks.push(chunk);
+            rest = tail;
+        }
+        (chunks, rest)
+    }
+
+    /// The union of the regions `of(piece)` when each
+    /// [`precedes`](Self::precedes) the next; `None` otherwise or when
+    /// there are none. Sound only if the caller consumes the pieces: each
+    /// was the only handle to its range, and the union is the only handle
+    /// to them all.
+    fn join<P>(pieces: &[P], of: impl Fn(&P) -> &Region) -> Option<Region> {
+        let first = of(pieces.first()?);
+        if !pieces.windows(2).all(|w| of(&w[0]).precedes(of(&w[1]))) {
+            return None;
+        }
+        Some(Region {
+            mr: first.mr.clone(),
+            ptr: first.ptr,
+            // Adjacent ranges of one registration: the sum is within it.
+            len: pieces.iter().map(|p| of(p).len).sum(),
+        })
+    }
+
     fn unsplit(self, next: Region) -> std::result::Result<Region, (Region, Region)> {
-        if Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr() {
+        if self.precedes(&next) {
             Ok(Region {
                 mr: self.mr,
                 ptr: self.ptr,
@@ -147,10 +216,10 @@ impl Region {
 /// The `ibv_sge::length` for a buffer: refused, never truncated, past
 /// `u32::MAX`.
 pub(crate) fn sge_length(len: usize) -> Result<u32> {
-    u32::try_from(len).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "a scatter/gather entry holds at most 4 GiB - 1 bytes, this buffer has {len}"
-        ))
+    u32::try_from(len).map_err(|_| Error::OutOfRange {
+        what: "scatter/gather entry length",
+        value: len as u64,
+        max: u32::MAX.into(),
     })
 }
 
@@ -164,7 +233,11 @@ mod tests {
         assert_eq!(sge_length(u32::MAX as usize).unwrap(), u32::MAX);
         for len in [1usize << 32, (1 << 32) + 4096, usize::MAX] {
             let e = sge_length(len).unwrap_err();
-            assert!(e.to_string().contains("4 GiB"), "{e}");
+            assert!(
+                matches!(e, Error::OutOfRange { value, max, .. }
+                    if value == len as u64 && max == u64::from(u32::MAX)),
+                "{e}"
+            );
         }
     }
 
@@ -181,10 +254,83 @@ mod tests {
         assert!(m.slice(u64::MAX, 2).is_none());
         // A peer's nonsense (a range wrapping the address space) is refused,
         // never an overflow.
-        let wild = RemoteMemory::from_bytes(&[0xff; 20]);
+        let wild = RemoteMemory {
+            addr: u64::MAX,
+            len: u64::MAX,
+            rkey: RemoteKey(!0),
+        };
         assert!(wild.slice(1, 0).is_none());
         assert_eq!(wild.slice(0, 8).map(|s| s.addr), Some(u64::MAX));
-        assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()), m);
+        assert_eq!(RemoteMemory::from_bytes(&m.to_bytes()).unwrap(), m);
+    }
+
+    fn wire_problem(r: Result<RemoteMemory>) -> WireProblem {
+        match r {
+            Err(Error::BadWireFormat {
+                what: "RemoteMemory",
+                problem,
+            }) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn remote_memory_wire_form_is_versioned_and_checked() {
+        let m = RemoteMemory {
+            addr: 0x0102_0304_0506_0708,
+            len: 0x1000,
+            rkey: RemoteKey(0xa1b2_c3d4),
+        };
+        let b = m.to_bytes();
+        assert_eq!(
+            b,
+            [1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0x10, 0, 0xa1, 0xb2, 0xc3, 0xd4]
+        );
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&b[..20])),
+            WireProblem::Length {
+                len: 20,
+                expected: 21
+            }
+        );
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&[])),
+            WireProblem::Length {
+                len: 0,
+                expected: 21
+            }
+        );
+        let mut longer = b.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            wire_problem(RemoteMemory::from_bytes(&longer)),
+            WireProblem::Length { len: 22, .. }
+        ));
+        let mut v2 = b;
+        v2[0] = 2;
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&v2)),
+            WireProblem::Version {
+                version: 2,
+                supported: 1
+            }
+        );
+        // The last byte of the address space is a range; one more wraps.
+        let top = RemoteMemory {
+            addr: u64::MAX - 7,
+            len: 7,
+            rkey: RemoteKey(1),
+        };
+        assert_eq!(RemoteMemory::from_bytes(&top.to_bytes()).unwrap(), top);
+        let wraps = RemoteMemory { len: 8, ..top };
+        assert_eq!(
+            wire_problem(RemoteMemory::from_bytes(&wraps.to_bytes())),
+            WireProblem::OutOfRange {
+                field: "len",
+                value: 8,
+                max: 7
+            }
+        );
     }
 }
 
@@ -240,6 +386,34 @@ macro_rules! region_common {
                     Err((a, b)) => Err(($ty { region: a }, $ty { region: b })),
                 }
             }
+            /// Carves the buffer into buffers of `size` bytes — `[0, size)`,
+            /// `[size, 2 size)`, … — each exclusively owned, to be posted
+            /// independently (one registration, many requests). The bytes
+            /// that do not make a whole chunk come back as the second
+            /// value, shorter than `size` and empty when `size` divides the
+            /// length; [`join`](Self::join) undoes it. Allocates the `Vec`;
+            /// no system call.
+            ///
+            /// # Panics
+            /// When `size` is 0 (like `slice::chunks_exact`).
+            pub fn chunks_exact(self, size: usize) -> (Vec<Self>, Self) {
+                let (chunks, rest) = self.region.chunks_exact(size);
+                let chunks = chunks.into_iter().map(|region| $ty { region }).collect();
+                (chunks, $ty { region: rest })
+            }
+            /// Joins `pieces`, each starting where the one before ends in
+            /// the same registration (as [`chunks_exact`](Self::chunks_exact)
+            /// and [`split_at`](Self::split_at) make them; a remainder may
+            /// come last), into one buffer: [`unsplit`](Self::unsplit) for
+            /// any number of pieces. Gives `pieces` back, untouched, when
+            /// they are not in that order or there are none.
+            pub fn join(pieces: Vec<Self>) -> std::result::Result<Self, Vec<Self>> {
+                match Region::join(&pieces, |p| &p.region) {
+                    // The pieces, now covered by `region`, are dropped.
+                    Some(region) => Ok($ty { region }),
+                    None => Err(pieces),
+                }
+            }
             pub(crate) fn truncate_to(&mut self, len: usize) {
                 self.region.len = self.region.len.min(len);
             }
@@ -275,7 +449,56 @@ impl DerefMut for LocalBuffer {
     }
 }
 
+/// The error of a failed [`bytemuck`] cast of the `len` bytes at `addr`
+/// to `[T]`: the address is not aligned for `T`, or the length is not a
+/// whole number of `T` (a zero-sized `T` never is).
+fn cast_error<T>(addr: *const u8, len: usize, e: bytemuck::PodCastError) -> Error {
+    match e {
+        bytemuck::PodCastError::TargetAlignmentGreaterAndInputNotAligned => Error::Misaligned {
+            addr: addr as u64,
+            align: std::mem::align_of::<T>() as u64,
+        },
+        _ => Error::LengthNotMultiple {
+            len,
+            size: std::mem::size_of::<T>(),
+        },
+    }
+}
+
+/// `bytes` as `[T]` (see [`LocalBuffer::as_slice_of`]).
+fn view_of<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T]> {
+    bytemuck::try_cast_slice(bytes).map_err(|e| cast_error::<T>(bytes.as_ptr(), bytes.len(), e))
+}
+
 impl LocalBuffer {
+    /// The bytes as a slice of `T`, a plain-old-data type (any bytes are a
+    /// valid `T`: `u32`, `f32`, `[u64; 2]`, a `#[repr(C)]` struct deriving
+    /// [`bytemuck::Pod`], …), in host byte order. No copy. The slice
+    /// borrows the buffer, so it cannot live across posting it (see
+    /// [`crate::hazards`]).
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`] when the buffer's address is not aligned for
+    /// `T`; [`Error::LengthNotMultiple`] when its length is not a whole
+    /// number of `T` (a zero-sized `T` views only an empty buffer).
+    /// [`split_at`](Self::split_at) and
+    /// [`chunks_exact`](Self::chunks_exact) at multiples of the size keep
+    /// a page-aligned registration aligned.
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        view_of(self)
+    }
+
+    /// The bytes as a mutable slice of `T` (see
+    /// [`as_slice_of`](Self::as_slice_of)).
+    ///
+    /// # Errors
+    /// As [`as_slice_of`](Self::as_slice_of).
+    pub fn as_mut_slice_of<T: bytemuck::Pod>(&mut self) -> Result<&mut [T]> {
+        let bytes: &mut [u8] = self;
+        let (addr, len) = (bytes.as_ptr(), bytes.len());
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error::<T>(addr, len, e))
+    }
+
     /// Makes the buffer read-only and cloneable, so it can be posted in many
     /// send/RDMA-write requests at once.
     pub fn freeze(self) -> FrozenBuffer {
@@ -327,6 +550,15 @@ impl FrozenBuffer {
     #[inline]
     pub(crate) fn region(&self) -> &Region {
         &self.region
+    }
+    /// The bytes as a slice of `T` (see
+    /// [`LocalBuffer::as_slice_of`]); the device only reads a frozen
+    /// buffer, so the view may live while clones are posted.
+    ///
+    /// # Errors
+    /// As [`LocalBuffer::as_slice_of`].
+    pub fn as_slice_of<T: bytemuck::Pod>(&self) -> Result<&[T]> {
+        view_of(self)
     }
     /// Gets the writable buffer back when no other clone exists — in
     /// particular when no posted work request still holds one.
@@ -386,10 +618,11 @@ impl SharedBuffer {
                 // SAFETY: `offset <= len`, inside the owned range.
                 Ok(unsafe { self.region.ptr.as_ptr().add(offset) })
             }
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}..{offset}+{len} outside a {}-byte buffer",
-                self.len()
-            ))),
+            _ => Err(Error::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len() as u64,
+            }),
         }
     }
 
@@ -397,7 +630,7 @@ impl SharedBuffer {
     /// reads (a peer may be writing concurrently; the copy is not atomic).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    /// [`Error::OutOfBounds`] when the range is out of bounds.
     #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = self.check(offset, dst.len())?;
@@ -412,7 +645,7 @@ impl SharedBuffer {
     /// Copies `src` in at `offset` with volatile writes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the range is out of bounds.
+    /// [`Error::OutOfBounds`] when the range is out of bounds.
     #[inline]
     pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         let dst = self.check(offset, src.len())?;
@@ -424,19 +657,46 @@ impl SharedBuffer {
         Ok(())
     }
 
+    /// Copies the bytes at `offset` out into `dst`, a slice of
+    /// plain-old-data `T` (see [`LocalBuffer::as_slice_of`]), in host byte
+    /// order: [`copy_to_slice`](Self::copy_to_slice) into `dst`'s bytes,
+    /// so `offset` needs no alignment and no reference to the buffer's
+    /// bytes is made (a peer may be writing them; a `T` it is writing may
+    /// come out torn).
+    ///
+    /// # Errors
+    /// As [`copy_to_slice`](Self::copy_to_slice) when the range is out of
+    /// bounds.
+    pub fn read_into<T: bytemuck::Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        // Never panics: any `[T]` is a whole number of bytes, aligned for u8.
+        self.copy_to_slice(offset, bytemuck::cast_slice_mut(dst))
+    }
+
+    /// Copies `src`, a slice of plain-old-data `T`, in at `offset` (the
+    /// counterpart of [`read_into`](Self::read_into), through
+    /// [`copy_from_slice`](Self::copy_from_slice)).
+    ///
+    /// # Errors
+    /// As [`read_into`](Self::read_into).
+    pub fn write_from<T: bytemuck::Pod>(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        // Never panics, as in `read_into`.
+        self.copy_from_slice(offset, bytemuck::cast_slice(src))
+    }
+
     /// The 8 bytes at `offset` as an `AtomicU64` (what RDMA atomics operate
     /// on; a peer's CAS/FAA are atomic with respect to the CPU only when the
     /// device reports `AtomicCap::Glob`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] unless `offset` is in bounds and the address
-    /// 8-byte aligned.
+    /// [`Error::OutOfBounds`] unless the 8 bytes at `offset` are in bounds,
+    /// [`Error::Misaligned`] unless their address is 8-byte aligned.
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
         let p = self.check(offset, 8)?;
         if p as usize % 8 != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "atomic access at {p:p} is not 8-byte aligned"
-            )));
+            return Err(Error::Misaligned {
+                addr: p as u64,
+                align: 8,
+            });
         }
         // SAFETY: in bounds, aligned, and AtomicU64 is an UnsafeCell, so
         // concurrent writes by the device do not violate aliasing rules.
@@ -540,7 +800,7 @@ impl Buf {
     /// Copies `dst.len()` bytes from `offset` (volatile for shared memory).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when out of bounds.
+    /// [`Error::OutOfBounds`] when out of bounds.
     #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let bytes: &[u8] = match self {
@@ -551,9 +811,62 @@ impl Buf {
         let src = offset
             .checked_add(dst.len())
             .and_then(|end| bytes.get(offset..end))
-            .ok_or_else(|| Error::InvalidArgument("range outside the buffer".into()))?;
+            .ok_or(Error::OutOfBounds {
+                offset: offset as u64,
+                len: dst.len() as u64,
+                size: bytes.len() as u64,
+            })?;
         dst.copy_from_slice(src);
         Ok(())
+    }
+}
+
+/// The buffers a work request owns until it completes.
+#[derive(Debug, Default)]
+pub enum SgList {
+    /// No buffer (inline data, zero-length requests).
+    #[default]
+    Empty,
+    /// One buffer.
+    One(Buf),
+    /// Several buffers (scatter/gather); the `Vec` comes back for reuse.
+    Many(Vec<Buf>),
+}
+
+impl SgList {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            SgList::Empty => 0,
+            SgList::One(_) => 1,
+            SgList::Many(v) => v.len(),
+        }
+    }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Buf> {
+        let (one, many): (Option<&Buf>, &[Buf]) = match self {
+            SgList::Empty => (None, &[]),
+            SgList::One(b) => (Some(b), &[]),
+            SgList::Many(v) => (None, v),
+        };
+        one.into_iter().chain(many.iter())
+    }
+    /// The buffer of a one-buffer list, if it is a
+    /// [`LocalBuffer`](crate::LocalBuffer) (what a single-buffer request
+    /// gives back on completion).
+    #[inline]
+    pub fn into_local(self) -> Option<crate::LocalBuffer> {
+        match self {
+            SgList::One(b) => b.into_local(),
+            _ => None,
+        }
+    }
+    /// Total bytes.
+    pub fn total_len(&self) -> u64 {
+        self.iter().map(|b| b.len() as u64).sum()
+    }
+    /// Whether every buffer is a [`FrozenBuffer`](crate::FrozenBuffer) (or
+    /// there is none): such requests may be unsignaled.
+    pub(crate) fn all_frozen(&self) -> bool {
+        self.iter().all(|b| matches!(b, Buf::Frozen(_)))
     }
 }
 

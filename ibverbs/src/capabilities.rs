@@ -166,8 +166,7 @@ impl Context {
             unsafe { sys::ibv_query_device_ex(self.as_ptr(), std::ptr::null(), attr.as_mut_ptr()) };
         ret_errno("ibv_query_device_ex", rc)?;
         // SAFETY: initialised by the successful call (and zeroed before).
-        Ok(DeviceAttrEx {
-            raw: unsafe { attr.assume_init() },
-        })
+        let raw = unsafe { attr.assume_init() };
+        Ok(DeviceAttrEx { raw })
     }
 }

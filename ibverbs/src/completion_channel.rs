@@ -2,18 +2,33 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use ibverbs_sys as sys;
 
 use crate::completion_queue::{CompletionQueue, CqInner};
 use crate::context::set_nonblocking;
-use crate::error::{ret_errno, ret_ptr, Result};
+use crate::error::{ret_errno, ret_ptr, Error, Result};
 use crate::Context;
 
 pub(crate) struct ChannelInner {
     ch: NonNull<sys::ibv_comp_channel>,
     _ctx: Context,
+    /// CQs created on the channel by [`CompletionQueueBuilder`] and not
+    /// destroyed: [`CompletionQueue::wait`] needs a channel of its own.
+    ///
+    /// [`CompletionQueueBuilder`]: crate::CompletionQueueBuilder
+    cqs: AtomicUsize,
+    /// Whether the descriptor is known to be non-blocking (set through
+    /// [`CompletionChannel::set_nonblocking`] or by a wait).
+    nonblocking: AtomicBool,
+    /// Held by the one [`CompletionQueue::wait`] that sleeps on the
+    /// channel (see there).
+    sleeper: Mutex<()>,
 }
 
 // SAFETY: channel verbs are thread-safe.
@@ -43,24 +58,32 @@ pub struct CompletionChannel {
     inner: Arc<ChannelInner>,
 }
 
-impl CompletionChannel {
-    /// Creates a channel.
+impl Context {
+    /// Creates a completion channel.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_comp_channel`.
+    ///
+    /// # References
+    /// `ibv_create_comp_channel(3)`
     #[doc(alias = "ibv_create_comp_channel")]
-    pub fn new(ctx: &Context) -> Result<CompletionChannel> {
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         // SAFETY: live context; destroyed in ChannelInner's Drop.
-        let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = unsafe { sys::ibv_create_comp_channel(self.as_ptr()) };
         let ch = ret_ptr("ibv_create_comp_channel", ch)?;
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
                 ch,
-                _ctx: ctx.clone(),
+                _ctx: self.clone(),
+                cqs: AtomicUsize::new(0),
+                nonblocking: AtomicBool::new(false),
+                sleeper: Mutex::new(()),
             }),
         })
     }
+}
 
+impl CompletionChannel {
     /// The raw channel pointer.
     ///
     /// [`get_event`](Self::get_event) takes the `cq_context` of every CQ
@@ -75,7 +98,8 @@ impl CompletionChannel {
     }
 
     /// Waits for the next completion event and returns the CQ it is for
-    /// (blocks unless the channel is non-blocking). The event is counted for
+    /// (blocks unless the channel is non-blocking; a channel
+    /// [`CompletionQueue::wait`] slept on is). The event is counted for
     /// acknowledgement; re-arm the CQ before polling it to not miss one.
     /// `Ok(None)`: the event was for a CQ whose last handle is gone (it is
     /// acknowledged here). No lock and no search: the CQ comes from the
@@ -116,21 +140,91 @@ impl CompletionChannel {
     }
 
     /// Makes [`CompletionChannel::get_event`] non-blocking (or blocking).
+    /// [`CompletionQueue::wait`] makes the channel it sleeps on
+    /// non-blocking itself.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `fcntl`.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        set_nonblocking(self.as_raw_fd(), nonblocking)
+        set_nonblocking(self.as_raw_fd(), nonblocking)?;
+        self.inner.nonblocking.store(nonblocking, Ordering::Release);
+        Ok(())
     }
-}
 
-impl Context {
-    /// Creates a completion channel; see [`CompletionChannel::new`].
-    ///
-    /// # Errors
-    /// As [`CompletionChannel::new`].
-    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
-        CompletionChannel::new(self)
+    /// A handle for a CQ created on the channel, counted until
+    /// [`detach_cq`](Self::detach_cq).
+    pub(crate) fn attach_cq(&self) -> CompletionChannel {
+        self.inner.cqs.fetch_add(1, Ordering::AcqRel);
+        self.clone()
+    }
+
+    /// Uncounts a CQ of the channel once `ibv_destroy_cq` succeeded (a CQ
+    /// that failed to be destroyed may still report here: it stays
+    /// counted).
+    pub(crate) fn detach_cq(&self) {
+        self.inner.cqs.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The lock of the one [`CompletionQueue::wait`] sleeping on the channel.
+    pub(crate) fn sleeper(&self) -> &Mutex<()> {
+        &self.inner.sleeper
+    }
+
+    /// The CQs created on the channel and not destroyed.
+    pub(crate) fn cq_count(&self) -> usize {
+        self.inner.cqs.load(Ordering::Acquire)
+    }
+
+    /// Makes the descriptor non-blocking unless it is known to be: a wait
+    /// reads an event only after `poll(2)` reported one, and an event read
+    /// elsewhere in between must not keep it past its deadline.
+    pub(crate) fn ensure_nonblocking(&self) -> Result<()> {
+        if self.inner.nonblocking.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.set_nonblocking(true)
+    }
+
+    /// Sleeps in `ppoll(2)` until the descriptor is readable (`true`), or
+    /// `timeout` passed or a signal interrupted the sleep (`false`);
+    /// `None` sleeps without limit.
+    pub(crate) fn sleep(&self, timeout: Option<Duration>) -> Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let ts_ptr = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd; `ts_ptr` is null or points at `ts`,
+        // which outlives the call; no signal mask.
+        let n = unsafe { libc::ppoll(&mut pfd, 1, ts_ptr, std::ptr::null()) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(Error::Verb {
+                verb: "ppoll",
+                io: e,
+            });
+        }
+        if pfd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            // The descriptor of a live channel never reports these; going
+            // on would spin.
+            let errno = if pfd.revents & libc::POLLNVAL != 0 {
+                libc::EBADF
+            } else {
+                libc::EIO
+            };
+            return Err(Error::from_errno("ppoll", errno));
+        }
+        Ok(n > 0 && pfd.revents & libc::POLLIN != 0)
     }
 }
 

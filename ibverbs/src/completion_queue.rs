@@ -164,6 +164,9 @@ impl Drop for CqInner {
         // SAFETY: last reference: every QP using this CQ holds a clone, so
         // all are destroyed. Errors cannot be reported from Drop.
         let rc = unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        if let (0, Some(ch)) = (rc, &self.channel) {
+            ch.detach_cq();
+        }
         if rc == 0 && !self.event_ctx.is_null() {
             // The CQ is gone and with it every event that could name it
             // (see `from_event`): the count leaked into `cq_context` comes
@@ -189,7 +192,7 @@ pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
 }
 
-/// Builder for a [`CompletionQueue`].
+/// Builder for a [`CompletionQueue`], from [`Context::create_cq`].
 #[derive(Debug)]
 #[must_use]
 pub struct CompletionQueueBuilder<'a> {
@@ -273,7 +276,7 @@ impl<'a> CompletionQueueBuilder<'a> {
                 cq,
                 poll_cq_fn,
                 ctx: self.ctx.clone(),
-                channel: self.channel.cloned(),
+                channel: self.channel.map(CompletionChannel::attach_cq),
                 tables: RwLock::new(Registry::new()),
                 unacked: AtomicU32::new(0),
                 event_ctx,
@@ -287,17 +290,6 @@ impl<'a> CompletionQueueBuilder<'a> {
 }
 
 impl CompletionQueue {
-    /// Starts building a CQ with room for at least `cqe` completions.
-    pub fn builder(ctx: &Context, cqe: u32) -> CompletionQueueBuilder<'_> {
-        CompletionQueueBuilder {
-            ctx,
-            cqe,
-            channel: None,
-            comp_vector: 0,
-            wc_fields: None,
-        }
-    }
-
     /// Actual capacity (may exceed the requested size).
     pub fn capacity(&self) -> u32 {
         self.inner.cqe
@@ -577,6 +569,129 @@ impl CompletionQueue {
         ret_errno("ibv_req_notify_cq", rc)
     }
 
+    /// Waits until the CQ has completions and polls them into `out` (as
+    /// [`poll`](Self::poll) does: up to its free capacity, buffers handed
+    /// back). Returns how many were added; `Ok(0)` when `timeout` passed
+    /// first (`None`: no limit) or `out` has no free entry.
+    ///
+    /// With completions waiting this is one poll. Otherwise the CQ is
+    /// armed (`ibv_req_notify_cq`) and polled again — a completion that
+    /// arrived between the first poll and the arming raises no event; the
+    /// second poll finds it — and the thread sleeps in `ppoll(2)` on the
+    /// channel's descriptor until an event or the deadline. It reads the
+    /// event (counted: events are acknowledged in batches, and all of them
+    /// before the CQ is destroyed) and starts over: re-arm, poll, sleep.
+    /// So it returns before the deadline only with completions, whoever
+    /// else polls the CQ, and never spins: each round sleeps, or reads an
+    /// event that one arming raised. One thread sleeps per channel at a
+    /// time; other waiters queue behind it (until their own deadline, then
+    /// poll once more) and poll when it returns, so completions its batch
+    /// had no room for are not left behind waiting for an event that
+    /// already came.
+    ///
+    /// The CQ needs a completion channel of its own
+    /// ([`CompletionQueueBuilder::channel`]): the kernel delivers each
+    /// event once, and an event read here for another CQ would be lost to
+    /// whoever waits for that one. The first wait makes the channel
+    /// non-blocking, so that reading an event cannot block past the
+    /// deadline ([`CompletionChannel::get_event`] on it then returns
+    /// `EAGAIN` instead of blocking). Its events are the wait's: one read
+    /// elsewhere (`get_event`, an `AsyncQueuePair` on the channel, the C
+    /// API) may leave a wait asleep until its deadline, never past it. The
+    /// CQ is left armed; the next wait reads the event that raises.
+    ///
+    /// # Errors
+    /// [`Error::NoCompletionChannel`](crate::Error::NoCompletionChannel)
+    /// for a CQ created without a channel;
+    /// [`Error::CompletionChannelShared`](crate::Error::CompletionChannelShared)
+    /// when other CQs report to its channel (checked before sleeping, and
+    /// when it reads an event for another CQ); [`Error::Verb`](crate::Error::Verb)
+    /// naming `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event`,
+    /// `fcntl` or `ppoll`.
+    ///
+    /// # References
+    /// `ibv_req_notify_cq(3)`, `ibv_get_cq_event(3)`, `ibv_ack_cq_events(3)`,
+    /// `poll(2)`
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let channel = ctx.create_comp_channel()?;
+    /// let cq = ctx.create_cq(64).channel(&channel).build()?;
+    /// let mut completions = ibverbs::Completions::with_capacity(16);
+    /// // ... post work requests on queue pairs reporting to `cq` ...
+    /// if cq.wait(&mut completions, Some(Duration::from_secs(1)))? == 0 {
+    ///     println!("nothing completed within a second");
+    /// }
+    /// for c in completions.drain() {
+    ///     c.result()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(
+        &self,
+        out: &mut Completions,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<usize> {
+        let n = self.poll(out)?;
+        if n > 0 || out.len() >= out.raw.len() {
+            return Ok(n);
+        }
+        let ch = self.channel().ok_or(crate::Error::NoCompletionChannel {
+            which: "CQ waited on",
+        })?;
+        let cqs = ch.cq_count();
+        if cqs > 1 {
+            return Err(crate::Error::CompletionChannelShared { cqs });
+        }
+        // A deadline past what `Instant` holds is as good as none.
+        let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+        let _sleeper = match deadline {
+            None => ch.sleeper().lock(),
+            Some(d) => match ch.sleeper().try_lock_until(d) {
+                Some(guard) => guard,
+                // The sleeper armed and polled after this thread's poll
+                // and is still asleep, or about to return what woke it.
+                None => return self.poll(out),
+            },
+        };
+        ch.ensure_nonblocking()?;
+        loop {
+            self.req_notify(false)?;
+            // After arming: whatever completes from here on raises an
+            // event, whatever completed before is found now.
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(0),
+                },
+            };
+            if !ch.sleep(left)? {
+                continue;
+            }
+            // One event per wake-up: every arming raises at most one, so
+            // events left by earlier arming are used up as well.
+            match ch.get_event() {
+                Ok(Some(cq)) if Arc::ptr_eq(&cq.inner, &self.inner) => {}
+                Ok(Some(_)) => {
+                    return Err(crate::Error::CompletionChannelShared { cqs: ch.cq_count() })
+                }
+                // An event of a CQ being destroyed (acknowledged), or one
+                // read elsewhere first.
+                Ok(None) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The context.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
@@ -584,9 +699,28 @@ impl CompletionQueue {
 }
 
 impl Context {
-    /// Starts building a completion queue; see [`CompletionQueue::builder`].
+    /// Starts building a completion queue with room for at least `cqe`
+    /// completions: options are the builder's setters, and
+    /// [`build`](CompletionQueueBuilder::build) creates it.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// let channel = ctx.create_comp_channel()?;
+    /// let cq = ctx.create_cq(256).channel(&channel).build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # References
+    /// `ibv_create_cq(3)`
     pub fn create_cq(&self, cqe: u32) -> CompletionQueueBuilder<'_> {
-        CompletionQueue::builder(self, cqe)
+        CompletionQueueBuilder {
+            ctx: self,
+            cqe,
+            channel: None,
+            comp_vector: 0,
+            wc_fields: None,
+        }
     }
 }
 

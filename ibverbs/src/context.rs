@@ -115,9 +115,8 @@ impl Context {
         let rc = unsafe { sys::ibv_query_device(self.as_ptr(), attr.as_mut_ptr()) };
         ret_errno("ibv_query_device", rc)?;
         // SAFETY: initialised by the successful call (and zeroed before).
-        Ok(DeviceAttr {
-            raw: unsafe { attr.assume_init() },
-        })
+        let raw = unsafe { attr.assume_init() };
+        Ok(DeviceAttr { raw })
     }
 
     /// Port attributes (the real `ibv_query_port`, extended fields included).
@@ -153,17 +152,16 @@ impl Context {
     /// The first port whose state is ACTIVE.
     ///
     /// # Errors
-    /// [`Error::NoDevice`] when no port is active; query errors otherwise.
+    /// [`Error::NoActivePort`] when no port is active; query errors otherwise.
     pub fn active_port(&self) -> Result<PortNumber> {
         for port in self.ports()? {
             if self.query_port(port)?.state() == PortState::Active {
                 return Ok(port);
             }
         }
-        Err(Error::NoDevice(format!(
-            ": {} has no active port",
-            self.name()
-        )))
+        Err(Error::NoActivePort {
+            device: self.name().to_string(),
+        })
     }
 
     /// One GID; [`Gid::ZERO`] for an empty slot of the table (as in C).

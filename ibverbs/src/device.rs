@@ -153,8 +153,8 @@ impl std::fmt::Debug for Device<'_> {
 /// [`Error::NoDevice`] when no such device exists, else as [`Device::open`].
 pub fn open_device(name: &str) -> Result<Context> {
     let list = devices()?;
-    let dev = list
-        .find(name)
-        .ok_or_else(|| Error::NoDevice(format!(" named {name:?}")))?;
+    let dev = list.find(name).ok_or_else(|| Error::NoDevice {
+        name: Some(name.to_string()),
+    })?;
     dev.open()
 }

@@ -1,26 +1,37 @@
 //! The crate's one error type and the helpers that turn C return conventions
 //! into `Result`.
 
+use std::fmt;
 use std::io;
 
-use crate::queue_pair::{SendOp, SendOption};
+use crate::queue_pair::{SendOp, SendOps, SendOption};
 use crate::work_completion::WcStatus;
+use crate::{AccessFlags, GidIndex, PortNumber, QpState, QpType};
 
 /// What can go wrong in this crate.
 ///
 /// Every error from libibverbs names the verb that failed (`ibv_reg_mr`,
-/// `ibv_modify_qp`, …) and carries the `errno` it reported.
+/// `ibv_modify_qp`, …) and carries the `errno` it reported
+/// ([`Error::Verb`]). Everything the library refuses itself, before the
+/// device sees it, is a variant of its own carrying the numbers that
+/// decided: match on the variant and its fields, never on the text.
+///
+/// Each Display names the cause once: no variant has a
+/// [`source`](std::error::Error::source) whose message its Display repeats
+/// (a [`Verb`](Error::Verb) error prints its OS error itself and has no
+/// source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A verb failed; `source` is the errno it reported.
-    #[error("{verb} failed: {source}")]
+    /// A verb failed; `io` is the errno it reported, with an explanation of
+    /// the likely cause when the library knows one (both in the Display).
+    #[error("{verb} failed: {io}")]
     Verb {
         /// The libibverbs function that failed.
         verb: &'static str,
-        /// The OS error it reported.
-        #[source]
-        source: io::Error,
+        /// The OS error it reported ([`Error::raw_os_error`] reads its
+        /// errno, also when an explanation is attached).
+        io: io::Error,
     },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with {status} (vendor error {vendor_err:#x})")]
@@ -32,23 +43,21 @@ pub enum Error {
         /// The provider's vendor error syndrome.
         vendor_err: u32,
     },
-    /// An argument was rejected before anything was passed to the device.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
     /// A queue pair state transition that the IBA state table forbids, or
     /// that lacks a required attribute.
     #[error("illegal queue pair transition {from:?} -> {to:?}: {reason}")]
     InvalidTransition {
         /// The current state.
-        from: crate::QpState,
+        from: QpState,
         /// The requested state.
-        to: crate::QpState,
-        /// What is wrong (e.g. the missing attribute).
-        reason: String,
+        to: QpState,
+        /// What is wrong (the missing attributes, …).
+        reason: TransitionReason,
     },
-    /// The device or provider does not support the capability.
+    /// The device, its provider or this library does not support the
+    /// capability named.
     #[error("unsupported: {0}")]
-    Unsupported(String),
+    Unsupported(&'static str),
     /// A work queue has no room for more work requests.
     #[error("{queue} is full ({depth} work requests outstanding)")]
     QueueFull {
@@ -58,8 +67,11 @@ pub enum Error {
         depth: u32,
     },
     /// No RDMA device matched.
-    #[error("no RDMA device found{0}")]
-    NoDevice(String),
+    #[error("no RDMA device {}", device_named(.name))]
+    NoDevice {
+        /// The name looked for; `None` when any device would have done.
+        name: Option<String>,
+    },
     /// The operation is not available on this queue pair type (a read or
     /// an atomic on UC, anything but a send on UD). Nothing was posted.
     #[error("{op} is not available on a {qp_type:?} queue pair")]
@@ -67,7 +79,7 @@ pub enum Error {
         /// The request's operation.
         op: SendOp,
         /// The queue pair's transport.
-        qp_type: crate::QpType,
+        qp_type: QpType,
     },
     /// A send request carries an option its operation (or the queue pair's
     /// type) does not take; DESIGN.md's request-option table lists every
@@ -80,7 +92,7 @@ pub enum Error {
         /// The request's operation.
         op: SendOp,
         /// The queue pair's transport.
-        qp_type: crate::QpType,
+        qp_type: QpType,
     },
     /// A send request lacks an option its operation needs on this queue
     /// pair type (a UD send without its destination).
@@ -91,7 +103,7 @@ pub enum Error {
         /// The request's operation.
         op: SendOp,
         /// The queue pair's transport.
-        qp_type: crate::QpType,
+        qp_type: QpType,
     },
     /// More inline bytes than the queue pair's `max_inline_data`.
     #[error("{len} bytes to send inline, the queue pair allows {max}")]
@@ -154,7 +166,7 @@ pub enum Error {
         needed: u64,
     },
     /// A completion channel (or a context's async-event descriptor) is
-    /// already driven by an [`AsyncQueuePair`](crate::AsyncQueuePair) (an
+    /// already driven by an `AsyncQueuePair` (an
     /// `AsyncEvents`) in this process, on this or another Tokio runtime:
     /// two readers would steal each other's events and completions. Drop
     /// the first (all its clones) before wrapping again.
@@ -169,6 +181,455 @@ pub enum Error {
         /// `context's async events`).
         descriptor: &'static str,
     },
+    /// A send (or window bind) posted to a queue pair that cannot send
+    /// yet: RESET, INIT or RTR. Refused by the library, not handed to the
+    /// provider (rxe would keep such a request and run it once the queue
+    /// pair reaches RTS). Connect it first.
+    #[error("the queue pair is in {state:?}: sends need RTS (connect it first)")]
+    NotReadyToSend {
+        /// The queue pair's state.
+        state: QpState,
+    },
+    /// A request with more scatter/gather entries than its queue takes:
+    /// `max` is the queue pair's `max_send_sge` or `max_recv_sge`
+    /// ([`QueuePair::caps`](crate::QueuePair::caps)) or the shared receive
+    /// queue's `max_sge`; it is 1 for an inlined buffer list on a queue
+    /// pair created with [`SendOps`].
+    #[error("{got} scatter/gather entries, at most {max} allowed")]
+    TooManySges {
+        /// Entries in the request.
+        got: usize,
+        /// Entries allowed.
+        max: u32,
+    },
+    /// A value wider than its field: a 24-bit PSN or QP number, a 3-bit
+    /// retry count, a 4-bit service level, private data longer than the
+    /// connection message holds, a buffer longer than a scatter/gather
+    /// entry describes (4 GiB - 1).
+    #[error("{what} {value} is out of range (at most {max})")]
+    OutOfRange {
+        /// The field (`"local PSN"`, `"rq_psn"`, `"service level"`, …).
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value the field holds.
+        max: u64,
+    },
+    /// A path MTU that is no `IBV_MTU_*` value ([`Mtu::Unknown`](crate::Mtu::Unknown)).
+    #[error(
+        "path_mtu {value} is not an IBV_MTU_* value (Mtu::from_bytes takes 256, 512, 1024, \
+         2048 or 4096)"
+    )]
+    InvalidMtu {
+        /// The raw value given.
+        value: u32,
+    },
+    /// An address that needs aligning: the remote target of a
+    /// compare-and-swap, fetch-and-add or atomic write, the local result
+    /// buffer, the word of
+    /// [`SharedBuffer::atomic_u64`](crate::SharedBuffer::atomic_u64), or a
+    /// buffer viewed as a slice of a type
+    /// ([`LocalBuffer::as_slice_of`](crate::LocalBuffer::as_slice_of)).
+    #[error("address {addr:#x} is not {align}-byte aligned")]
+    Misaligned {
+        /// The address.
+        addr: u64,
+        /// The alignment needed.
+        align: u64,
+    },
+    /// A range outside the memory it should lie in: bytes of a buffer, or
+    /// the 8-byte word of an atomic operation in its remote range.
+    #[error("{len} bytes at offset {offset} do not fit in {size}")]
+    OutOfBounds {
+        /// Where the range starts.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The size of the memory.
+        size: u64,
+    },
+    /// A compare-and-swap or fetch-and-add without exactly one 8-byte
+    /// buffer for the old value.
+    #[error(
+        "an atomic operation returns the old value into exactly one 8-byte buffer, \
+         not {buffers} buffers of {len} bytes in all"
+    )]
+    AtomicResultBuffer {
+        /// Buffers in the request.
+        buffers: usize,
+        /// Their total length.
+        len: u64,
+    },
+    /// An object of another protection domain: a buffer, address handle,
+    /// shared receive queue, memory window or region used with a queue
+    /// pair (or each other) across protection domains.
+    #[error("the {what} belongs to another protection domain")]
+    ForeignProtectionDomain {
+        /// The object (`"buffer"`, `"address handle"`, …).
+        what: &'static str,
+    },
+    /// An object of another device context: a completion queue, a
+    /// [`LocalPort`](crate::LocalPort), or a queue pair given to an rdma_cm
+    /// id.
+    #[error("the {what} belongs to another device context")]
+    ForeignContext {
+        /// The object (`"completion queue"`, `"LocalPort"`, …).
+        what: &'static str,
+    },
+    /// The device would write a frozen (shared, read-only) buffer: a
+    /// receive, an RDMA read or an atomic's result buffer.
+    #[error("the device would write a frozen (shared read-only) buffer of this {op}")]
+    FrozenBuffer {
+        /// The request's operation (`"receive"`, `"RDMA read"`, …).
+        op: &'static str,
+    },
+    /// Memory lacks an access right the operation needs: `LOCAL_WRITE` on
+    /// a buffer the device writes or behind remote write rights, `MW_BIND`
+    /// on a region a window binds.
+    #[error("{what} must be registered with {}", FlagNames(.needed))]
+    MissingAccess {
+        /// The memory (`"a buffer the device writes"`, …).
+        what: &'static str,
+        /// The missing rights.
+        needed: AccessFlags,
+    },
+    /// Rights that let a peer write the memory (`REMOTE_WRITE`,
+    /// `REMOTE_ATOMIC`, through a registration or a memory window) on
+    /// memory that is not a `SharedBuffer`: a peer could change it behind a
+    /// Rust reference. Register it with `register_shared` (`alloc_shared`).
+    #[error(
+        "{what} lets a peer write the memory, so it must be a SharedBuffer \
+         (register_shared, alloc_shared)"
+    )]
+    NeedsSharedBuffer {
+        /// What grants the rights.
+        what: &'static str,
+    },
+    /// Rights the object cannot grant: a memory window grants only
+    /// `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC` and `ZERO_BASED`.
+    #[error("{what} cannot grant {}", FlagNames(.flags))]
+    AccessNotAllowed {
+        /// The object (`"a memory window"`).
+        what: &'static str,
+        /// The rights it cannot grant.
+        flags: AccessFlags,
+    },
+    /// A UD message longer than the active MTU of its address handle's
+    /// port: a UD message is one packet, and the device would drop a
+    /// longer one with a successful completion (IBA C10-93.1.1; rxe does).
+    #[error(
+        "a {len}-byte UD message exceeds the {mtu}-byte active MTU: the device would drop it \
+         without an error (IBA C10-93.1.1)"
+    )]
+    UdMessageTooLong {
+        /// The message length.
+        len: u64,
+        /// The port's active MTU in bytes.
+        mtu: u32,
+    },
+    /// A receive posted (or prepared) on a queue pair created with a
+    /// shared receive queue: post it to the SRQ.
+    #[error("this queue pair receives through its shared receive queue: post receives there")]
+    ReceivesThroughSrq,
+    /// The call is not for this queue pair type: `connect` is for RC and
+    /// UC (`activate_ud` for UD), `activate_ud` for UD, memory windows bind
+    /// on RC and UC, rdma_cm connections (TCP port space) are RC.
+    #[error("{what} is not available on a {qp_type:?} queue pair")]
+    WrongQpType {
+        /// The call (`"connect"`, `"activate_ud"`, …).
+        what: &'static str,
+        /// The queue pair's type.
+        qp_type: QpType,
+    },
+    /// The local GID table slot to send from is empty (RoCE addressing
+    /// needs a GID).
+    #[error("GID index {} of port {port} is empty: nothing to send from", .index.0)]
+    EmptyGid {
+        /// The port.
+        port: PortNumber,
+        /// The empty slot.
+        index: GidIndex,
+    },
+    /// The remote endpoint lacks the address its port's link layer routes
+    /// by: a zero GID on RoCE, LID 0 on InfiniBand.
+    #[error("port {port} addresses peers by {needed}, and the remote {needed} is zero")]
+    MissingRemoteAddress {
+        /// The local port.
+        port: PortNumber,
+        /// `"GID"` (RoCE) or `"LID"` (InfiniBand).
+        needed: &'static str,
+    },
+    /// An unsignaled request given to `prepare_send` on a queue pair that
+    /// does not signal every request: a prepared request's completion
+    /// gives its buffers back.
+    #[error("a prepared request must be signaled: its completion gives the buffers back")]
+    PreparedUnsignaled,
+    /// An operand setter of a prepared request of another operation
+    /// (`set_compare_swap` on anything but a compare-and-swap, `set_add` on
+    /// anything but a fetch-and-add).
+    #[error("the prepared request is no {expected}")]
+    WrongOperation {
+        /// The operation the setter is for.
+        expected: SendOp,
+    },
+    /// An operation the queue pair was not created for: atomic write and
+    /// flush need a queue pair created with [`SendOps`], and a queue pair
+    /// created with `SendOps` posts only the operations it names.
+    #[error("{op} needs a queue pair created with send_ops including {}", FlagNames(.needed))]
+    SendOpsRequired {
+        /// The request's operation.
+        op: SendOp,
+        /// The [`SendOps`] flag it needs.
+        needed: SendOps,
+    },
+    /// Registering 0 bytes (`ibv_reg_mr` needs at least one): `alloc(0, ..)`
+    /// gives a zero-length buffer without a registration of its own.
+    #[error(
+        "cannot register 0 bytes (ibv_reg_mr needs at least one); alloc(0, ..) gives a \
+         zero-length buffer"
+    )]
+    EmptyRegistration,
+    /// A [`Storage`](crate::Storage) returned a NULL pointer.
+    #[error("the storage to register returned a NULL pointer")]
+    NullStorage,
+    /// Invalidating a type 1 memory window that is not bound.
+    #[error("this type 1 memory window is not bound: there is nothing to invalidate")]
+    WindowNotBound,
+    /// An async wrapper created outside a Tokio runtime (or one without
+    /// IO enabled).
+    #[error("{by} needs a Tokio runtime: create it from within one (with IO enabled)")]
+    NoRuntime {
+        /// The wrapper (`"AsyncQueuePair"`, `"AsyncEvents"`).
+        by: &'static str,
+    },
+    /// A completion queue without a completion channel where one is
+    /// needed: under an `AsyncQueuePair` (feature `tokio`), or
+    /// waited on with [`CompletionQueue::wait`](crate::CompletionQueue::wait).
+    /// Create the CQ with a channel of its own
+    /// ([`CompletionQueueBuilder::channel`](crate::CompletionQueueBuilder::channel)).
+    #[error("the {which} has no completion channel (create it with one)")]
+    NoCompletionChannel {
+        /// Which CQ: `"AsyncQueuePair's send CQ"`, `"AsyncQueuePair's
+        /// receive CQ"` or `"CQ waited on"`.
+        which: &'static str,
+    },
+    /// A `CompletionFuture` polled again after it resolved.
+    #[error("CompletionFuture polled after it resolved")]
+    PolledAfterCompletion,
+    /// Two options that exclude each other
+    /// (`WcFields::COMPLETION_TIMESTAMP` and
+    /// `WcFields::COMPLETION_TIMESTAMP_WALLCLOCK`).
+    #[error("{first} and {second} exclude each other: ask for one")]
+    ConflictingOptions {
+        /// One option.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+    },
+    /// The queue pair of an rdma_cm connect was dropped before the peer
+    /// answered: the connection is refused (reported as `ConnectError`).
+    #[error("the queue pair of this rdma_cm connect was dropped before the peer answered")]
+    QueuePairDropped,
+    /// An rdma_cm event other than the one expected
+    /// ([`CmEvent::expect`](crate::cm::CmEvent::expect)) that carries no
+    /// errno.
+    #[cfg(feature = "rdmacm")]
+    #[error("expected rdma_cm event {expected:?}, got {got:?} (status {status})")]
+    UnexpectedEvent {
+        /// The event expected.
+        expected: crate::cm::CmEventType,
+        /// The event that arrived.
+        got: crate::cm::CmEventType,
+        /// Its status.
+        status: i32,
+    },
+    /// No port of the device is ACTIVE.
+    #[error("{device} has no active port")]
+    NoActivePort {
+        /// The device's name.
+        device: String,
+    },
+    /// [`CompletionQueue::wait`](crate::CompletionQueue::wait) on a CQ
+    /// whose completion channel other CQs report to as well. The kernel
+    /// delivers each event once: an event the wait read for another CQ
+    /// would be lost to whoever waits for that CQ, so a wait needs a
+    /// channel of its own. Also returned when the wait read such an event
+    /// (a CQ created on the channel during the wait): it was counted for
+    /// acknowledgement, and that CQ's completions stay in it.
+    #[error(
+        "waiting on a completion queue needs a completion channel of its own, \
+         but {cqs} completion queues report to this one"
+    )]
+    CompletionChannelShared {
+        /// The completion queues reporting to the channel.
+        cqs: usize,
+    },
+    /// Bytes that are not a wire message of this library: a peer's
+    /// [`Endpoint`](crate::Endpoint) or
+    /// [`RemoteMemory`](crate::RemoteMemory) of another version, cut short,
+    /// padded, or with a value out of its field's range. Nothing was
+    /// connected or addressed with them.
+    #[error("malformed {what} message: {problem}")]
+    BadWireFormat {
+        /// The message (`"Endpoint"`, `"RemoteMemory"`).
+        what: &'static str,
+        /// What is wrong with it, with its numbers.
+        problem: WireProblem,
+    },
+    /// [`QueuePair::connect`](crate::QueuePair::connect) was given a local
+    /// [`Endpoint`](crate::Endpoint) of another queue pair: the PSN it
+    /// carries is the one the peer expects from `endpoint`, not from this
+    /// queue pair. Nothing was changed.
+    #[error("the local endpoint names queue pair {endpoint}, this queue pair is {qp_num}")]
+    NotThisQueuePair {
+        /// This queue pair's number.
+        qp_num: crate::QpNumber,
+        /// The QP number in the local endpoint given.
+        endpoint: crate::QpNumber,
+    },
+    /// A typed view or an equal split of a buffer whose length is not a
+    /// multiple of the element size.
+    #[error("{len} bytes are not a whole number of {size}-byte elements")]
+    LengthNotMultiple {
+        /// The buffer's length.
+        len: usize,
+        /// The element size (0 for a zero-sized type, which is refused).
+        size: usize,
+    },
+}
+
+/// Why [`Error::InvalidTransition`] refused a state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransitionReason {
+    /// The IBA state table has no such transition for this queue pair
+    /// type (a skipped state, RESET to ERR, SQE on RC), or a state is
+    /// unknown.
+    NoSuchTransition,
+    /// Attributes the transition requires are missing from the mask.
+    Missing(ibverbs_sys::ibv_qp_attr_mask),
+    /// Attributes the transition does not take (unknown mask bits
+    /// included).
+    NotAllowed(ibverbs_sys::ibv_qp_attr_mask),
+    /// `cur_qp_state` claims this state, but the queue pair is in the
+    /// transition's `from` state (the one the device reports).
+    ClaimedState(QpState),
+}
+
+impl fmt::Display for TransitionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::queue_pair::mask_names;
+        match self {
+            TransitionReason::NoSuchTransition => {
+                f.write_str("the IBA state table has no such transition")
+            }
+            TransitionReason::Missing(m) => write!(f, "missing {}", mask_names(m.0)),
+            TransitionReason::NotAllowed(m) => write!(f, "{} not allowed here", mask_names(m.0)),
+            TransitionReason::ClaimedState(s) => {
+                write!(
+                    f,
+                    "cur_qp_state claims {s:?}, which is not the queue pair's state"
+                )
+            }
+        }
+    }
+}
+
+/// What is wrong with a wire message ([`Error::BadWireFormat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WireProblem {
+    /// The message has `len` bytes; its version has `expected`.
+    Length {
+        /// Bytes received.
+        len: usize,
+        /// Bytes of the message's version.
+        expected: usize,
+    },
+    /// The first byte names a version this library does not read.
+    Version {
+        /// The version byte received.
+        version: u8,
+        /// The version this library writes and reads.
+        supported: u8,
+    },
+    /// A field holds a value beyond its range (a 24-bit QP number or PSN,
+    /// a memory range passing the end of the address space).
+    OutOfRange {
+        /// The field (`"qp_num"`, `"psn"`, `"len"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+        /// The largest value the field takes.
+        max: u64,
+    },
+}
+
+impl std::fmt::Display for WireProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireProblem::Length { len, expected } => {
+                write!(f, "{len} bytes, expected {expected}")
+            }
+            WireProblem::Version { version, supported } => {
+                write!(
+                    f,
+                    "version {version}, this library reads version {supported}"
+                )
+            }
+            WireProblem::OutOfRange { field, value, max } => {
+                write!(f, "{field} {value:#x} exceeds {max:#x}")
+            }
+        }
+    }
+}
+
+/// `named "x"` or `found`, for [`Error::NoDevice`].
+fn device_named(name: &Option<String>) -> String {
+    match name {
+        Some(n) => format!("named {n:?}"),
+        None => "found".to_string(),
+    }
+}
+
+/// Flag names as `A | B`, without the type name `Debug` adds.
+struct FlagNames<'a, F>(&'a F);
+
+impl<F> fmt::Display for FlagNames<'_, F>
+where
+    F: bitflags::Flags,
+    F::Bits: bitflags::parser::WriteHex,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        bitflags::parser::to_writer(self.0, f)
+    }
+}
+
+/// The version byte that starts every wire message this library writes
+/// ([`Endpoint::to_bytes`](crate::Endpoint::to_bytes),
+/// [`RemoteMemory::to_bytes`](crate::RemoteMemory::to_bytes)).
+pub(crate) const WIRE_VERSION: u8 = 1;
+
+/// Checks the frame of a wire message `what` whose version
+/// [`WIRE_VERSION`] has `len` bytes: the version byte first (a later
+/// version may have another length), then the length.
+pub(crate) fn check_wire(what: &'static str, b: &[u8], len: usize) -> Result<()> {
+    let problem = match b.first() {
+        None => WireProblem::Length {
+            len: 0,
+            expected: len,
+        },
+        Some(&v) if v != WIRE_VERSION => WireProblem::Version {
+            version: v,
+            supported: WIRE_VERSION,
+        },
+        Some(_) if b.len() != len => WireProblem::Length {
+            len: b.len(),
+            expected: len,
+        },
+        Some(_) => return Ok(()),
+    };
+    Err(Error::BadWireFormat { what, problem })
 }
 
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0
@@ -200,7 +661,7 @@ impl Error {
     pub(crate) fn last_os(verb: &'static str) -> Self {
         Error::Verb {
             verb,
-            source: io::Error::last_os_error(),
+            io: io::Error::last_os_error(),
         }
     }
 
@@ -208,7 +669,7 @@ impl Error {
     pub(crate) fn from_errno(verb: &'static str, errno: i32) -> Self {
         Error::Verb {
             verb,
-            source: io::Error::from_raw_os_error(errno),
+            io: io::Error::from_raw_os_error(errno),
         }
     }
 
@@ -218,11 +679,11 @@ impl Error {
     pub(crate) fn with_hint(self, hint: Option<String>) -> Self {
         let Some(hint) = hint else { return self };
         match self {
-            Error::Verb { verb, source } => {
+            Error::Verb { verb, io: source } => {
                 let errno = source.raw_os_error().or_else(|| hinted_errno(&source));
                 Error::Verb {
                     verb,
-                    source: io::Error::new(
+                    io: io::Error::new(
                         source.kind(),
                         Hinted {
                             errno,
@@ -239,7 +700,7 @@ impl Error {
     /// The OS error code, when this is a verb error.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Verb { source, .. } => source.raw_os_error().or_else(|| hinted_errno(source)),
+            Error::Verb { io, .. } => io.raw_os_error().or_else(|| hinted_errno(io)),
             _ => None,
         }
     }
@@ -249,6 +710,84 @@ impl Error {
         match self {
             Error::Verb { verb, .. } => Some(verb),
             _ => None,
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    /// A [`Verb`](Error::Verb) error becomes the OS error it carries
+    /// (errno and explanation kept; the verb's name is dropped). Every
+    /// other error becomes the inner error of an `io::Error` of the
+    /// closest kind: `InvalidInput` for arguments the library refused,
+    /// `Unsupported`, `NotFound` for a missing device or active port,
+    /// `NotConnected` for a queue pair that cannot send yet, `BrokenPipe`
+    /// for one in ERR, `ResourceBusy` for a full queue, a busy window or a
+    /// descriptor already driven, `Other` for error completions and the
+    /// rest.
+    fn from(e: Error) -> io::Error {
+        match e {
+            Error::Verb { io, .. } => io,
+            e => io::Error::new(e.io_kind(), e),
+        }
+    }
+}
+
+impl Error {
+    /// The `io::ErrorKind` of `From<Error> for io::Error`.
+    fn io_kind(&self) -> io::ErrorKind {
+        use io::ErrorKind as K;
+        match self {
+            Error::Verb { io, .. } => io.kind(),
+            Error::Unsupported(_)
+            | Error::OpNotAvailable { .. }
+            | Error::SendOpsRequired { .. } => K::Unsupported,
+            Error::NoDevice { .. } | Error::NoActivePort { .. } => K::NotFound,
+            Error::NotReadyToSend { .. } => K::NotConnected,
+            Error::QueuePairInError { .. } => K::BrokenPipe,
+            Error::QueueFull { .. } | Error::WindowBusy | Error::AlreadyDriven { .. } => {
+                K::ResourceBusy
+            }
+            Error::WorkCompletion { .. }
+            | Error::WindowIndeterminate
+            | Error::QueuePairDropped
+            | Error::PolledAfterCompletion
+            | Error::NoRuntime { .. } => K::Other,
+            #[cfg(feature = "rdmacm")]
+            Error::UnexpectedEvent { .. } => K::Other,
+            Error::InvalidTransition { .. }
+            | Error::OptionNotAllowed { .. }
+            | Error::OptionRequired { .. }
+            | Error::InlineTooLarge { .. }
+            | Error::UnsignaledExclusive { .. }
+            | Error::CqTooSmall { .. }
+            | Error::TooManySges { .. }
+            | Error::OutOfRange { .. }
+            | Error::InvalidMtu { .. }
+            | Error::Misaligned { .. }
+            | Error::OutOfBounds { .. }
+            | Error::AtomicResultBuffer { .. }
+            | Error::ForeignProtectionDomain { .. }
+            | Error::ForeignContext { .. }
+            | Error::FrozenBuffer { .. }
+            | Error::MissingAccess { .. }
+            | Error::NeedsSharedBuffer { .. }
+            | Error::AccessNotAllowed { .. }
+            | Error::UdMessageTooLong { .. }
+            | Error::ReceivesThroughSrq
+            | Error::WrongQpType { .. }
+            | Error::EmptyGid { .. }
+            | Error::MissingRemoteAddress { .. }
+            | Error::PreparedUnsignaled
+            | Error::WrongOperation { .. }
+            | Error::EmptyRegistration
+            | Error::NullStorage
+            | Error::WindowNotBound
+            | Error::NoCompletionChannel { .. }
+            | Error::CompletionChannelShared { .. }
+            | Error::NotThisQueuePair { .. }
+            | Error::LengthNotMultiple { .. }
+            | Error::ConflictingOptions { .. } => K::InvalidInput,
+            Error::BadWireFormat { .. } => K::InvalidData,
         }
     }
 }
@@ -290,7 +829,7 @@ pub(crate) fn ret_ptr<T>(verb: &'static str, ptr: *mut T) -> Result<std::ptr::No
         } else {
             err
         };
-        Error::Verb { verb, source }
+        Error::Verb { verb, io: source }
     })
 }
 
@@ -317,34 +856,8 @@ fn count_error(verb: &'static str, rc: i32) -> Error {
     } else {
         source
     };
-    Error::Verb { verb, source }
+    Error::Verb { verb, io: source }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hints_keep_the_verb_and_the_errno() {
-        let e = Error::from_errno("ibv_query_port", libc::EINVAL)
-            .with_hint(Some("rxe0 has no port 0".into()));
-        assert_eq!(e.verb(), Some("ibv_query_port"));
-        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        let text = e.to_string();
-        assert!(
-            text.starts_with("ibv_query_port failed: Invalid argument"),
-            "{text}"
-        );
-        assert!(text.ends_with("; rxe0 has no port 0"), "{text}");
-        // A second hint keeps the errno too; no hint changes nothing.
-        let e = e.with_hint(Some("more".into()));
-        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        let e = Error::from_errno("ibv_reg_mr", libc::ENOMEM).with_hint(None);
-        assert!(
-            matches!(&e, Error::Verb { source, .. } if source.raw_os_error() == Some(libc::ENOMEM))
-        );
-        // Other variants are left alone.
-        let e = Error::InvalidArgument("x".into()).with_hint(Some("y".into()));
-        assert_eq!(e.to_string(), "invalid argument: x");
-    }
-}
+mod tests;

@@ -105,9 +105,10 @@ pub(crate) fn create(
     rxe: bool,
 ) -> Result<(NonNull<sys::ibv_cq>, ExCq)> {
     if fields.contains(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK) {
-        return Err(Error::InvalidArgument(
-            "ask for COMPLETION_TIMESTAMP or COMPLETION_TIMESTAMP_WALLCLOCK, not both".into(),
-        ));
+        return Err(Error::ConflictingOptions {
+            first: "WcFields::COMPLETION_TIMESTAMP",
+            second: "WcFields::COMPLETION_TIMESTAMP_WALLCLOCK",
+        });
     }
     let mut attr = sys::ibv_cq_init_attr_ex {
         cqe,
@@ -169,28 +170,35 @@ pub(crate) fn create(
     // SAFETY: valid extended CQ.
     let base = unsafe { sys::ibv_cq_ex_to_cq(c) };
     let missing = [
-        (start.is_none(), "start_poll"),
-        (next.is_none(), "next_poll"),
-        (end.is_none(), "end_poll"),
-        (opcode.is_none(), "read_opcode"),
+        (
+            start.is_none(),
+            "an extended CQ without ibv_cq_ex::start_poll",
+        ),
+        (
+            next.is_none(),
+            "an extended CQ without ibv_cq_ex::next_poll",
+        ),
+        (end.is_none(), "an extended CQ without ibv_cq_ex::end_poll"),
+        (
+            opcode.is_none(),
+            "an extended CQ without ibv_cq_ex::read_opcode",
+        ),
         (
             ex.ts.is_none()
                 && fields.intersects(
                     WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
                 ),
-            "read_completion_ts",
+            "an extended CQ without ibv_cq_ex::read_completion_ts",
         ),
     ];
-    if let Some((_, name)) = missing.iter().find(|m| m.0) {
+    if let Some((_, what)) = missing.iter().find(|m| m.0) {
         // SAFETY: just created, never shared.
         unsafe { sys::ibv_destroy_cq(base) };
-        return Err(Error::Unsupported(format!(
-            "the provider's extended CQ has no {name} (ibv_cq_ex::{name} is NULL)"
-        )));
+        return Err(Error::Unsupported(what));
     }
-    let base = NonNull::new(base).ok_or_else(|| {
-        Error::Unsupported("the provider returned no ibv_cq for an extended CQ".into())
-    })?;
+    let base = NonNull::new(base).ok_or(Error::Unsupported(
+        "an extended CQ without its ibv_cq (ibv_cq_ex_to_cq returned NULL)",
+    ))?;
     Ok((base, ex))
 }
 

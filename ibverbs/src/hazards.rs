@@ -324,7 +324,113 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 15. Keeping a buffer across posting it in a chain
+//! # 15. A typed view across the post
+//!
+//! `as_slice_of`/`as_mut_slice_of` borrow the buffer: the view cannot
+//! outlive its move into a request.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let floats: &[f32] = buf.as_slice_of()?;
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! println!("{}", floats[0]); // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let words: &mut [u32] = buf.as_mut_slice_of()?;
+//! qp.post_send(SendRequest::send(buf))?;
+//! words[0] = 1; // the device may be reading it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! buf.as_mut_slice_of::<u32>()?[0] = 1; // the view ends here
+//! let first = buf.as_slice_of::<f32>()?[0]; // a copy
+//! qp.post_send(SendRequest::send(buf))?;
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 16. Two typed views of one buffer, one of them mutable
+//!
+//! The views follow the borrow rules of the buffer: no `&[T]` aliases a
+//! `&mut [U]`.
+//!
+//! ```compile_fail,E0502
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let words: &[u32] = buf.as_slice_of()?;
+//! let floats: &mut [f32] = buf.as_mut_slice_of()?;
+//! floats[0] = words[0] as f32;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let w = buf.as_slice_of::<u32>()?[0];
+//! buf.as_mut_slice_of::<f32>()?[0] = w as f32;
+//! # Ok(()) }
+//! ```
+//!
+//! # 17. A typed view of remote-writable memory
+//!
+//! A peer may write a [`SharedBuffer`](crate::SharedBuffer) at any time:
+//! it has no typed view, only typed copies (`read_into`, `write_from`).
+//!
+//! ```compile_fail,E0599
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let shared = pd.alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let words: &[u32] = shared.as_slice_of()?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let shared = pd.alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let mut words = [0u32; 16];
+//! shared.read_into(0, &mut words)?; // volatile copies
+//! # Ok(()) }
+//! ```
+//!
+//! # 18. Using chunks after joining them
+//!
+//! `join` consumes the pieces; only the joined buffer reaches their bytes.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let (chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
+//! let whole = LocalBuffer::join(chunks).unwrap();
+//! qp.post_recv(RecvRequest::new(whole))?;
+//! println!("{}", chunks[0][0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let (mut chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
+//! let last = chunks.pop().unwrap();
+//! qp.post_recv(RecvRequest::new(last))?; // the device writes one chunk
+//! chunks[0][0] = 1;                      // while we use another
+//! # Ok(()) }
+//! ```
+//!
+//! # 19. Keeping a buffer across posting it in a chain
 //!
 //! A chain (`post_send(&mut Vec<SendRequest>)`) moves each buffer into its
 //! request as a single request does; the posted requests leave the `Vec`,

@@ -37,11 +37,12 @@
 //! let qp = pd.create_qp(QpType::Rc, &cq, &cq)        // ibv_create_qp
 //!     .max_send_wr(16).max_recv_wr(16).max_inline_data(64)
 //!     .build()?;
-//! let me = Endpoint::local(&qp, port, Some(gid_index), Endpoint::random_psn())?;
+//! let local = LocalPort::query(&ctx, port, Some(gid_index))?; // ibv_query_port, _gid
+//! let me = local.endpoint(&qp, Endpoint::random_psn())?; // to_bytes() for the peer
 //! let remote_rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ
 //!     | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-//! qp.connect(me.psn, &me,                            // ibv_modify_qp x3
-//!     &ConnectOptions::new(port).gid_index(gid_index).qp_access_flags(remote_rights))?;
+//! qp.connect(&me, &me,                               // ibv_modify_qp x3
+//!     &ConnectOptions::new(port).local_port(&local).remote_access(remote_rights))?;
 //! let mut done = Completions::with_capacity(16);
 //!
 //! // Send / receive (ibv_post_recv, ibv_post_send, ibv_poll_cq).
@@ -85,9 +86,8 @@
 //!
 //! // One request, many postings: checked and built once (as C code reuses
 //! // one ibv_send_wr); the bytes are reachable when nothing is outstanding.
-//! let mut read = qp
-//!     .prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))
-//!     .map_err(|e| e.error)?;
+//! let mut read =
+//!     qp.prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))?;
 //! read.post()?;
 //! let c = loop {
 //!     match cq.poll_one()? { Some(c) if c.wr_id() == 9 => break c, _ => {} }
@@ -96,17 +96,16 @@
 //! let _fresh = read.bytes(0);                           // Some once completed
 //!
 //! // The same for receives: one buffer, re-posted after each message.
-//! let mut recv = qp
-//!     .prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))
-//!     .map_err(|e| e.error)?;
+//! let mut recv =
+//!     qp.prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
 //! recv.post()?;                                         // bytes(0) is None until it completes
 //!
-//! // Completion events: sleep on a channel instead of spinning.
+//! // Completion events: sleep on a channel instead of spinning. `wait`
+//! // polls, arms (ibv_req_notify_cq), polls again, sleeps on the channel's
+//! // fd and reads the event (ibv_get_cq_event, acked in batches); 0 on timeout.
 //! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
 //! let cq2 = ctx.create_cq(16).channel(&channel).build()?;
-//! cq2.req_notify(false)?;                               // ibv_req_notify_cq
-//! // ... poll(2) on channel's fd, then:
-//! // let cq = channel.get_event()?;                     // ibv_get_cq_event (+ ack)
+//! let _n = cq2.wait(&mut done, Some(std::time::Duration::from_millis(10)))?;
 //!
 //! // Shared receive queue for many QPs.
 //! let srq = pd.create_srq(64).build()?;                 // ibv_create_srq
@@ -135,11 +134,14 @@
 //!
 //! One [`Error`] enum: which verb failed and its errno
 //! ([`Error::Verb`]), error completions ([`Error::WorkCompletion`]),
-//! arguments refused before reaching the device
-//! ([`Error::InvalidArgument`], [`Error::QueueFull`],
-//! [`Error::InvalidTransition`]), and [`Error::Unsupported`].
+//! arguments refused before reaching the device, each a variant of its own
+//! with the numbers that decided ([`Error::TooManySges`],
+//! [`Error::OutOfRange`], [`Error::QueueFull`],
+//! [`Error::InvalidTransition`], …), and [`Error::Unsupported`]. A refused
+//! request comes back in a [`PostError`], which `?` turns into an
+//! [`Error`], an [`std::io::Error`] or a `Box<dyn std::error::Error>`.
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod address_handle;
 #[cfg(feature = "tokio")]
@@ -166,14 +168,17 @@ mod wq_table;
 
 pub mod hazards;
 
+/// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
+/// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
+pub use bytemuck;
 pub use ibverbs_sys as sys;
 
-pub use address_handle::*;
+pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
 #[cfg(feature = "tokio")]
 pub use async_io::{AsyncEvents, AsyncQueuePair, CompletionFuture};
 pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
-    SharedBuffer,
+    SgList, SharedBuffer,
 };
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
@@ -182,14 +187,19 @@ pub use completion_queue::{
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
-pub use error::{Error, Result};
+pub use error::{Error, Result, TransitionReason, WireProblem};
 pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
-pub use queue_pair::*;
+pub use queue_pair::{
+    ConnectOptions, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
+    QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder,
+    RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
+};
+#[cfg(ibverbs_flush)]
+pub use queue_pair::{FlushLevel, FlushType};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
-pub use wq_table::SgList;

@@ -135,10 +135,7 @@ impl AnonymousMemory {
         let map = memmap2::MmapOptions::new()
             .len(len.max(1))
             .map_anon()
-            .map_err(|source| Error::Verb {
-                verb: "mmap",
-                source,
-            })?;
+            .map_err(|io| Error::Verb { verb: "mmap", io })?;
         Ok(AnonymousMemory { map, huge: false })
     }
 
@@ -331,21 +328,17 @@ fn memlock_hint(err: &Error, len: usize) -> Option<String> {
 impl ProtectionDomain {
     fn reg_mr(&self, mut storage: Box<dyn Storage>, access: AccessFlags) -> Result<Arc<MrInner>> {
         if access.remote_writable() && !access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(
-                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr(3))".into(),
-            ));
+            return Err(Error::MissingAccess {
+                what: "memory with REMOTE_WRITE or REMOTE_ATOMIC (ibv_reg_mr(3))",
+                needed: AccessFlags::LOCAL_WRITE,
+            });
         }
         let len = storage.len();
         if len == 0 {
-            return Err(Error::InvalidArgument(
-                "cannot register 0 bytes (ibv_reg_mr needs at least one); \
-                 ProtectionDomain::alloc(0, ..) gives a zero-length buffer"
-                    .into(),
-            ));
+            return Err(Error::EmptyRegistration);
         }
         let huge = storage.is_huge();
-        let ptr = NonNull::new(storage.as_mut_ptr())
-            .ok_or_else(|| Error::InvalidArgument("storage returned a NULL pointer".into()))?;
+        let ptr = NonNull::new(storage.as_mut_ptr()).ok_or(Error::NullStorage)?;
         // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
         // (and unmoved) by the returned MrInner until after deregistration.
         let mr = unsafe {
@@ -383,8 +376,10 @@ impl ProtectionDomain {
     /// slice; use [`ProtectionDomain::register_shared`] for it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for remote write/atomic rights or empty
-    /// storage; [`Error::Verb`] naming `ibv_reg_mr` (`ENOMEM` past
+    /// [`Error::NeedsSharedBuffer`] for remote write/atomic rights,
+    /// [`Error::EmptyRegistration`] for empty storage,
+    /// [`Error::NullStorage`] for storage without an address;
+    /// [`Error::Verb`] naming `ibv_reg_mr` (`ENOMEM` past
     /// `RLIMIT_MEMLOCK`, whose value the message then names).
     ///
     /// # References
@@ -402,11 +397,9 @@ impl ProtectionDomain {
     #[doc(alias = "ibv_reg_mr")]
     pub fn register<S: Storage>(&self, storage: S, access: AccessFlags) -> Result<LocalBuffer> {
         if access.remote_writable() {
-            return Err(Error::InvalidArgument(
-                "memory with REMOTE_WRITE or REMOTE_ATOMIC must be registered with \
-                 register_shared: a peer could change it behind a Rust reference"
-                    .into(),
-            ));
+            return Err(Error::NeedsSharedBuffer {
+                what: "REMOTE_WRITE or REMOTE_ATOMIC access",
+            });
         }
         let mr = self.reg_mr(Box::new(storage), access)?;
         Ok(LocalBuffer::from_region(Region::whole(mr)))
@@ -417,8 +410,10 @@ impl ProtectionDomain {
     /// volatile or atomic accessors, never through `&[u8]`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for remote write/atomic without
-    /// `LOCAL_WRITE` or empty storage; [`Error::Verb`] naming `ibv_reg_mr`
+    /// [`Error::MissingAccess`] for remote write/atomic without
+    /// `LOCAL_WRITE`, [`Error::EmptyRegistration`] for empty storage,
+    /// [`Error::NullStorage`] for storage without an address;
+    /// [`Error::Verb`] naming `ibv_reg_mr`
     /// (as [`ProtectionDomain::register`]).
     ///
     /// # References

@@ -194,10 +194,16 @@ impl ProtectionDomain {
         let mw = unsafe { sys::ibv_alloc_mw(self.as_ptr(), kind.raw()) };
         let mw = ret_ptr("ibv_alloc_mw", mw).map_err(|e| {
             if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                Error::Unsupported(format!(
-                    "memory windows of {kind:?} (ibv_alloc_mw: EOPNOTSUPP; see the device's \
-                     IBV_DEVICE_MEM_WINDOW* capability flags)"
-                ))
+                Error::Unsupported(match kind {
+                    MwType::Type1 => {
+                        "memory windows of type 1 (ibv_alloc_mw: EOPNOTSUPP; see the \
+                         device's IBV_DEVICE_MEM_WINDOW* capability flags)"
+                    }
+                    MwType::Type2 => {
+                        "memory windows of type 2 (ibv_alloc_mw: EOPNOTSUPP; see the \
+                         device's IBV_DEVICE_MEM_WINDOW* capability flags)"
+                    }
+                })
             } else {
                 e
             }
@@ -286,11 +292,10 @@ fn mw_access(access: AccessFlags) -> Result<u32> {
         | AccessFlags::REMOTE_ATOMIC
         | AccessFlags::ZERO_BASED;
     if !allowed.contains(access) {
-        return Err(Error::InvalidArgument(format!(
-            "a memory window grants only REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC and \
-             ZERO_BASED, not {:?}",
-            access - allowed
-        )));
+        return Err(Error::AccessNotAllowed {
+            what: "a memory window",
+            flags: access - allowed,
+        });
     }
     Ok(access.bits())
 }
@@ -304,37 +309,39 @@ impl QueuePair {
         access: AccessFlags,
     ) -> Result<()> {
         if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
-            return Err(Error::InvalidArgument(format!(
-                "memory windows are bound on RC or UC queue pairs, not {:?}",
-                self.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "binding a memory window",
+                qp_type: self.qp_type(),
+            });
         }
-        if !Arc::ptr_eq(&mw.inner.pd.inner, &self.inner.pd.inner)
-            || !Arc::ptr_eq(&region.mr.pd.inner, &self.inner.pd.inner)
-        {
-            return Err(Error::InvalidArgument(
-                "the window, the region and the queue pair must share one protection domain".into(),
-            ));
+        if !Arc::ptr_eq(&mw.inner.pd.inner, &self.inner.pd.inner) {
+            return Err(Error::ForeignProtectionDomain {
+                what: "memory window",
+            });
+        }
+        if !Arc::ptr_eq(&region.mr.pd.inner, &self.inner.pd.inner) {
+            return Err(Error::ForeignProtectionDomain {
+                what: "memory region",
+            });
         }
         if !region.mr.access.contains(AccessFlags::MW_BIND) {
-            return Err(Error::InvalidArgument(
-                "the region was registered without AccessFlags::MW_BIND".into(),
-            ));
+            return Err(Error::MissingAccess {
+                what: "a region a memory window binds",
+                needed: AccessFlags::MW_BIND,
+            });
         }
         if access.remote_writable() {
             if !peer_writes {
-                return Err(Error::InvalidArgument(
-                    "a window granting REMOTE_WRITE or REMOTE_ATOMIC must cover a SharedBuffer: \
-                     a peer could change the memory behind a Rust reference"
-                        .into(),
-                ));
+                return Err(Error::NeedsSharedBuffer {
+                    what: "a memory window granting REMOTE_WRITE or REMOTE_ATOMIC",
+                });
             }
             if !region.mr.access.contains(AccessFlags::LOCAL_WRITE) {
-                return Err(Error::InvalidArgument(
-                    "remote write or atomic rights through a window need a region with \
-                     LOCAL_WRITE (ibv_bind_mw(3))"
-                        .into(),
-                ));
+                return Err(Error::MissingAccess {
+                    what: "a region behind remote write or atomic rights of a window \
+                           (ibv_bind_mw(3))",
+                    needed: AccessFlags::LOCAL_WRITE,
+                });
             }
         }
         Ok(())
@@ -365,12 +372,17 @@ impl QueuePair {
     /// - [`Error::WindowIndeterminate`] when an earlier one ended without a
     ///   completion (its queue pair was reset or destroyed): the window can
     ///   only be dropped;
-    /// - [`Error::InvalidArgument`] (QP type, protection domains, missing
-    ///   `MW_BIND`, write rights over non-shared memory, rights other than
-    ///   the four above);
+    /// - [`Error::WrongQpType`] on a UD queue pair;
+    /// - [`Error::ForeignProtectionDomain`] when the window or the region
+    ///   belongs to another protection domain than the queue pair;
+    /// - [`Error::MissingAccess`] for a region without `MW_BIND` (or
+    ///   without `LOCAL_WRITE` under remote write or atomic rights);
+    /// - [`Error::NeedsSharedBuffer`] for write rights over non-shared
+    ///   memory;
+    /// - [`Error::AccessNotAllowed`] for rights other than the four above;
     /// - [`Error::QueueFull`];
-    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send` (sends need
-    ///   a QP in RTS).
+    /// - [`Error::NotReadyToSend`] for a queue pair not in RTS;
+    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send`.
     ///
     /// # References
     /// `ibv_bind_mw(3)`, `ibv_post_send(3)`
@@ -453,17 +465,17 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`QueuePair::bind_mw`] ([`Error::WindowBusy`],
-    /// [`Error::WindowIndeterminate`], …); [`Error::InvalidArgument`] for a
-    /// type 1 window that cannot be bound to anything.
+    /// [`Error::WindowIndeterminate`], …); [`Error::WindowNotBound`] for a
+    /// type 1 window that is not bound.
     ///
     /// # References
     /// `ibv_post_send(3)`, `ibv_bind_mw(3)`
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub fn invalidate_mw(&self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
         if !Arc::ptr_eq(&mw.inner.pd.inner, &self.inner.pd.inner) {
-            return Err(Error::InvalidArgument(
-                "the window belongs to another protection domain".into(),
-            ));
+            return Err(Error::ForeignProtectionDomain {
+                what: "memory window",
+            });
         }
         self.post_window(mw, wr_id, |wr_id, mws| match mw.inner.kind {
             // IBA does not let LOCAL_INV touch a type 1 window: a
@@ -471,11 +483,7 @@ impl QueuePair {
             // bind's region even then, so it names a region the window
             // holds (held until this request succeeded).
             MwType::Type1 => {
-                let old = mws.any_region().ok_or_else(|| {
-                    Error::InvalidArgument(
-                        "this type 1 window is not bound: there is nothing to invalidate".into(),
-                    )
-                })?;
+                let old = mws.any_region().ok_or(Error::WindowNotBound)?;
                 let info = sys::ibv_mw_bind_info {
                     mr: old.mr.as_ptr(),
                     addr: old.ptr.as_ptr() as u64,
@@ -516,7 +524,7 @@ impl QueuePair {
     ) -> Result<T> {
         let table = &self.inner.send;
         let mut st = table.lock();
-        self.check_sendable("ibv_post_send")?;
+        self.check_sendable()?;
         table.check_room(&st, 1)?;
         // Lock order: send table, then window (as a completion retiring a
         // slot under its table's lock).
@@ -593,12 +601,12 @@ impl QueuePair {
     /// Refuses data-path requests on a QP that is not ready to send (see
     /// [`QueuePair::post_send`]). Call with the send table locked.
     #[inline]
-    pub(crate) fn check_sendable(&self, verb: &'static str) -> Result<()> {
+    pub(crate) fn check_sendable(&self) -> Result<()> {
         // SAFETY: live QP; libibverbs records the state of every successful
         // modify, and this crate's modifies hold the send lock the caller holds.
         let state = unsafe { (*self.as_ptr()).state };
         if !crate::queue_pair::state_sends(state) {
-            return Err(not_sendable(verb, QpState::from_raw(state)));
+            return Err(not_sendable(QpState::from_raw(state)));
         }
         Ok(())
     }
@@ -607,13 +615,6 @@ impl QueuePair {
 /// The error of a send posted before RTS (out of line: the data path only
 /// compares the state).
 #[cold]
-fn not_sendable(verb: &'static str, state: QpState) -> crate::Error {
-    crate::Error::from_errno(verb, libc::EINVAL).with_hint(Some(format!(
-        "the queue pair is in {}: sends need RTS (connect it first)",
-        match state {
-            QpState::Reset => "RESET",
-            QpState::Init => "INIT",
-            _ => "RTR",
-        }
-    )))
+fn not_sendable(state: QpState) -> crate::Error {
+    crate::Error::NotReadyToSend { state }
 }

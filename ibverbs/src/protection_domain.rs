@@ -40,7 +40,7 @@ pub struct ProtectionDomain {
     pub(crate) inner: Arc<PdInner>,
 }
 
-impl ProtectionDomain {
+impl Context {
     /// Allocates a protection domain.
     ///
     /// # Errors
@@ -49,18 +49,20 @@ impl ProtectionDomain {
     /// # References
     /// `ibv_alloc_pd(3)`
     #[doc(alias = "ibv_alloc_pd")]
-    pub fn new(ctx: &Context) -> Result<ProtectionDomain> {
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         // SAFETY: live context; the PD is deallocated in PdInner's Drop.
-        let pd = unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) };
+        let pd = unsafe { sys::ibv_alloc_pd(self.as_ptr()) };
         let pd = ret_ptr("ibv_alloc_pd", pd)?;
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 pd,
-                ctx: ctx.clone(),
+                ctx: self.clone(),
             }),
         })
     }
+}
 
+impl ProtectionDomain {
     /// The context the PD belongs to.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
@@ -88,17 +90,6 @@ impl ProtectionDomain {
             }
             Err(_) => Ok(false),
         }
-    }
-}
-
-impl Context {
-    /// Allocates a protection domain; see [`ProtectionDomain::new`].
-    ///
-    /// # Errors
-    /// As [`ProtectionDomain::new`].
-    #[doc(alias = "ibv_alloc_pd")]
-    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        ProtectionDomain::new(self)
     }
 }
 

@@ -60,7 +60,7 @@ pub struct SharedReceiveQueue {
     inner: Arc<SrqInner>,
 }
 
-/// Builder for a [`SharedReceiveQueue`].
+/// Builder for a [`SharedReceiveQueue`], from [`ProtectionDomain::create_srq`].
 #[derive(Debug)]
 #[must_use]
 pub struct SharedReceiveQueueBuilder<'a> {
@@ -135,16 +135,6 @@ impl SharedReceiveQueueBuilder<'_> {
 }
 
 impl SharedReceiveQueue {
-    /// Starts building an SRQ with room for `max_wr` receive requests.
-    pub fn builder(pd: &ProtectionDomain, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
-        SharedReceiveQueueBuilder {
-            pd,
-            max_wr,
-            max_sge: 1,
-            srq_limit: 0,
-        }
-    }
-
     /// Lets the SRQ's completions (through a queue pair using `cq` as its
     /// receive CQ) find their buffers; the depth asked for counts once per
     /// CQ.
@@ -263,9 +253,19 @@ impl SharedReceiveQueue {
 }
 
 impl ProtectionDomain {
-    /// Starts building a shared receive queue; see [`SharedReceiveQueue::builder`].
+    /// Starts building a shared receive queue with room for `max_wr`
+    /// receive requests: options are the builder's setters, and
+    /// [`build`](SharedReceiveQueueBuilder::build) creates it.
+    ///
+    /// # References
+    /// `ibv_create_srq(3)`
     pub fn create_srq(&self, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
-        SharedReceiveQueue::builder(self, max_wr)
+        SharedReceiveQueueBuilder {
+            pd: self,
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        }
     }
 }
 

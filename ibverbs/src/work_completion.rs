@@ -29,11 +29,28 @@ device_enum! {
         BadRespErr = sys::IBV_WC_BAD_RESP_ERR,
         /// Local access error.
         LocAccessErr = sys::IBV_WC_LOC_ACCESS_ERR,
-        /// Remote invalid request.
+        /// Remote invalid request: the peer's queue pair refused the
+        /// request as one it does not take. The common cause of an RDMA
+        /// write, read or atomic failing so is a peer queue pair created
+        /// or connected without the remote access flag the operation needs
+        /// (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC` in its
+        /// [`ConnectOptions::remote_access`](crate::ConnectOptions::remote_access)
+        /// or `qp_access_flags`): rxe reports this status then, whatever
+        /// its memory grants (`tests/connect.rs`; other devices may report
+        /// [`RemAccessErr`](Self::RemAccessErr)). Both queue pairs end in
+        /// ERR.
         RemInvReqErr = sys::IBV_WC_REM_INV_REQ_ERR,
-        /// Remote access error (bad rkey, out of range, no rights).
+        /// Remote access error: the peer's memory refused the access — an
+        /// rkey that is wrong, revoked or invalidated, a range outside its
+        /// region or window, or a region or window without the right the
+        /// operation needs (`REMOTE_WRITE`, `REMOTE_READ`,
+        /// `REMOTE_ATOMIC`). Some devices also report it for a peer queue
+        /// pair without the matching remote access flag (rxe reports
+        /// [`RemInvReqErr`](Self::RemInvReqErr) for that).
         RemAccessErr = sys::IBV_WC_REM_ACCESS_ERR,
-        /// Remote operation error.
+        /// Remote operation error: the peer could not complete the
+        /// request (e.g. on rxe, a message with a payload sent into a
+        /// receive with no buffer, [`RecvRequest::empty`](crate::RecvRequest::empty)).
         RemOpErr = sys::IBV_WC_REM_OP_ERR,
         /// Transport retry counter exceeded.
         RetryExcErr = sys::IBV_WC_RETRY_EXC_ERR,
@@ -121,8 +138,12 @@ impl WorkCompletion {
         unsafe { std::slice::from_raw_parts_mut(wcs.as_mut_ptr().cast(), wcs.len()) }
     }
 
-    /// The raw 64-bit work request id as the device reported it.
-    pub fn raw_wr_id(&self) -> u64 {
+    /// The work request id: the one the request was posted with (the
+    /// safe polls give each entry its caller's `wr_id` back; an entry from
+    /// [`poll_raw`](crate::CompletionQueue::poll_raw) carries what the raw
+    /// request was posted with).
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
         self.raw.wr_id
     }
     /// Status.

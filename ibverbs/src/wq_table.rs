@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::buffer::Buf;
+pub(crate) use crate::buffer::SgList;
 use crate::error::{Error, Result};
 use crate::memory_window::WindowOp;
 use crate::AddressHandle;
@@ -42,55 +42,6 @@ pub(crate) const PREPARED_BIT: u64 = 1 << 62;
 const TABLE_ID_MASK: u32 = 0x3fff_ffff;
 
 static NEXT_TABLE_ID: AtomicU32 = AtomicU32::new(1);
-
-/// The buffers a work request owns until it completes.
-#[derive(Debug, Default)]
-pub enum SgList {
-    /// No buffer (inline data, zero-length requests).
-    #[default]
-    Empty,
-    /// One buffer.
-    One(Buf),
-    /// Several buffers (scatter/gather); the `Vec` comes back for reuse.
-    Many(Vec<Buf>),
-}
-
-impl SgList {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            SgList::Empty => 0,
-            SgList::One(_) => 1,
-            SgList::Many(v) => v.len(),
-        }
-    }
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Buf> {
-        let (one, many): (Option<&Buf>, &[Buf]) = match self {
-            SgList::Empty => (None, &[]),
-            SgList::One(b) => (Some(b), &[]),
-            SgList::Many(v) => (None, v),
-        };
-        one.into_iter().chain(many.iter())
-    }
-    /// The buffer of a one-buffer list, if it is a
-    /// [`LocalBuffer`](crate::LocalBuffer) (what a single-buffer request
-    /// gives back on completion).
-    #[inline]
-    pub fn into_local(self) -> Option<crate::LocalBuffer> {
-        match self {
-            SgList::One(b) => b.into_local(),
-            _ => None,
-        }
-    }
-    /// Total bytes.
-    pub fn total_len(&self) -> u64 {
-        self.iter().map(|b| b.len() as u64).sum()
-    }
-    /// Whether every buffer is a [`FrozenBuffer`](crate::FrozenBuffer) (or
-    /// there is none): such requests may be unsignaled.
-    pub(crate) fn all_frozen(&self) -> bool {
-        self.iter().all(|b| matches!(b, Buf::Frozen(_)))
-    }
-}
 
 /// What a slot holds while its work request is outstanding (40 bytes: a
 /// slot stays at 56, pinned by a test). Nothing here is boxed: posting

@@ -59,7 +59,7 @@ pub fn unsupported(what: &str, err: &ibverbs::Error) {
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint,
+    AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalPort,
     ProtectionDomain, QpType, QueuePair, QueuePairBuilder,
 };
 
@@ -79,7 +79,16 @@ pub struct Pair {
 pub fn options(dev: &TestDevice, access: AccessFlags) -> ConnectOptions {
     ConnectOptions::new(dev.port)
         .gid_index(dev.gid_index)
-        .qp_access_flags(access)
+        .remote_access(access)
+}
+
+/// The endpoint of `qp` on the test port and GID (of `qp`'s own device
+/// context, which may be another than `dev.ctx`), sending from `psn`.
+pub fn endpoint(dev: &TestDevice, qp: &QueuePair, psn: u32) -> Endpoint {
+    LocalPort::query(qp.pd().context(), dev.port, Some(dev.gid_index))
+        .unwrap()
+        .endpoint(qp, psn)
+        .unwrap()
 }
 
 /// An RC (or UC) pair; `tune` adjusts both QPs' builders.
@@ -204,10 +213,10 @@ pub fn srq_with_limit(dev: &TestDevice) -> SrqWithLimit {
 /// Connects two RC/UC queue pairs of `dev` to each other.
 pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
     let opts = options(dev, access);
-    let ea = Endpoint::local(a, dev.port, Some(dev.gid_index), 0x1000).unwrap();
-    let eb = Endpoint::local(b, dev.port, Some(dev.gid_index), 0x2000).unwrap();
-    a.connect(ea.psn, &eb, &opts).unwrap();
-    b.connect(eb.psn, &ea, &opts).unwrap();
+    let ea = endpoint(dev, a, 0x1000);
+    let eb = endpoint(dev, b, 0x2000);
+    a.connect(&ea, &eb, &opts).unwrap();
+    b.connect(&eb, &ea, &opts).unwrap();
 }
 
 /// Polls `cq` until `n` completions arrived (10 s at most: then the test fails).
@@ -267,8 +276,8 @@ pub fn remote_all() -> AccessFlags {
 
 /// Connects an RC/UC queue pair to itself (rxe loopback).
 pub fn connect_self(dev: &TestDevice, qp: &QueuePair, access: AccessFlags) {
-    let me = Endpoint::local(qp, dev.port, Some(dev.gid_index), 0x3000).unwrap();
-    qp.connect(me.psn, &me, &options(dev, access)).unwrap();
+    let me = endpoint(dev, qp, 0x3000);
+    qp.connect(&me, &me, &options(dev, access)).unwrap();
 }
 
 /// Whether the device is SoftRoCE (rxe reports vendor id 0xffffff).

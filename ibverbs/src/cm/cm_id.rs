@@ -104,9 +104,7 @@ impl IdShared {
         let qp = pending
             .and_then(|w| w.upgrade())
             .map(|inner| QueuePair { inner })
-            .ok_or_else(|| {
-                Error::InvalidArgument("the queue pair of this connect was dropped".into())
-            })?;
+            .ok_or(Error::QueuePairDropped)?;
         // SAFETY: the caller's contract.
         unsafe { ready(id, &qp, None)? };
         // SAFETY: live id with a connect response pending.
@@ -159,7 +157,7 @@ unsafe fn move_qp_capped(
     if rc != 0 {
         return Err(Error::Verb {
             verb: "rdma_init_qp_attr",
-            source: std::io::Error::last_os_error(),
+            io: std::io::Error::last_os_error(),
         });
     }
     if let Some((responder, initiator)) = caps {
@@ -176,7 +174,7 @@ fn neg_errno(verb: &'static str, rc: i32) -> Result<()> {
     } else {
         Err(Error::Verb {
             verb,
-            source: std::io::Error::last_os_error(),
+            io: std::io::Error::last_os_error(),
         })
     }
 }
@@ -239,15 +237,23 @@ impl ConnParam {
 
     fn raw(&self, qp_num: u32, max_private: usize) -> Result<sys::rdma_conn_param> {
         if self.private_data.len() > max_private {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes of private data, at most {max_private} fit",
-                self.private_data.len()
-            )));
+            return Err(Error::OutOfRange {
+                what: "private data length",
+                value: self.private_data.len() as u64,
+                max: max_private as u64,
+            });
         }
-        if self.retry_count > 7 || self.rnr_retry_count > 7 {
-            return Err(Error::InvalidArgument(
-                "retry_count and rnr_retry_count are 3-bit values (0–7)".into(),
-            ));
+        for (what, v) in [
+            ("retry_count", self.retry_count),
+            ("rnr_retry_count", self.rnr_retry_count),
+        ] {
+            if v > 7 {
+                return Err(Error::OutOfRange {
+                    what,
+                    value: v.into(),
+                    max: 7,
+                });
+            }
         }
         Ok(sys::rdma_conn_param {
             private_data: if self.private_data.is_empty() {
@@ -376,7 +382,7 @@ impl CmId {
         neg_errno("rdma_create_id", rc)?;
         let id = NonNull::new(id).ok_or_else(|| Error::Verb {
             verb: "rdma_create_id",
-            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            io: std::io::Error::from_raw_os_error(libc::ENOMEM),
         })?;
         // SAFETY: a fresh id owned by nobody else.
         Ok(unsafe { CmId::adopt(id, channel.clone()) })
@@ -533,15 +539,13 @@ impl CmId {
         // SAFETY: live id.
         let verbs = unsafe { (*self.id()).verbs };
         if verbs.is_null() || qp.pd().context().as_ptr() != verbs {
-            return Err(Error::InvalidArgument(
-                "the queue pair must be created on this id's context (CmId::context)".into(),
-            ));
+            return Err(Error::ForeignContext { what: "queue pair" });
         }
         if qp.qp_type() != crate::QpType::Rc {
-            return Err(Error::InvalidArgument(format!(
-                "rdma_cm connections in the TCP port space are RC, not {:?}",
-                qp.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "an rdma_cm connection (TCP port space)",
+                qp_type: qp.qp_type(),
+            });
         }
         Ok(())
     }
@@ -577,8 +581,10 @@ impl CmId {
     /// establishes the connection and reports `Established`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] (QP of another context, not RC, private
-    /// data over 56 bytes); [`Error::Verb`] naming `rdma_init_qp_attr`,
+    /// [`Error::ForeignContext`] for a QP of another context,
+    /// [`Error::WrongQpType`] for one that is not RC, [`Error::OutOfRange`]
+    /// for private data over 56 bytes or a retry count over 7;
+    /// [`Error::Verb`] naming `rdma_init_qp_attr`,
     /// `ibv_modify_qp` or `rdma_connect`.
     ///
     /// # References
@@ -625,7 +631,7 @@ impl CmId {
     /// Rejects a connect request, with optional private data.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for more than 148 bytes;
+    /// [`Error::OutOfRange`] for more than 148 bytes;
     /// [`Error::Verb`] naming `rdma_reject`.
     ///
     /// # References
@@ -633,10 +639,11 @@ impl CmId {
     #[doc(alias = "rdma_reject")]
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         if private_data.len() > 148 {
-            return Err(Error::InvalidArgument(format!(
-                "{} bytes of reject private data, at most 148 fit",
-                private_data.len()
-            )));
+            return Err(Error::OutOfRange {
+                what: "reject private data length",
+                value: private_data.len() as u64,
+                max: 148,
+            });
         }
         // SAFETY: live request id; the data outlives the call.
         let rc = unsafe {

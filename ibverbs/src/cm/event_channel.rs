@@ -158,22 +158,25 @@ impl CmEvent {
     /// `Ok(self)` for `expected`, else an error naming what arrived.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`]-free: [`Error::Verb`] naming
-    /// `rdma_get_cm_event` with the event's status when it is an error event,
-    /// otherwise [`Error::Unsupported`] naming the unexpected event.
+    /// [`Error::Verb`] naming `rdma_get_cm_event` with the event's status
+    /// when it is an error event, otherwise [`Error::UnexpectedEvent`].
     pub fn expect(self, expected: CmEventType) -> Result<CmEvent> {
         if self.kind == expected {
             return Ok(self);
         }
         let errno = (-self.status).max(0);
-        let what = format!(
-            "expected {expected:?}, got {:?} (status {})",
-            self.kind, self.status
-        );
         if errno > 0 && errno < 4096 {
+            let what = format!(
+                "expected {expected:?}, got {:?} (status {})",
+                self.kind, self.status
+            );
             Err(Error::from_errno("rdma_get_cm_event", errno).with_hint(Some(what)))
         } else {
-            Err(Error::Unsupported(what))
+            Err(Error::UnexpectedEvent {
+                expected,
+                got: self.kind,
+                status: self.status,
+            })
         }
     }
 }
@@ -237,7 +240,7 @@ impl EventChannel {
                 if err.raw_os_error() != Some(libc::EINTR) {
                     return Err(Error::Verb {
                         verb: "poll",
-                        source: err,
+                        io: err,
                     });
                 }
             }
@@ -248,7 +251,7 @@ impl EventChannel {
         if rc != 0 {
             return Err(Error::Verb {
                 verb: "rdma_get_cm_event",
-                source: std::io::Error::last_os_error(),
+                io: std::io::Error::last_os_error(),
             });
         }
         // SAFETY: a valid event until acknowledged; copied out here.
@@ -320,9 +323,7 @@ impl EventChannel {
             result = match shared {
                 // SAFETY: `raw.id` is this IdShared's id, alive until the ack.
                 Some(s) => unsafe { s.finish_connect(raw.id) },
-                None => Err(Error::Unsupported(
-                    "connect response for an unknown id".into(),
-                )),
+                None => Err(Error::Unsupported("a connect response for an unknown id")),
             };
             event.kind = if result.is_ok() {
                 CmEventType::Established

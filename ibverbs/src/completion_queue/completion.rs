@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(out.free_start(), 2);
         hold(&mut out, &[5, 6]);
         assert_eq!(
-            out.iter().map(|w| w.raw_wr_id()).collect::<Vec<_>>(),
+            out.iter().map(|w| w.wr_id()).collect::<Vec<_>>(),
             [3, 4, 5, 6]
         );
         let order: Vec<u64> = out.drain().map(|c| c.wr_id()).collect();

@@ -8,7 +8,7 @@ use ibverbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
 use super::transition::*;
-use crate::error::{ret_errno, Error, Result};
+use crate::error::{ret_errno, Error, Result, TransitionReason};
 use crate::port::{device_enum, Mtu, PortNumber};
 use crate::{AccessFlags, AddressVector, QpCaps, QpNumber, QpType, QueuePair};
 
@@ -221,13 +221,15 @@ impl QpAttr {
     /// Rejects values wider than their wire encoding.
     fn check_values(&self) -> Result<()> {
         let a = &self.raw;
-        let bad = |what: &str, v: u32, bits: u32| {
-            Err(Error::InvalidArgument(format!(
-                "{what} {v:#x} does not fit in {bits} bits"
-            )))
+        let bad = |what: &'static str, v: u32, bits: u32| {
+            Err(Error::OutOfRange {
+                what,
+                value: v.into(),
+                max: (1u64 << bits) - 1,
+            })
         };
         let has = |bit: u32| self.mask & bit != 0;
-        let checks: [(u32, &str, u32, u32); 7] = [
+        let checks: [(u32, &'static str, u32, u32); 7] = [
             (RQ_PSN, "rq_psn", a.rq_psn, 24),
             (SQ_PSN, "sq_psn", a.sq_psn, 24),
             (DEST_QPN, "dest_qp_num", a.dest_qp_num, 24),
@@ -245,10 +247,7 @@ impl QpAttr {
             return bad("alt_timeout", a.alt_timeout.into(), 5);
         }
         if has(PATH_MTU) && matches!(Mtu::from_raw(a.path_mtu), Mtu::Unknown(_)) {
-            return Err(Error::InvalidArgument(format!(
-                "path_mtu {} is not an IBV_MTU_* value",
-                a.path_mtu
-            )));
+            return Err(Error::InvalidMtu { value: a.path_mtu });
         }
         if has(AV) {
             AddressVector::from_raw(a.ah_attr).check()?;
@@ -273,21 +272,20 @@ impl QpAttr {
         Err(Error::InvalidTransition {
             from: current,
             to: self.target(current),
-            reason: format!(
-                "cur_qp_state claims {claimed:?}, but the queue pair is in {current:?}"
-            ),
+            reason: TransitionReason::ClaimedState(claimed),
         })
     }
 
     /// Checks these attributes for a `qp_type` queue pair in state
     /// `current` (or in `cur_qp_state`, when set: [`QueuePair::modify`] first
     /// checks that claim against the state the device reports): field widths, then the
-    /// state transition table ([`check_qp_transition`]).
+    /// state transition table ([`QpState::check_transition`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a value wider than its field (PSNs
-    /// and QP numbers are 24 bits, `timeout` 5, `retry_cnt` 3 …), otherwise
-    /// as [`check_qp_transition`].
+    /// [`Error::OutOfRange`] for a value wider than its field (PSNs and QP
+    /// numbers are 24 bits, `timeout` 5, `retry_cnt` 3, the service level
+    /// 4, the flow label 20), [`Error::InvalidMtu`] for a `path_mtu` that
+    /// is no `IBV_MTU_*` value, otherwise as [`QpState::check_transition`].
     pub fn validate(&self, qp_type: QpType, current: QpState) -> Result<()> {
         self.check_values()?;
         let from = if self.mask & CUR_STATE != 0 {
@@ -295,7 +293,7 @@ impl QpAttr {
         } else {
             current
         };
-        check_qp_transition(qp_type, from, self.target(from), self.mask())
+        from.check_transition(self.target(from), qp_type, self.mask())
     }
 }
 
@@ -498,8 +496,9 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::InvalidTransition`] (illegal transition, missing or
-    /// forbidden attribute, a `cur_qp_state` that is not the state) and
-    /// [`Error::InvalidArgument`] (a value wider than its field) before
+    /// forbidden attribute, a `cur_qp_state` that is not the state),
+    /// [`Error::OutOfRange`] (a value wider than its field) and
+    /// [`Error::InvalidMtu`] before
     /// anything reaches the device, or once the device refused from a
     /// state it had moved to on its own;
     /// [`Error::Verb`] naming `ibv_query_qp` or `ibv_modify_qp` (the kernel

@@ -9,7 +9,7 @@ use crate::queue_pair::SendOps;
 use crate::queue_pair::{QpCaps, QpType, QueuePair};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
-/// Builder for a [`QueuePair`]: required parts in [`QueuePair::builder`],
+/// Builder for a [`QueuePair`]: required parts in [`ProtectionDomain::create_qp`],
 /// optional ones as setters named after the `ibv_qp_init_attr` fields.
 ///
 /// # References
@@ -89,8 +89,9 @@ impl<'a> QueuePairBuilder<'a> {
     /// CQ loses completions, and with them the buffers of their requests.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the CQs or SRQ belong to another
-    /// device or PD; [`Error::Unsupported`] for transport types this API
+    /// [`Error::ForeignContext`] when a CQ belongs to another device,
+    /// [`Error::ForeignProtectionDomain`] when the SRQ belongs to another
+    /// PD; [`Error::Unsupported`] for transport types this API
     /// does not drive; [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
     /// when a capacity exceeds the device's limits; the message names it);
     /// [`Error::CqTooSmall`] when a CQ cannot hold the queues reporting to
@@ -98,24 +99,23 @@ impl<'a> QueuePairBuilder<'a> {
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
         if !matches!(self.qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
-            return Err(Error::Unsupported(format!(
-                "queue pair type {:?} (RC, UC and UD are supported)",
-                self.qp_type
-            )));
+            return Err(Error::Unsupported(
+                "queue pair types other than RC, UC and UD",
+            ));
         }
         let ctx = &self.pd.inner.ctx.inner;
         for cq in [self.send_cq, self.recv_cq] {
             if !Arc::ptr_eq(&cq.context().inner, ctx) {
-                return Err(Error::InvalidArgument(
-                    "completion queue of another device context".into(),
-                ));
+                return Err(Error::ForeignContext {
+                    what: "completion queue",
+                });
             }
         }
         if let Some(srq) = self.srq {
             if !Arc::ptr_eq(&srq.pd().inner, &self.pd.inner) {
-                return Err(Error::InvalidArgument(
-                    "shared receive queue of another protection domain".into(),
-                ));
+                return Err(Error::ForeignProtectionDomain {
+                    what: "shared receive queue",
+                });
             }
         }
         let mut cap = self.cap;
@@ -174,7 +174,7 @@ impl<'a> QueuePairBuilder<'a> {
                 // SAFETY: just created, never shared.
                 unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
                 return Err(Error::Unsupported(
-                    "the provider returned no ibv_qp_ex for an extended queue pair".into(),
+                    "an extended queue pair without its ibv_qp_ex (ibv_qp_to_qp_ex returned NULL)",
                 ));
             }
             (qp, qpx.map(|q| (q, self.send_ops)), attr.cap)
@@ -225,17 +225,22 @@ impl QueuePairBuilder<'_> {
     }
 }
 
-impl QueuePair {
-    /// Starts building a queue pair of `qp_type` on `pd` with its send and
-    /// receive completion queues (which may be the same).
-    pub fn builder<'a>(
-        pd: &'a ProtectionDomain,
+impl ProtectionDomain {
+    /// Starts building a queue pair of `qp_type` on this PD with its send
+    /// and receive completion queues (which may be the same): options are
+    /// the builder's setters, and [`build`](QueuePairBuilder::build)
+    /// creates it.
+    ///
+    /// # References
+    /// `ibv_create_qp(3)`
+    pub fn create_qp<'a>(
+        &'a self,
         qp_type: QpType,
         send_cq: &'a CompletionQueue,
         recv_cq: &'a CompletionQueue,
     ) -> QueuePairBuilder<'a> {
         QueuePairBuilder {
-            pd,
+            pd: self,
             qp_type,
             send_cq,
             recv_cq,
@@ -250,17 +255,5 @@ impl QueuePair {
             sq_sig_all: false,
             send_ops: SendOps::empty(),
         }
-    }
-}
-
-impl ProtectionDomain {
-    /// Starts building a queue pair; see [`QueuePair::builder`].
-    pub fn create_qp<'a>(
-        &'a self,
-        qp_type: QpType,
-        send_cq: &'a CompletionQueue,
-        recv_cq: &'a CompletionQueue,
-    ) -> QueuePairBuilder<'a> {
-        QueuePair::builder(self, qp_type, send_cq, recv_cq)
     }
 }

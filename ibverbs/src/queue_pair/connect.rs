@@ -4,7 +4,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WireProblem};
 use crate::gid::{Gid, GidIndex};
 use crate::port::{Mtu, PortAttr, PortNumber};
 use crate::{AccessFlags, AddressVector, LocalPort, QpAttr, QpNumber, QpState, QpType, QueuePair};
@@ -12,11 +12,13 @@ use crate::{AccessFlags, AddressVector, LocalPort, QpAttr, QpNumber, QpState, Qp
 /// Largest 24-bit value (PSNs, QP numbers).
 const MAX_24: u32 = 0xFF_FFFF;
 
-pub(super) fn check_24(what: &str, v: u32) -> Result<()> {
+pub(super) fn check_24(what: &'static str, v: u32) -> Result<()> {
     if v > MAX_24 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {v:#x} does not fit in 24 bits"
-        )));
+        return Err(Error::OutOfRange {
+            what,
+            value: v.into(),
+            max: MAX_24.into(),
+        });
     }
     Ok(())
 }
@@ -24,6 +26,11 @@ pub(super) fn check_24(what: &str, v: u32) -> Result<()> {
 /// What two peers exchange to connect RC or UC queue pairs (or to address
 /// a UD one): the same fields as rdma-core's `ibv_rc_pingpong` (LID, QP
 /// number, PSN, GID).
+///
+/// [`LocalPort::endpoint`] makes this side's; send it with
+/// [`to_bytes`](Endpoint::to_bytes) and read the peer's with
+/// [`from_bytes`](Endpoint::from_bytes), then pass both to
+/// [`QueuePair::connect`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// The queue pair number.
@@ -38,30 +45,63 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// The local endpoint of `qp` on `port`: its QP number, the port's LID,
-    /// and the GID at `gid_index`. With `None`, a port that needs a GRH
-    /// (RoCE) uses [`Context::default_gid_index`], and InfiniBand sends
-    /// [`Gid::ZERO`] (LID-only addressing, as `ibv_rc_pingpong` without
-    /// `-g`). Give the peer's [`ConnectOptions::gid_index`] the same index.
-    ///
-    /// Queries the port and GID on every call: for many queue pairs, query
-    /// a [`LocalPort`] once and use [`LocalPort::endpoint`].
+    /// Bytes of the wire form ([`Endpoint::to_bytes`]).
+    pub const WIRE_LEN: usize = 27;
+
+    /// The wire form, for sending to the peer out of band: a version byte
+    /// (1), then the QP number (4 bytes), the PSN (4) and the LID (2), all
+    /// big-endian, then the GID's 16 bytes as they are (network order).
+    /// [`RemoteMemory::to_bytes`](crate::RemoteMemory::to_bytes) starts
+    /// with the same version byte.
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0; Self::WIRE_LEN];
+        b[0] = crate::error::WIRE_VERSION;
+        b[1..5].copy_from_slice(&self.qp_num.0.to_be_bytes());
+        b[5..9].copy_from_slice(&self.psn.to_be_bytes());
+        b[9..11].copy_from_slice(&self.lid.to_be_bytes());
+        b[11..].copy_from_slice(&self.gid.0);
+        b
+    }
+
+    /// Parses [`Endpoint::to_bytes`] from a peer, which is not trusted:
+    /// whatever it accepts is an endpoint [`to_bytes`](Self::to_bytes)
+    /// writes back byte for byte.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or, on a port
-    /// that needs a GRH, the GID entry is empty; [`Error::Verb`] naming
-    /// `ibv_query_port`, `ibv_query_gid` or `ibv_query_gid_table`.
+    /// [`Error::BadWireFormat`] with [`WireProblem::Version`] for a first
+    /// byte other than 1, [`WireProblem::Length`] for a message that is
+    /// not [`WIRE_LEN`](Self::WIRE_LEN) bytes long, and
+    /// [`WireProblem::OutOfRange`] for a QP number or PSN wider than 24
+    /// bits.
     ///
-    /// [`Context::default_gid_index`]: crate::Context::default_gid_index
-    #[doc(alias = "ibv_query_gid")]
-    pub fn local(
-        qp: &QueuePair,
-        port: PortNumber,
-        gid_index: Option<GidIndex>,
-        psn: u32,
-    ) -> Result<Endpoint> {
-        check_24("psn", psn)?;
-        LocalPort::query(qp.pd().context(), port, gid_index)?.endpoint(qp, psn)
+    /// [`WireProblem::Version`]: crate::WireProblem::Version
+    /// [`WireProblem::Length`]: crate::WireProblem::Length
+    /// [`WireProblem::OutOfRange`]: crate::WireProblem::OutOfRange
+    pub fn from_bytes(b: &[u8]) -> Result<Endpoint> {
+        const WHAT: &str = "Endpoint";
+        crate::error::check_wire(WHAT, b, Self::WIRE_LEN)?;
+        let be32 = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let (qp_num, psn) = (be32(1), be32(5));
+        for (field, value) in [("qp_num", qp_num), ("psn", psn)] {
+            if value > MAX_24 {
+                return Err(Error::BadWireFormat {
+                    what: WHAT,
+                    problem: WireProblem::OutOfRange {
+                        field,
+                        value: value.into(),
+                        max: MAX_24.into(),
+                    },
+                });
+            }
+        }
+        let mut gid = [0; 16];
+        gid.copy_from_slice(&b[11..]);
+        Ok(Endpoint {
+            qp_num: QpNumber(qp_num),
+            psn,
+            lid: u16::from_be_bytes([b[9], b[10]]),
+            gid: Gid(gid),
+        })
     }
 
     /// A random 24-bit starting PSN (as `ibv_rc_pingpong`'s
@@ -102,9 +142,8 @@ pub struct ConnectOptions {
     retry_cnt: u8,
     rnr_retry: u8,
     min_rnr_timer: u8,
-    max_rd_atomic: u8,
-    max_dest_rd_atomic: u8,
-    qp_access_flags: AccessFlags,
+    rd_atomic: u8,
+    remote_access: AccessFlags,
     pkey_index: u16,
     hop_limit: u8,
     traffic_class: u8,
@@ -125,9 +164,8 @@ impl ConnectOptions {
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 12,
-            max_rd_atomic: 1,
-            max_dest_rd_atomic: 1,
-            qp_access_flags: AccessFlags::LOCAL_WRITE,
+            rd_atomic: 1,
+            remote_access: AccessFlags::LOCAL_WRITE,
             pkey_index: 0,
             hop_limit: crate::address_handle::DEFAULT_HOP_LIMIT,
             traffic_class: 0,
@@ -148,8 +186,11 @@ impl ConnectOptions {
         self
     }
 
-    /// The local GID index for GRH addressing (default:
+    /// The GID index this side sends from (the source GID of its GRH;
+    /// default:
     /// [`Context::default_gid_index`](crate::Context::default_gid_index)).
+    /// Give it the index of the GID this side's [`Endpoint`] carries (the
+    /// peer sends to that one); [`local_port`](Self::local_port) sets it so.
     pub fn gid_index(mut self, index: GidIndex) -> Self {
         self.gid_index = Some(index);
         self
@@ -186,20 +227,39 @@ impl ConnectOptions {
         self.min_rnr_timer = timer;
         self
     }
-    /// Outstanding RDMA reads/atomics as initiator (default 1; RC).
-    pub fn max_rd_atomic(mut self, n: u8) -> Self {
-        self.max_rd_atomic = n;
+    /// RDMA reads and atomics outstanding at once, both ways (default 1;
+    /// RC): as initiator (`max_rd_atomic`, set on RTS) and as target
+    /// (`max_dest_rd_atomic`, set on RTR). Reads in flight from one side
+    /// are bounded by its initiator depth and by the peer's target depth,
+    /// so give both peers the same value. The device bounds them by
+    /// [`DeviceAttr::max_qp_init_rd_atom`] and
+    /// [`DeviceAttr::max_qp_rd_atom`]: take the smaller, a value above
+    /// either makes `ibv_modify_qp` fail. (Different values each way:
+    /// [`QpAttr::max_rd_atomic`] and [`QpAttr::max_dest_rd_atomic`] with
+    /// [`QueuePair::modify`].)
+    ///
+    /// [`DeviceAttr::max_qp_init_rd_atom`]: crate::DeviceAttr::max_qp_init_rd_atom
+    /// [`DeviceAttr::max_qp_rd_atom`]: crate::DeviceAttr::max_qp_rd_atom
+    pub fn rd_atomic(mut self, n: u8) -> Self {
+        self.rd_atomic = n;
         self
     }
-    /// Outstanding RDMA reads/atomics accepted as target (default 1; RC).
-    pub fn max_dest_rd_atomic(mut self, n: u8) -> Self {
-        self.max_dest_rd_atomic = n;
-        self
-    }
-    /// Remote access rights granted to the peer through this QP (default
-    /// [`AccessFlags::LOCAL_WRITE`] only).
-    pub fn qp_access_flags(mut self, access: AccessFlags) -> Self {
-        self.qp_access_flags = access;
+    /// What the peer may do to this side's memory through this queue pair
+    /// (`qp_access_flags`): [`AccessFlags::REMOTE_WRITE`] for its RDMA
+    /// writes (with immediate too), [`AccessFlags::REMOTE_READ`] for its
+    /// reads, [`AccessFlags::REMOTE_ATOMIC`] for its atomics. The memory
+    /// must grant the same right (its region or window): the device checks
+    /// both. Default: none of them ([`AccessFlags::LOCAL_WRITE`] only,
+    /// which a queue pair ignores).
+    ///
+    /// A right missing here fails the peer's request, not this side's: on
+    /// the peer it completes with
+    /// [`WcStatus::RemInvReqErr`](crate::WcStatus::RemInvReqErr) (rxe;
+    /// other devices may report
+    /// [`WcStatus::RemAccessErr`](crate::WcStatus::RemAccessErr)), and both
+    /// queue pairs end in ERR.
+    pub fn remote_access(mut self, access: AccessFlags) -> Self {
+        self.remote_access = access;
         self
     }
     /// P_Key index (default 0).
@@ -270,7 +330,7 @@ fn rtr_attr(
                 .dest_qp_num(remote.qp_num)
                 .rq_psn(remote.psn);
             if qp_type == QpType::Rc {
-                attr.max_dest_rd_atomic(opts.max_dest_rd_atomic)
+                attr.max_dest_rd_atomic(opts.rd_atomic)
                     .min_rnr_timer(opts.min_rnr_timer)
             } else {
                 attr
@@ -287,7 +347,7 @@ fn rts_attr(qp_type: QpType, sq_psn: u32, opts: &ConnectOptions) -> QpAttr {
         attr.timeout(opts.timeout)
             .retry_cnt(opts.retry_cnt)
             .rnr_retry(opts.rnr_retry)
-            .max_rd_atomic(opts.max_rd_atomic)
+            .max_rd_atomic(opts.rd_atomic)
     } else {
         attr
     }
@@ -357,11 +417,12 @@ impl QueuePair {
     /// RNR timer from `opts`. For UD only the state changes.
     ///
     /// # Errors
-    /// As [`QueuePair::modify`]; [`Error::InvalidArgument`] when `remote`
-    /// lacks what the link layer needs, the local GID index names an empty
-    /// slot, the path MTU is not an `IBV_MTU_*` value, or
-    /// [`ConnectOptions::local_port`] describes another device context's
-    /// port; [`Error::Verb`] naming `ibv_query_port`, `ibv_query_gid` or
+    /// As [`QueuePair::modify`]; [`Error::MissingRemoteAddress`] when
+    /// `remote` lacks what the link layer needs, [`Error::EmptyGid`] when
+    /// the local GID index names an empty slot, [`Error::InvalidMtu`] when
+    /// the path MTU is not an `IBV_MTU_*` value, [`Error::ForeignContext`]
+    /// when [`ConnectOptions::local_port`] describes another device
+    /// context's port; [`Error::Verb`] naming `ibv_query_port`, `ibv_query_gid` or
     /// `ibv_query_gid_table` (not asked with a [`LocalPort`] that holds
     /// them).
     #[doc(alias = "ibv_modify_qp")]
@@ -392,10 +453,7 @@ impl QueuePair {
             None => GidIndex(0),
         };
         if let Mtu::Unknown(v) = opts.path_mtu {
-            return Err(Error::InvalidArgument(format!(
-                "path_mtu {v} is not an IBV_MTU_* value (Mtu::from_bytes takes 256, 512, \
-                 1024, 2048 or 4096)"
-            )));
+            return Err(Error::InvalidMtu { value: v });
         }
         let av = opts.address_vector(&port_attr, remote, sgid_index)?;
         if av.is_global() {
@@ -404,12 +462,10 @@ impl QueuePair {
                 None => ctx.query_gid(opts.port, sgid_index)?,
             };
             if sgid.is_zero() {
-                return Err(Error::InvalidArgument(format!(
-                    "GID index {} of {} port {} is empty: nothing to send from",
-                    sgid_index.0,
-                    ctx.name(),
-                    opts.port
-                )));
+                return Err(Error::EmptyGid {
+                    port: opts.port,
+                    index: sgid_index,
+                });
             }
         }
         Ok(rtr_attr(qp_type, av, opts.mtu(&port_attr), remote, opts))
@@ -426,10 +482,12 @@ impl QueuePair {
     }
 
     /// Connects an RC or UC queue pair in RESET to `remote` in one call:
-    /// RESET→INIT (port, P_Key index, access rights) → RTR (path to
-    /// `remote`) → RTS (sending from `local_psn`), each step checked by
-    /// [`QueuePair::modify`]. `local_psn` must be the PSN this side sent to
-    /// the peer in its [`Endpoint`].
+    /// RESET→INIT (port, P_Key index, the rights of
+    /// [`ConnectOptions::remote_access`]) → RTR (path to `remote`) → RTS
+    /// (sending from `local.psn`), each step checked by
+    /// [`QueuePair::modify`]. `local` is the endpoint of this queue pair
+    /// that the peer was sent ([`LocalPort::endpoint`]); it must name this
+    /// queue pair.
     ///
     /// On error the QP stays in the state it reached; [`QueuePair::reset`]
     /// it before trying again.
@@ -440,11 +498,16 @@ impl QueuePair {
     /// [`QueuePair::modify`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a UD queue pair (use
-    /// [`QueuePair::activate_ud`]), a PSN or QP number wider than 24 bits,
-    /// a `remote` lacking what the link layer needs (a GID on RoCE, a LID
-    /// on InfiniBand), an empty local GID slot, an unknown path MTU, or a
-    /// [`LocalPort`] of another device context (all before the first step); [`Error::InvalidTransition`] when the
+    /// All before the first step: [`Error::NotThisQueuePair`] when `local`
+    /// names another queue pair, [`Error::WrongQpType`] for a UD queue
+    /// pair (use [`QueuePair::activate_ud`]), [`Error::OutOfRange`] for a
+    /// PSN or QP number wider than 24 bits (or another option wider than its
+    /// field), [`Error::MissingRemoteAddress`] for a `remote` lacking what
+    /// the link layer needs (a GID on RoCE, a LID on InfiniBand),
+    /// [`Error::EmptyGid`] for an empty local GID slot,
+    /// [`Error::InvalidMtu`] for an unknown path MTU,
+    /// [`Error::ForeignContext`] for a [`LocalPort`] of another device
+    /// context. Then [`Error::InvalidTransition`] when the
     /// QP is not in RESET; otherwise as [`QueuePair::modify`] and
     /// [`Context::query_port`](crate::Context::query_port).
     ///
@@ -453,23 +516,39 @@ impl QueuePair {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(qp: &ibverbs::QueuePair, port: ibverbs::PortNumber,
-    /// #         exchange: impl Fn(ibverbs::Endpoint) -> ibverbs::Endpoint) -> ibverbs::Result<()> {
-    /// use ibverbs::{ConnectOptions, Endpoint};
-    /// let psn = Endpoint::random_psn();
-    /// let local = Endpoint::local(qp, port, None, psn)?;
-    /// let remote = exchange(local); // out of band: TCP, a file …
-    /// qp.connect(psn, &remote, &ConnectOptions::new(port))?;
+    /// # fn demo(ctx: &ibverbs::Context, qp: &ibverbs::QueuePair, port: ibverbs::PortNumber,
+    /// #         exchange: impl Fn(&[u8]) -> Vec<u8>) -> ibverbs::Result<()> {
+    /// use ibverbs::{AccessFlags, ConnectOptions, Endpoint, LocalPort};
+    /// let local = LocalPort::query(ctx, port, None)?; // once per port
+    /// let me = local.endpoint(qp, Endpoint::random_psn())?;
+    /// // Out of band: TCP, a file …
+    /// let peer = Endpoint::from_bytes(&exchange(&me.to_bytes()))?;
+    /// let opts = ConnectOptions::new(port)
+    ///     .local_port(&local)
+    ///     .remote_access(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE);
+    /// qp.connect(&me, &peer, &opts)?;
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_modify_qp")]
-    pub fn connect(&self, local_psn: u32, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+    pub fn connect(
+        &self,
+        local: &Endpoint,
+        remote: &Endpoint,
+        opts: &ConnectOptions,
+    ) -> Result<()> {
         if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
-            return Err(Error::InvalidArgument(format!(
-                "connect is for RC and UC queue pairs, this one is {:?} (use activate_ud)",
-                self.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "connect",
+                qp_type: self.qp_type(),
+            });
         }
+        if local.qp_num != self.qp_num() {
+            return Err(Error::NotThisQueuePair {
+                qp_num: self.qp_num(),
+                endpoint: local.qp_num,
+            });
+        }
+        let local_psn = local.psn;
         check_24("local PSN", local_psn)?;
         check_24("remote PSN", remote.psn)?;
         check_24("remote QP number", remote.qp_num.0)?;
@@ -478,7 +557,7 @@ impl QueuePair {
         let rts = rts_attr(self.qp_type(), local_psn, opts);
         rtr.validate(self.qp_type(), QpState::Init)?;
         rts.validate(self.qp_type(), QpState::Rtr)?;
-        self.to_init(opts.port, opts.pkey_index, opts.qp_access_flags)?;
+        self.to_init(opts.port, opts.pkey_index, opts.remote_access)?;
         self.modify(&rtr)?;
         self.modify(&rts)
     }
@@ -488,18 +567,19 @@ impl QueuePair {
     /// given per send ([`SendRequest::ud`](crate::SendRequest::ud)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a QP that is not UD or a PSN wider
-    /// than 24 bits; otherwise as [`QueuePair::modify`].
+    /// [`Error::WrongQpType`] for a QP that is not UD,
+    /// [`Error::OutOfRange`] for a PSN wider than 24 bits; otherwise as
+    /// [`QueuePair::modify`].
     ///
     /// # References
     /// `ibv_modify_qp(3)`, `ibv_ud_pingpong(1)`
     #[doc(alias = "ibv_modify_qp")]
     pub fn activate_ud(&self, port: PortNumber, qkey: u32, psn: u32) -> Result<()> {
         if self.qp_type() != QpType::Ud {
-            return Err(Error::InvalidArgument(format!(
-                "activate_ud is for UD queue pairs, this one is {:?} (use connect)",
-                self.qp_type()
-            )));
+            return Err(Error::WrongQpType {
+                what: "activate_ud",
+                qp_type: self.qp_type(),
+            });
         }
         check_24("PSN", psn)?;
         self.to_init_ud(port, 0, qkey)?;
@@ -511,7 +591,6 @@ impl QueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check_qp_transition;
     use ibverbs_sys as sys;
     use sys::ibv_qp_attr_mask as M;
     use QpState as S;
@@ -544,11 +623,8 @@ mod tests {
         assert_eq!(o.port(), PortNumber(2));
         assert_eq!(o.path_mtu, Mtu::Mtu1024);
         assert_eq!((o.timeout, o.retry_cnt, o.rnr_retry), (14, 7, 7));
-        assert_eq!(
-            (o.min_rnr_timer, o.max_rd_atomic, o.max_dest_rd_atomic),
-            (12, 1, 1)
-        );
-        assert_eq!(o.qp_access_flags, AccessFlags::LOCAL_WRITE);
+        assert_eq!((o.min_rnr_timer, o.rd_atomic), (12, 1));
+        assert_eq!(o.remote_access, AccessFlags::LOCAL_WRITE);
         assert_eq!((o.sl, o.pkey_index, o.hop_limit), (0, 0, 64));
         assert_eq!(o.gid_index, None);
     }
@@ -607,10 +683,100 @@ mod tests {
             .unwrap();
         rts_attr(t, 7, &o).validate(t, QpState::Rtr).unwrap();
         let rts = rts_attr(QpType::Rc, 7, &o);
-        check_qp_transition(QpType::Rc, QpState::Rtr, QpState::Rts, rts.mask()).unwrap();
+        QpState::Rtr
+            .check_transition(QpState::Rts, QpType::Rc, rts.mask())
+            .unwrap();
         assert!(rts_attr(QpType::Rc, 1 << 24, &o)
             .validate(QpType::Rc, QpState::Rtr)
             .is_err());
+    }
+
+    fn wire_problem(r: Result<Endpoint>) -> WireProblem {
+        match r {
+            Err(Error::BadWireFormat {
+                what: "Endpoint",
+                problem,
+            }) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn endpoint_wire_form_round_trips() {
+        let e = remote();
+        let b = e.to_bytes();
+        assert_eq!(b.len(), Endpoint::WIRE_LEN);
+        let mut want = vec![1, 0, 0, 0, 0x42, 0, 0x12, 0x34, 0x56, 0, 9];
+        want.extend_from_slice(&e.gid.0);
+        assert_eq!(&b[..], &want[..], "version, big-endian numbers, the GID");
+        assert_eq!(Endpoint::from_bytes(&b).unwrap(), e);
+        // The extremes of every field.
+        for e in [
+            Endpoint {
+                qp_num: QpNumber(0),
+                psn: 0,
+                lid: 0,
+                gid: Gid::ZERO,
+            },
+            Endpoint {
+                qp_num: QpNumber(MAX_24),
+                psn: MAX_24,
+                lid: u16::MAX,
+                gid: Gid([0xff; 16]),
+            },
+        ] {
+            assert_eq!(Endpoint::from_bytes(&e.to_bytes()).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn endpoint_wire_form_is_checked() {
+        let b = remote().to_bytes();
+        let n = Endpoint::WIRE_LEN;
+        for len in [0, 1, n - 1] {
+            assert_eq!(
+                wire_problem(Endpoint::from_bytes(&b[..len])),
+                WireProblem::Length { len, expected: n }
+            );
+        }
+        let mut longer = b.to_vec();
+        longer.push(0);
+        assert_eq!(
+            wire_problem(Endpoint::from_bytes(&longer)),
+            WireProblem::Length {
+                len: n + 1,
+                expected: n
+            }
+        );
+        // An unknown version is named as such, whatever its length.
+        for v in [0, 2, 0xff] {
+            let mut other = longer.clone();
+            other[0] = v;
+            assert_eq!(
+                wire_problem(Endpoint::from_bytes(&other)),
+                WireProblem::Version {
+                    version: v,
+                    supported: 1
+                }
+            );
+        }
+        for (field, at) in [("qp_num", 1), ("psn", 5)] {
+            let mut wide = b;
+            wide[at] = 1; // bit 24
+            assert_eq!(
+                wire_problem(Endpoint::from_bytes(&wide)),
+                WireProblem::OutOfRange {
+                    field,
+                    value: u64::from(u32::from_be_bytes(wide[at..at + 4].try_into().unwrap())),
+                    max: 0xff_ffff
+                }
+            );
+        }
+        let e = Endpoint::from_bytes(&[2]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "malformed Endpoint message: version 2, this library reads version 1"
+        );
     }
 
     #[test]
@@ -652,7 +818,14 @@ mod tests {
         assert!(format!("{a:?}").contains("IBV_QP_DEST_QPN"));
         // Field widths.
         let wide = a.rq_psn(1 << 24).validate(RC, S::Init);
-        assert!(matches!(wide, Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            wide,
+            Err(Error::OutOfRange {
+                what: "rq_psn",
+                value: 0x100_0000,
+                max: 0xFF_FFFF
+            })
+        ));
         let rts = QpAttr::new().qp_state(S::Rts).sq_psn(0).timeout(14);
         let rts = rts.retry_cnt(7).rnr_retry(7).max_rd_atomic(1);
         rts.validate(RC, S::Rtr).unwrap();

@@ -12,13 +12,15 @@ use crate::{Context, Endpoint, QueuePair};
 /// The facts of a local port that connecting a queue pair needs: its
 /// attributes (link layer, LID, active MTU) and the GID it sends from.
 ///
-/// [`Endpoint::local`] and [`QueuePair::connect`] query them on every call
-/// (`ibv_query_port`, `ibv_query_gid`, and the GID table when no index is
-/// given). A program connecting many queue pairs queries them once, as a C
-/// program does, and passes them to [`LocalPort::endpoint`] and
-/// [`ConnectOptions::local_port`](crate::ConnectOptions::local_port),
-/// which make no system call: connecting then costs the three
-/// `ibv_modify_qp` calls and nothing else.
+/// Queried once, as a C program does, and used for every queue pair on
+/// the port: [`LocalPort::endpoint`] makes each one's [`Endpoint`] (the
+/// only way to make this side's), and
+/// [`ConnectOptions::local_port`](crate::ConnectOptions::local_port) hands
+/// the same facts to [`QueuePair::connect`], so that it sends from the GID
+/// the endpoint carries and makes no system call but its three
+/// `ibv_modify_qp`. (Without it, `connect` queries the port and GID on
+/// every call: `ibv_query_port`, `ibv_query_gid`, and the GID table when
+/// no index is given.)
 ///
 /// A snapshot: a port's attributes and GIDs can change (the link goes
 /// down, an address is removed). Query again after such an event
@@ -42,13 +44,19 @@ impl LocalPort {
     /// Queries `port` of `ctx` and the GID at `gid_index`. With `None`, a
     /// port that needs a GRH (RoCE) uses
     /// [`Context::default_gid_index`], and InfiniBand addresses by LID
-    /// only ([`Gid::ZERO`], as `ibv_rc_pingpong` without `-g`). Give the
-    /// peer's [`ConnectOptions::gid_index`](crate::ConnectOptions::gid_index)
-    /// the same index.
+    /// only ([`Gid::ZERO`], as `ibv_rc_pingpong` without `-g`).
+    ///
+    /// The index is this side's: the endpoints made here carry its GID, so
+    /// the peer sends to it, and this side must send from it too. Pass this
+    /// `LocalPort` to this side's
+    /// [`ConnectOptions::local_port`](crate::ConnectOptions::local_port)
+    /// (or give this side's
+    /// [`ConnectOptions::gid_index`](crate::ConnectOptions::gid_index) the
+    /// same index). The peer chooses its own index for its own GID.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the port needs a GRH and the GID
-    /// entry is empty; [`Error::Verb`] naming `ibv_query_port`,
+    /// [`Error::EmptyGid`] when the port needs a GRH and the GID entry is
+    /// empty; [`Error::Verb`] naming `ibv_query_port`,
     /// `ibv_query_gid` or `ibv_query_gid_table`.
     #[doc(alias = "ibv_query_port")]
     #[doc(alias = "ibv_query_gid")]
@@ -68,10 +76,10 @@ impl LocalPort {
             None => Gid::ZERO,
         };
         if attr.grh_required() && gid.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "GID index {} of port {port} is empty; RoCE needs a GID",
-                gid_index.map_or(0, |i| i.0)
-            )));
+            return Err(Error::EmptyGid {
+                port,
+                index: gid_index.unwrap_or(GidIndex(0)),
+            });
         }
         Ok(LocalPort {
             ctx: ctx.clone(),
@@ -81,12 +89,15 @@ impl LocalPort {
         })
     }
 
-    /// The endpoint of `qp` on this port, for the peer: its QP number,
-    /// `psn`, the port's LID and the GID. No system call.
+    /// The endpoint of `qp` on this port, for the peer and for `qp`'s own
+    /// [`QueuePair::connect`]: its QP number, `psn` (the first PSN `qp`
+    /// will send, e.g. [`Endpoint::random_psn`]), the port's LID and the
+    /// GID. No system call.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `psn` exceeds 24 bits or `qp` was
-    /// created on another device context.
+    /// [`Error::OutOfRange`] when `psn` exceeds 24 bits,
+    /// [`Error::ForeignContext`] when `qp` was created on another device
+    /// context.
     pub fn endpoint(&self, qp: &QueuePair, psn: u32) -> Result<Endpoint> {
         check_24("psn", psn)?;
         self.check_context(qp)?;
@@ -130,12 +141,7 @@ impl LocalPort {
         if Arc::ptr_eq(&self.ctx.inner, &qp.pd().context().inner) {
             return Ok(());
         }
-        Err(Error::InvalidArgument(format!(
-            "the LocalPort describes port {} of {}, the queue pair is on {}",
-            self.port(),
-            self.ctx.name(),
-            qp.pd().context().name()
-        )))
+        Err(Error::ForeignContext { what: "LocalPort" })
     }
 }
 

@@ -30,9 +30,9 @@ mod work;
 pub(crate) use post::{check_bufs, RecvScratch, SendScratch};
 pub(crate) use recv::post_recv_common;
 
-pub use attr::*;
-pub use builder::*;
-pub use connect::*;
+pub use attr::{PathMigState, QpAttr, QpAttrView, QpState};
+pub use builder::QueuePairBuilder;
+pub use connect::{ConnectOptions, Endpoint};
 pub use local_port::LocalPort;
 pub use post_ex::SendOps;
 #[cfg(ibverbs_flush)]
@@ -40,8 +40,8 @@ pub use post_ex::{FlushLevel, FlushType};
 pub use prepared_recv::PreparedRecv;
 pub use prepared_send::PreparedSend;
 pub(crate) use prepared_send::{claim_prepared, is_prepared};
-pub use request::*;
-pub use transition::check_qp_transition;
+pub use request::{PostError, RecvRequest, SendOp, SendOption, SendRequest};
+pub(crate) use transition::mask_names;
 pub(crate) use work::Token;
 pub use work::{RecvWork, SendWork};
 

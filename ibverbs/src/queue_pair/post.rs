@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::options::{check_options, Asked};
-use super::request::{Op, SendRequest};
+use super::request::{Op, SendOp, SendRequest};
 use super::work::{SendWork, Token};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
@@ -98,7 +98,7 @@ pub(crate) fn check_bufs(
     pd: &crate::ProtectionDomain,
     device_writes: bool,
     max_sge: u32,
-    what: &str,
+    what: &'static str,
 ) -> Result<()> {
     match sg {
         SgList::Empty => Ok(()),
@@ -106,10 +106,10 @@ pub(crate) fn check_bufs(
         SgList::One(b) if max_sge >= 1 => check_buf(b, pd, device_writes, what),
         _ => {
             if sg.len() > max_sge as usize {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} has {} scatter/gather entries, the queue allows {max_sge}",
-                    sg.len()
-                )));
+                return Err(Error::TooManySges {
+                    got: sg.len(),
+                    max: max_sge,
+                });
             }
             sg.iter()
                 .try_for_each(|b| check_buf(b, pd, device_writes, what))
@@ -119,26 +119,46 @@ pub(crate) fn check_bufs(
 
 /// One buffer of [`check_bufs`].
 #[inline]
-fn check_buf(b: &Buf, pd: &crate::ProtectionDomain, device_writes: bool, what: &str) -> Result<()> {
+fn check_buf(
+    b: &Buf,
+    pd: &crate::ProtectionDomain,
+    device_writes: bool,
+    what: &'static str,
+) -> Result<()> {
     let region = b.region();
     if !Arc::ptr_eq(&region.mr.pd.inner, &pd.inner) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: buffer registered in another protection domain"
-        )));
+        return Err(Error::ForeignProtectionDomain { what: "buffer" });
     }
     if device_writes {
         if matches!(b, Buf::Frozen(_)) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: the device would write a frozen (shared read-only) buffer"
-            )));
+            return Err(Error::FrozenBuffer { op: what });
         }
         if !region.mr.access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: the device would write a buffer registered without LOCAL_WRITE"
-            )));
+            return Err(Error::MissingAccess {
+                what: "a buffer the device writes",
+                needed: AccessFlags::LOCAL_WRITE,
+            });
         }
     }
     crate::buffer::sge_length(region.len()).map(drop)
+}
+
+/// The remote word of an atomic operation: 8 bytes, 8-byte aligned.
+fn check_atomic_target(remote: &crate::RemoteMemory) -> Result<()> {
+    if remote.addr % 8 != 0 {
+        return Err(Error::Misaligned {
+            addr: remote.addr,
+            align: 8,
+        });
+    }
+    if remote.len < 8 {
+        return Err(Error::OutOfBounds {
+            offset: 0,
+            len: 8,
+            size: remote.len,
+        });
+    }
+    Ok(())
 }
 
 /// How many requests of the `n`-long chain at `base` the provider took:
@@ -274,33 +294,26 @@ impl QueuePair {
         #[cfg(ibverbs_flush)]
         if let Op::Flush { .. } = &r.op {
             if !extended {
-                return Err(Error::Unsupported(
-                    "flush needs a queue pair created with \
-                     QueuePairBuilder::send_ops(SendOps::FLUSH) (ibv_wr_flush)"
-                        .into(),
-                ));
+                return Err(Error::SendOpsRequired {
+                    op: SendOp::Flush,
+                    needed: crate::SendOps::FLUSH,
+                });
             }
         }
         if let Op::AtomicWrite { remote, .. } = &r.op {
             if !extended {
-                return Err(Error::Unsupported(
-                    "atomic write needs a queue pair created with \
-                     QueuePairBuilder::send_ops(SendOps::ATOMIC_WRITE) (ibv_wr_atomic_write)"
-                        .into(),
-                ));
+                return Err(Error::SendOpsRequired {
+                    op: SendOp::AtomicWrite,
+                    needed: crate::SendOps::ATOMIC_WRITE,
+                });
             }
-            if remote.addr % 8 != 0 || remote.len < 8 {
-                return Err(Error::InvalidArgument(format!(
-                    "atomic write target {:#x} (len {}) is not an 8-byte-aligned 8-byte word",
-                    remote.addr, remote.len
-                )));
-            }
+            check_atomic_target(remote)?;
         }
         if let Some(ud) = &r.ud {
             if !Arc::ptr_eq(&ud.ah.pd().inner, &self.inner.pd.inner) {
-                return Err(Error::InvalidArgument(
-                    "address handle from another protection domain".into(),
-                ));
+                return Err(Error::ForeignProtectionDomain {
+                    what: "address handle",
+                });
             }
             // A UD message is one packet: a longer one is silently dropped
             // with a successful completion (IBA C10-93.1.1; rxe does so).
@@ -309,11 +322,7 @@ impl QueuePair {
                 .map_or_else(|| r.sg.total_len(), |d| d.len() as u64);
             let mtu = ud.ah.port_mtu();
             if mtu != 0 && len > u64::from(mtu) {
-                return Err(Error::InvalidArgument(format!(
-                    "a {len}-byte UD message exceeds the {mtu}-byte active MTU of port {}: \
-                     the device would drop it without an error (IBA C10-93.1.1)",
-                    ud.ah.address_vector().port()
-                )));
+                return Err(Error::UdMessageTooLong { len, mtu });
             }
         }
         let inline_len = match r.inline {
@@ -340,21 +349,21 @@ impl QueuePair {
         )?;
         if let Op::CompareSwap { remote, .. } | Op::FetchAdd { remote, .. } = &r.op {
             let mut bufs = r.sg.iter();
-            let ok = match (bufs.next(), bufs.next()) {
-                (Some(b), None) => b.len() == 8 && b.region().addr() % 8 == 0,
-                _ => false,
-            };
-            if !ok {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} needs exactly one 8-byte, 8-byte-aligned result buffer"
-                )));
+            match (bufs.next(), bufs.next()) {
+                (Some(b), None) if b.len() == 8 => {
+                    let addr = b.region().addr();
+                    if addr % 8 != 0 {
+                        return Err(Error::Misaligned { addr, align: 8 });
+                    }
+                }
+                _ => {
+                    return Err(Error::AtomicResultBuffer {
+                        buffers: r.sg.len(),
+                        len: r.sg.total_len(),
+                    })
+                }
             }
-            if remote.addr % 8 != 0 || remote.len < 8 {
-                return Err(Error::InvalidArgument(format!(
-                    "{what} target {:#x} (len {}) is not an 8-byte-aligned 8-byte word",
-                    remote.addr, remote.len
-                )));
-            }
+            check_atomic_target(remote)?;
         }
         Ok(())
     }
@@ -372,15 +381,24 @@ impl QueuePair {
     /// [`post_send_raw`](Self::post_send_raw).
     ///
     /// # Errors
-    /// A refused [`SendRequest`] comes back whole in a [`PostError`]; a
+    /// A refused [`SendRequest`] comes back whole in a [`PostError`](crate::PostError); a
     /// chain keeps the requests not posted in its `Vec` and returns the
     /// [`Error`]. Checked before anything is posted (a failed check posts
-    /// nothing): QP type and request options, SGE count, inline size,
-    /// atomic alignment, PD, unsignaled exclusive buffers, a UD message
-    /// longer than the port's active MTU, an operation the queue pair was
-    /// not created for ([`Error::Unsupported`]), [`Error::QueueFull`], a
-    /// queue pair in RESET, INIT or RTR ([`Error::Verb`] with `EINVAL`,
-    /// refused before reaching the provider). The provider's refusal is
+    /// nothing): QP type and request options ([`Error::OpNotAvailable`],
+    /// [`Error::OptionNotAllowed`], [`Error::OptionRequired`]),
+    /// [`Error::TooManySges`], [`Error::InlineTooLarge`], atomic operands
+    /// ([`Error::Misaligned`], [`Error::OutOfBounds`] for a remote range
+    /// shorter than the 8-byte word, [`Error::AtomicResultBuffer`]), a
+    /// buffer or address handle of another PD
+    /// ([`Error::ForeignProtectionDomain`]), a buffer the device would
+    /// write that is frozen ([`Error::FrozenBuffer`]) or lacks
+    /// `LOCAL_WRITE` ([`Error::MissingAccess`]),
+    /// [`Error::UnsignaledExclusive`], [`Error::UdMessageTooLong`], an
+    /// operation the queue pair was not created for
+    /// ([`Error::SendOpsRequired`]), a buffer longer than an SGE describes
+    /// ([`Error::OutOfRange`]), [`Error::QueueFull`], a queue pair in
+    /// RESET, INIT or RTR ([`Error::NotReadyToSend`], refused before
+    /// reaching the provider). The provider's refusal is
     /// [`Error::Verb`] naming `ibv_post_send` or `ibv_wr_complete`.
     ///
     /// # References
@@ -477,7 +495,7 @@ impl QueuePair {
         let table = &self.inner.send;
         let mut st = table.lock();
         // Refused here, not by the provider: see post_send_slice.
-        self.check_sendable("ibv_post_send")?;
+        self.check_sendable()?;
         table.check_room(&st, 1)?;
         // Doorbell first, bookkeeping after: the request goes out under
         // the slot's future tag and its buffers move into the slot once the
@@ -524,7 +542,7 @@ impl QueuePair {
         // request into the send queue before finding the QP not ready, then
         // execute it once the QP reaches RTS, long after its buffers were
         // handed back with this error.
-        if let Err(e) = self.check_sendable("ibv_post_send") {
+        if let Err(e) = self.check_sendable() {
             return (0, Err(e));
         }
         if let Err(e) = table.check_room(&st, wrs.len()) {
@@ -643,7 +661,7 @@ pub(super) unsafe fn write_send_wr(
         #[cfg(ibverbs_flush)]
         (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
     };
-    // SAFETY (every write below): `wr` is valid for writes (the caller's
+    // SAFETY: for every write below, `wr` is valid for writes (the caller's
     // contract); fields and union members are written, never read.
     unsafe {
         addr_of_mut!((*wr).wr_id).write(wr_id);

@@ -117,10 +117,12 @@ macro_rules! op {
     ($qpx:expr, $field:ident, $what:expr) => {
         // SAFETY: live extended QP; reading a function pointer field.
         unsafe { (*$qpx).$field }.ok_or_else(|| {
-            Error::Unsupported(format!(
-                "the provider does not implement {} (ibv_qp_ex::{} is NULL)",
+            Error::Unsupported(concat!(
+                "the provider does not implement ",
                 $what,
-                stringify!($field)
+                " (ibv_qp_ex::",
+                stringify!($field),
+                " is NULL)"
             ))
         })?
     };
@@ -141,9 +143,7 @@ impl QueuePair {
     pub(super) fn post_send_ex_slice(&self, wrs: &mut [SendRequest<'_>]) -> Result<()> {
         let Some((qpx, ops)) = self.inner.qpx else {
             return Err(Error::Unsupported(
-                "the ibv_wr_* path needs a queue pair created with \
-                 QueuePairBuilder::send_ops (ibv_create_qp_ex)"
-                    .into(),
+                "the ibv_wr_* path on a queue pair created without send_ops",
             ));
         };
         if wrs.is_empty() {
@@ -156,19 +156,19 @@ impl QueuePair {
                 && r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0
                 && r.sg.len() > 1
             {
-                return Err(Error::InvalidArgument(
-                    "a queue pair created with SendOps inlines one buffer per request \
-                     (or use inline data)"
-                        .into(),
-                ));
+                // Inlined buffers go through ibv_wr_set_inline_data: one
+                // per request (or use inline data).
+                return Err(Error::TooManySges {
+                    got: r.sg.len(),
+                    max: 1,
+                });
             }
             let need = needed(r);
             if !ops.contains(need) {
-                return Err(Error::Unsupported(format!(
-                    "{} needs SendOps::{:?}, this queue pair was created with {ops:?}",
-                    r.op.name(),
-                    need
-                )));
+                return Err(Error::SendOpsRequired {
+                    op: r.op.kind(),
+                    needed: need,
+                });
             }
         }
         let start = op!(qpx, wr_start, "ibv_wr_start");
@@ -176,7 +176,7 @@ impl QueuePair {
         let abort = op!(qpx, wr_abort, "ibv_wr_abort");
         let table = &self.inner.send;
         let mut st = table.lock();
-        self.check_sendable("ibv_wr_complete")?;
+        self.check_sendable()?;
         table.check_room(&st, wrs.len())?;
         let n = wrs.len();
         let sig_all = self.inner.sq_sig_all;

@@ -73,11 +73,10 @@ impl Target {
 /// ```no_run
 /// # use ibverbs::*;
 /// # fn demo(qp: &QueuePair, cq: &CompletionQueue, bufs: Vec<LocalBuffer>) -> Result<()> {
-/// let mut recvs = bufs
-///     .into_iter()
-///     .enumerate()
-///     .map(|(i, b)| qp.prepare_recv(RecvRequest::new(b).wr_id(i as u64)).map_err(|e| e.error))
-///     .collect::<Result<Vec<_>>>()?;
+/// let mut recvs = Vec::new();
+/// for (i, b) in bufs.into_iter().enumerate() {
+///     recvs.push(qp.prepare_recv(RecvRequest::new(b).wr_id(i as u64))?);
+/// }
 /// for r in &mut recvs {
 ///     r.post()?;
 /// }
@@ -99,7 +98,7 @@ impl Target {
 /// ```compile_fail
 /// # use ibverbs::*;
 /// # fn demo(qp: &QueuePair, buf: LocalBuffer) -> Result<()> {
-/// let mut recv = qp.prepare_recv(RecvRequest::new(buf)).map_err(|e| e.error)?;
+/// let mut recv = qp.prepare_recv(RecvRequest::new(buf))?;
 /// let bytes = recv.bytes(0).unwrap();
 /// recv.post()?;          // a peer's message may land under `bytes`
 /// println!("{}", bytes[0]);
@@ -133,19 +132,18 @@ impl QueuePair {
     ///
     /// # Errors
     /// As [`post_recv`](Self::post_recv)'s checks (the request comes back
-    /// in the [`PostError`]): [`Error::InvalidArgument`] when the queue
-    /// pair receives through a shared receive queue (prepare there), for
-    /// too many SGEs, a buffer of another protection domain, or one the
-    /// device may not write.
+    /// in the [`PostError`]): [`Error::ReceivesThroughSrq`] when the queue
+    /// pair receives through a shared receive queue (prepare there),
+    /// [`Error::TooManySges`], [`Error::ForeignProtectionDomain`] for a
+    /// buffer of another protection domain, [`Error::FrozenBuffer`] or
+    /// [`Error::MissingAccess`] for one the device may not write.
     ///
     /// # References
     /// `ibv_post_recv(3)`
     #[doc(alias = "ibv_post_recv")]
     pub fn prepare_recv(&self, wr: RecvRequest) -> Result<PreparedRecv, PostError<RecvRequest>> {
         if self.inner.recv.is_none() {
-            let error = Error::InvalidArgument(
-                "this queue pair receives through its shared receive queue: prepare there".into(),
-            );
+            let error = Error::ReceivesThroughSrq;
             return Err(PostError { error, request: wr });
         }
         let max_sge = self.inner.caps.max_recv_sge;

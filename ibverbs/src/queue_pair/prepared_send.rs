@@ -61,7 +61,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::post::{c_send_wr, fill_sges};
-use super::request::{PostError, SendRequest};
+use super::request::{PostError, SendOp, SendRequest};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
 use crate::queue_pair::epoch::Seen;
@@ -333,7 +333,7 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// ```no_run
 /// # use ibverbs::*;
 /// # fn demo(qp: &QueuePair, cq: &CompletionQueue, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-/// let mut read = qp.prepare_send(SendRequest::read(buf, remote).wr_id(7)).map_err(|e| e.error)?;
+/// let mut read = qp.prepare_send(SendRequest::read(buf, remote).wr_id(7))?;
 /// for _ in 0..1000 {
 ///     read.post()?;
 ///     let c = loop {
@@ -350,7 +350,7 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// ```compile_fail
 /// # use ibverbs::*;
 /// # fn demo(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-/// let mut read = qp.prepare_send(SendRequest::read(buf, remote)).map_err(|e| e.error)?;
+/// let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
 /// let bytes = read.bytes_mut(0).unwrap();
 /// read.post()?;          // the device may write what `bytes` borrows
 /// bytes[0] = 1;
@@ -360,7 +360,7 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// ```compile_fail
 /// # use ibverbs::*;
 /// # fn demo(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-/// let mut read = qp.prepare_send(SendRequest::read(buf, remote)).map_err(|e| e.error)?;
+/// let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
 /// let bytes = read.bytes(0).unwrap();
 /// read.post()?;          // a read Rust sees change under it
 /// println!("{}", bytes[0]);
@@ -400,7 +400,7 @@ impl QueuePair {
     ///
     /// # Errors
     /// The checks of [`post_send`](Self::post_send) (the request comes
-    /// back in the [`PostError`]); [`Error::InvalidArgument`] for an
+    /// back in the [`PostError`]); [`Error::PreparedUnsignaled`] for an
     /// unsignaled request on a queue pair that does not signal every
     /// request.
     ///
@@ -414,9 +414,7 @@ impl QueuePair {
         mut wr: SendRequest<'a>,
     ) -> Result<PreparedSend, PostError<SendRequest<'a>>> {
         let checked = if !wr.is_signaled() && !self.inner.sq_sig_all {
-            Err(Error::InvalidArgument(
-                "a prepared request must be signaled: its completion gives the buffers back".into(),
-            ))
+            Err(Error::PreparedUnsignaled)
         } else {
             self.check_send(&wr, false)
         };
@@ -498,7 +496,7 @@ impl PreparedSend {
     #[inline(never)]
     fn post_locked(&mut self) -> Result<()> {
         let _st = self.qp.inner.send.lock();
-        self.qp.check_sendable("ibv_post_send")?;
+        self.qp.check_sendable()?;
         let (posting, rc) = ring(&self.qp, &mut self.wr, &mut self.postings);
         if rc != 0 {
             // No completion will carry the posting's count.
@@ -531,14 +529,14 @@ impl PreparedSend {
     /// that follow (each posting copies the request).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the request is not a
+    /// [`Error::WrongOperation`] when the request is not a
     /// compare-and-swap.
     #[inline]
     pub fn set_compare_swap(&mut self, compare: u64, swap: u64) -> Result<()> {
         if self.wr.opcode != sys::IBV_WR_ATOMIC_CMP_AND_SWP {
-            return Err(Error::InvalidArgument(
-                "set_compare_swap on a request that is not a compare-and-swap".into(),
-            ));
+            return Err(Error::WrongOperation {
+                expected: SendOp::CompareAndSwap,
+            });
         }
         // Writes to the union member an atomic request uses (safe: Copy
         // integer fields).
@@ -551,13 +549,13 @@ impl PreparedSend {
     /// follow.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the request is not a fetch-and-add.
+    /// [`Error::WrongOperation`] when the request is not a fetch-and-add.
     #[inline]
     pub fn set_add(&mut self, add: u64) -> Result<()> {
         if self.wr.opcode != sys::IBV_WR_ATOMIC_FETCH_AND_ADD {
-            return Err(Error::InvalidArgument(
-                "set_add on a request that is not a fetch-and-add".into(),
-            ));
+            return Err(Error::WrongOperation {
+                expected: SendOp::FetchAndAdd,
+            });
         }
         self.wr.wr.atomic.compare_add = add;
         Ok(())

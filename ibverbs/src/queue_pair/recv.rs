@@ -21,8 +21,11 @@ impl QueuePair {
     /// # Errors
     /// A refused [`RecvRequest`] comes back whole in a
     /// [`PostError`](crate::PostError); a chain keeps the requests not
-    /// posted in its `Vec`. Checked first: the QP receives through an SRQ,
-    /// SGE count, PD, a frozen or read-only buffer;
+    /// posted in its `Vec`. Checked first: [`Error::ReceivesThroughSrq`],
+    /// [`Error::TooManySges`], [`Error::ForeignProtectionDomain`],
+    /// [`Error::FrozenBuffer`], [`Error::MissingAccess`] (a buffer without
+    /// `LOCAL_WRITE`), [`Error::OutOfRange`] (a buffer longer than an SGE
+    /// describes);
     /// [`Error::QueuePairInError`], [`Error::QueueFull`], or
     /// [`Error::Verb`] naming `ibv_post_recv`.
     ///
@@ -36,12 +39,7 @@ impl QueuePair {
 
     pub(super) fn post_recv_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
         let Some(table) = &self.inner.recv else {
-            return (
-                0,
-                Err(Error::InvalidArgument(
-                    "this queue pair receives through its shared receive queue: post there".into(),
-                )),
-            );
+            return (0, Err(Error::ReceivesThroughSrq));
         };
         for r in wrs.iter() {
             if let Err(e) = check_bufs(

@@ -402,6 +402,22 @@ impl RecvRequest {
             dispatched: false,
         }
     }
+    /// A receive without a buffer (`num_sge` 0): what an RDMA write with
+    /// immediate data consumes at the target (its bytes land in the
+    /// memory the write names, the immediate in the completion), or a
+    /// zero-length send. A message with a payload finds no room in it:
+    /// the receive and the send complete with errors (rxe reports
+    /// [`LocQpOpErr`](crate::WcStatus::LocQpOpErr) at the receiver,
+    /// [`RemOpErr`](crate::WcStatus::RemOpErr) at the sender) and both
+    /// queue pairs move to ERR.
+    #[inline]
+    pub fn empty() -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::Empty,
+            dispatched: false,
+        }
+    }
     /// Receive scattering over several buffers (none may be frozen).
     pub fn sgl(bufs: Vec<Buf>) -> Self {
         RecvRequest {
@@ -424,18 +440,90 @@ impl RecvRequest {
 }
 
 /// A request the device did not take, handed back with the reason.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
+///
+/// Its Display is the reason's, and its [`source`](std::error::Error::source)
+/// the reason's source: the cause is printed once. `?` turns it into an
+/// [`Error`] or an [`io::Error`](std::io::Error) (dropping the request,
+/// and with it its buffers), or, through the standard library's
+/// conversion, into a `Box<dyn std::error::Error + Send + Sync + 'a>` that
+/// keeps it. That box is `'static` (the plain `Box<dyn Error>`) only when
+/// the request is: a [`SendRequest<'a>`] that borrows inline bytes or an
+/// address handle cannot outlive them, so convert it into an [`Error`]
+/// first (`.map_err(ibverbs::Error::from)?`) or return
+/// [`ibverbs::Result`](crate::Result).
+#[derive(Debug)]
 pub struct PostError<R> {
     /// Why.
-    #[source]
     pub error: Error,
     /// The request, buffers included.
     pub request: R,
 }
 
+impl<R> std::fmt::Display for PostError<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<R: std::fmt::Debug> std::error::Error for PostError<R> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
 impl<R> From<PostError<R>> for Error {
     fn from(e: PostError<R>) -> Error {
         e.error
+    }
+}
+
+impl<R> From<PostError<R>> for std::io::Error {
+    /// As `From<Error> for io::Error`; the request (and its buffers) is
+    /// dropped.
+    fn from(e: PostError<R>) -> std::io::Error {
+        e.error.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue_pair::{post_recv_common, RecvScratch};
+    use crate::wq_table::{Mode, WqTable};
+
+    /// An empty receive reaches the provider with no SGE at all (rxe takes
+    /// a zero-length SGE too, so only this test tells), alone and in a
+    /// chain, and takes its slot like any other.
+    #[test]
+    fn an_empty_receive_is_posted_with_num_sge_0() {
+        let table = WqTable::new(Mode::Ring, 4, "receive queue", RecvScratch::new(4, 2));
+        for n in [1usize, 3] {
+            let mut wrs: Vec<_> = (0..n as u64)
+                .map(|i| RecvRequest::empty().wr_id(i))
+                .collect();
+            let mut seen = Vec::new();
+            let (posted, r) = post_recv_common(
+                &table,
+                &mut wrs,
+                || Ok(()),
+                |mut wr, _bad| {
+                    while !wr.is_null() {
+                        // SAFETY: the chain post_recv_common built, alive
+                        // for the call.
+                        let w = unsafe { &*wr };
+                        seen.push((WqTable::<RecvScratch>::decode(w.wr_id).is_some(), w.num_sge));
+                        wr = w.next;
+                    }
+                    0
+                },
+            );
+            r.unwrap();
+            assert_eq!(posted, n);
+            assert_eq!(seen, vec![(true, 0); n], "{n} request(s)");
+            assert!(matches!(wrs[0].sg(), SgList::Empty));
+            let mut st = table.lock();
+            assert_eq!(st.outstanding(Mode::Ring, 4), n as u32);
+            drop(st.take_all());
+        }
     }
 }

@@ -1,11 +1,11 @@
 //! The IBA queue pair state machine: which attributes each transition
-//! requires and allows, checked by [`check_qp_transition`] before every
+//! requires and allows, checked by [`QpState::check_transition`] before every
 //! [`QueuePair::modify`](crate::QueuePair::modify).
 
 use ibverbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TransitionReason};
 use crate::{QpState, QpType};
 
 /// Defines a `u32` constant per `IBV_QP_*` mask bit, and `MASK_NAMES`
@@ -54,7 +54,7 @@ pub(super) const KNOWN_BITS: u32 = {
 };
 
 /// `IBV_QP_A, IBV_QP_B` (unknown bits in hex).
-pub(super) fn mask_names(mask: u32) -> String {
+pub(crate) fn mask_names(mask: u32) -> String {
     let mut names: Vec<String> = MASK_NAMES
         .iter()
         .filter(|(bit, _)| mask & bit != 0)
@@ -69,12 +69,13 @@ pub(super) fn mask_names(mask: u32) -> String {
 /// The row of the IBA QP state transition table (the kernel's
 /// `qp_state_table`, `ib_modify_qp_is_ok`) for RC, UC and UD queue pairs:
 /// `(required, optional)` attributes (`IBV_QP_STATE` is always allowed), or
-/// why the transition itself is illegal.
-fn rule(t: QpType, from: QpState, to: QpState) -> std::result::Result<(u32, u32), String> {
+/// `None` when the transition itself is illegal (the comments say why).
+fn rule(t: QpType, from: QpState, to: QpState) -> Option<(u32, u32)> {
     use QpState as S;
     use QpType as T;
     if !matches!(t, T::Rc | T::Uc | T::Ud) {
-        return Err(format!("{t:?} queue pairs are not in the state table"));
+        // Not in the state table.
+        return None;
     }
     // Optional attributes of RTR->RTS, RTS->RTS and SQD->RTS.
     let to_rts = match t {
@@ -91,11 +92,11 @@ fn rule(t: QpType, from: QpState, to: QpState) -> std::result::Result<(u32, u32)
     let rc_sqd_path = PORT | AV | ALT_PATH | PKEY_INDEX | ACCESS_FLAGS | PATH_MIG_STATE;
     let rc_sqd_transport = TIMEOUT | RETRY_CNT | RNR_RETRY | MIN_RNR_TIMER;
     let rc_sqd_rd = MAX_QP_RD_ATOMIC | MAX_DEST_RD_ATOMIC;
-    Ok(match (from, to) {
-        (S::Unknown(v), _) => return Err(format!("the current state ({v}) is unknown")),
-        (_, S::Unknown(v)) => return Err(format!("the target state ({v}) is unknown")),
+    Some(match (from, to) {
+        (S::Unknown(_), _) | (_, S::Unknown(_)) => return None,
         (_, S::Reset) => (0, 0),
-        (S::Reset, S::Err) => return Err("from RESET only INIT (or RESET) is allowed".into()),
+        // From RESET only INIT (or RESET) is allowed.
+        (S::Reset, S::Err) => return None,
         (_, S::Err) => (0, 0),
         (S::Reset, S::Init) => (init, 0),
         (S::Init, S::Init) => (0, init),
@@ -128,55 +129,58 @@ fn rule(t: QpType, from: QpState, to: QpState) -> std::result::Result<(u32, u32)
             _ => (0, PKEY_INDEX | QKEY),
         },
         (S::Sqe, S::Rts) => match t {
-            T::Rc => return Err("RC queue pairs have no SQE state (errors lead to ERR)".into()),
+            // RC queue pairs have no SQE state (errors lead to ERR).
+            T::Rc => return None,
             T::Uc => (0, CUR_STATE | ACCESS_FLAGS),
             _ => (0, CUR_STATE | QKEY),
         },
-        _ => return Err("the IBA state table has no such transition".into()),
+        _ => return None,
     })
 }
 
-/// Checks a modify of a `qp_type` queue pair from state `from` to state `to`
-/// with attribute mask `mask` against the IBA state transition table (as
-/// the kernel's `ib_modify_qp_is_ok` does): the transition must exist, every
-/// attribute it requires must be in `mask`, and nothing it does not allow.
-///
-/// Pure: no device needed. [`QueuePair::modify`](crate::QueuePair::modify) calls it with the QP's
-/// current state.
-///
-/// # Errors
-/// [`Error::InvalidTransition`] naming the illegal transition, or the
-/// missing or forbidden attributes by their C names (`missing
-/// IBV_QP_DEST_QPN`); [`Error::Unsupported`] for QP types other than RC,
-/// UC and UD.
-///
-/// # References
-/// `ibv_modify_qp(3)`; InfiniBand Architecture Specification vol. 1,
-/// "QP State Transition" tables.
-pub fn check_qp_transition(
-    qp_type: QpType,
-    from: QpState,
-    to: QpState,
-    mask: sys::ibv_qp_attr_mask,
-) -> Result<()> {
-    if !matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
-        return Err(Error::Unsupported(format!(
-            "state checks for {qp_type:?} queue pairs (RC, UC and UD are covered)"
-        )));
+impl QpState {
+    /// Checks a modify of a `qp_type` queue pair from this state to state `to`
+    /// with attribute mask `mask` against the IBA state transition table (as
+    /// the kernel's `ib_modify_qp_is_ok` does): the transition must exist, every
+    /// attribute it requires must be in `mask`, and nothing it does not allow.
+    ///
+    /// Pure: no device needed. [`QueuePair::modify`](crate::QueuePair::modify) calls it with the QP's
+    /// current state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTransition`] with its [`TransitionReason`]: no such
+    /// transition, or the missing or forbidden `IBV_QP_*` attributes (the
+    /// Display names them: `missing IBV_QP_DEST_QPN`);
+    /// [`Error::Unsupported`] for QP types other than RC, UC and UD.
+    ///
+    /// # References
+    /// `ibv_modify_qp(3)`; InfiniBand Architecture Specification vol. 1,
+    /// "QP State Transition" tables.
+    pub fn check_transition(
+        self,
+        to: QpState,
+        qp_type: QpType,
+        mask: sys::ibv_qp_attr_mask,
+    ) -> Result<()> {
+        let from = self;
+        if !matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
+            return Err(Error::Unsupported(
+                "state checks for queue pair types other than RC, UC and UD",
+            ));
+        }
+        let invalid = |reason| Error::InvalidTransition { from, to, reason };
+        let (required, optional) =
+            rule(qp_type, from, to).ok_or(invalid(TransitionReason::NoSuchTransition))?;
+        let missing = required & !mask.0;
+        if missing != 0 {
+            return Err(invalid(TransitionReason::Missing(M(missing))));
+        }
+        let forbidden = mask.0 & !(required | optional | STATE);
+        if forbidden != 0 {
+            return Err(invalid(TransitionReason::NotAllowed(M(forbidden))));
+        }
+        Ok(())
     }
-    let invalid = |reason: String| Error::InvalidTransition { from, to, reason };
-    let (required, optional) = rule(qp_type, from, to).map_err(invalid)?;
-    let missing = required & !mask.0;
-    if missing != 0 {
-        let names = mask_names(missing);
-        return Err(invalid(format!("missing {names} for {qp_type:?}")));
-    }
-    let forbidden = mask.0 & !(required | optional | STATE);
-    if forbidden != 0 {
-        let names = mask_names(forbidden);
-        return Err(invalid(format!("{names} not allowed here for {qp_type:?}")));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -186,17 +190,28 @@ mod tests {
     use QpType::{Rc as RC, Uc as UC, Ud as UD};
 
     fn check(t: QpType, from: QpState, to: QpState, mask: u32) -> Result<()> {
-        check_qp_transition(t, from, to, M(mask | STATE))
+        from.check_transition(to, t, M(mask | STATE))
     }
 
-    /// The reason of an `InvalidTransition` (empty when the check passed).
-    fn reason(t: QpType, from: QpState, to: QpState, mask: u32) -> String {
+    /// The reason of an `InvalidTransition` (`None` when the check passed).
+    #[track_caller]
+    fn reason(t: QpType, from: QpState, to: QpState, mask: u32) -> Option<TransitionReason> {
         match check(t, from, to, mask) {
-            Ok(()) => String::new(),
-            Err(Error::InvalidTransition { reason, .. }) => reason,
-            Err(e) => e.to_string(),
+            Ok(()) => None,
+            Err(Error::InvalidTransition { reason, .. }) => Some(reason),
+            Err(e) => panic!("expected InvalidTransition, got {e:?}"),
         }
     }
+
+    fn missing(mask: u32) -> Option<TransitionReason> {
+        Some(TransitionReason::Missing(M(mask)))
+    }
+
+    fn not_allowed(mask: u32) -> Option<TransitionReason> {
+        Some(TransitionReason::NotAllowed(M(mask)))
+    }
+
+    const NO_SUCH: Option<TransitionReason> = Some(TransitionReason::NoSuchTransition);
 
     const INIT_RC: u32 = PKEY_INDEX | PORT | ACCESS_FLAGS;
     const INIT_UD: u32 = PKEY_INDEX | PORT | QKEY;
@@ -225,43 +240,53 @@ mod tests {
             (UC, S::Sqd, S::Err, 0),
         ];
         for (t, from, to, mask) in ok {
-            assert_eq!(reason(t, from, to, mask), "", "{t:?} {from:?} -> {to:?}");
+            assert_eq!(reason(t, from, to, mask), None, "{t:?} {from:?} -> {to:?}");
         }
     }
 
     #[test]
     fn missing_attributes_are_named() {
         let r = reason(RC, S::Init, S::Rtr, RTR_RC & !DEST_QPN);
-        assert_eq!(r, "missing IBV_QP_DEST_QPN for Rc");
+        assert_eq!(r, missing(DEST_QPN));
+        assert_eq!(r.unwrap().to_string(), "missing IBV_QP_DEST_QPN");
         let r = reason(RC, S::Reset, S::Init, PORT);
-        assert_eq!(r, "missing IBV_QP_ACCESS_FLAGS, IBV_QP_PKEY_INDEX for Rc");
-        assert!(reason(UD, S::Reset, S::Init, INIT_RC).contains("missing IBV_QP_QKEY"));
+        assert_eq!(r, missing(ACCESS_FLAGS | PKEY_INDEX));
+        assert_eq!(
+            r.unwrap().to_string(),
+            "missing IBV_QP_ACCESS_FLAGS, IBV_QP_PKEY_INDEX"
+        );
+        // UD's RESET -> INIT needs the Q_Key and takes no access flags.
+        assert_eq!(reason(UD, S::Reset, S::Init, INIT_RC), missing(QKEY));
         let r = reason(RC, S::Rtr, S::Rts, SQ_PSN);
-        assert!(r.contains("IBV_QP_TIMEOUT") && r.contains("IBV_QP_MAX_QP_RD_ATOMIC"));
         assert_eq!(
-            reason(UC, S::Rtr, S::Rts, 0),
-            "missing IBV_QP_SQ_PSN for Uc"
+            r,
+            missing(TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC)
         );
-        assert_eq!(
-            reason(UD, S::Rtr, S::Rts, 0),
-            "missing IBV_QP_SQ_PSN for Ud"
-        );
+        assert_eq!(reason(UC, S::Rtr, S::Rts, 0), missing(SQ_PSN));
+        assert_eq!(reason(UD, S::Rtr, S::Rts, 0), missing(SQ_PSN));
     }
 
     #[test]
     fn forbidden_attributes_are_named() {
         // UC has no RDMA-read resources, UD no path, RC no Q_Key.
         let r = reason(UC, S::Init, S::Rtr, RTR_UC | MAX_DEST_RD_ATOMIC);
-        assert_eq!(r, "IBV_QP_MAX_DEST_RD_ATOMIC not allowed here for Uc");
-        assert!(reason(UD, S::Init, S::Rtr, AV).contains("IBV_QP_AV not allowed"));
+        assert_eq!(r, not_allowed(MAX_DEST_RD_ATOMIC));
+        assert_eq!(
+            r.unwrap().to_string(),
+            "IBV_QP_MAX_DEST_RD_ATOMIC not allowed here"
+        );
+        assert_eq!(reason(UD, S::Init, S::Rtr, AV), not_allowed(AV));
         let r = reason(UD, S::Reset, S::Init, INIT_UD | ACCESS_FLAGS);
-        assert!(r.contains("IBV_QP_ACCESS_FLAGS not allowed"));
-        assert!(reason(RC, S::Reset, S::Init, INIT_RC | QKEY).contains("IBV_QP_QKEY"));
+        assert_eq!(r, not_allowed(ACCESS_FLAGS));
+        let r = reason(RC, S::Reset, S::Init, INIT_RC | QKEY);
+        assert_eq!(r, not_allowed(QKEY));
         // CUR_STATE only from RTR, RTS, SQD, SQE; nothing extra on ERR.
         assert!(check(RC, S::Init, S::Init, CUR_STATE).is_err());
         assert!(check(RC, S::Rts, S::Err, TIMEOUT).is_err());
         // Unknown mask bits are named in hex.
-        assert!(reason(RC, S::Rts, S::Rts, 1 << 30).contains("0x40000000"));
+        let r = reason(RC, S::Rts, S::Rts, 1 << 30);
+        assert_eq!(r, not_allowed(1 << 30));
+        assert_eq!(r.unwrap().to_string(), "0x40000000 not allowed here");
     }
 
     #[test]
@@ -277,14 +302,14 @@ mod tests {
                     (S::Sqe, S::Rts) => t != RC,
                     _ => false,
                 };
-                let legal = rule(t, from, to).is_ok();
+                let legal = rule(t, from, to).is_some();
                 assert_eq!(legal, expected, "{t:?} {from:?} -> {to:?}");
             }
         }
-        assert!(reason(RC, S::Reset, S::Rts, RTS_RC).contains("no such transition"));
-        assert!(reason(RC, S::Sqe, S::Rts, 0).contains("no SQE state"));
-        assert!(reason(RC, S::Unknown(9), S::Reset, 0).contains("unknown"));
-        assert!(reason(UD, S::Reset, S::Err, 0).contains("from RESET"));
+        assert_eq!(reason(RC, S::Reset, S::Rts, RTS_RC), NO_SUCH);
+        assert_eq!(reason(RC, S::Sqe, S::Rts, 0), NO_SUCH);
+        assert_eq!(reason(RC, S::Unknown(9), S::Reset, 0), NO_SUCH);
+        assert_eq!(reason(UD, S::Reset, S::Err, 0), NO_SUCH);
         let raw = check(QpType::RawPacket, S::Reset, S::Init, PORT);
         assert!(matches!(raw, Err(Error::Unsupported(_))));
     }

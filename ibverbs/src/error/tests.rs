@@ -1,0 +1,412 @@
+//! Host tests of the error type: every variant's Display, the `io::Error`
+//! mapping, and `PostError`'s Display, source chain and `?` conversions.
+
+use super::*;
+
+#[test]
+fn hints_keep_the_verb_and_the_errno() {
+    let e = Error::from_errno("ibv_query_port", libc::EINVAL)
+        .with_hint(Some("rxe0 has no port 0".into()));
+    assert_eq!(e.verb(), Some("ibv_query_port"));
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    let text = e.to_string();
+    assert!(
+        text.starts_with("ibv_query_port failed: Invalid argument"),
+        "{text}"
+    );
+    assert!(text.ends_with("; rxe0 has no port 0"), "{text}");
+    // A second hint keeps the errno too; no hint changes nothing.
+    let e = e.with_hint(Some("more".into()));
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    let e = Error::from_errno("ibv_reg_mr", libc::ENOMEM).with_hint(None);
+    assert!(matches!(&e, Error::Verb { io, .. } if io.raw_os_error() == Some(libc::ENOMEM)));
+    // Other variants are left alone.
+    let e = Error::ReceivesThroughSrq.with_hint(Some("y".into()));
+    assert!(matches!(e, Error::ReceivesThroughSrq));
+    assert!(!e.to_string().contains('y'), "{e}");
+}
+
+/// One value of every variant. The match below has no wildcard: a new
+/// variant does not compile until it is listed here.
+fn every_variant() -> Vec<Error> {
+    let all = vec![
+        Error::from_errno("ibv_reg_mr", libc::ENOMEM),
+        Error::WorkCompletion {
+            status: WcStatus::RemAccessErr,
+            wr_id: 7,
+            vendor_err: 0x11,
+        },
+        Error::InvalidTransition {
+            from: QpState::Reset,
+            to: QpState::Rtr,
+            reason: TransitionReason::NoSuchTransition,
+        },
+        Error::Unsupported("flux capacitors"),
+        Error::QueueFull {
+            queue: "send queue",
+            depth: 16,
+        },
+        Error::NoDevice {
+            name: Some("mlx5_9".into()),
+        },
+        Error::OpNotAvailable {
+            op: SendOp::RdmaRead,
+            qp_type: QpType::Uc,
+        },
+        Error::OptionNotAllowed {
+            option: SendOption::Immediate,
+            op: SendOp::RdmaRead,
+            qp_type: QpType::Rc,
+        },
+        Error::OptionRequired {
+            option: SendOption::UdDestination,
+            op: SendOp::Send,
+            qp_type: QpType::Ud,
+        },
+        Error::InlineTooLarge { len: 300, max: 256 },
+        Error::UnsignaledExclusive { op: SendOp::Send },
+        Error::WindowBusy,
+        Error::WindowIndeterminate,
+        Error::QueuePairInError {
+            verb: "ibv_post_recv",
+        },
+        Error::CqTooSmall {
+            capacity: 8,
+            needed: 32,
+        },
+        Error::AlreadyDriven {
+            by: "AsyncQueuePair",
+            descriptor: "completion channel",
+        },
+        Error::NotReadyToSend {
+            state: QpState::Init,
+        },
+        Error::TooManySges { got: 5, max: 4 },
+        Error::OutOfRange {
+            what: "local PSN",
+            value: 1 << 24,
+            max: 0xFF_FFFF,
+        },
+        Error::InvalidMtu { value: 9 },
+        Error::Misaligned {
+            addr: 0x1004,
+            align: 8,
+        },
+        Error::OutOfBounds {
+            offset: 60,
+            len: 8,
+            size: 64,
+        },
+        Error::AtomicResultBuffer {
+            buffers: 2,
+            len: 16,
+        },
+        Error::ForeignProtectionDomain { what: "buffer" },
+        Error::ForeignContext {
+            what: "completion queue",
+        },
+        Error::FrozenBuffer { op: "receive" },
+        Error::MissingAccess {
+            what: "a buffer the device writes",
+            needed: AccessFlags::LOCAL_WRITE,
+        },
+        Error::NeedsSharedBuffer {
+            what: "REMOTE_WRITE or REMOTE_ATOMIC access",
+        },
+        Error::AccessNotAllowed {
+            what: "a memory window",
+            flags: AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        },
+        Error::UdMessageTooLong {
+            len: 1025,
+            mtu: 1024,
+        },
+        Error::ReceivesThroughSrq,
+        Error::WrongQpType {
+            what: "connect",
+            qp_type: QpType::Ud,
+        },
+        Error::EmptyGid {
+            port: PortNumber(1),
+            index: GidIndex(3),
+        },
+        Error::MissingRemoteAddress {
+            port: PortNumber(1),
+            needed: "GID",
+        },
+        Error::PreparedUnsignaled,
+        Error::WrongOperation {
+            expected: SendOp::FetchAndAdd,
+        },
+        Error::SendOpsRequired {
+            op: SendOp::AtomicWrite,
+            needed: SendOps::ATOMIC_WRITE,
+        },
+        Error::EmptyRegistration,
+        Error::NullStorage,
+        Error::WindowNotBound,
+        Error::NoRuntime { by: "AsyncEvents" },
+        Error::NoCompletionChannel {
+            which: "AsyncQueuePair's send CQ",
+        },
+        Error::PolledAfterCompletion,
+        Error::ConflictingOptions {
+            first: "A",
+            second: "B",
+        },
+        Error::QueuePairDropped,
+        #[cfg(feature = "rdmacm")]
+        Error::UnexpectedEvent {
+            expected: crate::cm::CmEventType::Established,
+            got: crate::cm::CmEventType::Rejected,
+            status: 28,
+        },
+        Error::NoActivePort {
+            device: "rxe0".into(),
+        },
+        Error::CompletionChannelShared { cqs: 2 },
+        Error::BadWireFormat {
+            what: "Endpoint",
+            problem: crate::WireProblem::Version {
+                version: 9,
+                supported: 1,
+            },
+        },
+        Error::NotThisQueuePair {
+            qp_num: crate::QpNumber(17),
+            endpoint: crate::QpNumber(18),
+        },
+        Error::LengthNotMultiple { len: 63, size: 4 },
+    ];
+    for e in &all {
+        match e {
+            Error::Verb { .. }
+            | Error::WorkCompletion { .. }
+            | Error::InvalidTransition { .. }
+            | Error::Unsupported(_)
+            | Error::QueueFull { .. }
+            | Error::NoDevice { .. }
+            | Error::OpNotAvailable { .. }
+            | Error::OptionNotAllowed { .. }
+            | Error::OptionRequired { .. }
+            | Error::InlineTooLarge { .. }
+            | Error::UnsignaledExclusive { .. }
+            | Error::WindowBusy
+            | Error::WindowIndeterminate
+            | Error::QueuePairInError { .. }
+            | Error::CqTooSmall { .. }
+            | Error::AlreadyDriven { .. }
+            | Error::NotReadyToSend { .. }
+            | Error::TooManySges { .. }
+            | Error::OutOfRange { .. }
+            | Error::InvalidMtu { .. }
+            | Error::Misaligned { .. }
+            | Error::OutOfBounds { .. }
+            | Error::AtomicResultBuffer { .. }
+            | Error::ForeignProtectionDomain { .. }
+            | Error::ForeignContext { .. }
+            | Error::FrozenBuffer { .. }
+            | Error::MissingAccess { .. }
+            | Error::NeedsSharedBuffer { .. }
+            | Error::AccessNotAllowed { .. }
+            | Error::UdMessageTooLong { .. }
+            | Error::ReceivesThroughSrq
+            | Error::WrongQpType { .. }
+            | Error::EmptyGid { .. }
+            | Error::MissingRemoteAddress { .. }
+            | Error::PreparedUnsignaled
+            | Error::WrongOperation { .. }
+            | Error::SendOpsRequired { .. }
+            | Error::EmptyRegistration
+            | Error::NullStorage
+            | Error::WindowNotBound
+            | Error::NoRuntime { .. }
+            | Error::NoCompletionChannel { .. }
+            | Error::PolledAfterCompletion
+            | Error::ConflictingOptions { .. }
+            | Error::QueuePairDropped
+            | Error::NoActivePort { .. }
+            | Error::CompletionChannelShared { .. }
+            | Error::BadWireFormat { .. }
+            | Error::NotThisQueuePair { .. }
+            | Error::LengthNotMultiple { .. } => {}
+            #[cfg(feature = "rdmacm")]
+            Error::UnexpectedEvent { .. } => {}
+        }
+    }
+    all
+}
+
+/// Every message in `e`'s source chain, outermost first.
+fn chain(e: &dyn std::error::Error) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push(s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+#[test]
+fn every_variant_displays_its_cause_once() {
+    for e in every_variant() {
+        let text = e.to_string();
+        assert!(!text.trim().is_empty(), "{e:?}");
+        assert!(!text.contains("{") && !text.contains('}'), "{text}");
+        // No source repeats what the Display already says.
+        let messages = chain(&e);
+        for inner in &messages[1..] {
+            assert!(!text.contains(inner.as_str()), "{text:?} repeats {inner:?}");
+        }
+        // The io::Error is the OS error itself, or keeps the message.
+        let kind = e.io_kind();
+        let verb = e.verb().is_some();
+        let io: io::Error = e.into();
+        assert_eq!(io.kind(), kind);
+        if verb {
+            assert!(text.ends_with(&io.to_string()), "{text:?}, {io}");
+        } else {
+            assert_eq!(io.to_string(), text);
+        }
+    }
+}
+
+#[test]
+fn numbers_and_names_are_in_the_display() {
+    let show = |e: Error| e.to_string();
+    assert_eq!(
+        show(Error::TooManySges { got: 5, max: 4 }),
+        "5 scatter/gather entries, at most 4 allowed"
+    );
+    assert_eq!(
+        show(Error::OutOfRange {
+            what: "local PSN",
+            value: 1 << 24,
+            max: 0xFF_FFFF
+        }),
+        "local PSN 16777216 is out of range (at most 16777215)"
+    );
+    assert_eq!(
+        show(Error::AccessNotAllowed {
+            what: "a memory window",
+            flags: AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        }),
+        "a memory window cannot grant LOCAL_WRITE | MW_BIND"
+    );
+    assert_eq!(
+        show(Error::SendOpsRequired {
+            op: SendOp::AtomicWrite,
+            needed: SendOps::ATOMIC_WRITE,
+        }),
+        "atomic write needs a queue pair created with send_ops including ATOMIC_WRITE"
+    );
+    assert_eq!(show(Error::NoDevice { name: None }), "no RDMA device found");
+    assert_eq!(
+        show(Error::NoDevice {
+            name: Some("x".into())
+        }),
+        "no RDMA device named \"x\""
+    );
+    assert_eq!(
+        show(Error::EmptyGid {
+            port: PortNumber(1),
+            index: GidIndex(3)
+        }),
+        "GID index 3 of port 1 is empty: nothing to send from"
+    );
+    let missing = TransitionReason::Missing(ibverbs_sys::ibv_qp_attr_mask(
+        ibverbs_sys::ibv_qp_attr_mask::IBV_QP_PORT.0 | ibverbs_sys::ibv_qp_attr_mask::IBV_QP_QKEY.0,
+    ));
+    assert_eq!(
+        show(Error::InvalidTransition {
+            from: QpState::Reset,
+            to: QpState::Init,
+            reason: missing
+        }),
+        "illegal queue pair transition Reset -> Init: missing IBV_QP_PORT, IBV_QP_QKEY"
+    );
+}
+
+#[test]
+fn post_error_prints_its_cause_once() {
+    use crate::{PostError, RecvRequest};
+    let verb = Error::from_errno("ibv_post_send", libc::EINVAL).with_hint(Some("the hint".into()));
+    let errors = [
+        verb,
+        Error::TooManySges { got: 5, max: 4 },
+        Error::QueueFull {
+            queue: "receive queue",
+            depth: 4,
+        },
+    ];
+    for error in errors {
+        let cause = error.to_string();
+        let e = PostError {
+            error,
+            request: RecvRequest::sgl(Vec::new()),
+        };
+        assert_eq!(e.to_string(), cause);
+        let all = chain(&e).join("\n");
+        assert_eq!(all.matches(cause.as_str()).count(), 1, "{all}");
+        if cause.contains("Invalid argument") {
+            assert_eq!(all.matches("Invalid argument").count(), 1, "{all}");
+            assert_eq!(all.matches("the hint").count(), 1, "{all}");
+        }
+    }
+}
+
+#[test]
+fn post_error_converts_with_question_mark() {
+    use crate::{PostError, RecvRequest, SendRequest};
+    fn refused<R>(request: R) -> std::result::Result<(), PostError<R>> {
+        Err(PostError {
+            error: Error::TooManySges { got: 5, max: 4 },
+            request,
+        })
+    }
+    fn to_error() -> Result<()> {
+        refused(RecvRequest::sgl(Vec::new()))?;
+        Ok(())
+    }
+    fn to_io() -> io::Result<()> {
+        refused(SendRequest::send_inline(b"static bytes"))?;
+        Ok(())
+    }
+    fn to_box() -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        refused(RecvRequest::sgl(Vec::new()))?;
+        refused(SendRequest::send_inline(b"static bytes"))?;
+        Ok(())
+    }
+    fn to_box_borrowing<'a>(
+        bytes: &'a [u8],
+    ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync + 'a>> {
+        refused(SendRequest::send_inline(bytes))?;
+        Ok(())
+    }
+    assert!(matches!(
+        to_error(),
+        Err(Error::TooManySges { got: 5, max: 4 })
+    ));
+    let io = to_io().unwrap_err();
+    assert_eq!(io.kind(), io::ErrorKind::InvalidInput);
+    assert!(matches!(
+        io.get_ref().and_then(|e| e.downcast_ref::<Error>()),
+        Some(Error::TooManySges { got: 5, max: 4 })
+    ));
+    let boxed = to_box().unwrap_err();
+    let back = boxed.downcast_ref::<PostError<RecvRequest>>().unwrap();
+    assert!(matches!(back.error, Error::TooManySges { .. }));
+    let local = vec![1u8; 4];
+    assert_eq!(
+        to_box_borrowing(&local).unwrap_err().to_string(),
+        "5 scatter/gather entries, at most 4 allowed"
+    );
+    // A verb error becomes its OS error, errno kept.
+    let io: io::Error = Error::from_errno("ibv_post_send", libc::EINVAL)
+        .with_hint(Some("why".into()))
+        .into();
+    assert_eq!(io.kind(), io::ErrorKind::InvalidInput);
+    let io: io::Error = Error::from_errno("ibv_reg_mr", libc::ENOMEM).into();
+    assert_eq!(io.raw_os_error(), Some(libc::ENOMEM));
+}
