@@ -99,7 +99,7 @@ pub(super) struct Postings {
     shared: Arc<Shared>,
     /// Whether the handle holds one more strong count of `shared` than
     /// `shared` itself: the next posting's, taken in advance (a clone
-    /// leaked with `mem::forget`, given back by `Drop` or `sg_mut`). A
+    /// leaked with `Arc::into_raw`, given back by `Drop` or `sg_mut`). A
     /// posting leaks it into its `wr_id` with no atomic operation, and the
     /// count for the one after is taken once the doorbell rang, so that
     /// the increment is not in a latency loop's window between a
@@ -141,10 +141,18 @@ impl Postings {
     #[inline(always)]
     pub(super) fn posting(&mut self) -> Posting {
         if !self.spare {
-            std::mem::forget(Arc::clone(&self.shared));
+            self.leak_count();
             self.spare = true;
         }
         Posting(())
+    }
+
+    /// Takes a strong count of `shared` and leaks it (as `Arc::into_raw`,
+    /// whose pointer is [`posting_wr_id`](Self::posting_wr_id)'s).
+    #[inline(always)]
+    fn leak_count(&self) {
+        let ptr = Arc::into_raw(Arc::clone(&self.shared));
+        debug_assert_eq!(ptr, Arc::as_ptr(&self.shared));
     }
 
     /// The provider took `posting`: its count is the completion's now.
@@ -152,7 +160,7 @@ impl Postings {
     #[inline(always)]
     pub(super) fn restock(&mut self, posting: Posting) {
         let Posting(()) = posting;
-        std::mem::forget(Arc::clone(&self.shared));
+        self.leak_count();
         debug_assert!(self.spare);
     }
 
@@ -178,9 +186,10 @@ impl Postings {
     fn drop_spare(&mut self) {
         if std::mem::take(&mut self.spare) {
             // SAFETY: the spare is a count of `shared` leaked by
-            // `mem::forget(Arc::clone(..))` and owned by this handle
-            // (`spare` said so, and is cleared now): released once, here.
-            // `shared` holds another, so this is never the last.
+            // `leak_count` (`Arc::into_raw`, whose pointer `Arc::as_ptr`
+            // gives) and owned by this handle (`spare` said so, and is
+            // cleared now): released once, here. `shared` holds another, so
+            // this is never the last.
             unsafe { Arc::decrement_strong_count(Arc::as_ptr(&self.shared)) };
         }
     }
@@ -279,8 +288,10 @@ pub(crate) fn is_prepared(wr_id: u64) -> bool {
 #[inline]
 pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
     let ptr = ((wr_id & PTR_MASK) << 3) as usize as *const Shared;
-    // SAFETY: `ptr` is what Postings::posting leaked with `Arc::into_raw` for
-    // this posting (caller's contract); the count is released here once.
+    // SAFETY: `ptr` is the pointer of the `Arc` whose count Postings::posting
+    // leaked for this posting (caller's contract): `Arc::as_ptr`, which is
+    // what `Arc::into_raw` of that clone returns. The count is released
+    // here, once.
     let shared = unsafe { Arc::from_raw(ptr) };
     shared.wr_id
 }
