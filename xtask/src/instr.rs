@@ -22,6 +22,7 @@
 //! `target/instr/raw/`; `--reanalyze` rebuilds the report from them.
 
 mod callgrind;
+mod history;
 mod report;
 
 use std::collections::BTreeMap;
@@ -240,6 +241,39 @@ impl Out {
     fn png(&self) -> PathBuf {
         self.dir.join("scaling.png")
     }
+    fn history(&self) -> PathBuf {
+        self.dir.join("history.json")
+    }
+}
+
+/// Records this run's counts in the history and compares them with the
+/// previous separate measurement of each configuration (see `history.rs`).
+fn agree(out: &Out, raw: &Path, rows: &[Row]) -> Option<history::Agreement> {
+    let mut hist: history::History = fs::read_to_string(out.history())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let now: Vec<(String, u64, f64)> = rows
+        .iter()
+        .filter_map(|r| {
+            let key = r.cfg.key();
+            let stamp = fs::metadata(raw.join(format!("{key}.b.cg")))
+                .and_then(|m| m.modified())
+                .ok()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_secs();
+            Some((key, stamp, r.m.per_op()))
+        })
+        .collect();
+    let a = history::record(&mut hist, &now);
+    if let Err(e) = serde_json::to_string(&hist)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| fs::write(out.history(), t).map_err(Into::into))
+    {
+        step!("instr: history not saved: {e:#}");
+    }
+    Some(a)
 }
 
 /// What the host wrote down for the analysis: the configurations and ping-pongs run.
@@ -702,7 +736,8 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
             breakdown: [std::mem::take(&mut parts[0]), std::mem::take(&mut parts[1])],
         });
     }
-    let md = report::markdown(&rows, &pps);
+    let agreement = agree(out, &raw, &rows);
+    let md = report::markdown(&rows, &pps, agreement.as_ref());
     fs::write(out.report(), &md)?;
     if let Err(e) = report::plot(&rows, &out.png()) {
         step!("instr: no plot: {e:#}");

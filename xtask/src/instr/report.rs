@@ -190,6 +190,24 @@ const FLOORS: [(Imp, &[(&str, u32)]); 3] = [
     ),
 ];
 
+/// How this run compares with the previous separate measurement.
+fn reproducibility(s: &mut String, agreement: Option<&super::history::Agreement>) {
+    let text = match agreement {
+        Some(super::history::Agreement {
+            compared,
+            worst: Some((key, w)),
+        }) if *compared > 0 => format!(
+            "Reproducibility: {compared} configurations of this run were measured before in a \
+             separate run; the largest difference is {:.2} % (`{key}`).",
+            w * 100.0
+        ),
+        _ => "Reproducibility: no configuration of this run was measured before in a separate \
+              run (`target/instr/history.json`)."
+            .to_string(),
+    };
+    let _ = writeln!(s, "{text}\n");
+}
+
 /// Why the targets are missed: per path, its floor (see [`FLOORS`]) and
 /// how far the measured count is above it.
 fn floors(s: &mut String, rows: &[Row]) {
@@ -284,7 +302,11 @@ fn path_table(s: &mut String, rows: &[Row], qps: u32, depth: u32, threads: u32, 
     }
 }
 
-pub fn markdown(rows: &[Row], pps: &[PingpongRow]) -> String {
+pub fn markdown(
+    rows: &[Row],
+    pps: &[PingpongRow],
+    agreement: Option<&super::history::Agreement>,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -309,6 +331,7 @@ pub fn markdown(rows: &[Row], pps: &[PingpongRow]) -> String {
         let _ = writeln!(s, "## Per operation, 16 queue pairs on one CQ, depth 1\n");
         path_table(&mut s, rows, 16, 1, 1, false);
         s.push('\n');
+        reproducibility(&mut s, agreement);
         floors(&mut s, rows);
     }
     if find(rows, Imp::C, 1, 1, 1, true).is_some() {
