@@ -13,11 +13,12 @@
 //! --examples`, which `cargo xtask test` does). Every child process is
 //! killed when its handle drops and every wait is bounded.
 
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::example_bin;
+use common::process::{self, Finished, Running};
 
 // ---------------------------------------------------------------------------
 // Running the example binaries.
@@ -26,139 +27,8 @@ use std::time::{Duration, Instant};
 /// Longest any tool process may run in these tests.
 const PROCESS_BOUND: Duration = Duration::from_secs(180);
 
-/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/<this test>`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("cannot locate the test executable");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test executable is not in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "example binary {} is missing: build the examples first (`cargo build --examples`; \
-         `cargo xtask test` does it)",
-        path.display()
-    );
-    path
-}
-
-/// A running tool; killed (and reaped) on drop unless it finished.
-struct Running {
-    label: String,
-    child: Option<Child>,
-    out: Option<JoinHandle<Vec<u8>>>,
-    err: Option<JoinHandle<Vec<u8>>>,
-}
-
-/// A finished tool.
-struct Finished {
-    label: String,
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn describe(&self) -> String {
-        format!(
-            "--- {} ({}) stdout:\n{}\n--- stderr:\n{}",
-            self.label,
-            self.status
-                .map_or("killed after the time bound".into(), |s| s.to_string()),
-            self.stdout,
-            self.stderr
-        )
-    }
-
-    fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    fn assert_success(&self) {
-        assert!(self.success(), "{} failed\n{}", self.label, self.describe());
-    }
-
-    fn assert_failure(&self, message: &str) {
-        assert!(
-            self.status.is_some_and(|s| !s.success()),
-            "{} should have failed\n{}",
-            self.label,
-            self.describe()
-        );
-        assert!(
-            self.stderr.contains(message),
-            "{}: expected {message:?} in stderr\n{}",
-            self.label,
-            self.describe()
-        );
-    }
-}
-
-fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
 fn spawn(tool: &str, args: &[String]) -> Running {
-    let label = format!("{tool} {}", args.join(" "));
-    let mut child = Command::new(example(tool))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    Running {
-        label,
-        child: Some(child),
-        out: Some(out),
-        err: Some(err),
-    }
-}
-
-impl Running {
-    /// Waits up to `bound` (then kills the process) and collects its output.
-    fn finish(mut self, bound: Duration) -> Finished {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
-        let text = |h: Option<JoinHandle<Vec<u8>>>| {
-            String::from_utf8_lossy(&h.unwrap().join().unwrap_or_default()).into_owned()
-        };
-        Finished {
-            label: std::mem::take(&mut self.label),
-            status,
-            stdout: text(self.out.take()),
-            stderr: text(self.err.take()),
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    process::spawn(&example_bin(tool), args)
 }
 
 fn run(tool: &str, args: &[&str]) -> Finished {

@@ -23,30 +23,13 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::example_bin;
 use wire::fixtures::{dest, msg, GID_HEX};
 use wire::{Dest, MSG_LEN};
 
 // ---------------------------------------------------------------------------
 // Device tests: helpers.
 // ---------------------------------------------------------------------------
-
-/// An example binary next to this test executable (`target/<profile>/examples/`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/pingpong_interop-HASH
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executable in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first (`cargo build --examples`, same profile as the \
-         tests; `cargo xtask test` does)",
-        path.display()
-    );
-    path
-}
 
 /// A C tool from PATH.
 fn c_tool(name: &str) -> PathBuf {
@@ -248,7 +231,7 @@ fn rust(tool: &str, dev: &Dev, opts: &str) -> Side {
     let mut a = dev.name_only();
     a.extend(args(opts));
     Side {
-        prog: example(&format!("{tool}_pingpong")),
+        prog: example_bin(&format!("{tool}_pingpong")),
         args: a,
     }
 }
@@ -257,7 +240,7 @@ fn rust_full(tool: &str, dev: &Dev, opts: &str) -> Side {
     let mut a = dev.full();
     a.extend(args(opts));
     Side {
-        prog: example(&format!("{tool}_pingpong")),
+        prog: example_bin(&format!("{tool}_pingpong")),
         args: a,
     }
 }
@@ -468,7 +451,7 @@ fn long_option_names() {
         ("srq", "--mtu 1024 --num-qp 3"),
     ] {
         let side = || Side {
-            prog: example(&format!("{tool}_pingpong")),
+            prog: example_bin(&format!("{tool}_pingpong")),
             args: args(&long(extra)),
         };
         let (s, _) = pingpong(side(), side());
@@ -534,7 +517,7 @@ fn hostile(tool: &str, peer: impl FnOnce(TcpStream) + Send, expected: &str) -> S
     a.extend(args(&format!(
         "-p {port} -n 10 --exchange-timeout 2 --accept-timeout 60"
     )));
-    let mut s = Proc::spawn(&example(&format!("{tool}_pingpong")), &a);
+    let mut s = Proc::spawn(&example_bin(&format!("{tool}_pingpong")), &a);
     wait_listening(&mut s, port);
     let stream = TcpStream::connect(("localhost", port)).expect("connect to the server");
     let t = Instant::now();
@@ -736,7 +719,7 @@ fn client_refuses_garbage_from_server() {
     a.extend(args(&format!(
         "-p {port} -n 10 --exchange-timeout 5 127.0.0.1"
     )));
-    let o = Proc::spawn(&example("rc_pingpong"), &a).wait(Duration::from_secs(30));
+    let o = Proc::spawn(&example_bin("rc_pingpong"), &a).wait(Duration::from_secs(30));
     server.join().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
     assert!(
@@ -758,8 +741,11 @@ fn help_lists_rdma_core_options() {
         ("ud", &[]),
         ("srq", &["--mtu", "--num-qp"]),
     ] {
-        let o = Proc::spawn(&example(&format!("{tool}_pingpong")), &["--help".into()])
-            .wait(Duration::from_secs(30));
+        let o = Proc::spawn(
+            &example_bin(&format!("{tool}_pingpong")),
+            &["--help".into()],
+        )
+        .wait(Duration::from_secs(30));
         assert!(o.status.success());
         for opt in [
             "-p, --port",
@@ -784,7 +770,7 @@ fn help_lists_rdma_core_options() {
         }
         assert!(o.stdout.contains("first ACTIVE port"), "{}", o.stdout);
         // Bad values are refused before touching the device.
-        let o = Proc::spawn(&example(&format!("{tool}_pingpong")), &args("-l 16"))
+        let o = Proc::spawn(&example_bin(&format!("{tool}_pingpong")), &args("-l 16"))
             .wait(Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
     }
@@ -801,7 +787,7 @@ fn help_lists_rdma_core_options() {
 fn peer_dies(tool: &str, opts: &str, victim: &str, expected: &[&str]) {
     let d = dev();
     let port = next_port().to_string();
-    let prog = example(&format!("{tool}_pingpong"));
+    let prog = example_bin(&format!("{tool}_pingpong"));
     let mut base = d.name_only();
     base.extend(args(&format!(
         "-n 100000000 --stall-timeout 3 -p {port} {opts}"
