@@ -168,6 +168,11 @@ mod wq_table;
 
 pub mod hazards;
 
+// The README's example compiles (it is a `no_run` doctest here).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 /// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
 /// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
 pub use bytemuck;
