@@ -179,13 +179,13 @@ fn run(n: usize, ring: bool) -> Vec<Vec<usize>> {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_mesh_of_three_moves_data_both_ways() {
+fn exchange_mesh_of_three_moves_data_both_ways() {
     assert_eq!(run(3, false), [vec![1, 2], vec![0, 2], vec![0, 1]]);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn rings_of_two_three_and_four_move_data_both_ways() {
+fn exchange_rings_of_two_three_and_four_move_data_both_ways() {
     assert_eq!(run(2, true), [vec![1], vec![0]]);
     assert_eq!(run(3, true), [vec![1, 2], vec![0, 2], vec![0, 1]]);
     // Rank 0's neighbours are 3 and 1, not 2.
@@ -197,7 +197,7 @@ fn rings_of_two_three_and_four_move_data_both_ways() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_rank_alone_has_no_peers() {
+fn exchange_rank_alone_has_no_peers() {
     let (mut ls, addrs) = listeners(1);
     let r = Rank::new(1);
     let mut mesh = r.connect(&addrs, 0, ls.pop().unwrap(), true);
@@ -209,12 +209,18 @@ fn a_rank_alone_has_no_peers() {
 /// [`Endpoint::exchange`] and connect; a send crosses.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn an_exchange_connects_two_queue_pairs() {
+fn exchange_connects_two_queue_pairs() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut sa = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (mut sb, _) = l.accept().unwrap();
     let r = Rank::new(1);
-    let qp = || r.pd.create_qp(QpType::Rc, &r.cq, &r.cq).build().unwrap();
+    let qp = || {
+        r.pd.create_qp(QpType::Rc, &r.cq, &r.cq)
+            .max_send_wr(8)
+            .max_recv_wr(8)
+            .build()
+            .unwrap()
+    };
     let (a, b) = (qp(), qp());
     let (ea, eb) = (
         r.local.endpoint(&a, Endpoint::random_psn()).unwrap(),
@@ -278,7 +284,11 @@ fn against_fake(
         .timeout(timeout)
         .connect_mesh(&r.local, &r.opts, |_| {
             made.set(made.get() + 1);
-            let qp = r.pd.create_qp(QpType::Rc, &r.cq, &r.cq).build()?;
+            let qp =
+                r.pd.create_qp(QpType::Rc, &r.cq, &r.cq)
+                    .max_send_wr(8)
+                    .max_recv_wr(8)
+                    .build()?;
             Ok((qp, b"secret".to_vec()))
         });
     let took = start.elapsed();
@@ -297,7 +307,7 @@ fn of_rank_1(e: Error) -> Error {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn hostile_peers_get_typed_errors_and_nothing_hangs() {
+fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     let long = Duration::from_secs(20);
     let quick = Duration::from_secs(5);
 
@@ -383,7 +393,7 @@ fn hostile_peers_get_typed_errors_and_nothing_hangs() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_fake_lower_rank_and_strangers() {
+fn exchange_fake_lower_rank_and_strangers() {
     // Rank 1 (real) dials a fake rank 0 that answers garbage.
     let (mut ls, addrs) = listeners(2);
     let fake = ls.remove(0);
