@@ -205,6 +205,61 @@ fn exchange_rank_alone_has_no_peers() {
     mesh.barrier(Duration::from_millis(1)).unwrap();
 }
 
+/// On return, every peer's queue pair to this rank is connected (RTS),
+/// even when a peer is slow between its exchange and its `connect`: rank
+/// 2 creates its queue pair for rank 1 half a second after writing its
+/// message to rank 0, so rank 0 has both messages long before rank 2 has
+/// connected; only the barrier keeps rank 0 from returning early.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn exchange_returns_only_when_every_peer_is_connected() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let n = 3;
+    let (ls, addrs) = listeners(n);
+    let all: Arc<Mutex<HashMap<(usize, usize), ibverbs::QueuePair>>> = Arc::default();
+    let threads: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(rank, l)| {
+            let (addrs, all) = (addrs.clone(), all.clone());
+            thread::spawn(move || {
+                let r = Rank::new(n);
+                let mesh = Ranks::new(&addrs, rank)
+                    .listener(l)
+                    .timeout(Duration::from_secs(60))
+                    .connect_mesh(&r.local, &r.opts, |peer| {
+                        if (rank, peer) == (2, 1) {
+                            thread::sleep(Duration::from_millis(500));
+                        }
+                        let qp =
+                            r.pd.create_qp(QpType::Rc, &r.cq, &r.cq)
+                                .max_send_wr(8)
+                                .max_recv_wr(8)
+                                .build()?;
+                        all.lock().unwrap().insert((rank, peer), qp.clone());
+                        Ok((qp, Vec::new()))
+                    })
+                    .unwrap();
+                for p in mesh.peers() {
+                    let theirs = all.lock().unwrap().get(&(p.rank(), rank)).cloned();
+                    let state = theirs.map(|qp| qp.state().unwrap());
+                    assert_eq!(
+                        state,
+                        Some(ibverbs::QpState::Rts),
+                        "rank {rank} returned before rank {}'s queue pair to it was connected",
+                        p.rank()
+                    );
+                }
+                mesh
+            })
+        })
+        .collect();
+    for t in threads {
+        drop(t.join().unwrap());
+    }
+}
+
 /// Two queue pairs of one process exchange endpoints over a TCP pair with
 /// [`Endpoint::exchange`] and connect; a send crosses.
 #[test]
