@@ -106,7 +106,9 @@ pub struct Mesh {
 
 impl<'a> Ranks<'a> {
     /// The job's ranks, `addrs[r]` the address rank `r` listens on, and
-    /// this process's `rank`.
+    /// this process's `rank`. Every rank must be given the same
+    /// addresses in the same order (from `host:port` strings:
+    /// [`ToSocketAddrs`](std::net::ToSocketAddrs)).
     pub fn new(addrs: &'a [SocketAddr], rank: usize) -> Ranks<'a> {
         Ranks {
             addrs,
@@ -153,9 +155,12 @@ impl<'a> Ranks<'a> {
     /// written before any is read and fits in a socket buffer.
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] for a rank not below `addrs.len()`;
+    /// [`Error::OutOfRange`] for a rank not below `addrs.len()` or
+    /// private bytes longer than [`MAX_PRIVATE_LEN`](crate::MAX_PRIVATE_LEN);
     /// [`Error::OutOfBand`] (`during: "mesh listen"`) when `addrs[rank]`
-    /// cannot be bound; whatever `make` returns, unchanged. Errors of
+    /// cannot be bound; whatever `make` returns, unchanged;
+    /// [`Error::ForeignContext`] for a queue pair of another device
+    /// context than `local`'s ([`LocalPort::endpoint`]). Errors of
     /// one peer are [`Error::Peer`] with its rank around
     /// [`Error::OutOfBand`] (`"mesh connect"`, `"mesh accept"`,
     /// [`"endpoint exchange"`](Endpoint::exchange), `"barrier"`: I/O
