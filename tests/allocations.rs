@@ -334,7 +334,7 @@ fn exchange_mesh_barrier_does_not_allocate() {
     let rank = |rank: usize, l: std::net::TcpListener, addrs: Vec<std::net::SocketAddr>| {
         let dev = common::device();
         let pd = dev.ctx.alloc_pd().unwrap();
-        let cq = dev.ctx.create_cq(64).build().unwrap();
+        let cq = dev.ctx.create_cq(256).build().unwrap();
         let local = LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index)).unwrap();
         let opts = ConnectOptions::new(dev.port).local_port(&local);
         Ranks::new(&addrs, rank)
