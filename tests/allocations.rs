@@ -319,3 +319,46 @@ fn ud_send_with_address_handle_does_not_allocate() {
     };
     steady_state_allocates_nothing("UD send/receive", iteration);
 }
+
+/// `Mesh::barrier` (the per-step synchronisation of a collective) does not
+/// allocate: two ranks of a mesh as threads, this thread's barriers
+/// counted.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn exchange_mesh_barrier_does_not_allocate() {
+    use ibverbs::{ConnectOptions, LocalPort, Ranks};
+    let ls: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<std::net::SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let rank = |rank: usize, l: std::net::TcpListener, addrs: Vec<std::net::SocketAddr>| {
+        let dev = common::device();
+        let pd = dev.ctx.alloc_pd().unwrap();
+        let cq = dev.ctx.create_cq(256).build().unwrap();
+        let local = LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index)).unwrap();
+        let opts = ConnectOptions::new(dev.port).local_port(&local);
+        Ranks::new(&addrs, rank)
+            .listener(l)
+            .connect_mesh(&local, &opts, |_| {
+                let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
+                Ok((qp, Vec::new()))
+            })
+            .unwrap()
+    };
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let other = {
+        let addrs = addrs.clone();
+        std::thread::spawn(move || {
+            let mut mesh = rank(1, l1, addrs);
+            for _ in 0..WARM_UP + MEASURED {
+                mesh.barrier(Duration::from_secs(30)).unwrap();
+            }
+        })
+    };
+    let mut mesh = rank(0, l0, addrs);
+    steady_state_allocates_nothing("Mesh::barrier", |_| {
+        mesh.barrier(Duration::from_secs(30)).unwrap()
+    });
+    other.join().unwrap();
+}

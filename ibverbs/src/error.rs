@@ -496,6 +496,31 @@ pub enum Error {
         /// The element size (0 for a zero-sized type, which is refused).
         size: usize,
     },
+    /// The out-of-band stream of an endpoint exchange, a mesh connection
+    /// or a barrier ([`Endpoint::exchange`](crate::Endpoint::exchange),
+    /// [`Ranks`](crate::Ranks), [`Mesh::barrier`](crate::Mesh::barrier))
+    /// failed: an I/O error, or the deadline passed (`io.kind()` is
+    /// [`TimedOut`](io::ErrorKind::TimedOut), the message says after how
+    /// long). A peer that closes the stream mid-message is
+    /// [`Error::BadWireFormat`] instead (its message was cut short).
+    #[error("{during} failed: {io}")]
+    OutOfBand {
+        /// What was under way (`"endpoint exchange"`, `"mesh connect"`,
+        /// `"mesh accept"`, `"barrier"`).
+        during: &'static str,
+        /// The stream's error.
+        io: io::Error,
+    },
+    /// An error of one peer of a [`Mesh`](crate::Mesh): its stream or
+    /// its messages ([`Error::OutOfBand`], [`Error::BadWireFormat`]), or
+    /// connecting a queue pair to the endpoint it sent.
+    #[error("peer rank {rank}: {error}")]
+    Peer {
+        /// The peer's rank.
+        rank: usize,
+        /// What went wrong with it.
+        error: Box<Error>,
+    },
 }
 
 /// Why [`Error::InvalidTransition`] refused a state change.
@@ -563,6 +588,25 @@ pub enum WireProblem {
         /// The largest value the field takes.
         max: u64,
     },
+    /// A field that must hold one value holds another (a magic number,
+    /// the number of ranks both sides were given, a barrier's sequence
+    /// number).
+    Mismatch {
+        /// The field (`"magic"`, `"ranks"`, `"rank"`, `"barrier sequence"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+        /// The value this side expected.
+        expected: u64,
+    },
+    /// A field holds a value this side cannot take here (a rank that is
+    /// not a peer that connects to this one, or one already connected).
+    Unexpected {
+        /// The field (`"rank"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+    },
 }
 
 impl std::fmt::Display for WireProblem {
@@ -579,6 +623,16 @@ impl std::fmt::Display for WireProblem {
             }
             WireProblem::OutOfRange { field, value, max } => {
                 write!(f, "{field} {value:#x} exceeds {max:#x}")
+            }
+            WireProblem::Mismatch {
+                field,
+                value,
+                expected,
+            } => {
+                write!(f, "{field} {value:#x}, expected {expected:#x}")
+            }
+            WireProblem::Unexpected { field, value } => {
+                write!(f, "unexpected {field} {value}")
             }
         }
     }
@@ -788,6 +842,8 @@ impl Error {
             | Error::LengthNotMultiple { .. }
             | Error::ConflictingOptions { .. } => K::InvalidInput,
             Error::BadWireFormat { .. } => K::InvalidData,
+            Error::OutOfBand { io, .. } => io.kind(),
+            Error::Peer { error, .. } => error.io_kind(),
         }
     }
 }

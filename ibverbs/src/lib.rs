@@ -155,6 +155,7 @@ mod completion_queue;
 mod context;
 mod device;
 mod error;
+mod exchange;
 mod extended_cq;
 mod gid;
 mod memory_region;
@@ -193,6 +194,7 @@ pub use completion_queue::{
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result, TransitionReason, WireProblem};
+pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};

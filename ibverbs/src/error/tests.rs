@@ -177,6 +177,21 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
+        Error::OutOfBand {
+            during: "endpoint exchange",
+            io: io::Error::new(io::ErrorKind::TimedOut, "no answer within 5s"),
+        },
+        Error::Peer {
+            rank: 2,
+            error: Box::new(Error::BadWireFormat {
+                what: "endpoint exchange",
+                problem: crate::WireProblem::Mismatch {
+                    field: "magic",
+                    value: 0x4745_5420,
+                    expected: 0x4942_5658,
+                },
+            }),
+        },
     ];
     for e in &all {
         match e {
@@ -229,7 +244,9 @@ fn every_variant() -> Vec<Error> {
             | Error::CompletionChannelShared { .. }
             | Error::BadWireFormat { .. }
             | Error::NotThisQueuePair { .. }
-            | Error::LengthNotMultiple { .. } => {}
+            | Error::LengthNotMultiple { .. }
+            | Error::OutOfBand { .. }
+            | Error::Peer { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
