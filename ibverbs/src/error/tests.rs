@@ -177,6 +177,17 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
+        Error::MessageTooLarge { len: 4097, max: 4096 },
+        Error::ChannelProtocol {
+            problem: crate::ChannelProblem::Credits {
+                returned: 5,
+                outstanding: 3,
+            },
+        },
+        Error::TimedOut {
+            op: "MessageChannel::send",
+            timeout: std::time::Duration::from_millis(250),
+        },
     ];
     for e in &all {
         match e {
@@ -229,7 +240,10 @@ fn every_variant() -> Vec<Error> {
             | Error::CompletionChannelShared { .. }
             | Error::BadWireFormat { .. }
             | Error::NotThisQueuePair { .. }
-            | Error::LengthNotMultiple { .. } => {}
+            | Error::LengthNotMultiple { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::ChannelProtocol { .. }
+            | Error::TimedOut { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
