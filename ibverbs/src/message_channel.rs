@@ -31,15 +31,16 @@
 //!   [`Message`]'s drop, or at the next call when the send queue was full.
 //!
 //! Control messages take no credit: they land in the `reserve` receives
-//! posted beyond the window (2, or 1 for a window of 1), which the
+//! posted beyond the window (`slots / ceil(slots / 2)`: 2 for an even
+//! window, 1 for an odd one), which the
 //! receiver posts again as soon as it has polled them. Why that many
 //! always suffice is proven in the module `credits` (and tested there
 //! against every interleaving a random scheduler finds): at most `slots`
 //! data and `reserve` control messages hold a receive at any time, however
 //! late either end polls. So a message always finds a posted receive (no
-//! RNR retry once both ends posted theirs; the hello may meet one if the
-//! peer has not connected its end yet, which `rnr_retry` 7, the default,
-//! waits out), and a receive buffer is never written while its [`Message`]
+//! RNR retry once both ends posted theirs, which
+//! [`connect`](MessageChannel::connect) does before its hello goes out),
+//! and a receive buffer is never written while its [`Message`]
 //! lives.
 //!
 //! A message larger than a slot is refused ([`Error::MessageTooLarge`]),
@@ -94,8 +95,8 @@ use crate::{
 
 mod credits;
 
-use credits::{Credits, Incoming, HELLO_LEN};
 pub use credits::ChannelProblem;
+use credits::{Credits, Incoming, HELLO_LEN};
 
 /// `wr_id` of every receive.
 const RECV: u64 = 1 << 40;
@@ -174,8 +175,8 @@ impl MessageChannel {
     /// completion channel of its own. Connect it with
     /// [`connect`](Self::connect).
     ///
-    /// Memory: `(2 slots + 2) × max(slot_size, 12)` registered bytes, in
-    /// two registrations.
+    /// Memory: at most `(2 slots + 2) × max(slot_size, 12)` registered
+    /// bytes, in two registrations.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for `slots` outside `1..=4096` or a
@@ -271,9 +272,16 @@ impl MessageChannel {
     }
 
     /// Connects the queue pair ([`QueuePair::connect`]), posts every
-    /// receive slot and sends the hello. The peer may send once it polled
-    /// the hello, so call [`send`](Self::send) or [`recv`](Self::recv)
-    /// afterwards; they wait for the peer's hello.
+    /// receive slot and sends the hello; [`send`](Self::send) and
+    /// [`recv`](Self::recv) wait for the peer's. Connect the peer
+    /// promptly: a message to a queue pair not connected yet is dropped,
+    /// and retried `retry_cnt` times an ACK timeout apart (about half a
+    /// second with the defaults of [`ConnectOptions`]; raise
+    /// [`ConnectOptions::timeout`] for more) before the hello fails with
+    /// [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr), reported
+    /// by the next call. (Sending the hello at the first call instead
+    /// would make a peer that waits for this end before its own first
+    /// call wait for ever.)
     ///
     /// # Errors
     /// As [`QueuePair::connect`]; [`Error::Verb`] naming `ibv_post_recv`
@@ -291,12 +299,12 @@ impl MessageChannel {
                 return Err(self.fail(e.error));
             }
         }
+        self.connected = true;
         let mut hello = [0u8; HELLO_LEN];
         hello[..3].copy_from_slice(&MAGIC);
         hello[3] = VERSION;
         hello[4..8].copy_from_slice(&self.slots.to_be_bytes());
         hello[8..].copy_from_slice(&(self.slot_size as u32).to_be_bytes());
-        self.connected = true;
         self.post(&hello, false)
     }
 
@@ -487,60 +495,80 @@ impl MessageChannel {
     }
 
     /// Handles every polled completion: counts sends back, checks and
-    /// counts messages, posts control messages' receives again.
+    /// counts messages, posts control messages' receives again. On the
+    /// first error the channel fails (its queue pair moves to ERR) and
+    /// what completed before is taken in all the same: messages that
+    /// landed are still handed out, in order.
     fn process(&mut self) -> Result<()> {
         let mut first_error = None;
-        while let Some(mut c) = self.done.pop() {
-            if self.failed || first_error.is_some() {
-                continue; // flushes after a failure: buffers dropped
+        while let Some(c) = self.done.pop() {
+            if let Some(e) = self.handle(c) {
+                first_error.get_or_insert(e);
             }
-            if let Err(e) = c.result() {
-                first_error = Some(e);
-                continue;
+        }
+        let Some(e) = first_error else {
+            return Ok(());
+        };
+        if self.failed {
+            return Err(e);
+        }
+        let e = self.fail(e);
+        // After the move to ERR nothing more succeeds: the successful
+        // completions still queued came before it.
+        while matches!(self.cq.poll(&mut self.done), Ok(n) if n > 0) {
+            while let Some(c) = self.done.pop() {
+                let _ = self.handle(c);
             }
-            let wr_id = c.wr_id();
-            if wr_id == SEND_INLINE || wr_id & !SLOT_MASK == SEND_SLOT {
-                self.sq_used -= 1;
-                if wr_id != SEND_INLINE {
-                    let i = (wr_id & SLOT_MASK) as usize;
-                    let joined = match (c.take_local(), self.send_tails.get_mut(i)) {
-                        (Some(head), Some(tail)) => tail.take().map(|t| head.unsplit(t)),
-                        _ => None,
-                    };
-                    if let Some(Ok(slot)) = joined {
-                        self.send_free.push(slot);
-                    } else {
-                        first_error = Some(unexpected("a send slot that is not the channel's"));
+        }
+        Err(e)
+    }
+
+    /// Handles one completion; its error, if any. Once the channel failed,
+    /// only messages are taken in (nothing is posted again).
+    fn handle(&mut self, mut c: crate::Completion) -> Option<Error> {
+        if let Err(e) = c.result() {
+            return Some(e); // buffers dropped with `c`: the device is done
+        }
+        let wr_id = c.wr_id();
+        if wr_id == SEND_INLINE || wr_id & !SLOT_MASK == SEND_SLOT {
+            self.sq_used = self.sq_used.saturating_sub(1);
+            if wr_id != SEND_INLINE {
+                let i = (wr_id & SLOT_MASK) as usize;
+                let joined = match (c.take_local(), self.send_tails.get_mut(i)) {
+                    (Some(head), Some(tail)) => tail.take().map(|t| head.unsplit(t)),
+                    _ => None,
+                };
+                match joined {
+                    Some(Ok(slot)) => self.send_free.push(slot),
+                    _ => return Some(unexpected("a send slot that is not the channel's")),
+                }
+            }
+            return None;
+        }
+        let (Some(buf), true) = (c.take_local(), wr_id == RECV) else {
+            return Some(unexpected("a completion the channel did not post"));
+        };
+        let Some(imm) = c.imm_data() else {
+            return Some(unexpected("a message without immediate data"));
+        };
+        let len = c.byte_len() as usize;
+        match self.credits.receive(imm, len) {
+            // At most `slots` held (checked): the stash never grows.
+            Ok(Incoming::Data) => self.stash.push_back((buf, len)),
+            Ok(Incoming::Credit) if !self.failed => return self.repost(buf).err(),
+            Ok(Incoming::Hello) => match self.check_hello(&buf) {
+                Ok(()) => {
+                    self.credits.hello();
+                    if !self.failed {
+                        return self.repost(buf).err();
                     }
                 }
-                continue;
-            }
-            let (Some(buf), true) = (c.take_local(), wr_id == RECV) else {
-                first_error = Some(unexpected("a completion the channel did not post"));
-                continue;
-            };
-            let Some(imm) = c.imm_data() else {
-                first_error = Some(unexpected("a message without immediate data"));
-                continue;
-            };
-            let len = c.byte_len() as usize;
-            match self.credits.receive(imm, len) {
-                Ok(Incoming::Data) => self.stash.push_back((buf, len)),
-                Ok(Incoming::Credit) => first_error = self.repost(buf).err(),
-                Ok(Incoming::Hello) => match self.check_hello(&buf) {
-                    Ok(()) => {
-                        self.credits.hello();
-                        first_error = self.repost(buf).err();
-                    }
-                    Err(p) => first_error = Some(Error::ChannelProtocol { problem: p }),
-                },
-                Err(p) => first_error = Some(Error::ChannelProtocol { problem: p }),
-            }
+                Err(problem) => return Some(Error::ChannelProtocol { problem }),
+            },
+            Ok(Incoming::Credit) => {}
+            Err(problem) => return Some(Error::ChannelProtocol { problem }),
         }
-        match first_error {
-            Some(e) => Err(self.fail(e)),
-            None => Ok(()),
-        }
+        None
     }
 
     /// Checks the peer's hello against this end's parameters.

@@ -177,7 +177,10 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
-        Error::MessageTooLarge { len: 4097, max: 4096 },
+        Error::MessageTooLarge {
+            len: 4097,
+            max: 4096,
+        },
         Error::ChannelProtocol {
             problem: crate::ChannelProblem::Credits {
                 returned: 5,

@@ -67,8 +67,8 @@ pub(crate) fn threshold(window: u32) -> u32 {
 }
 
 /// The receives posted beyond the window for control messages:
-/// `window / threshold(window)` (2, or 1 for a window of 1), at least 1
-/// for the hello.
+/// `window / threshold(window)` (2 for an even window, 1 for an odd one),
+/// at least 1 for the hello.
 pub(crate) fn reserve(window: u32) -> u32 {
     (window / threshold(window)).max(1)
 }
