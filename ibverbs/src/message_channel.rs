@@ -68,7 +68,14 @@
 //! handed out by [`recv`](MessageChannel::recv), in order, before the error.
 //! A receiver learns that its peer is gone only by sending (RC has no
 //! keep-alive): a pure receiver sees its [`recv`](MessageChannel::recv)
-//! time out.
+//! time out. A sender sees its credits stop coming back
+//! ([`Error::TimedOut`]) and its messages fail once the device gives up
+//! retrying (`retry_cnt` ACK timeouts; `rnr_retry` 7 retries RNR for
+//! ever, and since the channel never makes its peer answer RNR once both
+//! ends are connected, a finite `rnr_retry` is safe). SoftRoCE's loopback
+//! was seen to leave a send to a destroyed queue pair without any
+//! completion: there the loss shows only as the timeouts of
+//! [`send`](MessageChannel::send) and [`flush`](MessageChannel::flush).
 //!
 //! # Deadlock
 //!
