@@ -1,94 +1,5 @@
-//! An eager message channel: ordered messages over one RC queue pair, with
-//! credit flow control so that a sender never overruns its receiver.
-//!
-//! # Protocol
-//!
-//! *Send/receive into posted buffers*, not RDMA write with immediate into
-//! a ring: each end posts `slots + reserve` receives of one slot each (one
-//! registration carved with [`LocalBuffer::chunks_exact`]), and every
-//! message is one `SEND_WITH_IMM`. The device writes only into receives
-//! this end posted, so a message arrives in a buffer the channel owns
-//! again once its completion is polled: [`recv`](MessageChannel::recv)
-//! hands it out as a [`Message`] that dereferences to `&[u8]`, no copy
-//! and no `unsafe`. No memory of this end is remotely writable (its
-//! buffers are registered `LOCAL_WRITE` only), so a hostile peer can only
-//! send messages, never change bytes behind a reference. A ring written
-//! with RDMA would need `SharedBuffer` memory and a volatile copy out of
-//! every slot, and a way to tell a complete slot from one being written.
-//!
-//! The 32 bits of immediate data carry, from the top: a control bit, a
-//! 15-bit sequence number (per direction, all messages), and 16 bits of
-//! *credits returned*: messages of the other direction whose receives
-//! this end has posted again.
-//!
-//! * The first message of each end is a **hello** (control, 12 bytes:
-//!   `b"IMC"`, version 1, slot count and slot size, big-endian u32s). It
-//!   grants the peer `slots` credits; both ends must have the same slot
-//!   count and size ([`ChannelProblem::Hello`] otherwise).
-//! * A **data** message takes one credit and returns every credit owed.
-//! * A **credit** message (control, no payload) returns owed credits when
-//!   at least half the window is owed and this end sends nothing: from
-//!   [`Message`]'s drop, or at the next call when the send queue was full.
-//!
-//! Control messages take no credit: they land in the `reserve` receives
-//! posted beyond the window (`slots / ceil(slots / 2)`: 2 for an even
-//! window, 1 for an odd one), which the
-//! receiver posts again as soon as it has polled them. Why that many
-//! always suffice is proven in the module `credits` (and tested there
-//! against every interleaving a random scheduler finds): at most `slots`
-//! data and `reserve` control messages hold a receive at any time, however
-//! late either end polls. So a message always finds a posted receive (no
-//! RNR retry once both ends posted theirs, which
-//! [`connect`](MessageChannel::connect) does before its hello goes out),
-//! and a receive buffer is never written while its [`Message`]
-//! lives.
-//!
-//! A message larger than a slot is refused ([`Error::MessageTooLarge`]),
-//! not split: splitting would need reassembly state and hand out messages
-//! no slot holds, losing the zero-copy receive.
-//!
-//! # Completions
-//!
-//! The channel creates its queue pair, and a completion queue with a
-//! completion channel of its own that nothing else reports to, so it
-//! never swallows another queue's completions and can sleep in
-//! [`CompletionQueue::wait`]. [`queue_pair`](MessageChannel::queue_pair)
-//! is for making its [`Endpoint`]; posting on it directly breaks the
-//! protocol (such completions are reported as
-//! [`ChannelProblem::Unexpected`]).
-//!
-//! # Errors and failure
-//!
-//! An error completion (a peer that went away shows as
-//! [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) on this end's
-//! next send), a message that breaks the protocol
-//! ([`Error::ChannelProtocol`]) or a failed verb is returned once; the
-//! channel moves its queue pair to ERR, and every later call returns
-//! [`Error::QueuePairInError`]. Messages that arrived before are still
-//! handed out by [`recv`](MessageChannel::recv), in order, before the error.
-//! A receiver learns that its peer is gone only by sending (RC has no
-//! keep-alive): a pure receiver sees its [`recv`](MessageChannel::recv)
-//! time out. A sender sees its credits stop coming back
-//! ([`Error::TimedOut`]) and its messages fail once the device gives up
-//! retrying (`retry_cnt` ACK timeouts; `rnr_retry` 7 retries RNR for
-//! ever, and since the channel never makes its peer answer RNR once both
-//! ends are connected, a finite `rnr_retry` is safe). SoftRoCE's loopback
-//! was seen to leave a send to a destroyed queue pair without any
-//! completion: there the loss shows only as the timeouts of
-//! [`send`](MessageChannel::send) and [`flush`](MessageChannel::flush).
-//!
-//! # Deadlock
-//!
-//! Credits come back only when the receiving user drops the [`Message`]s:
-//! two ends that only send, both blocked in
-//! [`send`](MessageChannel::send), wait for each other (as two TCP
-//! peers that only write). A protocol that sends both ways interleaves
-//! sends with receives, using a timeout of zero to try.
-//!
-//! # References
-//! `ibv_post_send(3)` (`IBV_WR_SEND_WITH_IMM`), `ibv_post_recv(3)`,
-//! `ibv_req_notify_cq(3)`; IBA 9.7.5.2.8 (RNR NAK), 17.3 (receive queue
-//! processing).
+//! An eager message channel over RC: [`MessageChannel`] (its docs give
+//! the protocol), [`Message`], and the credit accounting (`credits`).
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
@@ -118,11 +29,97 @@ const INLINE: u32 = 64;
 const MAGIC: [u8; 3] = *b"IMC";
 const VERSION: u8 = 1;
 
-/// An eager message channel over one RC queue pair (see the [module
-/// docs](self) for the protocol): [`send`](Self::send) copies a message
-/// into a registered slot (or inline) and posts it, blocking while the
-/// peer has no room; [`recv`](Self::recv) hands out the next message in
-/// the buffer it landed in.
+/// An eager message channel over one RC queue pair: ordered messages with
+/// credit flow control, so that a sender never overruns its receiver.
+/// [`send`](Self::send) copies a message into a registered slot (or
+/// inline) and posts it, blocking while the peer has no room;
+/// [`recv`](Self::recv) hands out the next message in the buffer it
+/// landed in.
+///
+///
+/// # Protocol
+///
+/// *Send/receive into posted buffers*, not RDMA write with immediate into
+/// a ring: each end posts `slots + reserve` receives of one slot each (one
+/// registration carved with [`LocalBuffer::chunks_exact`]), and every
+/// message is one `SEND_WITH_IMM`. The device writes only into receives
+/// this end posted, so a message arrives in a buffer the channel owns
+/// again once its completion is polled: [`recv`](MessageChannel::recv)
+/// hands it out as a [`Message`] that dereferences to `&[u8]`, no copy
+/// and no `unsafe`. No memory of this end is remotely writable (its
+/// buffers are registered `LOCAL_WRITE` only), so a hostile peer can only
+/// send messages, never change bytes behind a reference. A ring written
+/// with RDMA would need `SharedBuffer` memory and a volatile copy out of
+/// every slot, and a way to tell a complete slot from one being written.
+///
+/// The 32 bits of immediate data carry, from the top: a control bit, a
+/// 15-bit sequence number (per direction, all messages), and 16 bits of
+/// *credits returned*: messages of the other direction whose receives
+/// this end has posted again.
+///
+/// * The first message of each end is a **hello** (control, 12 bytes:
+///   `b"IMC"`, version 1, slot count and slot size, big-endian u32s). It
+///   grants the peer `slots` credits; both ends must have the same slot
+///   count and size ([`ChannelProblem::Hello`] otherwise).
+/// * A **data** message takes one credit and returns every credit owed.
+/// * A **credit** message (control, no payload) returns owed credits when
+///   at least half the window is owed and this end sends nothing: from
+///   [`Message`]'s drop, or at the next call when the send queue was full.
+///
+/// Control messages take no credit: they land in the `reserve` receives
+/// posted beyond the window (`slots / ceil(slots / 2)`: 2 for an even
+/// window, 1 for an odd one), which the
+/// receiver posts again as soon as it has polled them. Why that many
+/// always suffice is proven in the module `credits` (and tested there
+/// against every interleaving a random scheduler finds): at most `slots`
+/// data and `reserve` control messages hold a receive at any time, however
+/// late either end polls. So a message always finds a posted receive (no
+/// RNR retry once both ends posted theirs, which
+/// [`connect`](MessageChannel::connect) does before its hello goes out),
+/// and a receive buffer is never written while its [`Message`]
+/// lives.
+///
+/// A message larger than a slot is refused ([`Error::MessageTooLarge`]),
+/// not split: splitting would need reassembly state and hand out messages
+/// no slot holds, losing the zero-copy receive.
+///
+/// # Completions
+///
+/// The channel creates its queue pair, and a completion queue with a
+/// completion channel of its own that nothing else reports to, so it
+/// never swallows another queue's completions and can sleep in
+/// [`CompletionQueue::wait`]. [`queue_pair`](MessageChannel::queue_pair)
+/// is for making its [`Endpoint`]; posting on it directly breaks the
+/// protocol (such completions are reported as
+/// [`ChannelProblem::Unexpected`]).
+///
+/// # Errors and failure
+///
+/// An error completion (a peer that went away shows as
+/// [`WcStatus::RetryExcErr`](crate::WcStatus::RetryExcErr) on this end's
+/// next send), a message that breaks the protocol
+/// ([`Error::ChannelProtocol`]) or a failed verb is returned once; the
+/// channel moves its queue pair to ERR, and every later call returns
+/// [`Error::QueuePairInError`]. Messages that arrived before are still
+/// handed out by [`recv`](MessageChannel::recv), in order, before the error.
+/// A receiver learns that its peer is gone only by sending (RC has no
+/// keep-alive): a pure receiver sees its [`recv`](MessageChannel::recv)
+/// time out. A sender sees its credits stop coming back
+/// ([`Error::TimedOut`]) and its messages fail once the device gives up
+/// retrying (`retry_cnt` ACK timeouts; `rnr_retry` 7 retries RNR for
+/// ever, and since the channel never makes its peer answer RNR once both
+/// ends are connected, a finite `rnr_retry` is safe). SoftRoCE's loopback
+/// was seen to leave a send to a destroyed queue pair without any
+/// completion: there the loss shows only as the timeouts of
+/// [`send`](MessageChannel::send) and [`flush`](MessageChannel::flush).
+///
+/// # Deadlock
+///
+/// Credits come back only when the receiving user drops the [`Message`]s:
+/// two ends that only send, both blocked in
+/// [`send`](MessageChannel::send), wait for each other (as two TCP
+/// peers that only write). A protocol that sends both ways interleaves
+/// sends with receives, using a timeout of zero to try.
 ///
 /// # Example
 /// ```no_run
@@ -144,7 +141,9 @@ const VERSION: u8 = 1;
 /// ```
 ///
 /// # References
-/// `ibv_post_send(3)`, `ibv_post_recv(3)`, `ibv_poll_cq(3)`
+/// `ibv_post_send(3)` (`IBV_WR_SEND_WITH_IMM`), `ibv_post_recv(3)`,
+/// `ibv_poll_cq(3)`, `ibv_req_notify_cq(3)`; IBA 9.7.5.2.8 (RNR NAK),
+/// 17.3 (receive queue processing).
 pub struct MessageChannel {
     qp: QueuePair,
     cq: CompletionQueue,

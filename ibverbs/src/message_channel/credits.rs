@@ -56,6 +56,8 @@ const RETURNED_MASK: u32 = 0xffff;
 /// The most receive slots a channel may have (its window): returns fit in
 /// the 16 bits of the immediate data they travel in, with room to spare.
 pub(crate) const MAX_WINDOW: u32 = 4096;
+// Returns (at most a window) fit in their 16 bits.
+const _: () = assert!(MAX_WINDOW <= RETURNED_MASK);
 
 /// Bytes of a hello's payload.
 pub(super) const HELLO_LEN: usize = 12;
