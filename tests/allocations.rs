@@ -362,3 +362,38 @@ fn exchange_mesh_barrier_does_not_allocate() {
     });
     other.join().unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn message_channel_send_and_recv_do_not_allocate() {
+    use ibverbs::MessageChannel;
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    // A window of 4: credits run out and come back (alone and piggy-backed)
+    // within the measured iterations.
+    let mut a = MessageChannel::create(&pd, 4, 256).unwrap();
+    let mut b = MessageChannel::create(&pd, 4, 256).unwrap();
+    let ea = common::endpoint(&t, a.queue_pair(), 1);
+    let eb = common::endpoint(&t, b.queue_pair(), 2);
+    let opts = common::options(&t, AccessFlags::LOCAL_WRITE);
+    a.connect(&ea, &eb, &opts).unwrap();
+    b.connect(&eb, &ea, &opts).unwrap();
+    let wait = Some(Duration::from_secs(10));
+    let mut bytes = [0u8; 256];
+
+    let iteration = |i: usize| {
+        // Small messages go inline, larger ones through a send slot.
+        let len = if i % 2 == 0 { 16 } else { 200 };
+        bytes[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        a.send(&bytes[..len], wait).expect("a.send");
+        if i % 3 == 0 {
+            b.send(&bytes[..len], wait).expect("b.send");
+            let back = a.recv(wait).expect("a.recv").expect("a message");
+            assert_eq!(back.len(), len);
+        }
+        let m = b.recv(wait).expect("b.recv").expect("a message");
+        assert_eq!(m[..8], (i as u64).to_le_bytes(), "message {i}");
+        assert_eq!(m.len(), len);
+    };
+    steady_state_allocates_nothing("MessageChannel send/recv", iteration);
+}

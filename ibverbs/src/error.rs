@@ -521,6 +521,36 @@ pub enum Error {
         /// What went wrong with it.
         error: Box<Error>,
     },
+    /// A message longer than a [`MessageChannel`](crate::MessageChannel)
+    /// slot: refused, not split; nothing was sent and the channel stays
+    /// usable.
+    #[error("a message of {len} bytes does not fit in a {max}-byte slot")]
+    MessageTooLarge {
+        /// The message's length.
+        len: usize,
+        /// The slot size, the largest message.
+        max: usize,
+    },
+    /// The peer of a [`MessageChannel`](crate::MessageChannel) broke its
+    /// protocol: a message out of order, more credits returned than used,
+    /// a message without a credit, a hello that does not match. The
+    /// channel moved its queue pair to ERR.
+    #[error("message channel peer broke the protocol: {problem}")]
+    ChannelProtocol {
+        /// What was wrong, with its numbers.
+        problem: crate::ChannelProblem,
+    },
+    /// A blocking call waited its whole timeout: a
+    /// [`MessageChannel::send`](crate::MessageChannel::send) that found no
+    /// credit (the peer did not release its messages). Nothing was done;
+    /// the call may be repeated.
+    #[error("{op} timed out after {timeout:?}")]
+    TimedOut {
+        /// The call (`"MessageChannel::send"`).
+        op: &'static str,
+        /// The timeout it was given.
+        timeout: std::time::Duration,
+    },
 }
 
 /// Why [`Error::InvalidTransition`] refused a state change.
@@ -840,8 +870,10 @@ impl Error {
             | Error::CompletionChannelShared { .. }
             | Error::NotThisQueuePair { .. }
             | Error::LengthNotMultiple { .. }
-            | Error::ConflictingOptions { .. } => K::InvalidInput,
-            Error::BadWireFormat { .. } => K::InvalidData,
+            | Error::ConflictingOptions { .. }
+            | Error::MessageTooLarge { .. } => K::InvalidInput,
+            Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
+            Error::TimedOut { .. } => K::TimedOut,
             Error::OutOfBand { io, .. } => io.kind(),
             Error::Peer { error, .. } => error.io_kind(),
         }

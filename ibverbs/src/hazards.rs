@@ -458,3 +458,106 @@
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
+//!
+//! # 26. Reading a received message after releasing it
+//!
+//! A [`Message`](crate::Message) is the receive buffer the message landed
+//! in; dropping it posts the buffer again, and from then on the peer's
+//! next message may land there. Its bytes borrow it, so they cannot
+//! outlive it.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! let bytes: &[u8] = &msg;
+//! drop(msg); // posted again: the device may be writing it
+//! println!("{}", bytes[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! let first = msg.first().copied(); // copied out while the message lives
+//! drop(msg);
+//! println!("{first:?}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 27. Holding a received message across the next receive
+//!
+//! A message borrows its channel: the next `recv` (which may post
+//! buffers again and process what arrives) waits until it is released.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let first = ch.recv(None)?.unwrap();
+//! let second = ch.recv(None)?.unwrap();
+//! println!("{} {}", first.len(), second.len());
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let first_len = ch.recv(None)?.unwrap().len(); // dropped: released
+//! let second = ch.recv(None)?.unwrap();
+//! println!("{first_len} {}", second.len());
+//! # Ok(()) }
+//! ```
+//!
+//! # 28. Sending from a received message's buffer
+//!
+//! `send` copies its bytes into the channel's own send slot (or inline),
+//! so no buffer of the caller is ever posted; and a message cannot be the
+//! source while it borrows the channel. Copy it out, release it, then
+//! send: the receive buffer goes back before the send takes a credit.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! ch.send(&msg, None)?; // echo from the receive buffer
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let mut copy = [0u8; 64];
+//! let len = {
+//!     let msg = ch.recv(None)?.unwrap();
+//!     let len = msg.len().min(copy.len());
+//!     copy[..len].copy_from_slice(&msg[..len]);
+//!     len
+//! };
+//! ch.send(&copy[..len], None)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 29. Two threads on one channel end
+//!
+//! A channel end's accounting (credits, sequence numbers, send slots) is
+//! one thread's at a time, without a lock: `send` and `recv` take `&mut`,
+//! so two threads cannot use it at once.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! std::thread::scope(|s| {
+//!     s.spawn(|| ch.send(b"one", None));
+//!     s.spawn(|| ch.send(b"two", None));
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(mut ch: MessageChannel) -> Result<()> {
+//! // One thread per end: move it there.
+//! std::thread::spawn(move || ch.send(b"one", None)).join().unwrap()?;
+//! # Ok(()) }
+//! ```

@@ -160,6 +160,7 @@ mod extended_cq;
 mod gid;
 mod memory_region;
 mod memory_window;
+mod message_channel;
 mod port;
 mod protection_domain;
 mod queue_pair;
@@ -199,6 +200,7 @@ pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
+pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{

@@ -192,6 +192,20 @@ fn every_variant() -> Vec<Error> {
                 },
             }),
         },
+        Error::MessageTooLarge {
+            len: 4097,
+            max: 4096,
+        },
+        Error::ChannelProtocol {
+            problem: crate::ChannelProblem::Credits {
+                returned: 5,
+                outstanding: 3,
+            },
+        },
+        Error::TimedOut {
+            op: "MessageChannel::send",
+            timeout: std::time::Duration::from_millis(250),
+        },
     ];
     for e in &all {
         match e {
@@ -246,7 +260,10 @@ fn every_variant() -> Vec<Error> {
             | Error::NotThisQueuePair { .. }
             | Error::LengthNotMultiple { .. }
             | Error::OutOfBand { .. }
-            | Error::Peer { .. } => {}
+            | Error::Peer { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::ChannelProtocol { .. }
+            | Error::TimedOut { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
