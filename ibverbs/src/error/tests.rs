@@ -177,6 +177,12 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
+        Error::NotPoolSlot {
+            addr: 0x1800,
+            len: 2048,
+            size: 4096,
+            same_registration: true,
+        },
     ];
     for e in &all {
         match e {
@@ -229,7 +235,8 @@ fn every_variant() -> Vec<Error> {
             | Error::CompletionChannelShared { .. }
             | Error::BadWireFormat { .. }
             | Error::NotThisQueuePair { .. }
-            | Error::LengthNotMultiple { .. } => {}
+            | Error::LengthNotMultiple { .. }
+            | Error::NotPoolSlot { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
