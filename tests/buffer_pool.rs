@@ -38,7 +38,7 @@ fn get_waiting(pool: &BufferPool) -> ibverbs::PooledBuffer {
 /// every message is checked, and every buffer is back at the end.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn threads_share_one_pool_over_real_queue_pairs() {
+fn pool_shared_by_threads_over_real_queue_pairs() {
     const THREADS: usize = 4;
     const ITERS: usize = 150;
     const SIZE: usize = 1024;
@@ -49,8 +49,8 @@ fn threads_share_one_pool_over_real_queue_pairs() {
     let pairs: Vec<_> = (0..THREADS)
         .map(|_| {
             let (cq_a, cq_b) = (
-                dev.ctx.create_cq(16).build().unwrap(),
-                dev.ctx.create_cq(16).build().unwrap(),
+                dev.ctx.create_cq(256).build().unwrap(),
+                dev.ctx.create_cq(256).build().unwrap(),
             );
             let a = pd.create_qp(QpType::Rc, &cq_a, &cq_a).build().unwrap();
             let b = pd.create_qp(QpType::Rc, &cq_b, &cq_b).build().unwrap();
@@ -116,7 +116,7 @@ fn refused(r: Result<(), PutError>) -> (Error, LocalBuffer) {
 /// unchanged. A buffer swapped into a guard is not taken at its drop.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn put_refuses_what_is_not_one_whole_slot() {
+fn pool_put_refuses_what_is_not_one_whole_slot() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let pool = pd.alloc_pool(4, 256, local()).build().unwrap();
@@ -227,7 +227,7 @@ fn put_refuses_what_is_not_one_whole_slot() {
 /// its drop is harmless, and the buffers outlive the pool.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_pool_dropped_with_buffers_out() {
+fn pool_dropped_with_buffers_out() {
     let p = pair(QpType::Rc, local(), |b| b);
     let pool = p.pd.alloc_pool(4, 64, local()).build().unwrap();
     let mr = pool.memory_region().clone();
@@ -266,7 +266,7 @@ fn a_pool_dropped_with_buffers_out() {
 /// — nor afterwards.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_buffer_posted_on_a_dropped_queue_pair_never_returns() {
+fn pool_buffer_posted_on_a_dropped_queue_pair_never_returns() {
     let p = pair(QpType::Rc, local(), |b| b);
     let pool = p.pd.alloc_pool(2, 64, local()).build().unwrap();
     p.b.post_recv(RecvRequest::new(pool.get().unwrap()))
@@ -307,7 +307,7 @@ fn huge_pages() -> (usize, usize, usize) {
 /// fallback to small pages.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_huge_page_pool_or_its_refusal() {
+fn pool_on_huge_pages_or_its_refusal() {
     let p = pair(QpType::Rc, local(), |b| b);
     let (page, free, total) = huge_pages();
     let overcommit = std::fs::read_to_string("/proc/sys/vm/nr_overcommit_hugepages")
