@@ -459,7 +459,10 @@ impl BufferPoolBuilder<'_> {
 impl ProtectionDomain {
     /// A pool of `count` buffers of `size` bytes, one registration of
     /// `count × size` bytes with `access`: set options on the builder,
-    /// then [`build`](BufferPoolBuilder::build) it.
+    /// then [`build`](BufferPoolBuilder::build) it. Buffer `i` starts
+    /// `i × size` bytes after a page-aligned start, so a `size` that is a
+    /// multiple of `T`'s alignment keeps every buffer's typed view
+    /// ([`LocalBuffer::as_slice_of`]) aligned.
     ///
     /// # Example
     /// ```no_run
