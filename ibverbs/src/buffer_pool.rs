@@ -28,13 +28,13 @@ struct PoolShared {
     /// in `get`/`put`).
     ///
     /// A mutex, not a lock-free stack: the critical section is one
-    /// `Vec::pop`/`push`, and parking_lot's uncontended lock is one
-    /// compare-and-swap and one store, as cheap as a Treiber stack's one
-    /// compare-and-swap; a Treiber stack of slot indices needs a tag
-    /// against ABA, and a tag that wraps while a thread is descheduled
-    /// between its load and its compare-and-swap would hand one slot to two
-    /// owners: two `&mut [u8]` to the same bytes, unsound, where the mutex
-    /// is only slower under contention.
+    /// `Vec::pop`/`push`, and parking_lot's uncontended lock and unlock are
+    /// one compare-and-swap each (inline), against a Treiber stack's one;
+    /// but a Treiber stack of slot indices needs a tag against ABA, and a
+    /// tag that wraps while a thread is descheduled between its load and
+    /// its compare-and-swap would hand one slot to two owners: two
+    /// `&mut [u8]` to the same bytes, unsound, where the mutex is only
+    /// slower under contention.
     free: Mutex<Vec<LocalBuffer>>,
     mr: MemoryRegion,
     /// Address of slot 0.
