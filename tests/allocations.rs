@@ -397,3 +397,46 @@ fn message_channel_send_and_recv_do_not_allocate() {
     };
     steady_state_allocates_nothing("MessageChannel send/recv", iteration);
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn pool_get_post_poll_put_does_not_allocate() {
+    // A runtime's loop over a buffer pool: get a send and a receive
+    // buffer, post both, poll, put both back.
+    let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let pool =
+        p.pd.alloc_pool(4, 64, AccessFlags::LOCAL_WRITE)
+            .build()
+            .unwrap();
+    let mut batch_b = Completions::with_capacity(16);
+
+    let iteration = |i: usize| {
+        let mut s = pool.get().expect("a free send buffer");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let r = pool.get().expect("a free receive buffer");
+        p.b.post_recv(RecvRequest::new(r).wr_id(i as u64))
+            .expect("post_recv");
+        p.a.post_send(SendRequest::send(s).wr_id(i as u64))
+            .expect("post_send");
+        let (mut sent, mut received) = (false, false);
+        let end = deadline();
+        while !sent || !received {
+            poll_one_into(&p.cq_a, |mut c| {
+                ok(&c);
+                let b = c.take_local().expect("send buffer back");
+                pool.put(b).expect("a slot of the pool");
+                sent = true;
+            });
+            poll_into(&p.cq_b, &mut batch_b, |mut c| {
+                ok(&c);
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                pool.put(b).expect("a slot of the pool");
+                received = true;
+            });
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+        assert_eq!(pool.available(), 4);
+    };
+    steady_state_allocates_nothing("pool get/post/poll/put", iteration);
+}

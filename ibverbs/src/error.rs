@@ -551,6 +551,34 @@ pub enum Error {
         /// The timeout it was given.
         timeout: std::time::Duration,
     },
+    /// [`BufferPool::put`](crate::BufferPool::put) was given a buffer that
+    /// is not exactly one of the pool's buffers: one of another
+    /// registration, a piece of one, or several joined. It comes back in
+    /// the [`PutError`](crate::PutError); the pool is unchanged.
+    #[error(
+        "the {len}-byte buffer at {addr:#x} is not one of this pool's {size}-byte buffers: {}",
+        pool_slot_problem(*.same_registration)
+    )]
+    NotPoolSlot {
+        /// The buffer's address.
+        addr: u64,
+        /// Its length.
+        len: usize,
+        /// The length of the pool's buffers.
+        size: usize,
+        /// Whether it is of the pool's registration (then it is a piece
+        /// of a buffer, or buffers joined, or not at a buffer's start).
+        same_registration: bool,
+    },
+}
+
+/// Why a buffer of [`Error::NotPoolSlot`] is not one of the pool's.
+fn pool_slot_problem(same_registration: bool) -> &'static str {
+    if same_registration {
+        "a piece of one or several joined (split or join it back into whole ones)"
+    } else {
+        "it is of another registration"
+    }
 }
 
 /// Why [`Error::InvalidTransition`] refused a state change.
@@ -871,7 +899,8 @@ impl Error {
             | Error::NotThisQueuePair { .. }
             | Error::LengthNotMultiple { .. }
             | Error::ConflictingOptions { .. }
-            | Error::MessageTooLarge { .. } => K::InvalidInput,
+            | Error::MessageTooLarge { .. }
+            | Error::NotPoolSlot { .. } => K::InvalidInput,
             Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
             Error::TimedOut { .. } => K::TimedOut,
             Error::OutOfBand { io, .. } => io.kind(),

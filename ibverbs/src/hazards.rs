@@ -459,6 +459,104 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # 23. Touching a pooled buffer while it is posted
+//!
+//! Posting a [`PooledBuffer`](crate::PooledBuffer) moves it into the
+//! request (as the plain buffer it wraps): the queue pair owns it, not
+//! the pool and not the caller, until the completion hands it back.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pool.get().unwrap();
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! let mut done = Completions::with_capacity(1);
+//! while cq.poll(&mut done)? == 0 {}
+//! let mut buf = done.pop().unwrap().take_local().unwrap();
+//! buf[0] = 1; // ours again, until it goes back
+//! pool.put(buf)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 24. Using a buffer after it went back to the pool
+//!
+//! [`BufferPool::put`](crate::BufferPool::put) and dropping a
+//! [`PooledBuffer`](crate::PooledBuffer) consume it: the next `get`, on
+//! any thread, may hand the same bytes to someone else.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap().into_local();
+//! pool.put(buf)?;
+//! println!("{}", buf[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pool.get().unwrap();
+//! drop(buf);
+//! buf[0] = 1;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let first = buf[0]; // copy out what is needed
+//! drop(buf);          // back in the pool
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 25. Keeping a view of a pooled buffer after giving it back
+//!
+//! A slice or typed view borrows the [`PooledBuffer`](crate::PooledBuffer),
+//! so it cannot outlive the drop that returns the bytes to the pool (or
+//! the post that hands them to the device).
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let words: &[u32] = buf.as_slice_of()?;
+//! drop(buf);
+//! println!("{}", words[0]); // another thread may have the bytes now
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let view: &[u8] = &buf;
+//! qp.post_send(SendRequest::write(buf, remote))?;
+//! println!("{}", view[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let first = buf.as_slice_of::<u32>()?[0];
+//! qp.post_send(SendRequest::write(buf, remote))?;
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
 //! # 26. Reading a received message after releasing it
 //!
 //! A [`Message`](crate::Message) is the receive buffer the message landed

@@ -147,6 +147,7 @@ mod address_handle;
 #[cfg(feature = "tokio")]
 mod async_io;
 mod buffer;
+mod buffer_pool;
 mod capabilities;
 #[cfg(feature = "rdmacm")]
 pub mod cm;
@@ -187,6 +188,7 @@ pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SgList, SharedBuffer,
 };
+pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{

@@ -206,6 +206,12 @@ fn every_variant() -> Vec<Error> {
             op: "MessageChannel::send",
             timeout: std::time::Duration::from_millis(250),
         },
+        Error::NotPoolSlot {
+            addr: 0x1800,
+            len: 2048,
+            size: 4096,
+            same_registration: true,
+        },
     ];
     for e in &all {
         match e {
@@ -263,7 +269,8 @@ fn every_variant() -> Vec<Error> {
             | Error::Peer { .. }
             | Error::MessageTooLarge { .. }
             | Error::ChannelProtocol { .. }
-            | Error::TimedOut { .. } => {}
+            | Error::TimedOut { .. }
+            | Error::NotPoolSlot { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
