@@ -458,3 +458,68 @@
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
+//!
+//! # 20. Using a buffer after posting it through a request table
+//!
+//! [`RequestTable`](crate::RequestTable) posts the request as `post_send`
+//! does: the buffer moves into it and comes back only in the completion
+//! handed out with the request's value.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! loop {
+//!     if let Some(Polled::Done(7, mut c)) = table.poll()? {
+//!         c.result()?;
+//!         let mut buf = c.take_local().unwrap();
+//!         buf[0] = 1; // ours again
+//!         break;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 21. A table value that borrows the buffer it is posted with
+//!
+//! The value stays in the table while the request is outstanding, so it
+//! cannot hold a borrow of the request's buffer: that would be a view of
+//! bytes the device writes.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let view: &[u8] = &buf;
+//! table.post_send(qp, SendRequest::read(buf, remote), view)?;
+//! if let Some(Polled::Done(view, _)) = table.poll()? {
+//!     println!("{}", view[0]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let before = buf[0]; // a copy, not a borrow
+//! table.post_send(qp, SendRequest::read(buf, remote), before)?;
+//! if let Some(Polled::Done(before, mut c)) = table.poll()? {
+//!     println!("{before} -> {}", c.take_local().unwrap()[0]);
+//! }
+//! # Ok(()) }
+//! ```

@@ -177,6 +177,11 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
+        Error::RequestTableFull { capacity: 16 },
+        Error::CompletionQueueMismatch {
+            queue: "send queue",
+        },
+        Error::StreamOfAnotherTable,
     ];
     for e in &all {
         match e {
@@ -229,7 +234,10 @@ fn every_variant() -> Vec<Error> {
             | Error::CompletionChannelShared { .. }
             | Error::BadWireFormat { .. }
             | Error::NotThisQueuePair { .. }
-            | Error::LengthNotMultiple { .. } => {}
+            | Error::LengthNotMultiple { .. }
+            | Error::RequestTableFull { .. }
+            | Error::CompletionQueueMismatch { .. }
+            | Error::StreamOfAnotherTable => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
