@@ -77,7 +77,7 @@ fn post_send_polling<'a>(
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn many_qps_share_one_cq_and_one_table_at_depth_16() {
+fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq = dev.ctx.create_cq(256).build().unwrap();
@@ -254,7 +254,7 @@ fn bad_key(remote: RemoteMemory) -> RemoteMemory {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn error_completions_give_back_values_and_buffers() {
+fn request_table_error_completions_give_back_values_and_buffers() {
     let p = common::pair(QpType::Rc, common::remote_all(), |b| {
         b.max_send_wr(DEPTH).max_recv_wr(4)
     });
@@ -325,7 +325,7 @@ fn post_stream_polling<'a>(
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_stream_of_10000_inline_writes_signals_every_8th() {
+fn request_table_stream_of_10000_inline_writes_signals_every_8th() {
     const WRITES: usize = 10_000;
     const EVERY: u32 = 8;
     const SLOTS: usize = 64;
@@ -400,7 +400,7 @@ fn a_stream_of_10000_inline_writes_signals_every_8th() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_failing_unsignaled_stream_write_returns_its_value_with_its_error() {
+fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_error() {
     let p = common::pair(QpType::Rc, common::remote_all(), |b| {
         b.max_send_wr(DEPTH).max_inline_data(64)
     });

@@ -22,7 +22,7 @@
 //! of a retired request) never matches a live slot by accident: it is
 //! handed back as [`Polled::Foreign`], never attributed to a value.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ const NONE: u32 = u32::MAX;
 pub(crate) const MAX_CAPACITY: u32 = (1 << IDX_BITS) - 1;
 
 static NEXT_TABLE_ID: AtomicU32 = AtomicU32::new(1);
+/// Tables' serial numbers, never reused: what a [`SendStream`] checks its
+/// table by (its chains name the table's slots).
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// A process-unique (until 2^24 - 1 more tables) nonzero table id.
 fn next_table_id() -> u32 {
@@ -119,6 +122,7 @@ enum Event<T, C> {
 /// The slot bookkeeping, free of verbs (unit-tested on the host).
 struct Core<T, C> {
     id: u32,
+    serial: u64,
     slots: Box<[Slot<T>]>,
     /// Free slot indices (a stack; allocated once at full capacity).
     free: Vec<u32>,
@@ -134,6 +138,7 @@ impl<T, C> Core<T, C> {
         let capacity = capacity.clamp(1, MAX_CAPACITY);
         Core {
             id: next_table_id(),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             slots: (0..capacity)
                 .map(|_| Slot {
                     value: None,
@@ -572,7 +577,7 @@ impl<T> RequestTable<T> {
         self.check_cq(qp.send_cq(), "send queue")?;
         Ok(SendStream {
             qp: qp.clone(),
-            table: self.core.id,
+            table: self.core.serial,
             every: every.clamp(1, qp.send_capacity().max(1)),
             run: 0,
             signal_next: false,
@@ -612,7 +617,7 @@ impl<T> RequestTable<T> {
         request: SendRequest<'a>,
         value: T,
     ) -> Result<(), TablePostError<SendRequest<'a>, T>> {
-        if stream.table != self.core.id {
+        if stream.table != self.core.serial {
             return Err(TablePostError {
                 error: Error::StreamOfAnotherTable,
                 request,
@@ -756,7 +761,8 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 #[derive(Debug)]
 pub struct SendStream {
     qp: QueuePair,
-    table: u32,
+    /// The serial of the table that made it.
+    table: u64,
     every: u32,
     /// Unsignaled requests posted since the last signaled one.
     run: u32,
