@@ -384,16 +384,17 @@ fn request_table_stream_of_10000_inline_writes_signals_every_8th() {
     assert!(seen.iter().all(|&n| n == 1), "every value back once");
     assert_eq!(done + covered, WRITES);
     println!("{WRITES} writes, every {EVERY}th signaled: {done} completions, {covered} covered");
-    // Ideally WRITES / EVERY = 1250 completions (plus the 10 with buffers).
+    // WRITES / EVERY = 1250 completions (the 10 requests with a buffer of
+    // their own fall on every 8th; at worst they add one each).
     assert!(
-        done <= WRITES / EVERY as usize + WRITES / 100,
+        done <= WRITES / EVERY as usize + WRITES / 1000,
         "{done} completions for {WRITES} writes"
     );
     common::assert_quiet(&p.cq_a);
     let mut words = [0u64; SLOTS];
     target.read_into(0, &mut words).unwrap();
     for (s, w) in words.iter().enumerate() {
-        let last = WRITES - SLOTS + s;
+        let last = s + (WRITES - 1 - s) / SLOTS * SLOTS;
         assert_eq!(*w, last as u64, "slot {s} holds the last write to it");
     }
 }
