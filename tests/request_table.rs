@@ -456,3 +456,96 @@ fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_erro
     );
     assert!(table.poll().unwrap().is_none());
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn request_table_foreign_completions_are_handed_back_not_attributed() {
+    // A plain post on a queue pair sharing the table's CQ, and one that
+    // copies the wr_id of a request the table already handed back: both
+    // come back as Foreign, buffers included, and no value is touched.
+    let p = common::pair(QpType::Rc, common::remote_all(), |b| b.max_send_wr(DEPTH));
+    let target = p.pd.alloc_shared(4096, common::remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+    let mut table = RequestTable::<u32>::new(&p.cq_a, 4);
+    let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
+    table
+        .post_send(&p.a, SendRequest::write(buf(8), remote), 1)
+        .unwrap();
+    let stale = match next(&mut table) {
+        Polled::Done(1, c) => c.wr_id(),
+        other => panic!("unexpected {other:?}"),
+    };
+    // The slot is reused under a new generation, then the old wr_id posted
+    // directly, then an unrelated plain post.
+    table
+        .post_send(&p.a, SendRequest::write(buf(16), remote), 2)
+        .unwrap();
+    p.a.post_send(SendRequest::write(buf(24), remote).wr_id(stale))
+        .unwrap();
+    p.a.post_send(SendRequest::write(buf(32), remote).wr_id(5))
+        .unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.push(match next(&mut table) {
+            Polled::Done(v, mut c) => (Some(v), c.wr_id() == stale, c.take_local().unwrap().len()),
+            Polled::Foreign(mut c) => (None, c.wr_id() == stale, c.take_local().unwrap().len()),
+            Polled::Covered(v) => panic!("covered {v}"),
+        });
+    }
+    assert_eq!(
+        got,
+        [(Some(2), false, 16), (None, true, 24), (None, false, 32)]
+    );
+    assert!(table.is_empty());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn request_table_wait_sleeps_until_a_completion_or_the_deadline() {
+    let dev = common::device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let channel = dev.ctx.create_comp_channel().unwrap();
+    let cq = dev.ctx.create_cq(64).channel(&channel).build().unwrap();
+    let peer_cq = dev.ctx.create_cq(64).build().unwrap();
+    let a = pd
+        .create_qp(QpType::Rc, &cq, &cq)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .build()
+        .unwrap();
+    let b = pd
+        .create_qp(QpType::Rc, &peer_cq, &peer_cq)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .build()
+        .unwrap();
+    common::connect_pair(&dev, &a, &b, common::remote_all());
+    let mut table = RequestTable::<&str>::new(&cq, 4);
+    let start = Instant::now();
+    assert!(table
+        .wait(Some(Duration::from_millis(100)))
+        .unwrap()
+        .is_none());
+    assert!(
+        start.elapsed() >= Duration::from_millis(100),
+        "returned early"
+    );
+    let into = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    table
+        .post_recv(&a, RecvRequest::new(into), "receive")
+        .unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        b.post_send(SendRequest::send(pd.alloc_frozen_pattern(3)))
+            .unwrap();
+        common::wait_ok(&peer_cq);
+    });
+    match table.wait(Some(Duration::from_secs(10))).unwrap() {
+        Some(Polled::Done("receive", mut c)) => {
+            c.result().unwrap();
+            assert_eq!(&c.take_local().unwrap()[..], &common::pattern(64, 3)[..]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    sender.join().unwrap();
+}
