@@ -601,6 +601,9 @@ impl<T> RequestTable<T> {
     /// [`Polled::Covered`] once the signaled request after it completed,
     /// or with its own completion if it fails ([`Polled::Done`]).
     ///
+    /// Reading the send queue's room takes its lock once more (uncontended
+    /// when the stream is its only poster) before `post_send` takes it.
+    ///
     /// When the send queue is full, this first polls the table's CQ
     /// (spinning) until the signaled request that covers the oldest
     /// entries completed; what that poll finds is handed out by the next

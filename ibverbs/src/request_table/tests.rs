@@ -169,3 +169,14 @@ fn random_streams_hand_every_value_back_exactly_once() {
     assert!(seen.iter().all(|&n| n <= 1), "a value came back twice");
     assert_eq!(back + uncovered, value as usize);
 }
+
+#[test]
+fn tables_and_streams_cross_threads() {
+    fn send<S: Send>() {}
+    fn sync<S: Sync>() {}
+    send::<RequestTable<Vec<u8>>>();
+    sync::<RequestTable<Vec<u8>>>();
+    send::<SendStream>();
+    sync::<SendStream>();
+    send::<TablePostError<SendRequest<'static>, u32>>();
+}
