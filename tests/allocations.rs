@@ -440,3 +440,80 @@ fn pool_get_post_poll_put_does_not_allocate() {
     };
     steady_state_allocates_nothing("pool get/post/poll/put", iteration);
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn request_table_and_stream_do_not_allocate() {
+    // The request table's data path: a receive and a send posted with
+    // values, polled as (value, completion) pairs; then a stream of inline
+    // writes signaled every 4th, its covered values handed out.
+    use ibverbs::{Polled, RequestTable};
+    let p = common::pair(QpType::Rc, common::remote_all(), |b| {
+        b.max_send_wr(16).max_inline_data(64)
+    });
+    let target = p.pd.alloc_shared(64, common::remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+    let mut send = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut table_a = RequestTable::<(usize, u8)>::new(&p.cq_a, 16);
+    let mut table_b = RequestTable::<usize>::new(&p.cq_b, 16);
+    let mut stream = table_a.send_stream(&p.a, 4).unwrap();
+
+    let iteration = |i: usize| {
+        let mut s = send.take().expect("send buffer is home");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        table_b
+            .post_recv(
+                &p.b,
+                RecvRequest::new(recv.take().expect("receive buffer is home")),
+                i,
+            )
+            .expect("post_recv");
+        table_a
+            .post_send(&p.a, SendRequest::send(s), (i, 0))
+            .expect("post_send");
+        let data = (i as u64).to_le_bytes();
+        for k in 1..=8u8 {
+            if k == 8 {
+                stream.signal_next();
+            }
+            table_a
+                .post_stream(
+                    &mut stream,
+                    SendRequest::write_inline(&data, remote),
+                    (i, k),
+                )
+                .expect("post_stream");
+        }
+        let mut back = 0u32;
+        let end = deadline();
+        while send.is_none() || recv.is_none() || back != 0x1ff {
+            if let Some(polled) = table_a.poll().expect("poll") {
+                match polled {
+                    Polled::Done((j, k), mut c) => {
+                        ok(&c);
+                        assert_eq!(j, i);
+                        if k == 0 {
+                            send = c.take_local();
+                        }
+                        back |= 1 << k;
+                    }
+                    Polled::Covered((j, k)) => {
+                        assert_eq!(j, i);
+                        back |= 1 << k;
+                    }
+                    Polled::Foreign(c) => panic!("foreign {c:?}"),
+                }
+            }
+            if let Some(Polled::Done(j, mut c)) = table_b.poll().expect("poll") {
+                ok(&c);
+                assert_eq!(j, i);
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                recv = Some(b);
+            }
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+    };
+    steady_state_allocates_nothing("request table post/poll and stream", iteration);
+}

@@ -570,6 +570,28 @@ pub enum Error {
         /// of a buffer, or buffers joined, or not at a buffer's start).
         same_registration: bool,
     },
+    /// A [`RequestTable`](crate::RequestTable) has a value outstanding in
+    /// each of its slots: poll it first. Refused before posting.
+    #[error("the request table is full ({capacity} requests outstanding)")]
+    RequestTableFull {
+        /// The table's capacity.
+        capacity: u32,
+    },
+    /// A queue posted to through a [`RequestTable`](crate::RequestTable)
+    /// reports to another completion queue than the table polls: its
+    /// completion (and the value) would never come back. Nothing posted.
+    #[error(
+        "the queue pair's {queue} reports to another completion queue than the request table's"
+    )]
+    CompletionQueueMismatch {
+        /// Which queue (`send queue`, `receive queue`).
+        queue: &'static str,
+    },
+    /// A [`SendStream`](crate::SendStream) posted through another
+    /// [`RequestTable`](crate::RequestTable) than the one that made it.
+    /// Nothing posted.
+    #[error("the send stream belongs to another request table")]
+    StreamOfAnotherTable,
 }
 
 /// Why a buffer of [`Error::NotPoolSlot`] is not one of the pool's.
@@ -856,9 +878,10 @@ impl Error {
             Error::NoDevice { .. } | Error::NoActivePort { .. } => K::NotFound,
             Error::NotReadyToSend { .. } => K::NotConnected,
             Error::QueuePairInError { .. } => K::BrokenPipe,
-            Error::QueueFull { .. } | Error::WindowBusy | Error::AlreadyDriven { .. } => {
-                K::ResourceBusy
-            }
+            Error::QueueFull { .. }
+            | Error::WindowBusy
+            | Error::AlreadyDriven { .. }
+            | Error::RequestTableFull { .. } => K::ResourceBusy,
             Error::WorkCompletion { .. }
             | Error::WindowIndeterminate
             | Error::QueuePairDropped
@@ -898,6 +921,8 @@ impl Error {
             | Error::CompletionChannelShared { .. }
             | Error::NotThisQueuePair { .. }
             | Error::LengthNotMultiple { .. }
+            | Error::CompletionQueueMismatch { .. }
+            | Error::StreamOfAnotherTable
             | Error::ConflictingOptions { .. }
             | Error::MessageTooLarge { .. }
             | Error::NotPoolSlot { .. } => K::InvalidInput,

@@ -459,7 +459,72 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 23. Touching a pooled buffer while it is posted
+//! # 20. Using a buffer after posting it through a request table
+//!
+//! [`RequestTable`](crate::RequestTable) posts the request as `post_send`
+//! does: the buffer moves into it and comes back only in the completion
+//! handed out with the request's value.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! loop {
+//!     if let Some(Polled::Done(7, mut c)) = table.poll()? {
+//!         c.result()?;
+//!         let mut buf = c.take_local().unwrap();
+//!         buf[0] = 1; // ours again
+//!         break;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 21. A table value that borrows the buffer it is posted with
+//!
+//! The value stays in the table while the request is outstanding, so it
+//! cannot hold a borrow of the request's buffer: that would be a view of
+//! bytes the device writes.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let view: &[u8] = &buf;
+//! table.post_send(qp, SendRequest::read(buf, remote), view)?;
+//! if let Some(Polled::Done(view, _)) = table.poll()? {
+//!     println!("{}", view[0]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let before = buf[0]; // a copy, not a borrow
+//! table.post_send(qp, SendRequest::read(buf, remote), before)?;
+//! if let Some(Polled::Done(before, mut c)) = table.poll()? {
+//!     println!("{before} -> {}", c.take_local().unwrap()[0]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 22. Touching a pooled buffer while it is posted
 //!
 //! Posting a [`PooledBuffer`](crate::PooledBuffer) moves it into the
 //! request (as the plain buffer it wraps): the queue pair owns it, not
@@ -487,7 +552,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 24. Using a buffer after it went back to the pool
+//! # 23. Using a buffer after it went back to the pool
 //!
 //! [`BufferPool::put`](crate::BufferPool::put) and dropping a
 //! [`PooledBuffer`](crate::PooledBuffer) consume it: the next `get`, on
@@ -521,7 +586,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 25. Keeping a view of a pooled buffer after giving it back
+//! # 24. Keeping a view of a pooled buffer after giving it back
 //!
 //! A slice or typed view borrows the [`PooledBuffer`](crate::PooledBuffer),
 //! so it cannot outlive the drop that returns the bytes to the pool (or
@@ -557,7 +622,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 26. Reading a received message after releasing it
+//! # 25. Reading a received message after releasing it
 //!
 //! A [`Message`](crate::Message) is the receive buffer the message landed
 //! in; dropping it posts the buffer again, and from then on the peer's
@@ -584,7 +649,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 27. Holding a received message across the next receive
+//! # 26. Holding a received message across the next receive
 //!
 //! A message borrows its channel: the next `recv` (which may post
 //! buffers again and process what arrives) waits until it is released.
@@ -607,7 +672,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 28. Sending from a received message's buffer
+//! # 27. Sending from a received message's buffer
 //!
 //! `send` copies its bytes into the channel's own send slot (or inline),
 //! so no buffer of the caller is ever posted; and a message cannot be the
@@ -636,7 +701,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # 29. Two threads on one channel end
+//! # 28. Two threads on one channel end
 //!
 //! A channel end's accounting (credits, sequence numbers, send slots) is
 //! one thread's at a time, without a lock: `send` and `recv` take `&mut`,

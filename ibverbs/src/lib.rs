@@ -165,6 +165,7 @@ mod message_channel;
 mod port;
 mod protection_domain;
 mod queue_pair;
+mod request_table;
 mod shared_receive_queue;
 mod work_completion;
 mod wq_table;
@@ -212,5 +213,6 @@ pub use queue_pair::{
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
+pub use request_table::{Polled, RequestTable, SendStream, TablePostError};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};

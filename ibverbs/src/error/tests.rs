@@ -212,6 +212,11 @@ fn every_variant() -> Vec<Error> {
             size: 4096,
             same_registration: true,
         },
+        Error::RequestTableFull { capacity: 16 },
+        Error::CompletionQueueMismatch {
+            queue: "send queue",
+        },
+        Error::StreamOfAnotherTable,
     ];
     for e in &all {
         match e {
@@ -270,7 +275,10 @@ fn every_variant() -> Vec<Error> {
             | Error::MessageTooLarge { .. }
             | Error::ChannelProtocol { .. }
             | Error::TimedOut { .. }
-            | Error::NotPoolSlot { .. } => {}
+            | Error::NotPoolSlot { .. }
+            | Error::RequestTableFull { .. }
+            | Error::CompletionQueueMismatch { .. }
+            | Error::StreamOfAnotherTable => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
