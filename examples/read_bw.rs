@@ -20,8 +20,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use ibverbs::{AccessFlags, Completion, Completions, LocalBuffer, RemoteMemory, SendRequest};
 
-#[path = "perf/mod.rs"]
-mod perf;
+use ibverbs_suite::perf;
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};

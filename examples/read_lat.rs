@@ -27,8 +27,7 @@ use ibverbs::{
     sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, SgList, WorkCompletion,
 };
 
-#[path = "perf/mod.rs"]
-mod perf;
+use ibverbs_suite::perf;
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};

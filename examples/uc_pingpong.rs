@@ -7,13 +7,12 @@
 //! ```
 //! Same options, TCP exchange, queue pair attributes and output as the C
 //! tool, so either side can be `ibv_uc_pingpong`. See `--help` and
-//! `examples/pingpong/mod.rs` for the few differences (default port: the
+//! `src/pingpong.rs` for the few differences (default port: the
 //! first ACTIVE one; bounded waits everywhere).
 
 use clap::Parser;
 
-#[path = "pingpong/mod.rs"]
-mod pingpong;
+use ibverbs_suite::pingpong;
 
 /// Ping-pong over UC: without HOST, start a server and wait for a connection; with HOST,
 /// connect to the server there. Works with rdma-core's ibv_uc_pingpong on either side.

@@ -12,8 +12,7 @@
 
 use clap::Parser;
 
-#[path = "pingpong/mod.rs"]
-mod pingpong;
+use ibverbs_suite::pingpong;
 
 /// Ping-pong over UD: without HOST, start a server and wait for a connection; with HOST,
 /// connect to the server there. Works with rdma-core's ibv_ud_pingpong on either side.

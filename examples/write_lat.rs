@@ -30,8 +30,7 @@ use ibverbs::{
     WorkCompletion,
 };
 
-#[path = "perf/mod.rs"]
-mod perf;
+use ibverbs_suite::perf;
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};

@@ -1,1 +1,10 @@
-//! Examples and device tests live in this package.
+//! The code the example programs share, as a library: the ping-pongs'
+//! rdma-core-compatible exchange and loop ([`pingpong`]) and the
+//! perftest-style tools' options, setup, streaming engine, statistics and
+//! reports ([`perf`]), and the fault-injection data mover ([`fault`], the
+//! `fault_peer` binary of `cargo xtask faults`). Each program in `examples/` is a thin `main` over it;
+//! the device tests in `tests/` and the fuzz targets use it too.
+
+pub mod fault;
+pub mod perf;
+pub mod pingpong;

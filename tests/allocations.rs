@@ -319,3 +319,201 @@ fn ud_send_with_address_handle_does_not_allocate() {
     };
     steady_state_allocates_nothing("UD send/receive", iteration);
 }
+
+/// `Mesh::barrier` (the per-step synchronisation of a collective) does not
+/// allocate: two ranks of a mesh as threads, this thread's barriers
+/// counted.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn exchange_mesh_barrier_does_not_allocate() {
+    use ibverbs::{ConnectOptions, LocalPort, Ranks};
+    let ls: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<std::net::SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let rank = |rank: usize, l: std::net::TcpListener, addrs: Vec<std::net::SocketAddr>| {
+        let dev = common::device();
+        let pd = dev.ctx.alloc_pd().unwrap();
+        let cq = dev.ctx.create_cq(256).build().unwrap();
+        let local = LocalPort::query(&dev.ctx, dev.port, Some(dev.gid_index)).unwrap();
+        let opts = ConnectOptions::new(dev.port).local_port(&local);
+        Ranks::new(&addrs, rank)
+            .listener(l)
+            .connect_mesh(&local, &opts, |_| {
+                let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
+                Ok((qp, Vec::new()))
+            })
+            .unwrap()
+    };
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let other = {
+        let addrs = addrs.clone();
+        std::thread::spawn(move || {
+            let mut mesh = rank(1, l1, addrs);
+            for _ in 0..WARM_UP + MEASURED {
+                mesh.barrier(Duration::from_secs(30)).unwrap();
+            }
+        })
+    };
+    let mut mesh = rank(0, l0, addrs);
+    steady_state_allocates_nothing("Mesh::barrier", |_| {
+        mesh.barrier(Duration::from_secs(30)).unwrap()
+    });
+    other.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn message_channel_send_and_recv_do_not_allocate() {
+    use ibverbs::MessageChannel;
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    // A window of 4: credits run out and come back (alone and piggy-backed)
+    // within the measured iterations.
+    let mut a = MessageChannel::create(&pd, 4, 256).unwrap();
+    let mut b = MessageChannel::create(&pd, 4, 256).unwrap();
+    let ea = common::endpoint(&t, a.queue_pair(), 1);
+    let eb = common::endpoint(&t, b.queue_pair(), 2);
+    let opts = common::options(&t, AccessFlags::LOCAL_WRITE);
+    a.connect(&ea, &eb, &opts).unwrap();
+    b.connect(&eb, &ea, &opts).unwrap();
+    let wait = Some(Duration::from_secs(10));
+    let mut bytes = [0u8; 256];
+
+    let iteration = |i: usize| {
+        // Small messages go inline, larger ones through a send slot.
+        let len = if i % 2 == 0 { 16 } else { 200 };
+        bytes[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        a.send(&bytes[..len], wait).expect("a.send");
+        if i % 3 == 0 {
+            b.send(&bytes[..len], wait).expect("b.send");
+            let back = a.recv(wait).expect("a.recv").expect("a message");
+            assert_eq!(back.len(), len);
+        }
+        let m = b.recv(wait).expect("b.recv").expect("a message");
+        assert_eq!(m[..8], (i as u64).to_le_bytes(), "message {i}");
+        assert_eq!(m.len(), len);
+    };
+    steady_state_allocates_nothing("MessageChannel send/recv", iteration);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn pool_get_post_poll_put_does_not_allocate() {
+    // A runtime's loop over a buffer pool: get a send and a receive
+    // buffer, post both, poll, put both back.
+    let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let pool =
+        p.pd.alloc_pool(4, 64, AccessFlags::LOCAL_WRITE)
+            .build()
+            .unwrap();
+    let mut batch_b = Completions::with_capacity(16);
+
+    let iteration = |i: usize| {
+        let mut s = pool.get().expect("a free send buffer");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let r = pool.get().expect("a free receive buffer");
+        p.b.post_recv(RecvRequest::new(r).wr_id(i as u64))
+            .expect("post_recv");
+        p.a.post_send(SendRequest::send(s).wr_id(i as u64))
+            .expect("post_send");
+        let (mut sent, mut received) = (false, false);
+        let end = deadline();
+        while !sent || !received {
+            poll_one_into(&p.cq_a, |mut c| {
+                ok(&c);
+                let b = c.take_local().expect("send buffer back");
+                pool.put(b).expect("a slot of the pool");
+                sent = true;
+            });
+            poll_into(&p.cq_b, &mut batch_b, |mut c| {
+                ok(&c);
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                pool.put(b).expect("a slot of the pool");
+                received = true;
+            });
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+        assert_eq!(pool.available(), 4);
+    };
+    steady_state_allocates_nothing("pool get/post/poll/put", iteration);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn request_table_and_stream_do_not_allocate() {
+    // The request table's data path: a receive and a send posted with
+    // values, polled as (value, completion) pairs; then a stream of inline
+    // writes signaled every 4th, its covered values handed out.
+    use ibverbs::{Polled, RequestTable};
+    let p = common::pair(QpType::Rc, common::remote_all(), |b| {
+        b.max_send_wr(16).max_inline_data(64)
+    });
+    let target = p.pd.alloc_shared(64, common::remote_all()).unwrap();
+    let remote = target.remote().unwrap();
+    let mut send = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
+    let mut table_a = RequestTable::<(usize, u8)>::new(&p.cq_a, 16);
+    let mut table_b = RequestTable::<usize>::new(&p.cq_b, 16);
+    let mut stream = table_a.send_stream(&p.a, 4).unwrap();
+
+    let iteration = |i: usize| {
+        let mut s = send.take().expect("send buffer is home");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        table_b
+            .post_recv(
+                &p.b,
+                RecvRequest::new(recv.take().expect("receive buffer is home")),
+                i,
+            )
+            .expect("post_recv");
+        table_a
+            .post_send(&p.a, SendRequest::send(s), (i, 0))
+            .expect("post_send");
+        let data = (i as u64).to_le_bytes();
+        for k in 1..=8u8 {
+            if k == 8 {
+                stream.signal_next();
+            }
+            table_a
+                .post_stream(
+                    &mut stream,
+                    SendRequest::write_inline(&data, remote),
+                    (i, k),
+                )
+                .expect("post_stream");
+        }
+        let mut back = 0u32;
+        let end = deadline();
+        while send.is_none() || recv.is_none() || back != 0x1ff {
+            if let Some(polled) = table_a.poll().expect("poll") {
+                match polled {
+                    Polled::Done((j, k), mut c) => {
+                        ok(&c);
+                        assert_eq!(j, i);
+                        if k == 0 {
+                            send = c.take_local();
+                        }
+                        back |= 1 << k;
+                    }
+                    Polled::Covered((j, k)) => {
+                        assert_eq!(j, i);
+                        back |= 1 << k;
+                    }
+                    Polled::Foreign(c) => panic!("foreign {c:?}"),
+                }
+            }
+            if let Some(Polled::Done(j, mut c)) = table_b.poll().expect("poll") {
+                ok(&c);
+                assert_eq!(j, i);
+                let b = c.take_local().expect("receive buffer back");
+                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                recv = Some(b);
+            }
+            assert!(Instant::now() < end, "iteration {i} timed out");
+        }
+    };
+    steady_state_allocates_nothing("request table post/poll and stream", iteration);
+}

@@ -10,12 +10,9 @@
 
 mod common;
 
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::process::{self, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
@@ -503,103 +500,8 @@ async fn async_events_stream() {
 // The async_echo example, as server and client.
 // ---------------------------------------------------------------------------
 
-/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/<this test>`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("cannot locate the test executable");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test executable is not in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "example binary {} is missing: build the examples first (`cargo build --examples`; \
-         `cargo xtask test` does it)",
-        path.display()
-    );
-    path
-}
-
-/// A running example; killed (and reaped) on drop unless it finished.
-struct Running {
-    label: String,
-    child: Option<Child>,
-    out: Option<JoinHandle<Vec<u8>>>,
-    err: Option<JoinHandle<Vec<u8>>>,
-}
-
-struct Finished {
-    status: Option<ExitStatus>,
-    text: String,
-}
-
-fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
 fn spawn(args: &[String]) -> Running {
-    let label = format!("async_echo {}", args.join(" "));
-    let mut child = Command::new(example("async_echo"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    Running {
-        label,
-        child: Some(child),
-        out: Some(out),
-        err: Some(err),
-    }
-}
-
-impl Running {
-    /// Waits up to `bound` (then kills it) and collects its output.
-    fn finish(mut self, bound: Duration) -> Finished {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
-        let text = |h: Option<JoinHandle<Vec<u8>>>| {
-            String::from_utf8_lossy(&h.unwrap().join().unwrap_or_default()).into_owned()
-        };
-        let (out, err) = (text(self.out.take()), text(self.err.take()));
-        Finished {
-            status,
-            text: format!(
-                "--- {} ({}):\nstdout:\n{out}\nstderr:\n{err}",
-                self.label,
-                status.map_or("killed after the time bound".into(), |s| s.to_string())
-            ),
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    process::spawn(&common::example_bin("async_echo"), args)
 }
 
 /// Device and GID options: the test device, and GID index 1 (the IPv4
@@ -633,20 +535,20 @@ fn async_echo_example_server_and_client() {
     assert!(
         ok(&server) && ok(&client),
         "{}\n{}",
-        server.text,
-        client.text
+        server.describe(),
+        client.describe()
     );
     assert!(
         client
-            .text
+            .describe()
             .contains("25 messages of 1000 bytes echoed and verified"),
         "{}",
-        client.text
+        client.describe()
     );
     assert!(
-        server.text.contains("echoed 25 messages"),
+        server.describe().contains("echoed 25 messages"),
         "{}",
-        server.text
+        server.describe()
     );
 
     // Mismatched sizes: both sides fail with a message, never hang.
@@ -659,7 +561,11 @@ fn async_echo_example_server_and_client() {
     let client = spawn(&client_args).finish(Duration::from_secs(60));
     let server = server.finish(Duration::from_secs(30));
     for f in [&server, &client] {
-        assert!(f.status.is_some_and(|s| !s.success()), "{}", f.text);
-        assert!(f.text.contains("give both the same"), "{}", f.text);
+        assert!(f.status.is_some_and(|s| !s.success()), "{}", f.describe());
+        assert!(
+            f.describe().contains("give both the same"),
+            "{}",
+            f.describe()
+        );
     }
 }

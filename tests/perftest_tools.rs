@@ -1,8 +1,7 @@
-//! Tests of the perftest-style example tools.
+//! Tests of the perftest-style example tools (their statistics are tested
+//! beside `src/perf/stats.rs`).
 //!
-//! * Host tests (always run): the statistics of `examples/perf/stats.rs` on
-//!   known inputs.
-//! * Device tests (`#[ignore = "needs an RDMA device"]`, run by `cargo xtask
+//! Device tests (`#[ignore = "needs an RDMA device"]`, run by `cargo xtask
 //!   test` inside the SoftRoCE VM): every tool as a server and a client
 //!   process over localhost, each pair on its own TCP port, with a few
 //!   iterations; the tables must have their header and one row per size,
@@ -14,119 +13,12 @@
 //! --examples`, which `cargo xtask test` does). Every child process is
 //! killed when its handle drops and every wait is bounded.
 
-#[path = "../examples/perf/stats.rs"]
-mod stats;
+mod common;
 
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-// ---------------------------------------------------------------------------
-// Host tests: statistics.
-// ---------------------------------------------------------------------------
-
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() < 1e-9 * a.abs().max(b.abs()).max(1.0)
-}
-
-#[test]
-fn median_of_odd_and_even_counts() {
-    assert_eq!(stats::median(&[]), None);
-    assert_eq!(stats::median(&[7.0]), Some(7.0));
-    assert_eq!(stats::median(&[1.0, 2.0, 10.0]), Some(2.0));
-    assert_eq!(stats::median(&[1.0, 2.0, 4.0, 10.0]), Some(3.0));
-}
-
-#[test]
-fn nearest_rank_percentiles() {
-    let v: Vec<f64> = (1..=100).map(f64::from).collect();
-    assert_eq!(stats::percentile(&v, 99.0), Some(99.0));
-    assert_eq!(stats::percentile(&v, 99.9), Some(100.0));
-    assert_eq!(stats::percentile(&v, 50.0), Some(50.0));
-    assert_eq!(stats::percentile(&v, 100.0), Some(100.0));
-    assert_eq!(stats::percentile(&v, 0.0), Some(1.0));
-    let w: Vec<f64> = (1..=1000).map(f64::from).collect();
-    assert_eq!(stats::percentile(&w, 99.0), Some(990.0));
-    assert_eq!(stats::percentile(&w, 99.9), Some(999.0));
-    assert_eq!(stats::percentile(&[5.0], 99.9), Some(5.0));
-    assert_eq!(stats::percentile(&[], 99.0), None);
-}
-
-#[test]
-fn mean_and_population_stdev() {
-    let (m, s) = stats::mean_stdev(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
-    assert!(close(m, 5.0) && close(s, 2.0), "{m} {s}");
-    let (m, s) = stats::mean_stdev(&[3.0]).unwrap();
-    assert!(close(m, 3.0) && close(s, 0.0));
-    assert_eq!(stats::mean_stdev(&[]), None);
-}
-
-#[test]
-fn summary_sorts_and_summarises() {
-    let mut v = vec![9.0, 1.0, 5.0, 3.0, 7.0];
-    let s = stats::summarize(&mut v).unwrap();
-    assert_eq!(v, [1.0, 3.0, 5.0, 7.0, 9.0]);
-    assert_eq!((s.min, s.max, s.median), (1.0, 9.0, 5.0));
-    assert!(close(s.avg, 5.0));
-    assert!(close(s.stdev, 8.0f64.sqrt()));
-    assert_eq!((s.p99, s.p999), (9.0, 9.0));
-    assert_eq!(stats::summarize(&mut []), None);
-}
-
-#[test]
-fn latency_samples_from_post_times() {
-    // Posts at 0, 10 µs, 30 µs, 60 µs.
-    let t = [0u64, 10_000, 30_000, 60_000];
-    let mut out = Vec::with_capacity(8);
-    stats::deltas_us(&t, 2.0, &mut out);
-    assert_eq!(out, [5.0, 10.0, 15.0]);
-    stats::deltas_us(&t, 1.0, &mut out);
-    assert_eq!(out, [10.0, 20.0, 30.0]);
-    stats::deltas_us(&t[..1], 1.0, &mut out);
-    assert!(out.is_empty());
-}
-
-#[test]
-fn bandwidth_average_and_peak() {
-    // 4 messages of 1 MiB, posted at once, completing 1 ms apart: 4 MiB in
-    // 4 ms = 1000 MiB/s on average; the best window is the first message
-    // alone (1 MiB in 1 ms), also 1000 MiB/s.
-    let mib = 1 << 20;
-    let posted = [0u64; 4];
-    let completed = [1_000_000u64, 2_000_000, 3_000_000, 4_000_000];
-    let b = stats::bandwidth(mib, &posted, &completed, 1, 1).unwrap();
-    assert!(close(b.avg_mbps, 1000.0), "{b:?}");
-    assert!(close(b.peak_mbps, 1000.0), "{b:?}");
-    assert!(close(b.msg_rate_mpps, 0.001), "{b:?}");
-
-    // A slow start: messages 2 and 3 posted late and done quickly. The peak
-    // is the window starting at the second post list (message 2): 2 MiB in
-    // 1.5 ms = 1333 MiB/s; the average 4 MiB in 5.5 ms.
-    let posted = [0u64, 0, 4_000_000, 4_000_000];
-    let completed = [4_000_000u64, 4_000_000, 5_000_000, 5_500_000];
-    let b = stats::bandwidth(mib, &posted, &completed, 2, 1).unwrap();
-    assert!(close(b.avg_mbps, 4.0 / 5.5e-3), "{b:?}");
-    assert!(close(b.peak_mbps, 2.0 / 1.5e-3), "{b:?}");
-
-    // CQ moderation 2: only completions 1 and 3 (0-based) end a window.
-    let posted = [0u64, 0, 0, 0];
-    let completed = [2_000_000u64, 2_000_000, 4_000_000, 4_000_000];
-    let b = stats::bandwidth(mib, &posted, &completed, 1, 2).unwrap();
-    assert!(close(b.peak_mbps, 1000.0), "{b:?}");
-
-    assert_eq!(stats::bandwidth(1, &[], &[], 1, 1), None);
-    assert_eq!(stats::bandwidth(1, &[0], &[1, 2], 1, 1), None);
-}
-
-#[test]
-fn size_sweep() {
-    assert_eq!(stats::sizes(false, 100, 1 << 23), [100]);
-    assert_eq!(stats::sizes(true, 100, 64), [2, 4, 8, 16, 32, 64]);
-    assert_eq!(stats::sizes(true, 1, 100), [2, 4, 8, 16, 32, 64]);
-    assert_eq!(stats::sizes(true, 1, 1 << 23).len(), 23);
-}
+use common::example_bin;
+use common::process::{self, Finished, Running};
 
 // ---------------------------------------------------------------------------
 // Running the example binaries.
@@ -135,139 +27,8 @@ fn size_sweep() {
 /// Longest any tool process may run in these tests.
 const PROCESS_BOUND: Duration = Duration::from_secs(180);
 
-/// `target/<profile>/examples/<name>`, next to `target/<profile>/deps/<this test>`.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("cannot locate the test executable");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test executable is not in target/<profile>/deps");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "example binary {} is missing: build the examples first (`cargo build --examples`; \
-         `cargo xtask test` does it)",
-        path.display()
-    );
-    path
-}
-
-/// A running tool; killed (and reaped) on drop unless it finished.
-struct Running {
-    label: String,
-    child: Option<Child>,
-    out: Option<JoinHandle<Vec<u8>>>,
-    err: Option<JoinHandle<Vec<u8>>>,
-}
-
-/// A finished tool.
-struct Finished {
-    label: String,
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn describe(&self) -> String {
-        format!(
-            "--- {} ({}) stdout:\n{}\n--- stderr:\n{}",
-            self.label,
-            self.status
-                .map_or("killed after the time bound".into(), |s| s.to_string()),
-            self.stdout,
-            self.stderr
-        )
-    }
-
-    fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    fn assert_success(&self) {
-        assert!(self.success(), "{} failed\n{}", self.label, self.describe());
-    }
-
-    fn assert_failure(&self, message: &str) {
-        assert!(
-            self.status.is_some_and(|s| !s.success()),
-            "{} should have failed\n{}",
-            self.label,
-            self.describe()
-        );
-        assert!(
-            self.stderr.contains(message),
-            "{}: expected {message:?} in stderr\n{}",
-            self.label,
-            self.describe()
-        );
-    }
-}
-
-fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
 fn spawn(tool: &str, args: &[String]) -> Running {
-    let label = format!("{tool} {}", args.join(" "));
-    let mut child = Command::new(example(tool))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {label}: {e}"));
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    Running {
-        label,
-        child: Some(child),
-        out: Some(out),
-        err: Some(err),
-    }
-}
-
-impl Running {
-    /// Waits up to `bound` (then kills the process) and collects its output.
-    fn finish(mut self, bound: Duration) -> Finished {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
-        let text = |h: Option<JoinHandle<Vec<u8>>>| {
-            String::from_utf8_lossy(&h.unwrap().join().unwrap_or_default()).into_owned()
-        };
-        Finished {
-            label: std::mem::take(&mut self.label),
-            status,
-            stdout: text(self.out.take()),
-            stderr: text(self.err.take()),
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    process::spawn(&example_bin(tool), args)
 }
 
 fn run(tool: &str, args: &[&str]) -> Finished {
@@ -360,7 +121,7 @@ fn check_table(f: &Finished, header: &str, sizes: &[u64], iters: u64, figures: u
 }
 
 fn sweep(max: u64) -> Vec<u64> {
-    stats::sizes(true, 2, max)
+    ibverbs_suite::perf::stats::sizes(true, 2, max)
 }
 
 // ---------------------------------------------------------------------------

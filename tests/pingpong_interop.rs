@@ -1,25 +1,17 @@
 //! The ping-pong examples (`rc_pingpong`, `uc_pingpong`, `ud_pingpong`,
-//! `srq_pingpong`): their address exchange on any host, and on a device
-//! against themselves, against rdma-core's C tools in both directions, and
-//! against hostile peers.
+//! `srq_pingpong`) on a device against themselves, against rdma-core's C
+//! tools in both directions, and against hostile peers. (Their wire format
+//! and TCP exchange are tested on any host beside their code,
+//! `src/pingpong/wire.rs` and `exchange.rs`.)
 //!
-//! * Host tests (always run): the wire format (`examples/pingpong/wire.rs`)
-//!   and the TCP exchange (`examples/pingpong/exchange.rs`), included here
-//!   with `#[path]`, against well-behaved and hostile peers over localhost.
-//! * Device tests (`#[ignore = "needs an RDMA device"]`, run by
-//!   `cargo xtask test` in the SoftRoCE VM): they spawn the example binaries
+//! Device tests (`#[ignore = "needs an RDMA device"]`, run by
+//!   `cargo xtask test` in the SoftRoCE VM) spawn the example binaries
 //!   from `target/<profile>/examples/` (build them first with
 //!   `cargo build --examples`; `cargo xtask test` does) and the C tools
 //!   `ibv_*_pingpong` from `PATH`. Each run uses its own TCP port, every wait
 //!   is bounded, and children are killed when a test fails.
 
-#[allow(dead_code)]
-#[path = "../examples/pingpong/wire.rs"]
-mod wire;
-
-#[allow(dead_code)]
-#[path = "../examples/pingpong/exchange.rs"]
-mod exchange;
+use ibverbs_suite::pingpong::wire;
 
 mod common;
 
@@ -31,581 +23,13 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use exchange::{ExchangeError, Limits};
-use wire::{Dest, WireError, DONE, MSG_LEN};
-
-// ---------------------------------------------------------------------------
-// Host tests: the wire format.
-// ---------------------------------------------------------------------------
-
-const VM_GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 15];
-
-fn dest(qpn: u32) -> Dest {
-    Dest {
-        lid: 0x12,
-        qpn,
-        psn: 0xab_cdef,
-        gid: VM_GID,
-    }
-}
-
-/// A 52-byte message from text (NUL-padded; the text must be shorter).
-fn msg(text: &str) -> Vec<u8> {
-    assert!(text.len() < MSG_LEN);
-    let mut m = text.as_bytes().to_vec();
-    m.resize(MSG_LEN, 0);
-    m
-}
-
-const GID_HEX: &str = "00000000000000000000ffff0a00020f";
-
-#[test]
-fn wire_encode_matches_the_c_format() {
-    let m = wire::encode(&dest(0x1234)).unwrap();
-    let expected = format!("0012:001234:abcdef:{GID_HEX}\0");
-    assert_eq!(m.len(), MSG_LEN);
-    assert_eq!(&m[..], expected.as_bytes());
-    // Widest values still fit the 51 characters + NUL.
-    let max = Dest {
-        lid: 0xffff,
-        qpn: 0xff_ffff,
-        psn: 0xff_ffff,
-        gid: [0xff; 16],
-    };
-    let m = wire::encode(&max).unwrap();
-    assert_eq!(&m[..19], b"ffff:ffffff:ffffff:");
-    assert_eq!(m[51], 0);
-    assert_eq!(wire::decode(&m).unwrap(), max);
-}
-
-#[test]
-fn wire_encode_refuses_wide_fields() {
-    for d in [
-        Dest {
-            qpn: 1 << 24,
-            ..dest(1)
-        },
-        Dest {
-            psn: u32::MAX,
-            ..dest(1)
-        },
-    ] {
-        assert!(matches!(
-            wire::encode(&d),
-            Err(WireError::OutOfRange { .. })
-        ));
-    }
-}
-
-#[test]
-fn wire_roundtrip() {
-    for d in [
-        Dest::default(),
-        dest(0x11),
-        Dest {
-            lid: 7,
-            qpn: 0xff_ffff,
-            psn: 0,
-            gid: [
-                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0x0c, 0x29, 0xff, 0xfe, 0x1a, 0x2b, 0x3c,
-            ],
-        },
-    ] {
-        assert_eq!(wire::decode(&wire::encode(&d).unwrap()).unwrap(), d);
-    }
-}
-
-#[test]
-fn wire_decode_accepts_what_sscanf_would() {
-    // Upper case, unpadded numbers, and junk after the NUL (ignored, as C does).
-    let mut m = msg(&format!("12:1234:ABCDEF:{}", GID_HEX.to_uppercase()));
-    m[MSG_LEN - 1] = b'x';
-    assert_eq!(wire::decode(&m).unwrap(), dest(0x1234));
-}
-
-#[test]
-fn wire_decode_refuses_malformed_messages() {
-    let gid = GID_HEX;
-    let cases: Vec<(Vec<u8>, &str)> = vec![
-        (b"0000:000011".to_vec(), "has 11 bytes, expected 52"),
-        (vec![b'a'; 100], "has 100 bytes"),
-        (vec![b'0'; MSG_LEN], "no NUL terminator"),
-        (
-            {
-                let mut m = wire::encode(&dest(0x11)).unwrap().to_vec();
-                m[51] = b'0';
-                m
-            },
-            "no NUL terminator",
-        ),
-        (vec![0; MSG_LEN], "found 1"),
-        (msg("hello,world"), "found 1"),
-        (msg(&format!("0000-000011-000000-{gid}")), "found 1"),
-        (msg(&format!("0000:000011:000000{gid}")), "found 3"),
-        (msg(&format!("0:11:0:{gid}:")), "found 5"),
-        (
-            msg(&format!("zzzz:000011:000000:{gid}")),
-            "LID field \"zzzz\"",
-        ),
-        (
-            msg(&format!("0000:0x0011:000000:{gid}")),
-            "QPN field \"0x0011\"",
-        ),
-        (msg(&format!("0000:-00011:000000:{gid}")), "not hexadecimal"),
-        (msg(&format!("0000:000011:+00000:{gid}")), "PSN field"),
-        (msg(&format!("0000::000000:{gid}")), "QPN field is empty"),
-        (msg("0000:000011:000000:"), "GID field is empty"),
-        (
-            msg(&format!("0000:1000000:00000:{gid}")),
-            "QPN 0x1000000 does not fit in 24 bits",
-        ),
-        (
-            msg(&format!("0000:ffffffffff:0:{gid}")),
-            "QPN 0xffffffffff does not fit",
-        ),
-        (
-            msg(&format!("0000:000011:1000000:{}", &gid[1..])),
-            "PSN 0x1000000",
-        ),
-        (
-            msg(&format!("10000:000011:00000:{gid}")),
-            "LID 0x10000 does not fit in 16 bits",
-        ),
-        (
-            msg(&format!("0000:000011:000000:{}", &gid[..30])),
-            "30 hex digits, expected 32",
-        ),
-        (
-            msg("0000:000011:000000:0123456789abcdef0123456789abcdeg"),
-            "GID field",
-        ),
-        (
-            msg(&format!("0000:000011:000000: {}", &gid[1..])),
-            "byte 19 is 0x20",
-        ),
-        (
-            {
-                let mut m = msg(&format!("0000:000011:000000:{gid}"));
-                m[3] = 0xc3;
-                m
-            },
-            "byte 3 is 0xc3",
-        ),
-    ];
-    for (m, expected) in cases {
-        let e = wire::decode(&m).expect_err(&format!("{:?}", String::from_utf8_lossy(&m)));
-        let text = e.to_string();
-        assert!(
-            text.contains(expected),
-            "{:?}: {text:?} lacks {expected:?}",
-            String::from_utf8_lossy(&m)
-        );
-    }
-}
-
-#[test]
-fn wire_done() {
-    assert_eq!(DONE.len(), 5);
-    wire::check_done(b"done\0").unwrap();
-    for bad in [&b"done"[..], b"DONE\0", b"done\0\0", b"", b"nope!"] {
-        assert!(wire::check_done(bad).is_err(), "{bad:?}");
-    }
-}
-
-/// Expected values are glibc's `inet_ntop(AF_INET6, …)` (what the C tools print).
-#[test]
-fn gid_text_matches_inet_ntop() {
-    let cases = [
-        ("00000000000000000000000000000000", "::"),
-        ("00000000000000000000000000000001", "::1"),
-        ("00000000000000000000ffff0a00020f", "::ffff:10.0.2.15"),
-        ("fe800000000000000000000000000001", "fe80::1"),
-        ("0000000000000000000000000a00020f", "::10.0.2.15"),
-        ("00000000000000000000000000000102", "::102"),
-        ("00010000000000000000000000000000", "1::"),
-        ("00010000000000010000000000000001", "1:0:0:1::1"),
-        (
-            "fe80000000000000020c29fffe1a2b3c",
-            "fe80::20c:29ff:fe1a:2b3c",
-        ),
-        ("00000000000000000000fffe0a00020f", "::fffe:a00:20f"),
-        ("20010db8000000010000000000000001", "2001:db8:0:1::1"),
-        ("00010002000300040005000600070008", "1:2:3:4:5:6:7:8"),
-        ("0000000000000000000000010a00020f", "::1:a00:20f"),
-        ("00000000000000000000ffff00000000", "::ffff:0.0.0.0"),
-        ("00010000000100000000000000010001", "1:0:1::1:1"),
-        ("00010000000000010000000000010000", "1::1:0:0:1:0"),
-    ];
-    for (hex, text) in cases {
-        let gid: [u8; 16] =
-            std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap());
-        assert_eq!(wire::format_gid(&gid), text, "{hex}");
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Host tests: the TCP exchange against good and hostile peers.
-// ---------------------------------------------------------------------------
-
-fn limits(io_ms: u64) -> Limits {
-    Limits {
-        io: Duration::from_millis(io_ms),
-        accept: Duration::from_secs(10),
-        connect: Duration::from_secs(5),
-    }
-}
-
-fn local_listener() -> (TcpListener, u16) {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    (l, port)
-}
-
-fn many(n: usize, base: u32) -> Vec<Dest> {
-    (0..n as u32)
-        .map(|i| Dest {
-            lid: i as u16,
-            qpn: base + i,
-            psn: 0x10_0000 + i,
-            gid: VM_GID,
-        })
-        .collect()
-}
-
-#[test]
-fn exchange_roundtrip() {
-    for n in [1, 256] {
-        let (listener, port) = local_listener();
-        let server_local = many(n, 0x100);
-        let client_local = many(n, 0x200);
-        let seen = client_local.clone();
-        let server = std::thread::spawn(move || {
-            let mut connected = None;
-            let r = exchange::server_exchange(&listener, &server_local, &limits(5000), |remote| {
-                connected = Some(remote.to_vec());
-                Ok(())
-            });
-            (r, connected)
-        });
-        let from_server =
-            exchange::client_exchange("localhost", port, &client_local, &limits(5000)).unwrap();
-        let (r, connected) = server.join().unwrap();
-        assert_eq!(r.unwrap(), seen);
-        assert_eq!(
-            connected.unwrap(),
-            seen,
-            "the server connects before replying"
-        );
-        assert_eq!(from_server, many(n, 0x100));
-    }
-}
-
-/// Runs the server side against a scripted client; returns its error and
-/// how long it took.
-fn server_against(
-    count: usize,
-    io_ms: u64,
-    client: impl FnOnce(TcpStream) + Send + 'static,
-) -> (ExchangeError, Duration) {
-    let (listener, port) = local_listener();
-    let c = std::thread::spawn(move || {
-        let s = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
-        client(s);
-    });
-    let t = Instant::now();
-    let r = exchange::server_exchange(&listener, &many(count, 0x100), &limits(io_ms), |_| Ok(()));
-    let took = t.elapsed();
-    c.join().unwrap();
-    (r.expect_err("the hostile client must be refused"), took)
-}
-
-fn valid_msg() -> Vec<u8> {
-    wire::encode(&dest(0x11)).unwrap().to_vec()
-}
-
-#[test]
-fn exchange_server_refuses_hostile_clients() {
-    type Script = Box<dyn FnOnce(TcpStream) + Send>;
-    let send_close = |bytes: Vec<u8>| -> Script {
-        Box::new(move |mut s: TcpStream| {
-            s.write_all(&bytes).unwrap();
-        })
-    };
-    // Sends, then waits until the server closes (so EOF is not the reason).
-    let send_wait = |bytes: Vec<u8>| -> Script {
-        Box::new(move |mut s: TcpStream| {
-            s.write_all(&bytes).unwrap();
-            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-            let _ = s.read_to_end(&mut Vec::new());
-        })
-    };
-    let mut too_much = valid_msg();
-    too_much.extend_from_slice(&[b'x'; 48]);
-    let mut bad_done = valid_msg();
-    bad_done.extend_from_slice(b"DONE\0");
-    let cases: Vec<(&str, Script, &str)> = vec![
-        (
-            "garbage",
-            send_wait(msg("GET / HTTP/1.0")),
-            "byte 3 is 0x20, not a visible ASCII character",
-        ),
-        (
-            "words",
-            send_wait(msg("hello,world")),
-            "expected 4 ':'-separated fields",
-        ),
-        (
-            "short, then close",
-            send_close(b"0000:0000".to_vec()),
-            "closed the connection after 9 of 52 bytes",
-        ),
-        ("oversized", send_wait(vec![b'7'; 300]), "no NUL terminator"),
-        ("too much", send_wait(too_much), "more than expected"),
-        (
-            "QPN > 24 bits",
-            send_wait(msg(&format!("0000:1000000:00000:{GID_HEX}"))),
-            "does not fit in 24 bits",
-        ),
-        (
-            "hang up",
-            send_close(Vec::new()),
-            "closed the connection after 0 of 52 bytes",
-        ),
-        (
-            "silent",
-            send_wait(Vec::new()),
-            "timed out after 0.5 s (0 of 52 bytes received)",
-        ),
-        (
-            "trickle",
-            Box::new(|mut s: TcpStream| {
-                for b in valid_msg().into_iter().take(40) {
-                    if s.write_all(&[b]).is_err() {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = s.read_to_end(&mut Vec::new());
-            }),
-            "timed out after 0.5 s",
-        ),
-        (
-            "no done",
-            Box::new(|mut s: TcpStream| {
-                s.write_all(&valid_msg()).unwrap();
-                let mut reply = [0u8; MSG_LEN];
-                s.read_exact(&mut reply).unwrap();
-            }),
-            "closed the connection after 0 of 5 bytes",
-        ),
-        (
-            "bad done",
-            Box::new(move |mut s: TcpStream| {
-                s.write_all(&bad_done[..MSG_LEN]).unwrap();
-                let mut reply = [0u8; MSG_LEN];
-                s.read_exact(&mut reply).unwrap();
-                s.write_all(&bad_done[MSG_LEN..]).unwrap();
-                let _ = s.read_to_end(&mut Vec::new());
-            }),
-            "expected \"done\"",
-        ),
-    ];
-    for (what, script, expected) in cases {
-        let (e, took) = server_against(1, 500, script);
-        assert!(
-            e.0.contains(expected),
-            "{what}: {:?} lacks {expected:?}",
-            e.0
-        );
-        assert!(took < Duration::from_secs(5), "{what}: took {took:?}");
-    }
-}
-
-#[test]
-fn exchange_srq_framing() {
-    // srq_pingpong exchanges 256 messages: one alone is not enough.
-    let (e, _) = server_against(256, 500, |mut s| {
-        s.write_all(&valid_msg()).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    assert!(e.0.contains("(52 of 13312 bytes received)"), "{}", e.0);
-    // A bad entry is named by its index.
-    let (e, _) = server_against(256, 2000, |mut s| {
-        let mut all = Vec::new();
-        for i in 0..256 {
-            if i == 7 {
-                all.extend_from_slice(&msg("junk"));
-            } else {
-                all.extend_from_slice(&valid_msg());
-            }
-        }
-        s.write_all(&all).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    assert!(e.0.contains("invalid remote address [7]"), "{}", e.0);
-}
-
-#[test]
-fn exchange_server_reports_connect_failure() {
-    let (listener, port) = local_listener();
-    let server = std::thread::spawn(move || {
-        exchange::server_exchange(&listener, &many(1, 1), &limits(2000), |_| {
-            Err("Failed to modify QP to RTR: EINVAL".into())
-        })
-    });
-    let c = exchange::client_exchange("127.0.0.1", port, &many(1, 2), &limits(2000));
-    let s = server.join().unwrap().unwrap_err();
-    assert!(
-        s.0.contains("Couldn't connect to remote QP: Failed to modify QP to RTR"),
-        "{s}"
-    );
-    // The client learns it from the closed connection.
-    let c = c.unwrap_err();
-    assert!(
-        c.0.contains("closed the connection after 0 of 52 bytes"),
-        "{c}"
-    );
-}
-
-#[test]
-fn exchange_accept_is_bounded() {
-    let (listener, _) = local_listener();
-    let l = Limits {
-        accept: Duration::from_millis(300),
-        ..limits(1000)
-    };
-    let t = Instant::now();
-    let e = exchange::server_exchange(&listener, &many(1, 1), &l, |_| Ok(())).unwrap_err();
-    assert!(e.0.contains("no client connected within 0.3 s"), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(3));
-}
-
-/// Runs the client side against a scripted server; returns its result.
-fn client_against(
-    io_ms: u64,
-    server: impl FnOnce(TcpStream) + Send + 'static,
-) -> Result<Vec<Dest>, ExchangeError> {
-    let (listener, port) = local_listener();
-    let s = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        server(stream);
-    });
-    let r = exchange::client_exchange("localhost", port, &many(1, 5), &limits(io_ms));
-    s.join().unwrap();
-    r
-}
-
-#[test]
-fn exchange_client_refuses_hostile_servers() {
-    let read_msg = |s: &mut TcpStream| {
-        let mut m = [0u8; MSG_LEN];
-        s.read_exact(&mut m).unwrap();
-        m
-    };
-    // Closing without reading the client's message resets the connection
-    // (or closes it, depending on timing).
-    let e = client_against(500, |_| {}).unwrap_err();
-    assert!(e.0.contains("the connection after 0 of 52"), "{e}");
-    let e = client_against(500, move |mut s| {
-        read_msg(&mut s);
-    })
-    .unwrap_err();
-    assert!(e.0.contains("closed the connection after 0 of 52"), "{e}");
-    let e = client_against(500, move |mut s| {
-        read_msg(&mut s);
-        s.write_all(&msg("0000:000011:000000:xyz")).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    })
-    .unwrap_err();
-    assert!(e.0.contains("invalid remote address: the GID field"), "{e}");
-    let t = Instant::now();
-    let e = client_against(500, move |mut s| {
-        read_msg(&mut s);
-        let _ = s.read_to_end(&mut Vec::new());
-    })
-    .unwrap_err();
-    assert!(
-        e.0.contains("timed out after 0.5 s (0 of 52 bytes received)"),
-        "{e}"
-    );
-    assert!(t.elapsed() < Duration::from_secs(5));
-    let e = client_against(500, move |mut s| {
-        read_msg(&mut s);
-        let mut reply = valid_msg();
-        reply.extend_from_slice(b"surprise");
-        s.write_all(&reply).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    })
-    .unwrap_err();
-    assert!(e.0.contains("more than expected"), "{e}");
-    // And a well-behaved server gets "done".
-    let r = client_against(500, move |mut s| {
-        read_msg(&mut s);
-        s.write_all(&valid_msg()).unwrap();
-        let mut done = [0u8; 5];
-        s.read_exact(&mut done).unwrap();
-        assert_eq!(done, DONE);
-    });
-    assert_eq!(r.unwrap(), vec![dest(0x11)]);
-}
-
-#[test]
-fn exchange_client_retries_until_the_server_listens() {
-    // Find a free port, then listen on it only after a while.
-    let (l, port) = local_listener();
-    drop(l);
-    let server = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(700));
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
-        exchange::server_exchange(&listener, &many(1, 1), &limits(5000), |_| Ok(()))
-    });
-    let r = exchange::client_exchange("127.0.0.1", port, &many(1, 2), &limits(5000));
-    assert_eq!(r.unwrap(), many(1, 1));
-    assert_eq!(server.join().unwrap().unwrap(), many(1, 2));
-}
-
-#[test]
-fn exchange_client_connect_is_bounded() {
-    let (l, port) = local_listener();
-    drop(l);
-    let l = Limits {
-        connect: Duration::from_millis(800),
-        ..limits(1000)
-    };
-    let t = Instant::now();
-    let e = exchange::client_exchange("127.0.0.1", port, &many(1, 2), &l).unwrap_err();
-    assert!(
-        e.0.contains(&format!(
-            "Couldn't connect to 127.0.0.1:{port} within 0.8 s"
-        )),
-        "{e}"
-    );
-    assert!(t.elapsed() < Duration::from_secs(4));
-    let e = exchange::client_exchange("no-such-host.invalid", port, &many(1, 2), &l).unwrap_err();
-    assert!(e.0.contains("no-such-host.invalid"), "{e}");
-}
+use common::example_bin;
+use wire::fixtures::{dest, msg, GID_HEX};
+use wire::{Dest, MSG_LEN};
 
 // ---------------------------------------------------------------------------
 // Device tests: helpers.
 // ---------------------------------------------------------------------------
-
-/// An example binary next to this test executable (`target/<profile>/examples/`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/pingpong_interop-HASH
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test executable in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build the examples first (`cargo build --examples`, same profile as the \
-         tests; `cargo xtask test` does)",
-        path.display()
-    );
-    path
-}
 
 /// A C tool from PATH.
 fn c_tool(name: &str) -> PathBuf {
@@ -807,7 +231,7 @@ fn rust(tool: &str, dev: &Dev, opts: &str) -> Side {
     let mut a = dev.name_only();
     a.extend(args(opts));
     Side {
-        prog: example(&format!("{tool}_pingpong")),
+        prog: example_bin(&format!("{tool}_pingpong")),
         args: a,
     }
 }
@@ -816,7 +240,7 @@ fn rust_full(tool: &str, dev: &Dev, opts: &str) -> Side {
     let mut a = dev.full();
     a.extend(args(opts));
     Side {
-        prog: example(&format!("{tool}_pingpong")),
+        prog: example_bin(&format!("{tool}_pingpong")),
         args: a,
     }
 }
@@ -1027,7 +451,7 @@ fn long_option_names() {
         ("srq", "--mtu 1024 --num-qp 3"),
     ] {
         let side = || Side {
-            prog: example(&format!("{tool}_pingpong")),
+            prog: example_bin(&format!("{tool}_pingpong")),
             args: args(&long(extra)),
         };
         let (s, _) = pingpong(side(), side());
@@ -1093,7 +517,7 @@ fn hostile(tool: &str, peer: impl FnOnce(TcpStream) + Send, expected: &str) -> S
     a.extend(args(&format!(
         "-p {port} -n 10 --exchange-timeout 2 --accept-timeout 60"
     )));
-    let mut s = Proc::spawn(&example(&format!("{tool}_pingpong")), &a);
+    let mut s = Proc::spawn(&example_bin(&format!("{tool}_pingpong")), &a);
     wait_listening(&mut s, port);
     let stream = TcpStream::connect(("localhost", port)).expect("connect to the server");
     let t = Instant::now();
@@ -1295,7 +719,7 @@ fn client_refuses_garbage_from_server() {
     a.extend(args(&format!(
         "-p {port} -n 10 --exchange-timeout 5 127.0.0.1"
     )));
-    let o = Proc::spawn(&example("rc_pingpong"), &a).wait(Duration::from_secs(30));
+    let o = Proc::spawn(&example_bin("rc_pingpong"), &a).wait(Duration::from_secs(30));
     server.join().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
     assert!(
@@ -1317,8 +741,11 @@ fn help_lists_rdma_core_options() {
         ("ud", &[]),
         ("srq", &["--mtu", "--num-qp"]),
     ] {
-        let o = Proc::spawn(&example(&format!("{tool}_pingpong")), &["--help".into()])
-            .wait(Duration::from_secs(30));
+        let o = Proc::spawn(
+            &example_bin(&format!("{tool}_pingpong")),
+            &["--help".into()],
+        )
+        .wait(Duration::from_secs(30));
         assert!(o.status.success());
         for opt in [
             "-p, --port",
@@ -1343,7 +770,7 @@ fn help_lists_rdma_core_options() {
         }
         assert!(o.stdout.contains("first ACTIVE port"), "{}", o.stdout);
         // Bad values are refused before touching the device.
-        let o = Proc::spawn(&example(&format!("{tool}_pingpong")), &args("-l 16"))
+        let o = Proc::spawn(&example_bin(&format!("{tool}_pingpong")), &args("-l 16"))
             .wait(Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
     }
@@ -1360,7 +787,7 @@ fn help_lists_rdma_core_options() {
 fn peer_dies(tool: &str, opts: &str, victim: &str, expected: &[&str]) {
     let d = dev();
     let port = next_port().to_string();
-    let prog = example(&format!("{tool}_pingpong"));
+    let prog = example_bin(&format!("{tool}_pingpong"));
     let mut base = d.name_only();
     base.extend(args(&format!(
         "-n 100000000 --stall-timeout 3 -p {port} {opts}"

@@ -1,4 +1,4 @@
-//! The perftest-style tools' command line (`examples/perf/args.rs`):
+//! The perftest-style tools' command line (`src/perf/args.rs`):
 //! `parse_size` round-trips what it accepts, and an argument vector through
 //! clap and `Config::new` never panics and yields a configuration within
 //! its documented bounds, for every tool's defaults.
@@ -6,18 +6,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-// The included files reach `super::{stats, Result}`: this crate root
-// stands in for `examples/perf/mod.rs`.
-#[path = "../../examples/perf/args.rs"]
-#[allow(dead_code)]
-mod args;
-#[path = "../../examples/perf/stats.rs"]
-mod stats; // `#![allow(dead_code)]` inside
-
-/// As in `examples/perf/mod.rs`.
-type Error = Box<dyn std::error::Error + Send + Sync>;
-/// As in `examples/perf/mod.rs`.
-type Result<T, E = Error> = std::result::Result<T, E>;
+use ibverbs_suite::perf::args;
 
 use args::{BwArgs, CommonArgs, Config, Defaults};
 use clap::Parser;

@@ -886,7 +886,7 @@ impl From<FrozenBuffer> for Buf {
     }
 }
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
     impl Sealed for super::LocalBuffer {}
     impl Sealed for super::SharedBuffer {}

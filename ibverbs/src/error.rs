@@ -496,6 +496,111 @@ pub enum Error {
         /// The element size (0 for a zero-sized type, which is refused).
         size: usize,
     },
+    /// The out-of-band stream of an endpoint exchange, a mesh connection
+    /// or a barrier ([`Endpoint::exchange`](crate::Endpoint::exchange),
+    /// [`Ranks`](crate::Ranks), [`Mesh::barrier`](crate::Mesh::barrier))
+    /// failed: an I/O error, or the deadline passed (`io.kind()` is
+    /// [`TimedOut`](io::ErrorKind::TimedOut), the message says after how
+    /// long). A peer that closes the stream mid-message is
+    /// [`Error::BadWireFormat`] instead (its message was cut short).
+    #[error("{during} failed: {io}")]
+    OutOfBand {
+        /// What was under way (`"endpoint exchange"`, `"mesh connect"`,
+        /// `"mesh accept"`, `"barrier"`).
+        during: &'static str,
+        /// The stream's error.
+        io: io::Error,
+    },
+    /// An error of one peer of a [`Mesh`](crate::Mesh): its stream or
+    /// its messages ([`Error::OutOfBand`], [`Error::BadWireFormat`]), or
+    /// connecting a queue pair to the endpoint it sent.
+    #[error("peer rank {rank}: {error}")]
+    Peer {
+        /// The peer's rank.
+        rank: usize,
+        /// What went wrong with it.
+        error: Box<Error>,
+    },
+    /// A message longer than a [`MessageChannel`](crate::MessageChannel)
+    /// slot: refused, not split; nothing was sent and the channel stays
+    /// usable.
+    #[error("a message of {len} bytes does not fit in a {max}-byte slot")]
+    MessageTooLarge {
+        /// The message's length.
+        len: usize,
+        /// The slot size, the largest message.
+        max: usize,
+    },
+    /// The peer of a [`MessageChannel`](crate::MessageChannel) broke its
+    /// protocol: a message out of order, more credits returned than used,
+    /// a message without a credit, a hello that does not match. The
+    /// channel moved its queue pair to ERR.
+    #[error("message channel peer broke the protocol: {problem}")]
+    ChannelProtocol {
+        /// What was wrong, with its numbers.
+        problem: crate::ChannelProblem,
+    },
+    /// A blocking call waited its whole timeout: a
+    /// [`MessageChannel::send`](crate::MessageChannel::send) that found no
+    /// credit (the peer did not release its messages). Nothing was done;
+    /// the call may be repeated.
+    #[error("{op} timed out after {timeout:?}")]
+    TimedOut {
+        /// The call (`"MessageChannel::send"`).
+        op: &'static str,
+        /// The timeout it was given.
+        timeout: std::time::Duration,
+    },
+    /// [`BufferPool::put`](crate::BufferPool::put) was given a buffer that
+    /// is not exactly one of the pool's buffers: one of another
+    /// registration, a piece of one, or several joined. It comes back in
+    /// the [`PutError`](crate::PutError); the pool is unchanged.
+    #[error(
+        "the {len}-byte buffer at {addr:#x} is not one of this pool's {size}-byte buffers: {}",
+        pool_slot_problem(*.same_registration)
+    )]
+    NotPoolSlot {
+        /// The buffer's address.
+        addr: u64,
+        /// Its length.
+        len: usize,
+        /// The length of the pool's buffers.
+        size: usize,
+        /// Whether it is of the pool's registration (then it is a piece
+        /// of a buffer, or buffers joined, or not at a buffer's start).
+        same_registration: bool,
+    },
+    /// A [`RequestTable`](crate::RequestTable) has a value outstanding in
+    /// each of its slots: poll it first. Refused before posting.
+    #[error("the request table is full ({capacity} requests outstanding)")]
+    RequestTableFull {
+        /// The table's capacity.
+        capacity: u32,
+    },
+    /// A queue posted to through a [`RequestTable`](crate::RequestTable)
+    /// reports to another completion queue than the table polls: its
+    /// completion (and the value) would never come back. Nothing posted.
+    #[error(
+        "the queue pair's {queue} reports to another completion queue than the request table's"
+    )]
+    CompletionQueueMismatch {
+        /// Which queue (`send queue`, `receive queue`).
+        queue: &'static str,
+    },
+    /// A [`SendStream`](crate::SendStream) posted through another
+    /// [`RequestTable`](crate::RequestTable) than the one that made it.
+    /// Nothing posted.
+    #[error("the send stream belongs to another request table")]
+    StreamOfAnotherTable,
+}
+
+/// Why a buffer of [`Error::NotPoolSlot`] is not one of the pool's.
+fn pool_slot_problem(same_registration: bool) -> &'static str {
+    if same_registration {
+        "a piece of one or several joined (split or join it back into whole ones)"
+    } else {
+        "it is of another registration"
+    }
 }
 
 /// Why [`Error::InvalidTransition`] refused a state change.
@@ -563,6 +668,25 @@ pub enum WireProblem {
         /// The largest value the field takes.
         max: u64,
     },
+    /// A field that must hold one value holds another (a magic number,
+    /// the number of ranks both sides were given, a barrier's sequence
+    /// number).
+    Mismatch {
+        /// The field (`"magic"`, `"ranks"`, `"rank"`, `"barrier sequence"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+        /// The value this side expected.
+        expected: u64,
+    },
+    /// A field holds a value this side cannot take here (a rank that is
+    /// not a peer that connects to this one, or one already connected).
+    Unexpected {
+        /// The field (`"rank"`).
+        field: &'static str,
+        /// The value received.
+        value: u64,
+    },
 }
 
 impl std::fmt::Display for WireProblem {
@@ -579,6 +703,16 @@ impl std::fmt::Display for WireProblem {
             }
             WireProblem::OutOfRange { field, value, max } => {
                 write!(f, "{field} {value:#x} exceeds {max:#x}")
+            }
+            WireProblem::Mismatch {
+                field,
+                value,
+                expected,
+            } => {
+                write!(f, "{field} {value:#x}, expected {expected:#x}")
+            }
+            WireProblem::Unexpected { field, value } => {
+                write!(f, "unexpected {field} {value}")
             }
         }
     }
@@ -744,9 +878,10 @@ impl Error {
             Error::NoDevice { .. } | Error::NoActivePort { .. } => K::NotFound,
             Error::NotReadyToSend { .. } => K::NotConnected,
             Error::QueuePairInError { .. } => K::BrokenPipe,
-            Error::QueueFull { .. } | Error::WindowBusy | Error::AlreadyDriven { .. } => {
-                K::ResourceBusy
-            }
+            Error::QueueFull { .. }
+            | Error::WindowBusy
+            | Error::AlreadyDriven { .. }
+            | Error::RequestTableFull { .. } => K::ResourceBusy,
             Error::WorkCompletion { .. }
             | Error::WindowIndeterminate
             | Error::QueuePairDropped
@@ -786,8 +921,15 @@ impl Error {
             | Error::CompletionChannelShared { .. }
             | Error::NotThisQueuePair { .. }
             | Error::LengthNotMultiple { .. }
-            | Error::ConflictingOptions { .. } => K::InvalidInput,
-            Error::BadWireFormat { .. } => K::InvalidData,
+            | Error::CompletionQueueMismatch { .. }
+            | Error::StreamOfAnotherTable
+            | Error::ConflictingOptions { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::NotPoolSlot { .. } => K::InvalidInput,
+            Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
+            Error::TimedOut { .. } => K::TimedOut,
+            Error::OutOfBand { io, .. } => io.kind(),
+            Error::Peer { error, .. } => error.io_kind(),
         }
     }
 }

@@ -458,3 +458,269 @@
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
+//!
+//! # 20. Using a buffer after posting it through a request table
+//!
+//! [`RequestTable`](crate::RequestTable) posts the request as `post_send`
+//! does: the buffer moves into it and comes back only in the completion
+//! handed out with the request's value.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! loop {
+//!     if let Some(Polled::Done(7, mut c)) = table.poll()? {
+//!         c.result()?;
+//!         let mut buf = c.take_local().unwrap();
+//!         buf[0] = 1; // ours again
+//!         break;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 21. A table value that borrows the buffer it is posted with
+//!
+//! The value stays in the table while the request is outstanding, so it
+//! cannot hold a borrow of the request's buffer: that would be a view of
+//! bytes the device writes.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let view: &[u8] = &buf;
+//! table.post_send(qp, SendRequest::read(buf, remote), view)?;
+//! if let Some(Polled::Done(view, _)) = table.poll()? {
+//!     println!("{}", view[0]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut table = RequestTable::new(cq, 16);
+//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+//! let before = buf[0]; // a copy, not a borrow
+//! table.post_send(qp, SendRequest::read(buf, remote), before)?;
+//! if let Some(Polled::Done(before, mut c)) = table.poll()? {
+//!     println!("{before} -> {}", c.take_local().unwrap()[0]);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 22. Touching a pooled buffer while it is posted
+//!
+//! Posting a [`PooledBuffer`](crate::PooledBuffer) moves it into the
+//! request (as the plain buffer it wraps): the queue pair owns it, not
+//! the pool and not the caller, until the completion hands it back.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pool.get().unwrap();
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! buf[0] = 1; // the device may be writing it
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! qp.post_recv(RecvRequest::new(buf))?;
+//! let mut done = Completions::with_capacity(1);
+//! while cq.poll(&mut done)? == 0 {}
+//! let mut buf = done.pop().unwrap().take_local().unwrap();
+//! buf[0] = 1; // ours again, until it goes back
+//! pool.put(buf)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 23. Using a buffer after it went back to the pool
+//!
+//! [`BufferPool::put`](crate::BufferPool::put) and dropping a
+//! [`PooledBuffer`](crate::PooledBuffer) consume it: the next `get`, on
+//! any thread, may hand the same bytes to someone else.
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap().into_local();
+//! pool.put(buf)?;
+//! println!("{}", buf[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut buf = pool.get().unwrap();
+//! drop(buf);
+//! buf[0] = 1;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let first = buf[0]; // copy out what is needed
+//! drop(buf);          // back in the pool
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 24. Keeping a view of a pooled buffer after giving it back
+//!
+//! A slice or typed view borrows the [`PooledBuffer`](crate::PooledBuffer),
+//! so it cannot outlive the drop that returns the bytes to the pool (or
+//! the post that hands them to the device).
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let words: &[u32] = buf.as_slice_of()?;
+//! drop(buf);
+//! println!("{}", words[0]); // another thread may have the bytes now
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let view: &[u8] = &buf;
+//! qp.post_send(SendRequest::write(buf, remote))?;
+//! println!("{}", view[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let buf = pool.get().unwrap();
+//! let first = buf.as_slice_of::<u32>()?[0];
+//! qp.post_send(SendRequest::write(buf, remote))?;
+//! println!("{first}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 25. Reading a received message after releasing it
+//!
+//! A [`Message`](crate::Message) is the receive buffer the message landed
+//! in; dropping it posts the buffer again, and from then on the peer's
+//! next message may land there. Its bytes borrow it, so they cannot
+//! outlive it.
+//!
+//! ```compile_fail,E0505
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! let bytes: &[u8] = &msg;
+//! drop(msg); // posted again: the device may be writing it
+//! println!("{}", bytes[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! let first = msg.first().copied(); // copied out while the message lives
+//! drop(msg);
+//! println!("{first:?}");
+//! # Ok(()) }
+//! ```
+//!
+//! # 26. Holding a received message across the next receive
+//!
+//! A message borrows its channel: the next `recv` (which may post
+//! buffers again and process what arrives) waits until it is released.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let first = ch.recv(None)?.unwrap();
+//! let second = ch.recv(None)?.unwrap();
+//! println!("{} {}", first.len(), second.len());
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let first_len = ch.recv(None)?.unwrap().len(); // dropped: released
+//! let second = ch.recv(None)?.unwrap();
+//! println!("{first_len} {}", second.len());
+//! # Ok(()) }
+//! ```
+//!
+//! # 27. Sending from a received message's buffer
+//!
+//! `send` copies its bytes into the channel's own send slot (or inline),
+//! so no buffer of the caller is ever posted; and a message cannot be the
+//! source while it borrows the channel. Copy it out, release it, then
+//! send: the receive buffer goes back before the send takes a credit.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let msg = ch.recv(None)?.unwrap();
+//! ch.send(&msg, None)?; // echo from the receive buffer
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! let mut copy = [0u8; 64];
+//! let len = {
+//!     let msg = ch.recv(None)?.unwrap();
+//!     let len = msg.len().min(copy.len());
+//!     copy[..len].copy_from_slice(&msg[..len]);
+//!     len
+//! };
+//! ch.send(&copy[..len], None)?;
+//! # Ok(()) }
+//! ```
+//!
+//! # 28. Two threads on one channel end
+//!
+//! A channel end's accounting (credits, sequence numbers, send slots) is
+//! one thread's at a time, without a lock: `send` and `recv` take `&mut`,
+//! so two threads cannot use it at once.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut MessageChannel) -> Result<()> {
+//! std::thread::scope(|s| {
+//!     s.spawn(|| ch.send(b"one", None));
+//!     s.spawn(|| ch.send(b"two", None));
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(mut ch: MessageChannel) -> Result<()> {
+//! // One thread per end: move it there.
+//! std::thread::spawn(move || ch.send(b"one", None)).join().unwrap()?;
+//! # Ok(()) }
+//! ```

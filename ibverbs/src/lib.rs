@@ -147,6 +147,7 @@ mod address_handle;
 #[cfg(feature = "tokio")]
 mod async_io;
 mod buffer;
+mod buffer_pool;
 mod capabilities;
 #[cfg(feature = "rdmacm")]
 pub mod cm;
@@ -155,18 +156,26 @@ mod completion_queue;
 mod context;
 mod device;
 mod error;
+mod exchange;
 mod extended_cq;
 mod gid;
 mod memory_region;
 mod memory_window;
+mod message_channel;
 mod port;
 mod protection_domain;
 mod queue_pair;
+mod request_table;
 mod shared_receive_queue;
 mod work_completion;
 mod wq_table;
 
 pub mod hazards;
+
+// The README's example compiles (it is a `no_run` doctest here).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 /// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
 /// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
@@ -180,6 +189,7 @@ pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SgList, SharedBuffer,
 };
+pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{
@@ -188,10 +198,12 @@ pub use completion_queue::{
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result, TransitionReason, WireProblem};
+pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
 pub use gid::{Gid, GidEntry, GidIndex, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
+pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
@@ -201,5 +213,6 @@ pub use queue_pair::{
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
+pub use request_table::{Polled, RequestTable, SendStream, TablePostError};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};

@@ -6,6 +6,8 @@
 //! with `--no-vm`), and there a missing device is a failure.
 #![allow(dead_code)]
 
+pub mod process;
+
 use ibverbs::{Context, GidIndex, PortNumber, PortState};
 
 /// The device under test.

@@ -2,7 +2,7 @@
 //!
 //! Two VMs joined by a `-netdev socket` link carry real RoCE v2 between two
 //! kernels (`rxe1` on each `eth1`). vm0 runs the server side of every
-//! scenario, vm1 the client side, both with `examples/fault_peer`; each
+//! scenario, vm1 the client side, both with `fault_peer` (src/bin, src/fault.rs); each
 //! side's script applies its faults (netem on its own eth1, killing the
 //! server, taking the link down) and records the peer's `RESULT` line and
 //! `rdma resource show` into `target/faults/`. The host then checks every
@@ -685,18 +685,18 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
             None => step!("faults: no Debian 6.1 kernel package found; using the default kernel"),
         }
     }
-    step!("faults: building examples/fault_peer (release)");
+    step!("faults: building fault_peer (release)");
     let mut b = util::cargo();
     b.args([
         "build",
         "--release",
         "-p",
         "ibverbs-suite",
-        "--example",
+        "--bin",
         "fault_peer",
     ]);
     util::run_visible(&mut b)?;
-    let peer = repo.join("target/release/examples/fault_peer");
+    let peer = repo.join("target/release/fault_peer");
     let dir: PathBuf = repo.join("target/faults");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -124,9 +124,14 @@ struct VmArgs {
     /// Boot two VMs linked by a private Ethernet (eth1/rxe1) and run the command in both.
     #[arg(long)]
     pair: bool,
+    /// Also share this host directory read-write at its own path (repeatable); the
+    /// repository and the target directory always are, and the guest's /tmp is its own.
+    #[arg(long = "share", value_name = "DIR")]
+    share: Vec<std::path::PathBuf>,
     #[command(flatten)]
     opts: VmOpts,
-    /// The command (joined with spaces and run by `/bin/sh -c`).
+    /// The command, run by `/bin/sh -c`: one argument as a command line
+    /// (`-- 'cd x && make'`), several as words quoted as given (`-- sh -c 'cd x && make'`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
 }
@@ -298,7 +303,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Vm(args) => {
             deps::ensure()?;
-            let code = vm::cmd_vm(&args.command.join(" "), args.pair, &args.opts)?;
+            let code = vm::cmd_vm(
+                &vm::command_line(&args.command),
+                args.pair,
+                &args.share,
+                &args.opts,
+            )?;
             Ok(exit_code(code))
         }
         Cmd::Test(args) => {

@@ -179,11 +179,27 @@ pub struct Session {
 impl Session {
     /// Prepares the kernel (cached) and a fresh run directory in the target directory.
     pub fn new() -> Result<Session> {
+        Session::with_shares(&[])
+    }
+
+    /// As [`Session::new`], also sharing `extra` directories read-write at their host paths
+    /// (`cargo xtask vm --share DIR`).
+    pub fn with_shares(extra: &[PathBuf]) -> Result<Session> {
         let repo = crate::repo_root()?;
         let target = util::target_dir()?;
         let mut shares = vec![repo.clone()];
         if !target.starts_with(&repo) {
             shares.push(target.clone());
+        }
+        for dir in extra {
+            let dir = fs::canonicalize(dir)
+                .with_context(|| format!("--share {}: no such directory", dir.display()))?;
+            if !dir.is_dir() {
+                bail!("--share {}: not a directory", dir.display());
+            }
+            if !shares.iter().any(|s| dir.starts_with(s)) {
+                shares.push(dir);
+            }
         }
         for s in &shares {
             check_cmdline_path(s)?;
@@ -794,9 +810,23 @@ fn is_poweroff_noise(line: &str) -> bool {
     is_stamp && (msg.starts_with("sysrq: ") || msg.starts_with("reboot: "))
 }
 
+/// The shell command line of `cargo xtask vm -- ARGS`: one argument is a command line
+/// as written (`-- 'cd x && make'`); several are words, each quoted so that the shell
+/// sees them as given (`-- sh -c 'cd x && make'`).
+pub fn command_line(args: &[String]) -> String {
+    match args {
+        [one] => one.clone(),
+        words => words
+            .iter()
+            .map(|w| util::quote(w))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
 /// `cargo xtask vm`: returns the exit code to use.
-pub fn cmd_vm(command: &str, pair_mode: bool, opts: &VmOpts) -> Result<i32> {
-    let session = Session::new()?;
+pub fn cmd_vm(command: &str, pair_mode: bool, shares: &[PathBuf], opts: &VmOpts) -> Result<i32> {
+    let session = Session::with_shares(shares)?;
     let vms: Vec<VmConfig> = if pair_mode {
         pair(command, command, opts)?.to_vec()
     } else {
@@ -881,5 +911,28 @@ mod tests {
         assert!(check_cmdline_path(Path::new("/work/main")).is_ok());
         assert!(check_cmdline_path(Path::new("/a b")).is_err());
         assert!(check_cmdline_path(Path::new("rel")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod command_line_tests {
+    use super::command_line;
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn one_argument_is_a_command_line() {
+        assert_eq!(command_line(&words(&["cd x && make"])), "cd x && make");
+    }
+
+    #[test]
+    fn several_arguments_keep_their_quoting() {
+        assert_eq!(
+            command_line(&words(&["sh", "-c", "cd x && y 'z'"])),
+            r"sh -c 'cd x && y '\''z'\'''"
+        );
+        assert_eq!(command_line(&words(&["ls", "-l", "/tmp"])), "ls -l /tmp");
     }
 }

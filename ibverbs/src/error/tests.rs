@@ -177,6 +177,46 @@ fn every_variant() -> Vec<Error> {
             endpoint: crate::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
+        Error::OutOfBand {
+            during: "endpoint exchange",
+            io: io::Error::new(io::ErrorKind::TimedOut, "no answer within 5s"),
+        },
+        Error::Peer {
+            rank: 2,
+            error: Box::new(Error::BadWireFormat {
+                what: "endpoint exchange",
+                problem: crate::WireProblem::Mismatch {
+                    field: "magic",
+                    value: 0x4745_5420,
+                    expected: 0x4942_5658,
+                },
+            }),
+        },
+        Error::MessageTooLarge {
+            len: 4097,
+            max: 4096,
+        },
+        Error::ChannelProtocol {
+            problem: crate::ChannelProblem::Credits {
+                returned: 5,
+                outstanding: 3,
+            },
+        },
+        Error::TimedOut {
+            op: "MessageChannel::send",
+            timeout: std::time::Duration::from_millis(250),
+        },
+        Error::NotPoolSlot {
+            addr: 0x1800,
+            len: 2048,
+            size: 4096,
+            same_registration: true,
+        },
+        Error::RequestTableFull { capacity: 16 },
+        Error::CompletionQueueMismatch {
+            queue: "send queue",
+        },
+        Error::StreamOfAnotherTable,
     ];
     for e in &all {
         match e {
@@ -229,7 +269,16 @@ fn every_variant() -> Vec<Error> {
             | Error::CompletionChannelShared { .. }
             | Error::BadWireFormat { .. }
             | Error::NotThisQueuePair { .. }
-            | Error::LengthNotMultiple { .. } => {}
+            | Error::LengthNotMultiple { .. }
+            | Error::OutOfBand { .. }
+            | Error::Peer { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::ChannelProtocol { .. }
+            | Error::TimedOut { .. }
+            | Error::NotPoolSlot { .. }
+            | Error::RequestTableFull { .. }
+            | Error::CompletionQueueMismatch { .. }
+            | Error::StreamOfAnotherTable => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }

@@ -368,6 +368,14 @@ impl<'a> SendRequest<'a> {
         self.sg
     }
 
+    /// Whether the request may be posted unsignaled: every buffer frozen
+    /// (or none: inline data) and nothing the device writes (DESIGN.md's
+    /// request-option table). The send checks refuse the others unsignaled.
+    #[inline]
+    pub(crate) fn may_be_unsignaled(&self) -> bool {
+        !self.op.device_writes_local() && self.sg.all_frozen()
+    }
+
     #[inline]
     pub(super) fn is_signaled(&self) -> bool {
         self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0

@@ -11,8 +11,7 @@
 //! also takes) and names what is wrong otherwise. Bytes after the NUL are
 //! ignored, as rdma-core does.
 //!
-//! Pure and dependency-free (std only), so that `tests/pingpong_interop.rs`
-//! can include it with `#[path]` and test it on any host.
+//! Pure and dependency-free (std only); its tests are beside it.
 
 use std::fmt;
 
@@ -273,4 +272,218 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
         }
     }
     out
+}
+
+/// Sample addresses and messages: the tests of this module, of the exchange
+/// and of the ping-pong programs (`tests/pingpong_interop.rs`) share them.
+pub mod fixtures {
+    use super::{Dest, MSG_LEN};
+
+    pub const VM_GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 15];
+
+    pub fn dest(qpn: u32) -> Dest {
+        Dest {
+            lid: 0x12,
+            qpn,
+            psn: 0xab_cdef,
+            gid: VM_GID,
+        }
+    }
+
+    /// A 52-byte message from text (NUL-padded; the text must be shorter).
+    pub const GID_HEX: &str = "00000000000000000000ffff0a00020f";
+
+    pub fn msg(text: &str) -> Vec<u8> {
+        assert!(text.len() < MSG_LEN);
+        let mut m = text.as_bytes().to_vec();
+        m.resize(MSG_LEN, 0);
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{dest, msg, GID_HEX};
+    use super::*;
+
+    #[test]
+    fn wire_encode_matches_the_c_format() {
+        let m = encode(&dest(0x1234)).unwrap();
+        let expected = format!("0012:001234:abcdef:{GID_HEX}\0");
+        assert_eq!(m.len(), MSG_LEN);
+        assert_eq!(&m[..], expected.as_bytes());
+        // Widest values still fit the 51 characters + NUL.
+        let max = Dest {
+            lid: 0xffff,
+            qpn: 0xff_ffff,
+            psn: 0xff_ffff,
+            gid: [0xff; 16],
+        };
+        let m = encode(&max).unwrap();
+        assert_eq!(&m[..19], b"ffff:ffffff:ffffff:");
+        assert_eq!(m[51], 0);
+        assert_eq!(decode(&m).unwrap(), max);
+    }
+
+    #[test]
+    fn wire_encode_refuses_wide_fields() {
+        for d in [
+            Dest {
+                qpn: 1 << 24,
+                ..dest(1)
+            },
+            Dest {
+                psn: u32::MAX,
+                ..dest(1)
+            },
+        ] {
+            assert!(matches!(encode(&d), Err(WireError::OutOfRange { .. })));
+        }
+    }
+
+    #[test]
+    fn wire_roundtrip() {
+        for d in [
+            Dest::default(),
+            dest(0x11),
+            Dest {
+                lid: 7,
+                qpn: 0xff_ffff,
+                psn: 0,
+                gid: [
+                    0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0x0c, 0x29, 0xff, 0xfe, 0x1a, 0x2b, 0x3c,
+                ],
+            },
+        ] {
+            assert_eq!(decode(&encode(&d).unwrap()).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn wire_decode_accepts_what_sscanf_would() {
+        // Upper case, unpadded numbers, and junk after the NUL (ignored, as C does).
+        let mut m = msg(&format!("12:1234:ABCDEF:{}", GID_HEX.to_uppercase()));
+        m[MSG_LEN - 1] = b'x';
+        assert_eq!(decode(&m).unwrap(), dest(0x1234));
+    }
+
+    #[test]
+    fn wire_decode_refuses_malformed_messages() {
+        let gid = GID_HEX;
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"0000:000011".to_vec(), "has 11 bytes, expected 52"),
+            (vec![b'a'; 100], "has 100 bytes"),
+            (vec![b'0'; MSG_LEN], "no NUL terminator"),
+            (
+                {
+                    let mut m = encode(&dest(0x11)).unwrap().to_vec();
+                    m[51] = b'0';
+                    m
+                },
+                "no NUL terminator",
+            ),
+            (vec![0; MSG_LEN], "found 1"),
+            (msg("hello,world"), "found 1"),
+            (msg(&format!("0000-000011-000000-{gid}")), "found 1"),
+            (msg(&format!("0000:000011:000000{gid}")), "found 3"),
+            (msg(&format!("0:11:0:{gid}:")), "found 5"),
+            (
+                msg(&format!("zzzz:000011:000000:{gid}")),
+                "LID field \"zzzz\"",
+            ),
+            (
+                msg(&format!("0000:0x0011:000000:{gid}")),
+                "QPN field \"0x0011\"",
+            ),
+            (msg(&format!("0000:-00011:000000:{gid}")), "not hexadecimal"),
+            (msg(&format!("0000:000011:+00000:{gid}")), "PSN field"),
+            (msg(&format!("0000::000000:{gid}")), "QPN field is empty"),
+            (msg("0000:000011:000000:"), "GID field is empty"),
+            (
+                msg(&format!("0000:1000000:00000:{gid}")),
+                "QPN 0x1000000 does not fit in 24 bits",
+            ),
+            (
+                msg(&format!("0000:ffffffffff:0:{gid}")),
+                "QPN 0xffffffffff does not fit",
+            ),
+            (
+                msg(&format!("0000:000011:1000000:{}", &gid[1..])),
+                "PSN 0x1000000",
+            ),
+            (
+                msg(&format!("10000:000011:00000:{gid}")),
+                "LID 0x10000 does not fit in 16 bits",
+            ),
+            (
+                msg(&format!("0000:000011:000000:{}", &gid[..30])),
+                "30 hex digits, expected 32",
+            ),
+            (
+                msg("0000:000011:000000:0123456789abcdef0123456789abcdeg"),
+                "GID field",
+            ),
+            (
+                msg(&format!("0000:000011:000000: {}", &gid[1..])),
+                "byte 19 is 0x20",
+            ),
+            (
+                {
+                    let mut m = msg(&format!("0000:000011:000000:{gid}"));
+                    m[3] = 0xc3;
+                    m
+                },
+                "byte 3 is 0xc3",
+            ),
+        ];
+        for (m, expected) in cases {
+            let e = decode(&m).expect_err(&format!("{:?}", String::from_utf8_lossy(&m)));
+            let text = e.to_string();
+            assert!(
+                text.contains(expected),
+                "{:?}: {text:?} lacks {expected:?}",
+                String::from_utf8_lossy(&m)
+            );
+        }
+    }
+
+    #[test]
+    fn wire_done() {
+        assert_eq!(DONE.len(), 5);
+        check_done(b"done\0").unwrap();
+        for bad in [&b"done"[..], b"DONE\0", b"done\0\0", b"", b"nope!"] {
+            assert!(check_done(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Expected values are glibc's `inet_ntop(AF_INET6, …)` (what the C tools print).
+    #[test]
+    fn gid_text_matches_inet_ntop() {
+        let cases = [
+            ("00000000000000000000000000000000", "::"),
+            ("00000000000000000000000000000001", "::1"),
+            ("00000000000000000000ffff0a00020f", "::ffff:10.0.2.15"),
+            ("fe800000000000000000000000000001", "fe80::1"),
+            ("0000000000000000000000000a00020f", "::10.0.2.15"),
+            ("00000000000000000000000000000102", "::102"),
+            ("00010000000000000000000000000000", "1::"),
+            ("00010000000000010000000000000001", "1:0:0:1::1"),
+            (
+                "fe80000000000000020c29fffe1a2b3c",
+                "fe80::20c:29ff:fe1a:2b3c",
+            ),
+            ("00000000000000000000fffe0a00020f", "::fffe:a00:20f"),
+            ("20010db8000000010000000000000001", "2001:db8:0:1::1"),
+            ("00010002000300040005000600070008", "1:2:3:4:5:6:7:8"),
+            ("0000000000000000000000010a00020f", "::1:a00:20f"),
+            ("00000000000000000000ffff00000000", "::ffff:0.0.0.0"),
+            ("00010000000100000000000000010001", "1:0:1::1:1"),
+            ("00010000000000010000000000010000", "1::1:0:0:1:0"),
+        ];
+        for (hex, text) in cases {
+            let gid: [u8; 16] =
+                std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap());
+            assert_eq!(format_gid(&gid), text, "{hex}");
+        }
+    }
 }

@@ -1,7 +1,5 @@
 //! Statistics for the perftest-style tools: latency summaries and
-//! bandwidth figures. Pure functions on plain numbers, no dependencies (the
-//! host-side tests include this file directly).
-#![allow(dead_code)]
+//! bandwidth figures. Pure functions on plain numbers.
 
 /// Summary of latency samples, in the samples' unit (the tools use µs).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -170,4 +168,110 @@ pub fn sizes(sweep: bool, size: u64, max: u64) -> Vec<u64> {
         s *= 2;
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[7.0]), Some(7.0));
+        assert_eq!(median(&[1.0, 2.0, 10.0]), Some(2.0));
+        assert_eq!(median(&[1.0, 2.0, 4.0, 10.0]), Some(3.0));
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&v, 99.9), Some(100.0));
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 100.0), Some(100.0));
+        assert_eq!(percentile(&v, 0.0), Some(1.0));
+        let w: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(percentile(&w, 99.0), Some(990.0));
+        assert_eq!(percentile(&w, 99.9), Some(999.0));
+        assert_eq!(percentile(&[5.0], 99.9), Some(5.0));
+        assert_eq!(percentile(&[], 99.0), None);
+    }
+
+    #[test]
+    fn mean_and_population_stdev() {
+        let (m, s) = mean_stdev(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+        assert!(close(m, 5.0) && close(s, 2.0), "{m} {s}");
+        let (m, s) = mean_stdev(&[3.0]).unwrap();
+        assert!(close(m, 3.0) && close(s, 0.0));
+        assert_eq!(mean_stdev(&[]), None);
+    }
+
+    #[test]
+    fn summary_sorts_and_summarises() {
+        let mut v = vec![9.0, 1.0, 5.0, 3.0, 7.0];
+        let s = summarize(&mut v).unwrap();
+        assert_eq!(v, [1.0, 3.0, 5.0, 7.0, 9.0]);
+        assert_eq!((s.min, s.max, s.median), (1.0, 9.0, 5.0));
+        assert!(close(s.avg, 5.0));
+        assert!(close(s.stdev, 8.0f64.sqrt()));
+        assert_eq!((s.p99, s.p999), (9.0, 9.0));
+        assert_eq!(summarize(&mut []), None);
+    }
+
+    #[test]
+    fn latency_samples_from_post_times() {
+        // Posts at 0, 10 µs, 30 µs, 60 µs.
+        let t = [0u64, 10_000, 30_000, 60_000];
+        let mut out = Vec::with_capacity(8);
+        deltas_us(&t, 2.0, &mut out);
+        assert_eq!(out, [5.0, 10.0, 15.0]);
+        deltas_us(&t, 1.0, &mut out);
+        assert_eq!(out, [10.0, 20.0, 30.0]);
+        deltas_us(&t[..1], 1.0, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn bandwidth_average_and_peak() {
+        // 4 messages of 1 MiB, posted at once, completing 1 ms apart: 4 MiB in
+        // 4 ms = 1000 MiB/s on average; the best window is the first message
+        // alone (1 MiB in 1 ms), also 1000 MiB/s.
+        let mib = 1 << 20;
+        let posted = [0u64; 4];
+        let completed = [1_000_000u64, 2_000_000, 3_000_000, 4_000_000];
+        let b = bandwidth(mib, &posted, &completed, 1, 1).unwrap();
+        assert!(close(b.avg_mbps, 1000.0), "{b:?}");
+        assert!(close(b.peak_mbps, 1000.0), "{b:?}");
+        assert!(close(b.msg_rate_mpps, 0.001), "{b:?}");
+
+        // A slow start: messages 2 and 3 posted late and done quickly. The peak
+        // is the window starting at the second post list (message 2): 2 MiB in
+        // 1.5 ms = 1333 MiB/s; the average 4 MiB in 5.5 ms.
+        let posted = [0u64, 0, 4_000_000, 4_000_000];
+        let completed = [4_000_000u64, 4_000_000, 5_000_000, 5_500_000];
+        let b = bandwidth(mib, &posted, &completed, 2, 1).unwrap();
+        assert!(close(b.avg_mbps, 4.0 / 5.5e-3), "{b:?}");
+        assert!(close(b.peak_mbps, 2.0 / 1.5e-3), "{b:?}");
+
+        // CQ moderation 2: only completions 1 and 3 (0-based) end a window.
+        let posted = [0u64, 0, 0, 0];
+        let completed = [2_000_000u64, 2_000_000, 4_000_000, 4_000_000];
+        let b = bandwidth(mib, &posted, &completed, 1, 2).unwrap();
+        assert!(close(b.peak_mbps, 1000.0), "{b:?}");
+
+        assert_eq!(bandwidth(1, &[], &[], 1, 1), None);
+        assert_eq!(bandwidth(1, &[0], &[1, 2], 1, 1), None);
+    }
+
+    #[test]
+    fn size_sweep() {
+        assert_eq!(sizes(false, 100, 1 << 23), [100]);
+        assert_eq!(sizes(true, 100, 64), [2, 4, 8, 16, 32, 64]);
+        assert_eq!(sizes(true, 1, 100), [2, 4, 8, 16, 32, 64]);
+        assert_eq!(sizes(true, 1, 1 << 23).len(), 23);
+    }
 }

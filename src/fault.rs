@@ -1,4 +1,5 @@
-//! The peer program of `cargo xtask faults`: moves data over an RC queue
+//! The data mover of `cargo xtask faults` (the `fault_peer` binary is its
+//! command line): moves data over an RC queue
 //! pair (send/recv, RDMA write with immediate, RDMA read) with a sequence
 //! number and checksum in every message, while the harness injects faults
 //! (loss, reordering, a killed peer, a link down, missing receives).
@@ -20,178 +21,61 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::ValueEnum;
 use ibverbs::{
     AccessFlags, AsyncEventType, Buf, Completions, ConnectOptions, Context, Endpoint, Gid,
     GidIndex, LocalBuffer, LocalPort, PortNumber, QpNumber, QpType, QueuePair, RecvRequest,
     RemoteKey, RemoteMemory, SendRequest, SgList,
 };
 
-#[derive(Parser)]
-#[command(about = "Data mover for RDMA fault-injection scenarios")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
-enum Op {
+/// The operation that moves the data.
+pub enum Op {
+    /// Send/receive.
     Send,
+    /// RDMA write with immediate.
     Write,
+    /// RDMA read.
     Read,
 }
 
 #[derive(clap::Args, Clone)]
-struct Common {
+/// Options both roles take.
+pub struct Common {
     /// RDMA device (default: the first with an active port).
     #[arg(short = 'd', long)]
-    device: Option<String>,
+    pub device: Option<String>,
     /// Port of the device (default: its first active port).
     #[arg(short = 'i', long)]
-    ib_port: Option<u8>,
+    pub ib_port: Option<u8>,
     /// GID index (default: the port's IPv4 RoCE v2 GID).
     #[arg(short = 'g', long)]
-    gid_index: Option<u8>,
+    pub gid_index: Option<u8>,
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long, default_value_t = 7000)]
-    tcp_port: u16,
+    pub tcp_port: u16,
     /// QP local ACK timeout exponent (4.096 µs · 2^timeout).
     #[arg(long, default_value_t = 14)]
-    timeout: u8,
+    pub timeout: u8,
     /// Transport retries before RETRY_EXC_ERR.
     #[arg(long, default_value_t = 7)]
-    retry_cnt: u8,
+    pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     #[arg(long, default_value_t = 7)]
-    rnr_retry: u8,
+    pub rnr_retry: u8,
     /// Give up after this many seconds (status=timeout).
     #[arg(long, default_value_t = 300)]
-    deadline: u64,
+    pub deadline: u64,
 }
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Wait for a client; receive (send op), expose memory (write/read).
-    Server {
-        #[command(flatten)]
-        c: Common,
-        /// Do not post receives for this long after connecting (RNR).
-        #[arg(long, default_value_t = 0)]
-        recv_delay_ms: u64,
-    },
-    /// Connect to a server and move the data.
-    Client {
-        host: String,
-        #[command(flatten)]
-        c: Common,
-        #[arg(long, value_enum, default_value_t = Op::Send)]
-        op: Op,
-        #[arg(long, default_value_t = 65536)]
-        msg_size: usize,
-        #[arg(long, default_value_t = 64 << 20)]
-        total: u64,
-        /// Requests in flight.
-        #[arg(long, default_value_t = 16)]
-        window: usize,
-        /// Progress watchdog: with requests outstanding and no completion
-        /// for this many seconds, move the QP to ERR (its requests then
-        /// flush with typed errors). 0 = off.
-        #[arg(long, default_value_t = 0.0)]
-        stall_timeout: f64,
-    },
-    /// Try to overrun a small CQ on one host: the library refuses the
-    /// queue pair (`CqTooSmall`); a device that got that far would raise
-    /// the CQ error event.
-    CqOverrun {
-        #[arg(short = 'd', long)]
-        device: Option<String>,
-    },
-}
+mod message;
+
+use message::{check, fill};
 
 const RX_DEPTH: usize = 64;
 
-/// Message layout: seq (8 bytes LE), FNV-1a of the rest (8 bytes), payload.
-fn fill(msg: &mut [u8], seq: u64) {
-    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in msg[16..].iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    let h = fnv(&msg[16..]);
-    msg[..8].copy_from_slice(&seq.to_le_bytes());
-    msg[8..16].copy_from_slice(&h.to_le_bytes());
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-/// Checks a message: its sequence number and checksum.
-fn check(msg: &[u8], expect_seq: u64) -> Result<(), String> {
-    let seq = u64::from_le_bytes(msg[..8].try_into().unwrap());
-    let h = u64::from_le_bytes(msg[8..16].try_into().unwrap());
-    if seq != expect_seq {
-        return Err(format!("message {expect_seq}: carries sequence {seq}"));
-    }
-    if fnv(&msg[16..]) != h {
-        return Err(format!(
-            "message {seq}: checksum mismatch ({})",
-            explain(msg, seq)
-        ));
-    }
-    Ok(())
-}
-
-/// Says where a message that fails its checksum differs from what was sent
-/// and, for each differing range, whose bytes it holds instead: another
-/// message's (a buffer written by the wrong transfer, or a packet that never
-/// landed and left the buffer's previous message), zeros, or unknown.
-fn explain(msg: &[u8], seq: u64) -> String {
-    let mut want = vec![0u8; msg.len()];
-    fill(&mut want, seq);
-    let mut ranges: Vec<(usize, usize)> = Vec::new();
-    for (i, (a, b)) in msg.iter().zip(&want).enumerate() {
-        if a != b {
-            match ranges.last_mut() {
-                // Bytes that happen to agree inside a bad range do not split it.
-                Some((_, end)) if i - *end < 64 => *end = i + 1,
-                _ => ranges.push((i, i + 1)),
-            }
-        }
-    }
-    let mut other = vec![0u8; msg.len()];
-    let mut out = format!("{} range(s) differ", ranges.len());
-    for &(start, end) in ranges.iter().take(4) {
-        let got = &msg[start..end];
-        // Bytes 0..16 are the header (sequence, checksum): a range there
-        // is no other message's payload.
-        let from = start.max(16);
-        let source = if got.iter().all(|&b| b == 0) {
-            "zeros".to_string()
-        } else if from >= end {
-            "a corrupted header".to_string()
-        } else {
-            (seq.saturating_sub(256)..seq + 64)
-                .find(|&s| {
-                    fill(&mut other, s);
-                    other[from..end] == msg[from..end]
-                })
-                .map_or("unknown bytes".to_string(), |s| {
-                    format!("message {s}'s bytes")
-                })
-        };
-        out.push_str(&format!("; [{start}, {end}) holds {source}"));
-    }
-    out
-}
-
-struct Stats {
+/// What a run did, printed as the `RESULT` line the harness parses.
+pub struct Stats {
     role: &'static str,
     op: Op,
     status: String,
@@ -241,7 +125,8 @@ impl Stats {
         }
         self.fail(format!("error:{status:?}"));
     }
-    fn print(&self) {
+    /// Prints the `RESULT` line.
+    pub fn print(&self) {
         println!(
             "RESULT role={} op={:?} status={} msgs={} bytes={} verified={} posted={} returned={} first_error={} stall_secs={:.2} watchdog={} secs={:.1}",
             self.role,
@@ -320,6 +205,7 @@ fn hello(ep: &Endpoint, mem: Option<RemoteMemory>, extra: &str) -> String {
     )
 }
 
+#[derive(Debug)]
 struct Hello {
     ep: Endpoint,
     mem: RemoteMemory,
@@ -395,7 +281,8 @@ fn connect_qp(
     qp.connect(me, remote, &opts)
 }
 
-fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
+/// See the module docs.
+pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     let s = open(&c.device, c.ib_port, c.gid_index).map_err(|e| e.to_string())?;
     let listener = TcpListener::bind(("0.0.0.0", c.tcp_port)).map_err(|e| e.to_string())?;
     eprintln!("fault_peer server: listening on {}", c.tcp_port);
@@ -642,7 +529,8 @@ fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     Ok(st)
 }
 
-fn client(
+/// See the module docs.
+pub fn client(
     host: String,
     c: Common,
     op: Op,
@@ -826,7 +714,8 @@ fn client(
     Ok(st)
 }
 
-fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
+/// See the module docs.
+pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
     let s = open(&device, None, None).map_err(|e| e.to_string())?;
     let mut st = Stats::new("local", Op::Send);
     let pd = s.ctx.alloc_pd().map_err(|e| e.to_string())?;
@@ -899,38 +788,37 @@ fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
     Ok(st)
 }
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Server { c, recv_delay_ms } => server(c, recv_delay_ms),
-        Cmd::Client {
-            host,
-            c,
-            op,
-            msg_size,
-            total,
-            window,
-            stall_timeout,
-        } => client(
-            host,
-            c,
-            op,
-            msg_size,
-            total,
-            window.clamp(1, 512),
-            stall_timeout,
-        ),
-        Cmd::CqOverrun { device } => cq_overrun(device),
-    };
-    match r {
-        Ok(st) => {
-            st.print();
-            std::process::ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("fault_peer: {e}");
-            println!("RESULT status=failed reason={}", e.replace(' ', "_"));
-            std::process::ExitCode::from(2)
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_refuses_garbage() {
+        let ep = Endpoint {
+            qp_num: QpNumber(0x11),
+            psn: 0x12_3456,
+            lid: 3,
+            gid: "::ffff:10.0.2.15".parse().unwrap(),
+        };
+        let mem = RemoteMemory {
+            addr: 0x1000,
+            len: 4096,
+            rkey: RemoteKey(77),
+        };
+        let h = parse_hello(&hello(&ep, Some(mem), "op=write")).unwrap();
+        assert_eq!(
+            (h.ep.qp_num, h.ep.psn, h.ep.lid, h.ep.gid),
+            (ep.qp_num, ep.psn, ep.lid, ep.gid)
+        );
+        assert_eq!(
+            (h.mem.addr, h.mem.len, h.mem.rkey),
+            (mem.addr, mem.len, mem.rkey)
+        );
+        assert!(h.fields.iter().any(|(k, v)| k == "op" && v == "write"));
+        assert!(parse_hello("HELLO qpn=1").is_err());
+        assert!(parse_hello("FP1 qpn=1 psn=2")
+            .unwrap_err()
+            .contains("lacks lid"));
+        assert!(parse_hello("FP1 qpn=x").unwrap_err().contains("qpn"));
     }
 }

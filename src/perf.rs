@@ -2,10 +2,6 @@
 //! `send_lat`, `send_bw`, `read_lat`, `read_bw`, `atomic_lat`): options,
 //! device setup, the TCP exchange, completion waiting, the streaming engine
 //! of the bandwidth tools, statistics and the result tables.
-//!
-//! Included by each tool with `#[path = "perf/mod.rs"] mod perf;`. Each
-//! tool uses a subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
 
 pub mod args;
 pub mod net;

@@ -2,9 +2,6 @@
 //! share: the rdma-core command line, device and queue-pair setup, the
 //! address exchange ([`exchange`], [`wire`]) and the ping-pong loop.
 //!
-//! Included by each example with `#[path = "pingpong/mod.rs"] mod pingpong;`
-//! (cargo does not build this directory as an example of its own).
-//!
 //! The programs behave like rdma-core v44's `ibv_*_pingpong` and talk to them:
 //! same options, same TCP exchange, same QP attributes, same sizes on the
 //! wire, same output lines. The differences:
@@ -27,8 +24,6 @@
 //!   send (the C server echoes the client's bytes; ours sends its own).
 //! * The peer is untrusted: malformed messages end the run with a message.
 
-#![allow(dead_code)]
-
 pub mod exchange;
 pub mod wire;
 
@@ -39,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
-    ConnectOptions, Context, Endpoint, FrozenBuffer, Gid, GidIndex, LocalPort, Mtu, PortAttr,
-    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    ConnectOptions, Endpoint, FrozenBuffer, Gid, GidIndex, LocalPort, Mtu, PortAttr, PortNumber,
+    PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
     WorkCompletion,
 };
 
@@ -365,7 +360,6 @@ impl Drop for Watchdog {
 
 /// The device side of a run, set up and waiting for the peer's address.
 struct Setup {
-    ctx: Context,
     port: PortNumber,
     port_attr: PortAttr,
     gid_index: Option<GidIndex>,
@@ -610,7 +604,6 @@ fn open(cfg: &Config) -> Res<Setup> {
         .remote_access(AccessFlags::empty());
 
     Ok(Setup {
-        ctx,
         port,
         port_attr,
         gid_index,
