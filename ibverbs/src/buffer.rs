@@ -12,6 +12,8 @@
 //!   send/write requests at once (e.g. unsignaled sends) and read meanwhile.
 //! * [`RemoteMemory`]: a peer's address range and key (plain data).
 
+mod volatile;
+
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
@@ -634,11 +636,9 @@ impl SharedBuffer {
     #[inline]
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = self.check(offset, dst.len())?;
-        for (i, d) in dst.iter_mut().enumerate() {
-            // SAFETY: in bounds (checked); volatile because the device or a
-            // peer may write the memory at any time.
-            *d = unsafe { src.add(i).read_volatile() };
-        }
+        // SAFETY: in bounds (checked); no reference to a shared buffer's
+        // bytes exists (the device or a peer may write them at any time).
+        unsafe { volatile::copy_out(src, dst) };
         Ok(())
     }
 
@@ -649,11 +649,9 @@ impl SharedBuffer {
     #[inline]
     pub fn copy_from_slice(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         let dst = self.check(offset, src.len())?;
-        for (i, s) in src.iter().enumerate() {
-            // SAFETY: in bounds (checked); `&mut self` means no local work
-            // request holds this range; volatile as above.
-            unsafe { dst.add(i).write_volatile(*s) };
-        }
+        // SAFETY: in bounds (checked); `&mut self` means no local work
+        // request holds this range; no reference to it exists, as above.
+        unsafe { volatile::copy_in(dst, src) };
         Ok(())
     }
 
