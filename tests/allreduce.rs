@@ -14,23 +14,10 @@ mod common;
 use std::time::Duration;
 
 use common::example_bin;
-use common::process::{self, Finished};
+use common::process::{self, device_args, Finished};
 
 /// Longest any rank may run.
 const PROCESS_BOUND: Duration = Duration::from_secs(180);
-
-/// Device and GID options: the test device, and GID index 1 (the IPv4
-/// RoCE v2 GID) inside the VM; elsewhere the example picks the GID.
-fn device_args() -> Vec<String> {
-    let mut v = Vec::new();
-    if let Ok(d) = std::env::var("IBVERBS_TEST_DEVICE") {
-        v.extend(["-d".into(), d]);
-    }
-    if std::env::var("IBVERBS_TEST_EXPECT_GID1").is_ok() {
-        v.extend(["-g".into(), "1".into()]);
-    }
-    v
-}
 
 /// Runs `n` ranks of the example on 127.0.0.1 (rank r on TCP port
 /// `base_port + r`) all-reducing `floats` floats `iters` times; every rank

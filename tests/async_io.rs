@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::process::{self, Finished, Running};
+use common::process::{self, device_args, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
@@ -502,19 +502,6 @@ async fn async_events_stream() {
 
 fn spawn(args: &[String]) -> Running {
     process::spawn(&common::example_bin("async_echo"), args)
-}
-
-/// Device and GID options: the test device, and GID index 1 (the IPv4
-/// RoCE v2 GID) inside the VM; elsewhere the example picks.
-fn device_args() -> Vec<String> {
-    let mut v = Vec::new();
-    if let Ok(d) = std::env::var("IBVERBS_TEST_DEVICE") {
-        v.extend(["-d".into(), d]);
-    }
-    if std::env::var("IBVERBS_TEST_EXPECT_GID1").is_ok() {
-        v.extend(["-g".into(), "1".into()]);
-    }
-    v
 }
 
 #[test]

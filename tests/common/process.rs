@@ -7,6 +7,19 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Device and GID options for an example program: the test device, and GID
+/// index 1 (the IPv4 RoCE v2 GID) inside the VM; elsewhere the program picks.
+pub fn device_args() -> Vec<String> {
+    let mut v = Vec::new();
+    if let Ok(d) = std::env::var("IBVERBS_TEST_DEVICE") {
+        v.extend(["-d".into(), d]);
+    }
+    if std::env::var("IBVERBS_TEST_EXPECT_GID1").is_ok() {
+        v.extend(["-g".into(), "1".into()]);
+    }
+    v
+}
+
 /// A running program; killed (and reaped) on drop unless it finished.
 pub struct Running {
     label: String,
