@@ -23,6 +23,7 @@
 
 mod callgrind;
 mod history;
+mod lines;
 mod report;
 
 use std::collections::BTreeMap;
@@ -307,8 +308,19 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         }
         None => SETS.to_vec(),
     };
-    let examples =
-        util::build_examples(true, &["--example", "opcost", "--example", "rc_pingpong"])?;
+    // Line tables (no other debug information) so that `lines.rs` can name each
+    // instruction's source line; they do not change the code.
+    let examples = util::build_examples(
+        true,
+        &[
+            "--example",
+            "opcost",
+            "--example",
+            "rc_pingpong",
+            "--config",
+            "profile.release.debug=\"line-tables-only\"",
+        ],
+    )?;
     let opcost = examples
         .get("opcost")
         .context("opcost was not built")?
@@ -352,6 +364,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
             }
         }
     }
+    let mut attributed = Vec::new();
     for (cfg, straced) in todo {
         {
             let key = cfg.key();
@@ -368,6 +381,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                 Imp::C => &c_twin,
                 _ => &opcost,
             };
+            attributed.push((key.clone(), prog.clone()));
             let r = cfg.rounds();
             // The same calibration in both runs, so that it cancels from the marginal counts
             // (and from the per-function breakdown); the empty-poll cost is the long run's
@@ -376,7 +390,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
                 let cg = raw.join(format!("{key}.{tag}.cg"));
                 let _ = writeln!(
                     sh,
-                    "echo {key}.{tag}; timeout 900 valgrind --tool=callgrind --vgdb=no --callgrind-out-file={} {} {} >{} 2>{}",
+                    "echo {key}.{tag}; timeout 900 valgrind --tool=callgrind --vgdb=no --dump-instr=yes --callgrind-out-file={} {} {} >{} 2>{}",
                     quote(&cg.to_string_lossy()),
                     quote(&prog.to_string_lossy()),
                     cfg.args(rounds, cal).iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
@@ -467,6 +481,29 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
         step!("{}", o.describe());
         o.success()
     });
+    // Line-by-line attribution needs the binaries just measured, so it is done now and kept
+    // beside the profiles (`{key}.lines.tsv`) for `--reanalyze`.
+    let repo = crate::repo_root()?;
+    for (key, prog) in &attributed {
+        let tsv = raw.join(format!("{key}.lines.tsv"));
+        let _ = fs::remove_file(&tsv);
+        let attributed = (|| -> Result<Vec<lines::Line>> {
+            let (pa, pb) = (
+                profile(&raw.join(format!("{key}.a.cg")))?,
+                profile(&raw.join(format!("{key}.b.cg")))?,
+            );
+            let (la, lb) = (
+                opcost_line(&raw.join(format!("{key}.a.out")))?,
+                opcost_line(&raw.join(format!("{key}.b.out")))?,
+            );
+            let ops = num(&lb, "posts")? - num(&la, "posts")?;
+            lines::attribute(prog, &pa, &pb, ops, &repo)
+        })();
+        match attributed {
+            Ok(v) => fs::write(&tsv, lines::to_tsv(&v))?,
+            Err(e) => step!("instr: {key}: no line attribution: {e:#}"),
+        }
+    }
     let ok = finish(&out, o.publish)?;
     if vm_ok {
         session.cleanup();
@@ -576,8 +613,12 @@ fn measure(
     };
     let plain = opcost_line(&raw.join(format!("{key}.plain.out"))).ok();
     let breakdown = breakdown(&pa, &pb, dposts);
+    let lines = fs::read_to_string(raw.join(format!("{key}.lines.tsv")))
+        .map(|t| lines::from_tsv(&t))
+        .unwrap_or_default();
     Ok(report::Measured {
         breakdown,
+        lines,
         post,
         completion,
         wait,

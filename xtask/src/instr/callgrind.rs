@@ -8,6 +8,12 @@
 //! that is the *inclusive* cost of those calls to the function named by the
 //! preceding `cfn=` (in `cob=`, or the caller's object). `fi=`/`fe=` switch
 //! the file of inlined code and do not change the function.
+//!
+//! With `--dump-instr=yes` (`positions: instr line`) every cost line starts
+//! with an instruction address and then a line number, each compressed on its
+//! own: `+n`/`-n` relative to the previous cost line's, `*` the same, or
+//! absolute (`0x…` or decimal). The self cost per address is then kept too,
+//! for line-by-line attribution (`lines.rs`).
 
 use std::collections::HashMap;
 
@@ -28,6 +34,9 @@ pub struct Profile {
     pub self_cost: HashMap<Func, u64>,
     /// (caller, callee) → (calls, inclusive instructions of those calls).
     pub calls: HashMap<(Func, Func), (u64, u64)>,
+    /// Object → instruction address → instructions executed at that address itself
+    /// (empty unless the profile has instruction positions).
+    pub by_address: HashMap<String, HashMap<u64, u64>>,
 }
 
 impl Profile {
@@ -100,6 +109,11 @@ pub fn parse(text: &str) -> Result<Profile> {
     // Set by a `calls=` line: the next cost line is that call's inclusive cost.
     let mut pending_calls: Option<u64> = None;
     let mut summary: Option<u64> = None;
+    // `positions:` — whether cost lines start with an address, and how many position
+    // fields precede the cost; the previous cost line's positions, for the compression.
+    let mut by_instr = false;
+    let mut npos = 1usize;
+    let mut last = [0u64; 2];
 
     // `(id) name` defines, `(id)` refers; the kinds: o(bject), f(unction).
     let mut resolve = |kind: char, v: &str| -> Result<String> {
@@ -146,8 +160,17 @@ pub fn parse(text: &str) -> Result<Profile> {
             .or_else(|| line.strip_prefix("totals:"))
         {
             summary = v.split_whitespace().next().and_then(|s| s.parse().ok());
+        } else if let Some(v) = line.strip_prefix("positions:") {
+            let kinds: Vec<&str> = v.split_whitespace().collect();
+            by_instr = kinds.first() == Some(&"instr");
+            npos = kinds.len().max(1);
         } else if line.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '*')) {
-            let cost: u64 = match line.split_whitespace().nth(1) {
+            let mut fields = line.split_whitespace();
+            for slot in last.iter_mut().take(npos) {
+                let p = fields.next().unwrap_or("*");
+                *slot = position(p, *slot).with_context(|| format!("{}: bad position", at()))?;
+            }
+            let cost: u64 = match fields.next() {
                 Some(c) => c.parse().with_context(|| format!("{}: bad cost", at()))?,
                 None => 0,
             };
@@ -166,6 +189,13 @@ pub fn parse(text: &str) -> Result<Profile> {
                 e.1 += cost;
             } else {
                 *p.self_cost.entry(f.clone()).or_default() += cost;
+                if by_instr {
+                    *p.by_address
+                        .entry(f.object.clone())
+                        .or_default()
+                        .entry(last[0])
+                        .or_default() += cost;
+                }
             }
         } else if line.starts_with("fl=") || line.starts_with("fi=") || line.starts_with("fe=") {
             // Files: names share the `f` id space with functions in some
@@ -189,6 +219,23 @@ pub fn parse(text: &str) -> Result<Profile> {
         None => p.self_cost.values().sum(),
     };
     Ok(p)
+}
+
+/// One compressed position: `*` the previous one, `+n`/`-n` relative to it, else absolute
+/// (`0x…` hexadecimal or decimal).
+fn position(p: &str, prev: u64) -> Result<u64> {
+    let num = |t: &str| -> Result<u64> {
+        Ok(match t.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16)?,
+            None => t.parse()?,
+        })
+    };
+    Ok(match p.as_bytes().first() {
+        Some(b'*') => prev,
+        Some(b'+') => prev.wrapping_add(num(&p[1..])?),
+        Some(b'-') => prev.wrapping_sub(num(&p[1..])?),
+        _ => num(p)?,
+    })
 }
 
 #[cfg(test)]
@@ -257,5 +304,36 @@ fn=(2)
             "Rust path and recursion suffix"
         );
         assert_eq!(p.inclusive_named("instr_post"), 390);
+    }
+
+    #[test]
+    fn instruction_positions() {
+        let text = "\
+positions: instr line
+events: Ir
+ob=(1) /bin/prog
+fl=(1) prog.c
+fn=(1) main
+0x1000 10 5
++4 * 6
++2 11 7
+cfn=(2) callee
+calls=1 0x2000 20
++3 12 100
+* * 8
+-9 +1 9
+fn=(2)
+0x2000 20 100
+";
+        let p = parse(text).unwrap();
+        let a = &p.by_address["/bin/prog"];
+        assert_eq!(a[&0x1000], 5 + 9, "-9 goes back to the first address");
+        assert_eq!(a[&0x1004], 6);
+        assert_eq!(a[&0x1006], 7);
+        // the call's inclusive cost is not the caller's own, but its position counts
+        assert_eq!(a[&0x1009], 8);
+        assert_eq!(a[&0x2000], 100);
+        assert_eq!(p.self_cost.values().sum::<u64>(), 5 + 6 + 7 + 8 + 9 + 100);
+        assert!(parse(SAMPLE).unwrap().by_address.is_empty());
     }
 }

@@ -32,6 +32,9 @@ pub struct Measured {
     /// Marginal instructions per operation by function (its own, not its callees'), largest
     /// first: the whole process, loop and sleep included.
     pub breakdown: Vec<(String, f64)>,
+    /// The program's own instructions per operation by source line (`lines.rs`), largest
+    /// first; empty when the run kept no attribution.
+    pub lines: Vec<super::lines::Line>,
 }
 
 impl Measured {
@@ -421,6 +424,7 @@ pub fn markdown(
     }
     setup_table(&mut s, rows);
     breakdown(&mut s, rows);
+    by_line(&mut s, rows);
     let unsteady: Vec<String> = rows
         .iter()
         .filter(|r| r.m.short_polls.0 != r.m.short_polls.1)
@@ -548,6 +552,57 @@ fn breakdown(s: &mut String, rows: &[Row]) {
             }
             let _ = writeln!(s, "\n</details>\n");
         }
+    }
+}
+
+/// The program's own instructions of the 16-QP paths by source line, so that every
+/// instruction above a floor can be found in the code.
+fn by_line(s: &mut String, rows: &[Row]) {
+    let picked: Vec<&Row> = [Imp::C, Imp::Raw, Imp::Prepared, Imp::Request]
+        .into_iter()
+        .filter_map(|i| find(rows, i, 16, 1, 1, false))
+        .filter(|r| !r.m.lines.is_empty())
+        .collect();
+    if picked.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "## Where the program's own instructions go, 16 queue pairs (per operation, by source line)\n\n\
+         Every instruction the program executes in its own binary (not in libibverbs, rxe or \
+         libc), marginal per operation, charged to the innermost line of this repository it \
+         belongs to: std and crate code inlined into a line counts for that line (`addr2line \
+         -i` on the measured binary, built with line tables). Loop and sleep of the measuring \
+         program included; lines under half an instruction left out.\n"
+    );
+    for r in picked {
+        let total: f64 = r.m.lines.iter().map(|l| l.per_op).sum();
+        let _ = writeln!(
+            s,
+            "<details><summary>{}: {:.0} instructions per operation in its own code</summary>\n",
+            r.cfg.imp.name(),
+            total
+        );
+        let _ = writeln!(s, "| instructions | line | code |\n|---:|---|---|");
+        const SHOWN: usize = 40;
+        for l in r.m.lines.iter().take(SHOWN) {
+            let _ = writeln!(
+                s,
+                "| {:.1} | `{}` | `{}` |",
+                l.per_op,
+                l.location,
+                l.source.replace('|', "\\|").replace('`', "'")
+            );
+        }
+        if r.m.lines.len() > SHOWN {
+            let rest: f64 = r.m.lines[SHOWN..].iter().map(|l| l.per_op).sum();
+            let _ = writeln!(
+                s,
+                "| {rest:.1} | {} more lines | |",
+                r.m.lines.len() - SHOWN
+            );
+        }
+        let _ = writeln!(s, "\n</details>\n");
     }
 }
 
