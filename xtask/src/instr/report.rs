@@ -223,7 +223,8 @@ fn floors(s: &mut String, rows: &[Row]) {
         "### Why the targets are missed: what each guarantee costs\n\n\
          The floor of a path is C plus what its least implementation that keeps its guarantees \
          must execute per operation (items below, counted in this build's instructions); above \
-         the floor is overhead. The raw path has no guarantee of its own but its `Result`; the \
+         the floor is overhead, and the tables *by source line* at the end of this report \
+         name the line of every instruction the program executes in its own code. The raw path has no guarantee of its own but its `Result`; the \
          prepared path's are DESIGN.md's *Prepared requests* (a count per posting, the epoch word \
          a move to RESET waits on); the request path's are *Posting moves the buffer* (a slot \
          per request under the send lock, claimed under the table's lock). The owned \
