@@ -228,6 +228,34 @@ fn window_rights_follow_the_ownership_model() {
     drop(mw);
 }
 
+/// A read-only window over exclusively owned memory must stay read-only on
+/// the device: rxe checks window accesses against the region's bounds rather
+/// than the window's (docs/providers.md), so the rights check is the one
+/// that keeps a peer from writing memory Rust holds as `&mut`.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_read_window_refuses_a_peers_write() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let mut local = p.pd.alloc(256, mw_region()).unwrap();
+    local.fill(7);
+    let remote =
+        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 1)
+            .unwrap();
+    wait_ok(&p.cq_a);
+    assert_eq!(
+        write_from_b(&p, remote, &[0xAA; 64]),
+        WcStatus::RemAccessErr
+    );
+    assert!(
+        local.iter().all(|&x| x == 7),
+        "a peer wrote through a read-only window"
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn windows_are_released_with_their_last_handle() {

@@ -16,6 +16,11 @@
 //! granting remote write or atomic access are only bound over
 //! [`SharedBuffer`] memory, like memory regions: a peer's writes never race
 //! a Rust reference.
+//!
+//! A window narrows what a peer may reach only as far as the provider
+//! enforces it: rxe checks window accesses against the region's bounds, not
+//! the window's (docs/providers.md). Isolate peers from each other with
+//! separate registrations.
 
 mod binding;
 
