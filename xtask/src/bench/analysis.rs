@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use super::parse::{self, Wanted};
-use super::plan::{self, Impl, Metric, Plan, RunSpec, Tool};
+use super::plan::{self, Group, Impl, Metric, Plan, RunSpec, Tool, Workload};
 use super::runner::{Exit, RunRecord};
 use super::stats::{self, Summary};
 
@@ -32,6 +32,62 @@ pub fn extract(metric: Metric, text: &str, size: u64, iters: u64) -> Result<f64>
             },
         ),
         Metric::Bandwidth => parse::bandwidth_mb_s(text, size, Some(iters)),
+        Metric::Iops | Metric::BusBandwidth | Metric::AllreduceLatency => {
+            bail!("a workload's number comes from `extract_workload`")
+        }
+    }
+}
+
+/// MB/s as perftest counts them (2²⁰ B) from GB/s as NCCL-tests count them (10⁹ B).
+pub fn gb_s_to_mb_s(gb_s: f64) -> f64 {
+    gb_s * 1e9 / (1u64 << 20) as f64
+}
+
+/// The number of a workload run (issue #21): the C ceiling from perftest's table, ours from
+/// the example's lines, which count only in outputs that say `VERIFIED` (every rank's, for an
+/// all-reduce).
+pub fn extract_workload(
+    w: Workload,
+    baseline_is_rust: bool,
+    spec: &RunSpec,
+    rec: &RunRecord,
+) -> Result<f64> {
+    let read = |p: &PathBuf| {
+        fs::read_to_string(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))
+    };
+    let client = read(&rec.client_out)?;
+    let c_side = spec.imp == Impl::C && !baseline_is_rust;
+    match w {
+        Workload::BlockRead { depth } | Workload::BlockWrite { depth } if c_side => {
+            let _ = depth;
+            parse::message_rate(&client, spec.size, Some(spec.iters))
+        }
+        Workload::BlockRead { depth } => {
+            Ok(parse::blockstore_phase(&client, "random", spec.iters, depth.into())?.iops)
+        }
+        Workload::BlockWrite { depth } => {
+            Ok(parse::blockstore_phase(&client, "mixed", spec.iters, depth.into())?.iops)
+        }
+        Workload::AllreduceBw if c_side => {
+            parse::bandwidth_mb_s(&client, spec.size, Some(spec.iters))
+        }
+        Workload::AllreduceBw | Workload::AllreduceWait => {
+            let ranks = spec.extra.len() as u64 + 2;
+            let floats = spec.size / 4;
+            let mut others = vec![&rec.server_out];
+            others.extend(&rec.extra_outs);
+            for (k, p) in others.into_iter().enumerate() {
+                parse::allreduce(&read(p)?, ranks, floats, spec.iters)
+                    .map_err(|e| anyhow::anyhow!("rank {k}: {e:#}"))?;
+            }
+            let last = parse::allreduce(&client, ranks, floats, spec.iters)
+                .map_err(|e| anyhow::anyhow!("rank {}: {e:#}", ranks - 1))?;
+            Ok(if w == Workload::AllreduceBw {
+                gb_s_to_mb_s(last.busbw_gb_s)
+            } else {
+                last.median_us
+            })
+        }
     }
 }
 
@@ -66,9 +122,22 @@ pub fn judge(spec: &RunSpec, rec: Option<&RunRecord>) -> std::result::Result<f64
     if rec.server_exit != Exit::Code(0) {
         return Err(with_output("server", rec.server_exit, &rec.server_out));
     }
+    for (k, exit) in rec.extra_exits.iter().enumerate() {
+        if *exit != Exit::Code(0) {
+            let out = rec.extra_outs.get(k).cloned().unwrap_or_default();
+            return Err(with_output(&format!("background process {k}"), *exit, &out));
+        }
+    }
+    if rec.extra_exits.len() != spec.extra.len() {
+        return Err("the record lacks background processes of the plan".into());
+    }
     let Some(tool) = plan::tool(&spec.tool) else {
         return Err(format!("unknown tool `{}`", spec.tool));
     };
+    if let Some(w) = tool.workload() {
+        return extract_workload(w, tool.baseline_is_rust(), spec, rec)
+            .map_err(|e| format!("output: {e:#}"));
+    }
     let text = fs::read_to_string(&rec.client_out)
         .map_err(|e| format!("cannot read {}: {e}", rec.client_out.display()))?;
     extract(tool.metric, &text, spec.size, spec.iters).map_err(|e| format!("client output: {e:#}"))
@@ -102,6 +171,8 @@ pub enum Verdict {
     Miss,
     /// One side has no successful run.
     NoData,
+    /// A cell without a target (`Target::Report`): its ratio is the result.
+    Reported,
 }
 
 /// One (tool, size): both implementations.
@@ -138,6 +209,13 @@ impl Cell {
     }
 
     pub fn verdict(&self) -> Verdict {
+        if self.tool.metric.target() == plan::Target::Report {
+            return if self.ratio().is_some() {
+                Verdict::Reported
+            } else {
+                Verdict::NoData
+            };
+        }
         match self.ratio() {
             Some(r) if self.tool.metric.target().met(r) => Verdict::Pass,
             Some(_) => Verdict::Miss,
@@ -167,6 +245,24 @@ pub struct Analysis {
 }
 
 impl Analysis {
+    /// The cells of one table of the report.
+    pub fn group(&self, g: Group) -> Vec<&Cell> {
+        self.cells.iter().filter(|c| c.tool.group() == g).collect()
+    }
+
+    /// Only the tool pairs' cells (what the plot draws).
+    pub fn tools_only(&self) -> Analysis {
+        Analysis {
+            cells: self
+                .cells
+                .iter()
+                .filter(|c| c.tool.group() == Group::Tools)
+                .cloned()
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     pub fn all_failures(&self) -> Vec<&Failure> {
         let mut v: Vec<&Failure> = self.warmup_failures.iter().collect();
         for c in &self.cells {
@@ -297,6 +393,7 @@ mod tests {
                 iters: Some(200),
                 quick: false,
                 port_base: 20000,
+                vm_cpus: 2,
             },
             &progs,
         );
@@ -311,6 +408,7 @@ mod tests {
             results: dir.join("results.jsonl"),
             vm_env: dir.join("vm-env.json"),
             runs,
+            vm_cpus: 2,
         };
         let ok = |us: f64| format!("ITERS iters in 0.04 seconds = {us:.2} usec/iter\n");
         let mut records = Vec::new();
@@ -338,6 +436,8 @@ mod tests {
                 client_secs: 1.0,
                 server_out: s,
                 client_out: c,
+                extra_exits: Vec::new(),
+                extra_outs: Vec::new(),
             });
         }
         let a = analyze(&plan, &records);
