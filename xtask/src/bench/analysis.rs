@@ -73,7 +73,11 @@ pub fn extract_workload(
         }
         Workload::AllreduceBw | Workload::AllreduceWait => {
             let ranks = spec.extra.len() as u64 + 2;
-            let floats = spec.size / 4;
+            let floats = if w == Workload::AllreduceBw {
+                plan::ALLREDUCE_FLOATS
+            } else {
+                plan::SMALL_ALLREDUCE_FLOATS
+            };
             let mut others = vec![&rec.server_out];
             others.extend(&rec.extra_outs);
             for (k, p) in others.into_iter().enumerate() {
@@ -369,6 +373,99 @@ mod tests {
             extract(Metric::Latency, IB_WRITE_LAT, 2, 1000).unwrap(),
             48.73
         );
+    }
+
+    /// A 3-rank all-reduce run judged from its files: the value is the last rank's bus
+    /// bandwidth, and a middle rank that did not say VERIFIED fails the run.
+    #[test]
+    fn workload_runs_need_every_rank_verified() {
+        let dir = std::env::temp_dir().join(format!("xtask-wl-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let tools = select_tools(Some(&["allreduce-busbw".into()])).unwrap();
+        let mut progs = Programs::default();
+        progs.rust.insert("allreduce".into(), "/x/allreduce".into());
+        let runs = schedule(
+            &Settings {
+                tools: &tools,
+                sizes: &[2],
+                rounds: 1,
+                iters: Some(50),
+                quick: false,
+                port_base: 20000,
+                vm_cpus: 2,
+            },
+            &progs,
+        );
+        let spec = runs
+            .iter()
+            .find(|r| !r.warmup && r.imp == Impl::Rust)
+            .unwrap();
+        let (s, c) = raw_paths(&dir, spec);
+        let mid = super::super::runner::extra_path(&dir, spec, 0);
+        let rank = |r: u64| ALLREDUCE_RANK.replace("rank 2 of 3", &format!("rank {r} of 3"));
+        fs::write(&s, rank(0)).unwrap();
+        fs::write(&mid, rank(1)).unwrap();
+        fs::write(&c, rank(2)).unwrap();
+        let rec = RunRecord {
+            seq: spec.seq,
+            id: spec.id.clone(),
+            server_exit: Exit::Code(0),
+            client_exit: Exit::Code(0),
+            problem: None,
+            listen_secs: 0.1,
+            client_secs: 1.0,
+            server_out: s,
+            client_out: c,
+            extra_exits: vec![Exit::Code(0)],
+            extra_outs: vec![mid.clone()],
+        };
+        let v = judge(spec, Some(&rec)).unwrap();
+        assert!((v - gb_s_to_mb_s(0.025)).abs() < 1e-9, "{v}");
+        // the middle rank found a wrong sum: no VERIFIED, no number
+        fs::write(&mid, rank(1).replace("VERIFIED", "WRONG")).unwrap();
+        let e = judge(spec, Some(&rec)).unwrap_err();
+        assert!(e.contains("rank 1") && e.contains("VERIFIED"), "{e}");
+        // the middle rank exited non-zero
+        fs::write(&mid, rank(1)).unwrap();
+        let mut bad = rec.clone();
+        bad.extra_exits = vec![Exit::Code(1)];
+        let e = judge(spec, Some(&bad)).unwrap_err();
+        assert!(
+            e.contains("background process 0 exited with status 1"),
+            "{e}"
+        );
+        // the C ceiling of a block-store cell is perftest's message rate
+        let tools = select_tools(Some(&["blockstore-read-q16".into()])).unwrap();
+        let mut progs = Programs::default();
+        progs
+            .c
+            .insert("ib_read_bw".into(), "/usr/bin/ib_read_bw".into());
+        let runs = schedule(
+            &Settings {
+                tools: &tools,
+                sizes: &[2],
+                rounds: 1,
+                iters: Some(1000),
+                quick: false,
+                port_base: 20000,
+                vm_cpus: 2,
+            },
+            &progs,
+        );
+        let spec = runs.iter().find(|r| !r.warmup && r.imp == Impl::C).unwrap();
+        let (s, c) = raw_paths(&dir, spec);
+        fs::write(&s, "").unwrap();
+        fs::write(&c, IB_READ_BW_4K).unwrap();
+        let rec = RunRecord {
+            server_out: s,
+            client_out: c,
+            extra_exits: Vec::new(),
+            extra_outs: Vec::new(),
+            ..rec
+        };
+        assert!((judge(spec, Some(&rec)).unwrap() - 8553.0).abs() < 1e-6);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A whole plan judged from files: values, failures and a run the VM never reached.

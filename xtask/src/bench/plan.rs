@@ -959,6 +959,96 @@ mod tests {
     }
 
     #[test]
+    fn workload_command_lines() {
+        let tools = select_tools(Some(&["blockstore".into(), "allreduce".into()])).unwrap();
+        assert_eq!(tools.len(), 6);
+        let mut progs = programs(true);
+        progs
+            .rust
+            .insert("blockstore".into(), "/r/blockstore".into());
+        progs.rust.insert("allreduce".into(), "/r/allreduce".into());
+        let s = Settings {
+            tools: &tools,
+            sizes: &[2],
+            rounds: 1,
+            iters: None,
+            quick: false,
+            port_base: 20000,
+            vm_cpus: 2,
+        };
+        let runs = schedule(&s, &progs);
+        // one warm-up pair per workload's pair of programs: blockstore with ib_read_bw and with
+        // ib_write_bw, allreduce with ib_write_bw and with itself
+        assert_eq!(runs.iter().filter(|r| r.warmup).count(), 8);
+        let find = |tool: &str, imp: Impl| {
+            runs.iter()
+                .find(|r| !r.warmup && r.tool == tool && r.imp == imp)
+                .unwrap()
+        };
+        let r = find("blockstore-read-q16", Impl::Rust);
+        let p = r.port;
+        assert_eq!(
+            r.server.join(" "),
+            format!("/r/blockstore server -d rxe0 -g 1 -p {p} --blocks 256 --clients 1")
+        );
+        assert_eq!(
+            r.client.join(" "),
+            format!(
+                "/r/blockstore client 127.0.0.1 -d rxe0 -g 1 -p {p} -q 16 -n 1000 --write-ratio 0"
+            )
+        );
+        let c = find("blockstore-write-q1", Impl::C);
+        assert_eq!(
+            c.client.join(" "),
+            format!(
+                "/usr/bin/ib_write_bw -d rxe0 -x 1 -s 4096 -t 1 -n 1000 -p {} localhost",
+                c.port
+            )
+        );
+        assert!(find("blockstore-write-q1", Impl::Rust)
+            .client
+            .ends_with(&["--write-ratio".into(), "1".into()]));
+        // 3 ranks: rank 0 the server, rank 1 in the background, rank 2 the client
+        let a = find("allreduce-busbw", Impl::Rust);
+        assert_eq!(a.size, 65536);
+        assert_eq!(a.extra.len(), 1);
+        assert!(a.server.join(" ").starts_with(&format!(
+            "/r/allreduce --rank 0 --ranks 3 --hosts 127.0.0.1,127.0.0.1,127.0.0.1 -p {} -s 49152 -n 50",
+            a.port
+        )));
+        assert!(a.extra[0].join(" ").contains("--rank 1 "));
+        assert!(a.client.join(" ").contains("--rank 2 "));
+        assert!(!a.client.contains(&"--wait".to_string()));
+        let c = find("allreduce-busbw", Impl::C);
+        assert!(c
+            .client
+            .join(" ")
+            .contains("ib_write_bw -d rxe0 -x 1 -s 65536 -n 50"));
+        // --wait against busy polling: both sides our example, 2 × vCPUs ranks
+        let busy = find("allreduce-wait", Impl::C);
+        let wait = find("allreduce-wait", Impl::Rust);
+        assert_eq!(busy.missing, None);
+        assert_eq!((busy.extra.len(), wait.extra.len()), (2, 2));
+        assert!(busy.client[0] == "/r/allreduce" && !busy.client.contains(&"--wait".into()));
+        assert!(
+            wait.client.contains(&"--wait".to_string()) && wait.server.contains(&"--wait".into())
+        );
+        assert!(wait.client.join(" ").contains("--ranks 4 "));
+        // every rank of every run has its own port: port ranges do not overlap
+        let mut used: Vec<u16> = Vec::new();
+        for r in &runs {
+            let t = tool(&r.tool).unwrap();
+            for k in 0..ports_of(t, 2) {
+                used.push(r.port + k);
+            }
+        }
+        let n = used.len();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used.len(), n);
+    }
+
+    #[test]
     fn tool_selection() {
         let d = select_tools(None).unwrap();
         let keys: Vec<&str> = d.iter().map(|t| t.key).collect();
