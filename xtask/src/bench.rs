@@ -8,7 +8,14 @@
 //! capture both outputs under `target/bench/raw/`, kill stragglers, append a record to
 //! `target/bench/results.jsonl`. Back on the host: parse the outputs ([`parse`]), summarize
 //! per (tool, size) and side ([`stats`], [`analysis`]), write `target/bench/report.md`
-//! ([`report`]) and `target/bench/latency_bandwidth.png` ([`plot`]), print the table.
+//! ([`report`]) and `target/bench/latency_bandwidth.png` ([`plot`]), print the table, and
+//! generate `target/bench/benchmarks.md` (method, the instruction tables quoted from
+//! `docs/instructions.md`, this run's tables; `--publish` copies it to `docs/benchmarks.md`).
+//!
+//! Issue #21's workloads are cells of the same schedule (`--tools blockstore,allreduce`): the
+//! block store against perftest's message rate, the all-reduce against `ib_write_bw`, and
+//! `--wait` against busy polling; an all-reduce run's middle ranks are background processes of
+//! the run ([`plan::RunSpec::extra`]).
 
 mod analysis;
 mod parse;
