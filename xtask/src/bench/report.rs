@@ -1071,7 +1071,7 @@ Reproducibility: …
         assert!(d.contains("| read, depth 1 | 1000 |"));
         assert!(d.contains("| write, depth 16 | 1000 |"));
         assert!(d.contains("| 3 ranks, 49152 floats (192 KiB), chunk 64 KiB | 50 |"));
-        assert!(d.contains("| 4 ranks on 2 vCPUs, 1024 floats | 100 |"));
+        assert!(d.contains("| 4 ranks on 2 vCPUs, 1024 floats | 30 |"));
         assert!(d.contains("| write_bw | 4 KiB |"));
         assert!(!d.contains("abc1234"), "no commit in the document");
         assert!(markdown(&plan, &a, &env, None).contains("abc1234"));
