@@ -43,6 +43,33 @@ pub fn gb_s_to_mb_s(gb_s: f64) -> f64 {
     gb_s * 1e9 / (1u64 << 20) as f64
 }
 
+/// An all-reduce rank's bus bandwidth in MB/s (2²⁰ B), from its median iteration time.
+///
+/// The example prints busbw in GB/s with three decimals: under TCG that is 0.003 GB/s, a ±17 %
+/// rounding step. Its median time (0.1 µs) is the same measurement, finer: algbw = bytes /
+/// time, busbw = algbw · 2(N−1)/N (NCCL-tests). The printed busbw must agree with it to its
+/// rounding, else the output is not what we think and gives no number.
+pub fn busbw_mb_s(r: &parse::Allreduce) -> Result<f64> {
+    if r.median_us <= 0.0 || r.ranks == 0 {
+        bail!(
+            "median {} us over {} ranks gives no bandwidth",
+            r.median_us,
+            r.ranks
+        );
+    }
+    let bytes = r.floats as f64 * 4.0;
+    let n = r.ranks as f64;
+    let bus_gb_s = bytes / (r.median_us * 1e-6) * 2.0 * (n - 1.0) / n / 1e9;
+    if (bus_gb_s - r.busbw_gb_s).abs() > 0.0005 + 1e-9 * bus_gb_s.max(1.0) {
+        bail!(
+            "busbw {} GB/s does not match the median ({bus_gb_s:.6} GB/s from {} us)",
+            r.busbw_gb_s,
+            r.median_us
+        );
+    }
+    Ok(gb_s_to_mb_s(bus_gb_s))
+}
+
 /// The number of a workload run (issue #21): the C ceiling from perftest's table, ours from
 /// the example's lines, which count only in outputs that say `VERIFIED` (every rank's, for an
 /// all-reduce).
@@ -87,7 +114,7 @@ pub fn extract_workload(
             let last = parse::allreduce(&client, ranks, floats, spec.iters)
                 .map_err(|e| anyhow::anyhow!("rank {}: {e:#}", ranks - 1))?;
             Ok(if w == Workload::AllreduceBw {
-                gb_s_to_mb_s(last.busbw_gb_s)
+                busbw_mb_s(&last)?
             } else {
                 last.median_us
             })
@@ -420,8 +447,19 @@ mod tests {
             extra_exits: vec![Exit::Code(0)],
             extra_outs: vec![mid.clone()],
         };
+        // 196608 B in 10480.3 µs, · 4/3: 0.02501 GB/s (printed 0.025)
         let v = judge(spec, Some(&rec)).unwrap();
-        assert!((v - gb_s_to_mb_s(0.025)).abs() < 1e-9, "{v}");
+        let want = gb_s_to_mb_s(196608.0 / 10480.3e-6 * 4.0 / 3.0 / 1e9);
+        assert!((v - want).abs() < 1e-9, "{v} {want}");
+        // a printed busbw the median does not give: no number
+        fs::write(
+            &rec.client_out,
+            rank(2).replace("busbw 0.025", "busbw 0.050"),
+        )
+        .unwrap();
+        let e = judge(spec, Some(&rec)).unwrap_err();
+        assert!(e.contains("does not match the median"), "{e}");
+        fs::write(&rec.client_out, rank(2)).unwrap();
         // the middle rank found a wrong sum: no VERIFIED, no number
         fs::write(&mid, rank(1).replace("VERIFIED", "WRONG")).unwrap();
         let e = judge(spec, Some(&rec)).unwrap_err();
