@@ -184,12 +184,16 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         the_plan.runs.len() - measured,
         tools.len(),
         rounds,
-        the_plan
-            .sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        {
+            // the sizes the runs use (workloads and atomics fix theirs)
+            let mut used: Vec<u64> = the_plan.runs.iter().map(|r| r.size).collect();
+            used.sort_unstable();
+            used.dedup();
+            used.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
     );
 
     let mut env = host_env(o);
