@@ -8,7 +8,14 @@
 //! capture both outputs under `target/bench/raw/`, kill stragglers, append a record to
 //! `target/bench/results.jsonl`. Back on the host: parse the outputs ([`parse`]), summarize
 //! per (tool, size) and side ([`stats`], [`analysis`]), write `target/bench/report.md`
-//! ([`report`]) and `target/bench/latency_bandwidth.png` ([`plot`]), print the table.
+//! ([`report`]) and `target/bench/latency_bandwidth.png` ([`plot`]), print the table, and
+//! generate `target/bench/benchmarks.md` (method, the instruction tables quoted from
+//! `docs/instructions.md`, this run's tables; `--publish` copies it to `docs/benchmarks.md`).
+//!
+//! Issue #21's workloads are cells of the same schedule (`--tools blockstore,allreduce`): the
+//! block store against perftest's message rate, the all-reduce against `ib_write_bw`, and
+//! `--wait` against busy polling; an all-reduce run's middle ranks are background processes of
+//! the run ([`plan::RunSpec::extra`]).
 
 mod analysis;
 mod parse;
@@ -50,6 +57,8 @@ pub struct BenchOptions {
     pub run_timeout: u64,
     pub port_base: u16,
     pub reanalyze: bool,
+    /// Copy the generated `benchmarks.md` to `docs/benchmarks.md`.
+    pub publish: bool,
     pub vm: VmOpts,
 }
 
@@ -77,6 +86,9 @@ impl Out {
     fn report(&self) -> PathBuf {
         self.dir.join("report.md")
     }
+    fn document(&self) -> PathBuf {
+        self.dir.join("benchmarks.md")
+    }
     fn png(&self) -> PathBuf {
         self.dir.join("latency_bandwidth.png")
     }
@@ -88,7 +100,7 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         dir: util::target_dir()?.join("bench"),
     };
     if o.reanalyze {
-        return finish(&out);
+        return finish(&out, o.publish);
     }
     let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 3 });
     if rounds == 0 {
@@ -120,10 +132,16 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
             iters: o.iters,
             quick: o.quick,
             port_base: o.port_base,
+            vm_cpus: o.vm.smp,
         },
         &programs,
     );
-    if usize::from(o.port_base) + runs.len() > usize::from(u16::MAX) {
+    let ports: usize = runs
+        .iter()
+        .filter_map(|r| plan::tool(&r.tool))
+        .map(|t| usize::from(plan::ports_of(t, o.vm.smp)))
+        .sum();
+    if usize::from(o.port_base) + ports > usize::from(u16::MAX) {
         bail!(
             "--port-base {} leaves too few ports for {} runs",
             o.port_base,
@@ -137,6 +155,7 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         out.env(),
         out.vm_env(),
         out.report(),
+        out.document(),
         out.png(),
     ] {
         let _ = fs::remove_file(f);
@@ -154,6 +173,7 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         results: out.results(),
         vm_env: out.vm_env(),
         runs,
+        vm_cpus: o.vm.smp,
     };
     fs::write(out.plan(), serde_json::to_string_pretty(&the_plan)?)
         .with_context(|| format!("cannot write {}", out.plan().display()))?;
@@ -164,12 +184,16 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         the_plan.runs.len() - measured,
         tools.len(),
         rounds,
-        the_plan
-            .sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        {
+            // the sizes the runs use (workloads and atomics fix theirs)
+            let mut used: Vec<u64> = the_plan.runs.iter().map(|r| r.size).collect();
+            used.sort_unstable();
+            used.dedup();
+            used.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
     );
 
     let mut env = host_env(o);
@@ -202,7 +226,7 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
             false
         }
     };
-    let all_ok = finish(&out)?;
+    let all_ok = finish(&out, o.publish)?;
     if vm_ok {
         session.cleanup();
     } else {
@@ -212,7 +236,7 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
 }
 
 /// Parses what the last bench recorded; writes the report and plot; prints the table.
-fn finish(out: &Out) -> Result<bool> {
+fn finish(out: &Out, publish: bool) -> Result<bool> {
     let text = fs::read_to_string(out.plan()).with_context(|| {
         format!(
             "cannot read {} (run `cargo xtask bench` first)",
@@ -253,7 +277,7 @@ fn finish(out: &Out) -> Result<bool> {
          whiskers = min–max. {} · VM kernel {} · rdma-core {}",
         the_plan.rounds, env.date, env.vm_kernel, env.rdma_core
     );
-    let png = match plot::draw(&a, &subtitle, &out.png()) {
+    let png = match plot::draw(&a.tools_only(), &subtitle, &out.png()) {
         Ok(()) => Some(out.png()),
         Err(e) => {
             step!("bench: no plot: {e:#}");
@@ -268,6 +292,26 @@ fn finish(out: &Out) -> Result<bool> {
     );
     fs::write(out.report(), md)
         .with_context(|| format!("cannot write {}", out.report().display()))?;
+    let docs = crate::repo_root()?.join("docs");
+    let instructions = fs::read_to_string(docs.join("instructions.md")).ok();
+    if instructions
+        .as_deref()
+        .and_then(report::instruction_tables)
+        .is_none()
+    {
+        step!(
+            "bench: docs/instructions.md has no summary table (run `cargo xtask instr \
+             --publish`); benchmarks.md says so"
+        );
+    }
+    let doc = report::document(&the_plan, &a, &env, instructions.as_deref());
+    fs::write(out.document(), &doc)
+        .with_context(|| format!("cannot write {}", out.document().display()))?;
+    if publish {
+        let to = docs.join("benchmarks.md");
+        fs::write(&to, &doc).with_context(|| format!("cannot write {}", to.display()))?;
+        step!("bench: published to {}", to.display());
+    }
 
     println!();
     print!("{}", report::terminal_table(&a));
@@ -310,6 +354,7 @@ fn finish(out: &Out) -> Result<bool> {
         the_plan.rounds
     );
     step!("bench: report {}", out.report().display());
+    step!("bench: document {}", out.document().display());
     if let Some(p) = &png {
         step!("bench: plot {}", p.display());
     }
@@ -323,7 +368,7 @@ impl Programs {
     /// C programs from PATH; our examples built in release mode.
     fn find(tools: &[&'static plan::Tool]) -> Result<Programs> {
         let mut p = Programs::default();
-        for t in tools {
+        for t in tools.iter().filter(|t| !t.baseline_is_rust()) {
             if let Some(path) = which(t.c_program) {
                 p.c.insert(t.c_program.to_string(), path);
             } else {

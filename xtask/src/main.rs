@@ -63,7 +63,8 @@ enum Cmd {
     /// ib_atomic_lat vs atomic_lat (CAS and FAA), with the same arguments and iterations, C and
     /// Rust adjacent in ABBA order over several rounds. Writes target/bench/report.md (medians,
     /// spread, Rust/C against the targets: latency ≤ 1.03, bandwidth ≥ 0.97),
-    /// target/bench/latency_bandwidth.png and the raw outputs under target/bench/raw/. Exits
+    /// target/bench/latency_bandwidth.png, the raw outputs under target/bench/raw/ and
+    /// target/bench/benchmarks.md (the generated docs/benchmarks.md; --publish copies it). Exits
     /// non-zero if any run failed (a missed target is a result, not a failure).
     Bench(BenchArgs),
     /// Instructions per operation, ours against C, counted by callgrind in one SoftRoCE VM.
@@ -217,8 +218,10 @@ struct BenchArgs {
     /// read_lat (= read_lat, re-posting a prepared request, + read_lat-raw, the same tool through
     /// the unsafe raw path as a control, + read_lat-req, a new post_send each iteration, +
     /// read_lat-ext, on the extended verbs), atomic_lat (= atomic_lat-cas + atomic_lat-faa, and
-    /// both through the raw path), send_bw, read_bw
-    /// [default: all but send_bw and read_bw].
+    /// both through the raw path), send_bw, read_bw, and issue #21's workloads: blockstore
+    /// (= blockstore-{read,write}-q{1,16} against ib_{read,write}_bw's message rate), allreduce
+    /// (= allreduce-busbw against ib_write_bw, allreduce-wait: --wait against busy polling with
+    /// 2 × --smp ranks) [default: all but send_bw, read_bw and the workloads].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     tools: Option<Vec<String>>,
     /// Per-run limit in seconds: a client still running then is killed and the run recorded
@@ -231,6 +234,10 @@ struct BenchArgs {
     /// Rebuild the report, plot and table from the last bench's files; run nothing.
     #[arg(long)]
     reanalyze: bool,
+    /// Copy the generated target/bench/benchmarks.md to docs/benchmarks.md (with --reanalyze:
+    /// from the last bench's files).
+    #[arg(long)]
+    publish: bool,
     /// Internal: run the plan (inside the VM).
     #[arg(long, hide = true, value_name = "FILE")]
     run_plan: Option<PathBuf>,
@@ -356,6 +363,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 run_timeout: args.run_timeout,
                 port_base: args.port_base,
                 reanalyze: args.reanalyze,
+                publish: args.publish,
                 vm: args.opts,
             })?;
             Ok(status(ok))

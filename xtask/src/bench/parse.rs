@@ -324,6 +324,160 @@ pub fn pingpong(text: &str) -> Result<Pingpong> {
     }
 }
 
+/// Whether a workload's output has its `VERIFIED` line (a line that starts with it): the
+/// examples print it last, and only when every byte checked out. Without it a run is a failure,
+/// whatever numbers it printed.
+pub fn verified(text: &str) -> bool {
+    text.lines().any(|l| l.trim_start().starts_with("VERIFIED"))
+}
+
+fn require_verified(text: &str) -> Result<()> {
+    if !verified(text) {
+        bail!("no `VERIFIED` line (the data was not verified; its numbers do not count)");
+    }
+    Ok(())
+}
+
+/// One phase line of `blockstore client`:
+/// `random: ops <N> depth <D> IOPS <f> MiB/s <f> p50 <f> us p99 <f> us`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockPhase {
+    pub ops: u64,
+    pub depth: u64,
+    pub iops: f64,
+    pub mib_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// The last `{phase}:` line of a block-store client's output, checked against the operations
+/// and depth asked, in an output that says `VERIFIED`.
+pub fn blockstore_phase(text: &str, phase: &str, ops: u64, depth: u64) -> Result<BlockPhase> {
+    require_verified(text)?;
+    let prefix = format!("{phase}:");
+    let Some(line) = text
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with(&prefix))
+    else {
+        bail!("no `{prefix}` line");
+    };
+    let w: Vec<&str> = line[prefix.len()..].split_whitespace().collect();
+    let after = |key: &str| -> Result<f64> {
+        let i = w
+            .iter()
+            .position(|t| *t == key)
+            .ok_or_else(|| anyhow::anyhow!("`{prefix}` line has no `{key}`: `{line}`"))?;
+        match w.get(i + 1).and_then(|v| v.parse::<f64>().ok()) {
+            Some(v) if v.is_finite() => Ok(v),
+            _ => bail!("`{prefix}` line: `{key}` has no number: `{line}`"),
+        }
+    };
+    let p = BlockPhase {
+        ops: after("ops")? as u64,
+        depth: after("depth")? as u64,
+        iops: after("IOPS")?,
+        mib_s: after("MiB/s")?,
+        p50_us: after("p50")?,
+        p99_us: after("p99")?,
+    };
+    if p.ops != ops {
+        bail!("it reports {} operations, {ops} were asked for", p.ops);
+    }
+    if p.depth != depth {
+        bail!("it reports queue depth {}, {depth} was asked for", p.depth);
+    }
+    Ok(p)
+}
+
+/// What one rank of `allreduce` prints.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allreduce {
+    pub rank: u64,
+    pub ranks: u64,
+    pub floats: u64,
+    pub iters: u64,
+    pub median_us: f64,
+    /// NCCL-tests definitions, GB/s (10⁹ B/s).
+    pub algbw_gb_s: f64,
+    pub busbw_gb_s: f64,
+}
+
+/// One rank's `rank R of N: S floats, I iterations, median U us` and
+/// `algbw X GB/s  busbw Y GB/s` lines, checked against the ranks, floats and iterations asked,
+/// in an output that says `VERIFIED`.
+pub fn allreduce(text: &str, ranks: u64, floats: u64, iters: u64) -> Result<Allreduce> {
+    require_verified(text)?;
+    let mut head = None;
+    let mut bw = None;
+    for line in text.lines().map(str::trim) {
+        let w: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || c == ':' || c == ',')
+            .filter(|t| !t.is_empty())
+            .collect();
+        let num = |i: usize| w.get(i).and_then(|t| t.parse::<f64>().ok());
+        // rank R of N S floats I iterations median U us
+        if w.len() >= 11
+            && (w[0], w[2], w[5], w[7], w[8], w[10])
+                == ("rank", "of", "floats", "iterations", "median", "us")
+        {
+            if let (Some(r), Some(n), Some(s), Some(i), Some(u)) =
+                (num(1), num(3), num(4), num(6), num(9))
+            {
+                head = Some((r as u64, n as u64, s as u64, i as u64, u));
+            }
+        }
+        if w.len() >= 6 && w[0] == "algbw" && w[3] == "busbw" {
+            if let (Some(a), Some(b)) = (num(1), num(4)) {
+                bw = Some((a, b));
+            }
+        }
+    }
+    let Some((rank, n, s, i, median_us)) = head else {
+        bail!("no `rank R of N: S floats, I iterations, median U us` line");
+    };
+    let Some((algbw_gb_s, busbw_gb_s)) = bw else {
+        bail!("no `algbw X GB/s  busbw Y GB/s` line");
+    };
+    if n != ranks {
+        bail!("it reports {n} ranks, {ranks} were asked for");
+    }
+    if s != floats {
+        bail!("it reports {s} floats, {floats} were asked for");
+    }
+    if i != iters {
+        bail!("it reports {i} iterations, {iters} were asked for");
+    }
+    if !(median_us.is_finite() && algbw_gb_s.is_finite() && busbw_gb_s.is_finite()) {
+        bail!("a number is not finite");
+    }
+    Ok(Allreduce {
+        rank,
+        ranks: n,
+        floats: s,
+        iters: i,
+        median_us,
+        algbw_gb_s,
+        busbw_gb_s,
+    })
+}
+
+/// perftest's message rate for `size` in operations per second (`MsgRate[Mpps]` · 10⁶).
+pub fn message_rate(text: &str, size: u64, iters: Option<u64>) -> Result<f64> {
+    Ok(perftest_cell(
+        text,
+        &Wanted {
+            column: "MsgRate",
+            unit: "Mpps",
+            size,
+            iters,
+        },
+    )?
+    .value
+        * 1e6)
+}
+
 #[cfg(test)]
 pub(crate) mod samples {
     //! Real outputs of rdma-core 44 / perftest 4.5 in the SoftRoCE VM (client side, trimmed of
@@ -430,6 +584,26 @@ pub(crate) mod samples {
     pub const RUST_READ_LAT: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
  2              200          60.15        6577.46            76.27         967.23          1395.48                6036.99                  6577.46
 ---------------------------------------------------------------------------------------
+";
+
+    /// `blockstore client … -q 16 -n 1000 --write-ratio 0`, as its output contract says.
+    pub const BLOCKSTORE_READ: &str = "connected to 127.0.0.1:20001: 256 blocks of 4096 B
+random: ops 1000 depth 16 IOPS 8123.4 MiB/s 31.73 p50 1850.2 us p99 4012.9 us
+sweep: ops 256 depth 16 IOPS 7990.1 MiB/s 31.21 p50 1901.0 us p99 3999.0 us
+VERIFIED: every byte of 1256 blocks read checked out
+";
+
+    /// `ib_read_bw -s 4096 -t 16 -n 1000` (table only).
+    pub const IB_READ_BW_4K: &str =
+        " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 4096       1000             35.10              33.41  		   0.008553
+---------------------------------------------------------------------------------------
+";
+
+    /// One rank of `allreduce --ranks 3 -s 49152 -n 50`, as its output contract says.
+    pub const ALLREDUCE_RANK: &str = "rank 2 of 3: 49152 floats, 50 iterations, median 10480.3 us
+algbw 0.019 GB/s  busbw 0.025 GB/s
+VERIFIED: every element of 50 iterations is the exact sum
 ";
 
     /// `ib_atomic_lat -A CAS`: refused (perftest wants CMP_AND_SWAP).
@@ -592,6 +766,76 @@ mod tests {
         assert_eq!(normalize("99.9% percentile[usec]"), "99.9%percentile");
         assert_eq!(unit("BW average[MB/sec]"), Some("MB/sec"));
         assert_eq!(unit("#bytes"), None);
+    }
+
+    #[test]
+    fn blockstore_lines() {
+        let p = blockstore_phase(BLOCKSTORE_READ, "random", 1000, 16).unwrap();
+        assert_eq!(p.iops, 8123.4);
+        assert_eq!((p.mib_s, p.p50_us, p.p99_us), (31.73, 1850.2, 4012.9));
+        assert_eq!(
+            blockstore_phase(BLOCKSTORE_READ, "sweep", 256, 16)
+                .unwrap()
+                .iops,
+            7990.1
+        );
+        let e = blockstore_phase(BLOCKSTORE_READ, "mixed", 1000, 16).unwrap_err();
+        assert!(e.to_string().contains("no `mixed:` line"), "{e}");
+        let e = blockstore_phase(BLOCKSTORE_READ, "random", 500, 16).unwrap_err();
+        assert!(e.to_string().contains("1000 operations"), "{e}");
+        let e = blockstore_phase(BLOCKSTORE_READ, "random", 1000, 1).unwrap_err();
+        assert!(e.to_string().contains("queue depth 16"), "{e}");
+        let garbled = BLOCKSTORE_READ.replace("IOPS 8123.4", "IOPS nan?");
+        assert!(blockstore_phase(&garbled, "random", 1000, 16).is_err());
+    }
+
+    /// A run that does not say VERIFIED is a failure, never a number: the client printed its
+    /// phase lines, then found a bad byte.
+    #[test]
+    fn unverified_outputs_give_no_number() {
+        let bad = BLOCKSTORE_READ.replace(
+            "VERIFIED: every byte of 1256 blocks read checked out",
+            "MISMATCH: block 17 holds generation 3, expected 4",
+        );
+        let e = blockstore_phase(&bad, "random", 1000, 16).unwrap_err();
+        assert!(e.to_string().contains("no `VERIFIED` line"), "{e}");
+        let bad = ALLREDUCE_RANK.replace("VERIFIED: every", "element 7 is 5, expected 6; every");
+        let e = allreduce(&bad, 3, 49152, 50).unwrap_err();
+        assert!(e.to_string().contains("no `VERIFIED` line"), "{e}");
+        // a word containing it elsewhere is not the line
+        assert!(!verified("NOT VERIFIED\n"));
+        assert!(verified("x\n  VERIFIED\n"));
+    }
+
+    #[test]
+    fn allreduce_lines() {
+        let a = allreduce(ALLREDUCE_RANK, 3, 49152, 50).unwrap();
+        assert_eq!((a.rank, a.ranks, a.floats, a.iters), (2, 3, 49152, 50));
+        assert_eq!(
+            (a.median_us, a.algbw_gb_s, a.busbw_gb_s),
+            (10480.3, 0.019, 0.025)
+        );
+        for (r, s, i, what) in [
+            (4, 49152, 50, "3 ranks"),
+            (3, 1024, 50, "49152 floats"),
+            (3, 49152, 20, "50 iterations"),
+        ] {
+            let e = allreduce(ALLREDUCE_RANK, r, s, i).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        let no_bw = "rank 0 of 3: 49152 floats, 50 iterations, median 1.0 us\nVERIFIED\n";
+        assert!(allreduce(no_bw, 3, 49152, 50)
+            .unwrap_err()
+            .to_string()
+            .contains("algbw"));
+    }
+
+    #[test]
+    fn perftest_message_rate() {
+        let v = message_rate(IB_READ_BW_4K, 4096, Some(1000)).unwrap();
+        assert!((v - 8553.0).abs() < 1e-6, "{v}");
+        assert!(message_rate(IB_READ_BW_4K, 4096, Some(999)).is_err());
+        assert!(message_rate(IB_WRITE_LAT, 2, Some(1000)).is_err());
     }
 
     #[test]

@@ -73,6 +73,11 @@ pub struct RunRecord {
     pub client_secs: f64,
     pub server_out: PathBuf,
     pub client_out: PathBuf,
+    /// The background processes' (`RunSpec::extra`) exits and outputs, in order.
+    #[serde(default)]
+    pub extra_exits: Vec<Exit>,
+    #[serde(default)]
+    pub extra_outs: Vec<PathBuf>,
 }
 
 /// Raw output files of a run: `<raw>/<seq>-<id>.{server,client}.txt`.
@@ -82,6 +87,11 @@ pub fn raw_paths(raw_dir: &Path, spec: &RunSpec) -> (PathBuf, PathBuf) {
         raw_dir.join(format!("{stem}.server.txt")),
         raw_dir.join(format!("{stem}.client.txt")),
     )
+}
+
+/// Raw output of the `k`-th background process of a run: `<raw>/<seq>-<id>.extra<k>.txt`.
+pub fn extra_path(raw_dir: &Path, spec: &RunSpec, k: usize) -> PathBuf {
+    raw_dir.join(format!("{:03}-{}.extra{k}.txt", spec.seq, spec.id))
 }
 
 /// `xtask bench --run-plan FILE`, inside the VM. True when every run succeeded.
@@ -112,13 +122,18 @@ pub fn run_plan(path: &Path) -> Result<bool> {
         };
         writeln!(results, "{}", serde_json::to_string(&rec)?)?;
         results.flush()?;
-        let tool = super::plan::tool(&spec.tool).map_or(spec.tool.as_str(), |t| t.label);
+        let t = super::plan::tool(&spec.tool);
+        let tool = t.map_or(spec.tool.as_str(), |t| t.label);
+        let side = match (t.map(|t| t.side_names()), spec.imp) {
+            (Some((c, _)), super::plan::Impl::C) => c,
+            (Some((_, r)), super::plan::Impl::Rust) => r,
+            (None, imp) => imp.name(),
+        };
         let what = format!(
-            "[{}/{total}] {}{tool} {} B {:<4}",
+            "[{}/{total}] {}{tool} {} B {side:<4}",
             spec.seq + 1,
             if spec.warmup { "warm-up " } else { "" },
             spec.size,
-            spec.imp.name()
         );
         match analysis::judge(spec, Some(&rec)) {
             Ok(v) => step!("{what} {v:>10.2}  ({:.1} s)", rec.client_secs),
@@ -232,6 +247,10 @@ fn not_run(spec: &RunSpec, plan: &Plan, why: &str) -> RunRecord {
         client_secs: 0.0,
         server_out,
         client_out,
+        extra_exits: vec![Exit::NotStarted; spec.extra.len()],
+        extra_outs: (0..spec.extra.len())
+            .map(|k| extra_path(&plan.raw_dir, spec, k))
+            .collect(),
     }
 }
 
@@ -247,6 +266,10 @@ fn run_one(spec: &RunSpec, plan: &Plan) -> RunRecord {
         client_secs: 0.0,
         server_out: server_out.clone(),
         client_out: client_out.clone(),
+        extra_exits: vec![Exit::NotStarted; spec.extra.len()],
+        extra_outs: (0..spec.extra.len())
+            .map(|k| extra_path(&plan.raw_dir, spec, k))
+            .collect(),
     };
     if let Some(m) = &spec.missing {
         rec.problem = Some(m.clone());
@@ -283,10 +306,31 @@ fn run_one(spec: &RunSpec, plan: &Plan) -> RunRecord {
         }
     }
     rec.listen_secs = t0.elapsed().as_secs_f64();
+    // the background processes (they connect on their own, in any order)
+    let mut extras: Vec<Child> = Vec::new();
+    for (k, argv) in spec.extra.iter().enumerate() {
+        match spawn(argv, &rec.extra_outs[k]) {
+            Ok(c) => extras.push(c),
+            Err(e) => {
+                for (j, c) in extras.iter_mut().enumerate() {
+                    kill(c);
+                    rec.extra_exits[j] = Exit::Killed;
+                }
+                kill(&mut server);
+                rec.server_exit = Exit::Killed;
+                rec.problem = Some(format!("background process {k}: {e:#}"));
+                return rec;
+            }
+        }
+    }
     let t1 = Instant::now();
     let mut client = match spawn(&spec.client, &client_out) {
         Ok(c) => c,
         Err(e) => {
+            for (j, c) in extras.iter_mut().enumerate() {
+                kill(c);
+                rec.extra_exits[j] = Exit::Killed;
+            }
             kill(&mut server);
             rec.server_exit = Exit::Killed;
             rec.problem = Some(format!("client: {e:#}"));
@@ -322,6 +366,19 @@ fn run_one(spec: &RunSpec, plan: &Plan) -> RunRecord {
             Exit::Killed
         }
     };
+    for (k, c) in extras.iter_mut().enumerate() {
+        rec.extra_exits[k] = match wait_at_most(c, grace) {
+            Some(st) => Exit::from_status(st),
+            None => {
+                kill(c);
+                problems.push(format!(
+                    "background process {k} did not exit within {} s after the client",
+                    grace.as_secs()
+                ));
+                Exit::Killed
+            }
+        };
+    }
     if !problems.is_empty() {
         rec.problem = Some(problems.join("; "));
     }
@@ -357,6 +414,7 @@ mod tests {
             results: dir.join("results.jsonl"),
             vm_env: dir.join("vm-env.json"),
             runs: Vec::new(),
+            vm_cpus: 2,
         }
     }
 
@@ -373,6 +431,7 @@ mod tests {
             warmup: false,
             port,
             server: sh(server),
+            extra: Vec::new(),
             client: sh(client),
             missing: None,
         }
