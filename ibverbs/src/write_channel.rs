@@ -125,6 +125,14 @@ impl Window {
 /// this end has copied it out. Both directions work at once; a ring
 /// all-reduce uses one direction per neighbour.
 ///
+/// Beside [`MessageChannel`](crate::MessageChannel), which carries
+/// messages by send/receive into buffers it owns (zero-copy, readable as
+/// `&[u8]`, connected by itself): use this channel when the queue pair is
+/// connected by someone else ([`Ranks::connect_ring`](crate::Ranks::connect_ring)
+/// makes one per neighbour) or the data should land by RDMA write in a
+/// ring the peer knows, as a collective's chunks do; the price is a
+/// volatile copy out of every slot, since the peer may write it.
+///
 /// # Protocol
 ///
 /// * [`send`](Self::send) copies the caller's bytes into one of the
