@@ -320,8 +320,8 @@ pub const TOOLS: &[Tool] = &[
     ),
 ];
 
-/// A workload cell (issue #21); not in the default selection (`--tools blockstore,allreduce`
-/// or the keys).
+/// A workload cell (issue #21), in the default selection (alone: `--tools
+/// blockstore,allreduce` or the keys).
 const fn workload(
     key: &'static str,
     label: &'static str,
@@ -344,7 +344,7 @@ const fn workload(
         c_args: &[],
         rust_args: &[],
         fixed_size: Some(size),
-        default: false,
+        default: true,
     }
 }
 
@@ -1069,7 +1069,13 @@ mod tests {
                 "atomic_lat-cas",
                 "atomic_lat-faa",
                 "atomic_lat-cas-raw",
-                "atomic_lat-faa-raw"
+                "atomic_lat-faa-raw",
+                "blockstore-read-q1",
+                "blockstore-read-q16",
+                "blockstore-write-q1",
+                "blockstore-write-q16",
+                "allreduce-busbw",
+                "allreduce-wait"
             ]
         );
         assert!(select_tools(Some(&["nope".into()])).is_err());
