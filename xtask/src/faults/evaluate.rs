@@ -378,6 +378,13 @@ mod tests {
         fs::write(dir.join("4.1.stat-post"), line(2, 0)).unwrap();
         fs::write(dir.join("4.0.stat-post"), line(0, 100)).unwrap();
         assert_eq!(counters(4, &dir, false).as_deref(), Some("none"));
+        // A workload row: each VM is requester and responder, named by VM.
+        fs::write(dir.join("4.1.stat-post"), line(5, 7)).unwrap();
+        fs::write(dir.join("4.0.stat-post"), line(1, 130)).unwrap();
+        assert_eq!(
+            counters(4, &dir, true).as_deref(),
+            Some("vm0 retries 1, vm0 dup requests 30, vm1 retries 3, vm1 dup requests 7")
+        );
         assert_eq!(counters(5, &dir, false), None);
         let _ = fs::remove_dir_all(&dir);
     }
