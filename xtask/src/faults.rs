@@ -459,7 +459,7 @@ mod tests {
         let o = FaultsOptions {
             total_mib: 8,
             quick: true,
-            only: Some("allreduce".into()),
+            only: Some("allreduce / 3".into()),
             repeat: 1,
             publish: false,
             vm: VmOpts {

@@ -146,19 +146,21 @@ fn workloads(quick: bool) -> Vec<Scenario> {
     };
     const BLOCKS: u32 = 1024;
     const OPS: u32 = 2000;
-    let allreduce = (0..3)
-        .map(|r| {
-            proc(
-                if r == 1 { 1 } else { 0 },
-                &format!("rank {r}"),
-                "allreduce",
-                format!(
-                    "--rank {r} --ranks 3 --hosts {{vm0}},{{vm1}},{{vm0}} -d rxe1 -p {{port}} \
-                     -s {FLOATS} -n 10"
-                ),
-            )
-        })
-        .collect();
+    let allreduce = || {
+        (0..3)
+            .map(|r| {
+                proc(
+                    if r == 1 { 1 } else { 0 },
+                    &format!("rank {r}"),
+                    "allreduce",
+                    format!(
+                        "--rank {r} --ranks 3 --hosts {{vm0}},{{vm1}},{{vm0}} -d rxe1 -p {{port}} \
+                         -s {FLOATS} -n 10"
+                    ),
+                )
+            })
+            .collect()
+    };
     const FLOATS: u32 = 1 << 16;
     let mut v = vec![
         Scenario::workload(
@@ -166,7 +168,11 @@ fn workloads(quick: bool) -> Vec<Scenario> {
             None,
             blockstore("--write-ratio 0.5"),
         ),
-        Scenario::workload("allreduce / 3 ranks", None, allreduce),
+        Scenario::workload("allreduce / 3 ranks", None, allreduce()),
+        // Under a fault: every write of the ring (~85 packets) and every
+        // block request crosses a lossy link; rxe retransmits, the bytes
+        // must still verify.
+        Scenario::workload("loss 1% / allreduce", Some("loss 1%"), allreduce()),
     ];
     if !quick {
         v.push(Scenario::workload(
