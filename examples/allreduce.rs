@@ -1,12 +1,13 @@
 //! An MPI-style ring all-reduce (sum) of f32 vectors over RC.
 //!
 //! ```text
-//! allreduce --rank R --ranks N --hosts H0,H1,… [-d DEV] [-g GIDX] [-p BASE_PORT] [-s FLOATS] [-n ITERS]
+//! allreduce --rank R --ranks N --hosts H0,H1,… [-d DEV] [-g GIDX] [-p BASE_PORT] [-s FLOATS] [-n ITERS] [--wait]
 //! ```
 //! Rank `R` listens on `BASE_PORT + R` of `H{R}`; [`Ranks::connect_ring`]
 //! connects each rank to its left and right neighbours (one queue pair
-//! each, the same one when N = 2) and hands each its neighbours' private
-//! bytes: the [`RemoteMemory`] of their receive slots.
+//! each, the same one when N = 2), each queue pair the one of a
+//! [`WriteChannel`], and hands each rank its neighbours' private bytes:
+//! the [`RemoteMemory`] of their channel's inbox.
 //!
 //! The vector is cut into N chunks of `ceil(FLOATS / N)` floats (the last
 //! one padded with zeros, which add nothing). Reduce-scatter: in step
@@ -14,23 +15,11 @@
 //! and adds chunk `r − s − 1`, received from its left one, into its own;
 //! afterwards it holds chunk `r + 1` summed over all ranks. All-gather:
 //! N−1 more steps pass the summed chunks around, received chunks replace
-//! the rank's own. Every step is one RDMA write with immediate data (the
-//! global step number, checked against the expected one) straight from the
-//! rank's registered vector into one of the right neighbour's two receive
-//! slots (`step % 2`), a [`SharedBuffer`] read with volatile copies
-//! ([`SharedBuffer::read_into`]): a peer writes it, so no `&[f32]` to it
-//! may exist.
-//!
-//! **Credits: why a writer never overwrites unread data.** A rank starts
-//! with 2 credits, one per slot of its right neighbour, spends one per
-//! write, and gets one back per zero-length send from that neighbour,
-//! which sends it only after copying a step's slot out. The neighbour
-//! consumes steps in order and RC delivers in order, so after `c` credits
-//! came back, steps `0..c` are consumed; writing step `g` needs a credit,
-//! `g < 2 + c`, so step `g − 2` — the last one that used slot `g % 2` —
-//! was consumed before step `g` lands there. (Each receive side posts
-//! more receives than can be outstanding: at most 2 data writes and 2
-//! credits are ever unconsumed.)
+//! the rank's own. Every step is one RDMA write with immediate data into
+//! the next of the right neighbour's two inbox slots; the channel does
+//! the credits (a slot is written again only after its reader copied it
+//! out and dropped its [`Received`] guard), the sequence check and the
+//! completions, spinning or (`--wait`) sleeping on a completion channel.
 //!
 //! Values are small integers (`(31 i + 17 r + 7 iteration) mod 1024`),
 //! so every sum is exact in f32 and checked for equality after every
@@ -44,159 +33,76 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ibverbs::bytemuck::cast_slice;
 use ibverbs::{
-    AccessFlags, CompletionQueue, Completions, ConnectOptions, GidIndex, LocalBuffer, LocalPort,
-    Mesh, QpType, Ranks, RecvRequest, RemoteMemory, SendRequest, SharedBuffer, WcOpcode,
+    AccessFlags, ConnectOptions, GidIndex, LocalPort, Ranks, Received, RemoteMemory, WriteChannel,
 };
 use ibverbs_suite::perf::{main_with, stats, Result};
 
-/// Receive slots per rank (credits a writer starts with).
-const SLOTS: usize = 2;
-/// Receives posted per queue pair and role, more than can be unconsumed.
-const RECVS: u32 = 4;
-/// Send queue depth of each queue pair, and the sends kept outstanding.
-const SQ: u32 = 16;
-/// `wr_id` of a credit send (writes carry their chunk index).
-const CREDIT: u64 = u64::MAX;
+/// Inbox slots per channel: a writer may be two steps ahead.
+const SLOTS: u32 = 2;
 
-/// One rank's state: its vector in chunks, the neighbours, the credits.
+/// One rank: its channels to the left and right neighbours (one channel
+/// when N = 2), its vector, and a chunk copied out of the inbox.
 struct Ring {
-    mesh: Mesh,
-    cq: CompletionQueue,
-    done: Completions,
-    /// The chunks of this rank's vector; `None` while a write carries one.
-    chunks: Vec<Option<LocalBuffer>>,
-    /// The two slots the left neighbour writes.
-    slots: SharedBuffer,
-    /// The right neighbour's slots.
-    right: RemoteMemory,
-    /// Floats per chunk.
-    len: usize,
-    /// The left neighbour's chunk, copied out of its slot.
+    chans: Vec<(usize, WriteChannel)>,
+    left: usize,
+    right: usize,
+    rank: usize,
+    ranks: usize,
+    vector: Vec<f32>,
     incoming: Vec<f32>,
-    credits: usize,
-    /// Data writes arrived from the left neighbour (the next one's step).
-    arrived: u64,
-    /// Sends (writes and credits) not completed yet.
-    sends: u32,
-    timeout: Duration,
+    timeout: Option<Duration>,
 }
 
 impl Ring {
-    /// Claims the completions there are.
-    fn pump(&mut self) -> Result<()> {
-        self.cq.poll(&mut self.done)?;
-        for mut c in self.done.drain() {
-            c.result()?;
-            let (left, right) = (self.mesh.left().unwrap(), self.mesh.right().unwrap());
-            match c.opcode() {
-                WcOpcode::RdmaWrite | WcOpcode::Send => self.sends -= 1,
-                // In order (RC): the immediate names the step.
-                WcOpcode::RecvRdmaWithImm if c.imm_data() == Some(self.arrived as u32) => {
-                    self.arrived += 1;
-                    left.qp().post_recv(RecvRequest::empty())?;
-                }
-                WcOpcode::Recv => {
-                    self.credits += 1;
-                    right.qp().post_recv(RecvRequest::empty())?;
-                }
-                op => {
-                    return Err(
-                        format!("{op:?} with {:?} at {}", c.imm_data(), self.arrived).into(),
-                    )
-                }
-            }
-            if let Some(chunk) = c.take_local() {
-                self.chunks[c.wr_id() as usize] = Some(chunk); // a write's: home again
-            }
-        }
-        Ok(())
-    }
-
-    /// Claims completions until `ready`, or fails after the timeout.
-    fn until(&mut self, what: &str, ready: impl Fn(&Ring) -> bool) -> Result<()> {
-        let start = Instant::now();
-        while !ready(self) {
-            if start.elapsed() > self.timeout {
-                return Err(format!("timed out waiting for {what}").into());
-            }
-            self.pump()?;
-        }
-        Ok(())
-    }
-
-    /// Step `g` (global): writes chunk `send` to the right neighbour, then
-    /// adds (`add`) or copies the chunk arriving from the left into `recv`.
-    fn step(&mut self, g: u64, send: usize, recv: usize, add: bool) -> Result<()> {
-        let (bytes, slot) = (self.len * 4, g as usize % SLOTS);
-        self.until("a credit", |r| {
-            r.credits > 0 && r.sends < SQ && r.chunks[send].is_some()
-        })?;
-        let buf = self.chunks[send].take().unwrap();
-        let to = self
-            .right
-            .slice((slot * bytes) as u64, bytes as u64)
-            .unwrap();
-        let qp = self.mesh.right().unwrap().qp();
-        qp.post_send(SendRequest::write(buf, to).imm(g as u32).wr_id(send as u64))?;
-        (self.credits, self.sends) = (self.credits - 1, self.sends + 1);
-        self.until("a chunk", |r| r.arrived > g && r.chunks[recv].is_some())?;
-        self.slots.read_into(slot * bytes, &mut self.incoming)?;
-        // The slot is copied out: hand its credit back to the writer.
-        self.until("send room", |r| r.sends < SQ)?;
-        let left = self.mesh.left().unwrap().qp();
-        left.post_send(SendRequest::send_inline(&[]).wr_id(CREDIT))?;
-        self.sends += 1;
-        let mine = self.chunks[recv]
-            .as_mut()
-            .unwrap()
-            .as_mut_slice_of::<f32>()?;
-        for (m, x) in mine.iter_mut().zip(&self.incoming) {
+    /// Writes chunk `send` to the right, then adds (`add`) or copies the
+    /// chunk arriving from the left into chunk `recv`.
+    fn step(&mut self, send: usize, recv: usize, add: bool) -> Result<()> {
+        let len = self.incoming.len();
+        let chunk = cast_slice(&self.vector[send * len..][..len]);
+        self.chans[self.right].1.send(chunk, self.timeout)?;
+        let got: Received = self.chans[self.left]
+            .1
+            .recv(self.timeout)?
+            .ok_or("no chunk came")?;
+        got.read_into(0, &mut self.incoming)?;
+        drop(got); // copied out: only now its credit goes back to the writer
+        for (m, x) in self.vector[recv * len..][..len]
+            .iter_mut()
+            .zip(&self.incoming)
+        {
             *m = if add { *m + x } else { *x };
         }
         Ok(())
     }
 
-    /// One all-reduce of the vector, from step `base` on.
-    fn allreduce(&mut self, base: u64) -> Result<()> {
-        let (r, n) = (self.mesh.rank(), self.mesh.ranks());
+    /// One all-reduce of the vector.
+    fn allreduce(&mut self) -> Result<()> {
+        let (r, n) = (self.rank, self.ranks);
         for s in 0..n - 1 {
-            let g = base + s as u64;
-            self.step(g, (r + n - s) % n, (r + 2 * n - s - 1) % n, true)?;
+            self.step((r + n - s) % n, (r + 2 * n - s - 1) % n, true)?;
         }
         for s in 0..n - 1 {
-            let g = base + (n - 1 + s) as u64;
-            self.step(g, (r + 1 + n - s) % n, (r + n - s) % n, false)?;
+            self.step((r + 1 + n - s) % n, (r + n - s) % n, false)?;
         }
-        self.until("the last write", |r| r.chunks.iter().all(Option::is_some))
+        Ok(())
     }
 
     /// Fills this rank's vector of `floats` floats for iteration `it`
     /// (`fill`), or checks that it holds the sum over all ranks.
     fn each(&mut self, floats: usize, it: usize, fill: bool) -> Result<()> {
-        let (r, n) = (self.mesh.rank(), self.mesh.ranks());
         // Small integers (0 in the padding): every sum is exact in f32.
         let value = |q: usize, i: usize| match i < floats {
             true => ((31 * i + 17 * q + 7 * it) % 1024) as f32,
             false => 0.0,
         };
-        for (c, chunk) in self.chunks.iter_mut().enumerate() {
-            for (k, x) in chunk
-                .as_mut()
-                .unwrap()
-                .as_mut_slice_of::<f32>()?
-                .iter_mut()
-                .enumerate()
-            {
-                let (i, sum) = (
-                    c * self.len + k,
-                    (0..n).map(|q| value(q, c * self.len + k)).sum(),
-                );
-                if fill {
-                    *x = value(r, i);
-                } else if *x != sum {
-                    return Err(format!("iteration {it}: element {i} is {x}, not {sum}").into());
-                }
+        for (i, x) in self.vector.iter_mut().enumerate() {
+            let sum: f32 = (0..self.ranks).map(|q| value(q, i)).sum();
+            if fill {
+                *x = value(self.rank, i);
+            } else if *x != sum {
+                return Err(format!("iteration {it}: element {i} is {x}, not {sum}").into());
             }
         }
         Ok(())
@@ -217,48 +123,42 @@ fn run(cli: Cli) -> Result<()> {
         .local_port(&local)
         .remote_access(AccessFlags::REMOTE_WRITE);
     let (pd, len) = (ctx.alloc_pd()?, cli.floats.div_ceil(n).max(1));
-    let cq = ctx.create_cq(2 * (SQ + 2 * RECVS)).build()?;
-    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let slots = pd.alloc_shared(SLOTS * len * 4, rights)?;
-    let mine = slots.remote().ok_or("no remote key")?.to_bytes().to_vec();
-    let mesh = Ranks::new(&addrs, cli.rank)
+    let mut chans = Vec::new();
+    let mut mesh = Ranks::new(&addrs, cli.rank)
         .timeout(cli.timeout())
-        .connect_ring(&local, &opts, |_| {
-            let qp = pd.create_qp(QpType::Rc, &cq, &cq);
-            let qp = qp.max_send_wr(SQ).max_recv_wr(2 * RECVS);
-            Ok((qp.build()?, mine.clone()))
+        .connect_ring(&local, &opts, |peer| {
+            let ch = WriteChannel::create(&pd, SLOTS, len * 4)?.blocking(cli.wait);
+            let made = (ch.queue_pair().clone(), ch.inbox().to_bytes().to_vec());
+            chans.push((peer, ch));
+            Ok(made)
         })?;
-    let right = RemoteMemory::from_bytes(mesh.right().ok_or("one rank alone")?.private())?;
-    let right = right
-        .slice(0, (SLOTS * len * 4) as u64)
-        .ok_or("peer's slots too small")?;
-    for _ in 0..RECVS {
-        mesh.left().unwrap().qp().post_recv(RecvRequest::empty())?;
-        mesh.right().unwrap().qp().post_recv(RecvRequest::empty())?;
+    for (peer, ch) in &mut chans {
+        let info = mesh.peer(*peer).ok_or("a peer without a queue pair")?;
+        ch.start(RemoteMemory::from_bytes(info.private())?)?;
     }
-    let (chunks, _) = pd
-        .alloc(n * len * 4, AccessFlags::LOCAL_WRITE)?
-        .chunks_exact(len * 4);
-    let mut ring = Ring {
-        mesh,
-        cq,
-        done: Completions::with_capacity(32),
-        chunks: chunks.into_iter().map(Some).collect(),
-        slots,
-        right,
-        len,
-        incoming: vec![0.0; len],
-        credits: SLOTS,
-        arrived: 0,
-        sends: 0,
-        timeout: cli.timeout(),
+    mesh.barrier(cli.timeout())?; // every rank's receives are posted
+    let at = |rank| {
+        chans
+            .iter()
+            .position(|(p, _)| *p == rank)
+            .ok_or("no such neighbour")
     };
-    ring.mesh.barrier(cli.timeout())?; // every rank's receives are posted
+    let (left, right) = (at((cli.rank + n - 1) % n)?, at((cli.rank + 1) % n)?);
+    let mut ring = Ring {
+        chans,
+        left,
+        right,
+        rank: cli.rank,
+        ranks: n,
+        vector: vec![0.0; n * len],
+        incoming: vec![0.0; len],
+        timeout: Some(cli.timeout()),
+    };
     let mut times = Vec::with_capacity(cli.iters);
     for it in 0..cli.iters {
         ring.each(cli.floats, it, true)?;
         let start = Instant::now();
-        ring.allreduce((it * 2 * (n - 1)) as u64)?;
+        ring.allreduce()?;
         times.push(start.elapsed().as_secs_f64());
         ring.each(cli.floats, it, false)?;
     }
@@ -269,10 +169,12 @@ fn run(cli: Cli) -> Result<()> {
     let (r, s, i, us) = (cli.rank, cli.floats, cli.iters, t * 1e6);
     println!("rank {r} of {n}: {s} floats, {i} iterations, median {us:.1} us");
     println!("algbw {algbw:.3} GB/s  busbw {busbw:.3} GB/s");
-    // Every send acknowledged (so delivered), then no rank leaves before
-    // its neighbours are done with it.
-    ring.until("the last sends", |r| r.sends == 0)?;
-    ring.mesh.barrier(cli.timeout())?;
+    // Every write and credit acknowledged (so delivered), then no rank
+    // leaves before its neighbours are done with it.
+    for (_, ch) in &mut ring.chans {
+        ch.flush(ring.timeout)?;
+    }
+    mesh.barrier(cli.timeout())?;
     println!("VERIFIED: every element of {i} iterations is the exact sum");
     Ok(())
 }
@@ -312,6 +214,10 @@ struct Cli {
     /// Longest wait, in seconds, for connecting and for each step.
     #[arg(long = "timeout", default_value_t = 30.0)]
     timeout_secs: f64,
+    /// Sleep on a completion channel while waiting instead of spinning
+    /// (for more ranks than cores).
+    #[arg(long)]
+    wait: bool,
 }
 
 impl Cli {

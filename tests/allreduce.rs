@@ -23,6 +23,17 @@ const PROCESS_BOUND: Duration = Duration::from_secs(180);
 /// `base_port + r`) all-reducing `floats` floats `iters` times; every rank
 /// must succeed and print `VERIFIED`. Returns their outputs.
 fn ring(n: usize, base_port: u16, floats: usize, iters: usize) -> Vec<Finished> {
+    ring_with(n, base_port, floats, iters, &[])
+}
+
+/// [`ring`] with more arguments for every rank.
+fn ring_with(
+    n: usize,
+    base_port: u16,
+    floats: usize,
+    iters: usize,
+    extra: &[&str],
+) -> Vec<Finished> {
     let hosts = vec!["127.0.0.1"; n].join(",");
     let running: Vec<_> = (0..n)
         .map(|rank| {
@@ -45,6 +56,7 @@ fn ring(n: usize, base_port: u16, floats: usize, iters: usize) -> Vec<Finished> 
             .iter()
             .map(|s| s.to_string())
             .collect();
+            args.extend(extra.iter().map(|s| s.to_string()));
             args.extend(device_args());
             process::spawn(&example_bin("allreduce"), &args)
         })
@@ -90,4 +102,15 @@ fn allreduce_two_ranks() {
 fn allreduce_tiny_vector() {
     // Chunks of one float, one of them all padding: many steps, little data.
     ring(3, 19320, 2, 50);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn allreduce_four_ranks_wait() {
+    // More ranks than the VM has cores, sleeping on completion channels
+    // (`--wait`) instead of spinning.
+    let done = ring_with(4, 19330, 100_003, 10, &["--wait"]);
+    for f in &done {
+        assert!(f.stdout.contains("rank "), "{}", f.describe());
+    }
 }

@@ -724,3 +724,55 @@
 //! std::thread::spawn(move || ch.send(b"one", None)).join().unwrap()?;
 //! # Ok(()) }
 //! ```
+//!
+//! # 29. A reference into a write channel's inbox
+//!
+//! A [`WriteChannel`](crate::WriteChannel)'s inbox is written by the
+//! peer with RDMA; the peer holds the key to all of it, so no Rust
+//! reference to those bytes may exist. A received write
+//! ([`Received`](crate::Received)) has no `Deref` and no index: its bytes
+//! come out only through volatile copies.
+//!
+//! ```compile_fail,E0608
+//! # use ibverbs::*;
+//! # fn f(ch: &mut WriteChannel) -> Result<()> {
+//! let w = ch.recv(None)?.unwrap();
+//! let bytes: &[u8] = &w[..]; // the peer may write these bytes
+//! println!("{}", bytes[0]);
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut WriteChannel) -> Result<()> {
+//! let w = ch.recv(None)?.unwrap();
+//! let mut floats = vec![0f32; w.len() / 4];
+//! w.read_into(0, &mut floats)?; // volatile copy
+//! # Ok(()) }
+//! ```
+//!
+//! # 30. Reading a received write after its credit went back
+//!
+//! Dropping a [`Received`](crate::Received) returns its slot's credit:
+//! from then on the peer may write the slot again. The guard borrows its
+//! channel, so it cannot be kept (and read) across the next `recv` or
+//! `send`, which process credits and completions.
+//!
+//! ```compile_fail,E0499
+//! # use ibverbs::*;
+//! # fn f(ch: &mut WriteChannel) -> Result<()> {
+//! let w = ch.recv(None)?.unwrap();
+//! ch.send(b"next", None)?; // may take the credit the guard still owes
+//! let mut b = [0u8; 4];
+//! w.copy_to_slice(0, &mut b)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ch: &mut WriteChannel) -> Result<()> {
+//! let mut b = [0u8; 4];
+//! ch.recv(None)?.unwrap().copy_to_slice(0, &mut b)?; // copied, then released
+//! ch.send(&b, None)?;
+//! # Ok(()) }
+//! ```

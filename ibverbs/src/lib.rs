@@ -169,6 +169,7 @@ mod request_table;
 mod shared_receive_queue;
 mod work_completion;
 mod wq_table;
+mod write_channel;
 
 pub mod hazards;
 
@@ -216,3 +217,4 @@ pub use queue_pair::{FlushLevel, FlushType};
 pub use request_table::{Polled, RequestTable, SendStream, TablePostError};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
+pub use write_channel::{Received, WriteChannel};
