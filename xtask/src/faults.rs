@@ -5,8 +5,12 @@
 //! scenario, vm1 the client side, both with `fault_peer` (src/bin, src/fault.rs); each
 //! side's script applies its faults (netem on its own eth1, killing the
 //! server, taking the link down) and records the peer's `RESULT` line and
-//! `rdma resource show` into `target/faults/`. The host then checks every
-//! scenario against its expectation and prints one row per scenario.
+//! `rdma resource show` into `target/faults/`. Workload rows run the
+//! examples of issue #21 (block store, ring all-reduce) split over both VMs
+//! instead (see `scenarios::workloads`). The host then checks every
+//! scenario against its expectation, prints one row per scenario and writes
+//! the generated report `target/faults/reliability.md` (`report.rs`), which
+//! `--publish` copies to docs/reliability.md.
 
 mod evaluate;
 mod report;
