@@ -161,11 +161,12 @@ fn workload(i: usize, sc: &Scenario, dir: &Path, problems: &mut Vec<String>) -> 
             .iter()
             .find_map(|k| text.lines().rev().find(|l| l.contains(k)))
         {
-            notes.push(format!(
-                "{}: {}",
-                p.label,
-                m.split_whitespace().collect::<Vec<_>>().join(" ")
-            ));
+            let m = m.split_whitespace().collect::<Vec<_>>().join(" ");
+            // `rank 0 of 3: …` names itself already.
+            notes.push(match m.starts_with(&p.label) {
+                true => m,
+                false => format!("{}: {m}", p.label),
+            });
         }
     }
     let mut obs = if ok == sc.procs.len() {
@@ -420,9 +421,9 @@ mod tests {
         let ok = row([verified; 3], res);
         assert!(ok.pass, "{}", ok.observed);
         assert_eq!(ok.verified, "3/3 processes");
-        assert!(ok
-            .observed
-            .starts_with("3 VERIFIED; rank 0: rank 0 of 3: 65536 floats, median 9.5 us; rank 1:"));
+        assert!(ok.observed.starts_with(
+            "3 VERIFIED; rank 0 of 3: 65536 floats, median 9.5 us; rank 1: rank 0 of 3"
+        ));
         assert_eq!(ok.expected, "every process VERIFIED, exit 0");
         // Exit 0 without the VERIFIED line (a program that stopped checking).
         let quiet = "rank 2 of 3\nalgbw 0.001 GB/s  busbw 0.002 GB/s\nexit=0\n";
