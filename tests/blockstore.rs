@@ -66,6 +66,7 @@ fn check_all(done: &[Finished]) {
         .collect::<Vec<_>>()
         .join("\n");
     for f in done {
+        println!("--- {}\n{}", f.label, f.stdout); // shown with --show-output
         assert!(f.success(), "{} failed\n{all}", f.label);
         let last = f.stdout.lines().last().unwrap_or("");
         assert!(
