@@ -42,75 +42,34 @@ use ibverbs_suite::perf::{main_with, stats, Result};
 /// Inbox slots per channel: a writer may be two steps ahead.
 const SLOTS: u32 = 2;
 
-/// One rank: its channels to the left and right neighbours (one channel
-/// when N = 2), its vector, and a chunk copied out of the inbox.
-struct Ring {
-    chans: Vec<(usize, WriteChannel)>,
-    left: usize,
-    right: usize,
-    rank: usize,
-    ranks: usize,
-    vector: Vec<f32>,
-    incoming: Vec<f32>,
-    timeout: Option<Duration>,
-}
-
-impl Ring {
-    /// Writes chunk `send` to the right, then adds (`add`) or copies the
-    /// chunk arriving from the left into chunk `recv`.
-    fn step(&mut self, send: usize, recv: usize, add: bool) -> Result<()> {
-        let len = self.incoming.len();
-        let chunk = cast_slice(&self.vector[send * len..][..len]);
-        self.chans[self.right].1.send(chunk, self.timeout)?;
-        let got: Received = self.chans[self.left]
-            .1
-            .recv(self.timeout)?
-            .ok_or("no chunk came")?;
-        got.read_into(0, &mut self.incoming)?;
-        drop(got); // copied out: only now its credit goes back to the writer
-        for (m, x) in self.vector[recv * len..][..len]
-            .iter_mut()
-            .zip(&self.incoming)
-        {
-            *m = if add { *m + x } else { *x };
-        }
-        Ok(())
+/// One step: writes chunk `send` of the vector `v` to the right
+/// neighbour's channel, then adds (`add`) or copies the chunk arriving
+/// from the left one into chunk `send − 1` (through `inc`). `chans` are
+/// this rank's channels by peer rank, `(l, r)` the neighbours' indices
+/// (the same channel when N = 2).
+fn step(
+    chans: &mut [(usize, WriteChannel)],
+    (l, r): (usize, usize),
+    v: &mut [f32],
+    inc: &mut [f32],
+    send: usize,
+    add: bool,
+    t: Option<Duration>,
+) -> Result<()> {
+    let (len, n) = (inc.len(), v.len() / inc.len());
+    chans[r].1.send(cast_slice(&v[send * len..][..len]), t)?;
+    let got: Received = chans[l].1.recv(t)?.ok_or("no chunk came")?;
+    got.read_into(0, inc)?;
+    drop(got); // copied out: only now its credit goes back to the writer
+    let recv = (send + n - 1) % n;
+    for (m, x) in v[recv * len..][..len].iter_mut().zip(inc.iter()) {
+        *m = if add { *m + x } else { *x };
     }
-
-    /// One all-reduce of the vector.
-    fn allreduce(&mut self) -> Result<()> {
-        let (r, n) = (self.rank, self.ranks);
-        for s in 0..n - 1 {
-            self.step((r + n - s) % n, (r + 2 * n - s - 1) % n, true)?;
-        }
-        for s in 0..n - 1 {
-            self.step((r + 1 + n - s) % n, (r + n - s) % n, false)?;
-        }
-        Ok(())
-    }
-
-    /// Fills this rank's vector of `floats` floats for iteration `it`
-    /// (`fill`), or checks that it holds the sum over all ranks.
-    fn each(&mut self, floats: usize, it: usize, fill: bool) -> Result<()> {
-        // Small integers (0 in the padding): every sum is exact in f32.
-        let value = |q: usize, i: usize| match i < floats {
-            true => ((31 * i + 17 * q + 7 * it) % 1024) as f32,
-            false => 0.0,
-        };
-        for (i, x) in self.vector.iter_mut().enumerate() {
-            let sum: f32 = (0..self.ranks).map(|q| value(q, i)).sum();
-            if fill {
-                *x = value(self.rank, i);
-            } else if *x != sum {
-                return Err(format!("iteration {it}: element {i} is {x}, not {sum}").into());
-            }
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let (addrs, n) = (cli.addrs()?, cli.ranks);
+    let (addrs, n, r, t) = (cli.addrs()?, cli.ranks, cli.rank, Some(cli.timeout()));
     let list = ibverbs::devices()?;
     let dev = cli.device.as_ref().map_or(list.get(0), |d| list.find(d));
     let ctx = dev.ok_or("no such RDMA device")?.open()?;
@@ -124,55 +83,63 @@ fn run(cli: Cli) -> Result<()> {
         .remote_access(AccessFlags::REMOTE_WRITE);
     let (pd, len) = (ctx.alloc_pd()?, cli.floats.div_ceil(n).max(1));
     let mut chans = Vec::new();
-    let mut mesh = Ranks::new(&addrs, cli.rank)
-        .timeout(cli.timeout())
-        .connect_ring(&local, &opts, |peer| {
-            let ch = WriteChannel::create(&pd, SLOTS, len * 4)?.blocking(cli.wait);
-            let made = (ch.queue_pair().clone(), ch.inbox().to_bytes().to_vec());
-            chans.push((peer, ch));
-            Ok(made)
-        })?;
+    let mut mesh =
+        Ranks::new(&addrs, r)
+            .timeout(cli.timeout())
+            .connect_ring(&local, &opts, |peer| {
+                let ch = WriteChannel::create(&pd, SLOTS, len * 4)?.blocking(cli.wait);
+                let made = (ch.queue_pair().clone(), ch.inbox().to_bytes().to_vec());
+                chans.push((peer, ch));
+                Ok(made)
+            })?;
     for (peer, ch) in &mut chans {
         let info = mesh.peer(*peer).ok_or("a peer without a queue pair")?;
         ch.start(RemoteMemory::from_bytes(info.private())?)?;
     }
     mesh.barrier(cli.timeout())?; // every rank's receives are posted
-    let at = |rank| {
-        chans
-            .iter()
-            .position(|(p, _)| *p == rank)
-            .ok_or("no such neighbour")
-    };
-    let (left, right) = (at((cli.rank + n - 1) % n)?, at((cli.rank + 1) % n)?);
-    let mut ring = Ring {
-        chans,
-        left,
-        right,
-        rank: cli.rank,
-        ranks: n,
-        vector: vec![0.0; n * len],
-        incoming: vec![0.0; len],
-        timeout: Some(cli.timeout()),
-    };
+    let at = |x| chans.iter().position(|c| c.0 == x).ok_or("no neighbour");
+    let lr = (at((r + n - 1) % n)?, at((r + 1) % n)?);
+    let (mut v, mut inc) = (vec![0.0; n * len], vec![0.0; len]);
     let mut times = Vec::with_capacity(cli.iters);
     for it in 0..cli.iters {
-        ring.each(cli.floats, it, true)?;
+        // Small integers (0 in the padding): every sum is exact in f32.
+        let value = |q: usize, i: usize| match i < cli.floats {
+            true => ((31 * i + 17 * q + 7 * it) % 1024) as f32,
+            false => 0.0,
+        };
+        v.iter_mut().enumerate().for_each(|(i, x)| *x = value(r, i));
         let start = Instant::now();
-        ring.allreduce()?;
+        // Reduce-scatter (adding), then all-gather: step s sends chunk r − s.
+        for s in 0..2 * (n - 1) {
+            step(
+                &mut chans,
+                lr,
+                &mut v,
+                &mut inc,
+                (r + 2 * n - s) % n,
+                s < n - 1,
+                t,
+            )?;
+        }
         times.push(start.elapsed().as_secs_f64());
-        ring.each(cli.floats, it, false)?;
+        for (i, x) in v.iter().enumerate() {
+            let sum: f32 = (0..n).map(|q| value(q, i)).sum();
+            if *x != sum {
+                return Err(format!("iteration {it}: element {i} is {x}, not {sum}").into());
+            }
+        }
     }
     times.sort_by(f64::total_cmp);
-    let t = stats::median(&times).ok_or("no iterations")?;
-    let algbw = (cli.floats * 4) as f64 / t / 1e9;
+    let t_med = stats::median(&times).ok_or("no iterations")?;
+    let algbw = (cli.floats * 4) as f64 / t_med / 1e9;
     let busbw = algbw * 2.0 * (n - 1) as f64 / n as f64;
-    let (r, s, i, us) = (cli.rank, cli.floats, cli.iters, t * 1e6);
+    let (s, i, us) = (cli.floats, cli.iters, t_med * 1e6);
     println!("rank {r} of {n}: {s} floats, {i} iterations, median {us:.1} us");
     println!("algbw {algbw:.3} GB/s  busbw {busbw:.3} GB/s");
     // Every write and credit acknowledged (so delivered), then no rank
     // leaves before its neighbours are done with it.
-    for (_, ch) in &mut ring.chans {
-        ch.flush(ring.timeout)?;
+    for (_, ch) in &mut chans {
+        ch.flush(t)?;
     }
     mesh.barrier(cli.timeout())?;
     println!("VERIFIED: every element of {i} iterations is the exact sum");
