@@ -183,6 +183,10 @@ struct FaultsArgs {
     /// intermittent failures.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// Also copy the generated report (target/faults/reliability.md) to
+    /// docs/reliability.md.
+    #[arg(long)]
+    publish: bool,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -342,6 +346,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 quick: args.quick,
                 only: args.only,
                 repeat: args.repeat,
+                publish: args.publish,
                 vm: args.opts,
             })?;
             Ok(status(ok))
