@@ -462,7 +462,9 @@ order (`--tools blockstore,allreduce` selects only them): `blockstore` (server a
 size and send-queue depth (`ib_read_bw` / `ib_write_bw -s 4096 -t DEPTH`; reads are the \
 client's `random:` phase with `--write-ratio 0`, writes its `mixed:` phase with \
 `--write-ratio 1`; target ≥ 0.95); the ring `allreduce` of 3 ranks, its bus bandwidth \
-(NCCL-tests definition) against `ib_write_bw` of one chunk (vector / ranks; target ≥ 0.8); and \
+(NCCL-tests definition) against `ib_write_bw` of one chunk (vector / ranks; target ≥ 0.8; \
+with more ranks than vCPUs the ranks run with `--wait`, since a spinning rank takes the core \
+rxe's kernel work needs); and \
 a small all-reduce with twice as many ranks as the VM has vCPUs, blocking on completion events \
 (`--wait`) against busy polling (Rust against Rust, no target). A workload run whose output \
 lacks its `VERIFIED` line (every rank's, for the all-reduce) or that exits non-zero is a failed \
