@@ -77,6 +77,18 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Word `k` of the pattern of the block whose seed is `seed`: one multiply
+/// a word (verification must not cost more than the I/O it checks; the seed
+/// already differs per block and generation).
+fn word(seed: u64, k: usize) -> u64 {
+    seed ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The checksum's step (FNV-1a's multiply over words).
+fn sum(h: u64, x: &u64) -> u64 {
+    (h ^ x).wrapping_mul(0x100_0000_01b3)
+}
+
 /// Block `index` at generation `gen`: index, generation, checksum (of
 /// everything else), then the pattern.
 fn block(index: u64, gen: u64) -> [u64; BLOCK / 8] {
@@ -84,18 +96,27 @@ fn block(index: u64, gen: u64) -> [u64; BLOCK / 8] {
     let seed = mix(index ^ mix(gen));
     (w[0], w[1]) = (index, gen);
     for (k, x) in w.iter_mut().enumerate().skip(3) {
-        *x = mix(seed.wrapping_add(k as u64));
+        *x = word(seed, k);
     }
-    let sum = |h: u64, x: &u64| (h ^ x).wrapping_mul(0x100_0000_01b3);
     w[2] = w[3..].iter().fold(sum(index, &gen), sum);
     w
 }
 
 /// Checks that `w` is block `index` at generation `want` (any when
-/// `None`); returns the generation.
+/// `None`): every word against the pattern and the checksum, in one pass;
+/// returns the generation.
 fn check(w: &[u64], index: u64, want: Option<u64>) -> Result<u64> {
     let gen = want.unwrap_or(w[1]);
-    if w != block(index, gen) {
+    let seed = mix(index ^ mix(gen));
+    let (mut h, mut same) = (
+        sum(index, &gen),
+        w.len() == BLOCK / 8 && w[..2] == [index, gen],
+    );
+    for (k, x) in w.iter().enumerate().skip(3) {
+        same &= *x == word(seed, k);
+        h = sum(h, x);
+    }
+    if !same || w[2] != h {
         let (i, g, want) = (w[0], w[1], want.map_or("any".into(), |g| g.to_string()));
         return Err(format!("MISMATCH: block {index} (header: index {i} generation {g}; expected generation {want})").into());
     }
