@@ -387,10 +387,13 @@ impl CompletionQueue {
     #[doc(alias = "ibv_start_poll")]
     #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
+    #[inline]
     pub fn poll(&self, out: &mut Completions) -> Result<usize> {
         if let Some(ex) = &self.inner.ex {
             return self.poll_extended(ex, out);
         }
+        // Inlined up to the provider's answer: an empty poll (what a
+        // busy-polling loop mostly does) costs the call and two tests.
         let start = out.free_start();
         let raw = &mut out.raw[start..];
         if raw.is_empty() {
@@ -398,10 +401,18 @@ impl CompletionQueue {
         }
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
         let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        let n = ret_count("ibv_poll_cq", n)?;
-        if n > 0 {
-            self.deliver(out, start, n, false);
+        if n == 0 {
+            return Ok(0);
         }
+        self.polled(out, start, n)
+    }
+
+    /// The rest of [`poll`](Self::poll) once the provider returned `n`
+    /// entries (or a negative error) at `start`.
+    #[inline(never)]
+    fn polled(&self, out: &mut Completions, start: usize, n: i32) -> Result<usize> {
+        let n = ret_count("ibv_poll_cq", n)?;
+        self.deliver(out, start, n, false);
         Ok(n)
     }
 

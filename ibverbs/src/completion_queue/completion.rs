@@ -270,7 +270,7 @@ impl std::fmt::Debug for Completion {
 
 #[cfg(test)]
 mod tests {
-    use super::{grh_source_gid, Completion, Completions};
+    use super::{grh_source_gid, Completion, Completions, SgList};
 
     /// Entries as a poll leaves them: written at the free tail, held as
     /// orphans.
@@ -304,10 +304,19 @@ mod tests {
         assert_eq!(order, [3, 4, 5, 6]);
         assert!(out.is_empty());
         assert_eq!(out.free_start(), 0);
-        // A drain dropped early drops the rest.
-        hold(&mut out, &[7, 8]);
+        // A drain dropped early drops the rest, buffers and all: their
+        // entries are free (`Empty`) for the next poll to fill.
+        hold(&mut out, &[7, 8, 9]);
+        for claim in &mut out.claims[..3] {
+            *claim.sg_mut() = SgList::Many(Vec::new());
+        }
         assert_eq!(out.drain().next().map(|c| c.wr_id()), Some(7));
         assert!(out.is_empty());
+        assert!(out.claims[1..3]
+            .iter()
+            .all(|c| matches!(c.sg, SgList::Empty)));
+        // Nothing held: an empty drain.
+        assert_eq!(out.drain().count(), 0);
     }
 
     #[test]
@@ -507,6 +516,12 @@ impl Completions {
     /// drain that is forgotten instead leaks them).
     #[inline]
     pub fn drain(&mut self) -> CompletionsDrain<'_> {
+        if self.len == 0 {
+            // What a busy-polling loop mostly drains: no slicing.
+            return CompletionsDrain {
+                rest: [].iter().zip([].iter_mut()),
+            };
+        }
         let held = self.head..self.head + self.len;
         // All taken from here on: the drain walks them (no per-entry
         // bookkeeping here), and `mem::forget` of it leaks what it did not
@@ -551,9 +566,20 @@ impl ExactSizeIterator for CompletionsDrain<'_> {}
 impl Drop for CompletionsDrain<'_> {
     #[inline]
     fn drop(&mut self) {
-        // As `VecDeque::drain(..)`: what was not taken goes, buffers and
-        // all (to their owners' drop), and the entries are free again
-        // (their buffers `Empty`); fully drained, one comparison.
+        // Fully drained (the common case): one comparison.
+        if self.rest.len() != 0 {
+            self.drop_rest();
+        }
+    }
+}
+
+impl CompletionsDrain<'_> {
+    /// As `VecDeque::drain(..)`: what was not taken goes, buffers and all
+    /// (to their owners' drop), and the entries are free again (their
+    /// buffers `Empty`).
+    #[cold]
+    #[inline(never)]
+    fn drop_rest(&mut self) {
         for (_, claim) in self.rest.by_ref() {
             drop(std::mem::take(&mut claim.sg));
         }
