@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use common::{device_ipv4, example_bin, path_tool, run_bounded, wait_ok};
-use ibverbs::cm::{CmEventType, CmId, ConnParam, EventChannel};
+use ibverbs::cm::{CmEventType, CmId, CmOption, ConnParam, EventChannel};
 use ibverbs::{AccessFlags, Error, QpType, RecvRequest, SendRequest};
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
@@ -70,8 +70,16 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
 
 /// An active-side id with its address and route resolved to `addr`.
 fn resolved(addr: SocketAddr) -> (EventChannel, CmId) {
+    resolved_with(addr, &[])
+}
+
+/// [`resolved`] with `options` set on the new id first.
+fn resolved_with(addr: SocketAddr, options: &[CmOption]) -> (EventChannel, CmId) {
     let ch = EventChannel::new().unwrap();
     let id = CmId::new(&ch).unwrap();
+    for o in options {
+        id.set_option(*o).unwrap();
+    }
     assert!(id.context().is_none(), "no device before resolution");
     id.resolve_addr(None, addr, Duration::from_secs(2)).unwrap();
     ch.get_event(T)
@@ -86,12 +94,10 @@ fn resolved(addr: SocketAddr) -> (EventChannel, CmId) {
     (ch, id)
 }
 
-#[test]
-#[ignore = "needs an RDMA device"]
-fn connect_accept_data_disconnect() {
-    let addr = server_addr();
-    let server = serve_once(addr, false);
-    let (ch, id) = resolved(addr);
+/// The active side of [`serve_once`]'s exchange on a resolved `id`:
+/// connects, sends its memory and a message, checks the echo, disconnects.
+/// Returns the connected QP's attributes.
+fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAttrView {
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).build().unwrap();
@@ -112,6 +118,7 @@ fn connect_accept_data_disconnect() {
         .unwrap();
     assert_eq!(id.peer_addr(), Some(addr));
     assert_eq!(qp.state().unwrap(), ibverbs::QpState::Rts);
+    let attr = qp.query().unwrap().0;
 
     let n = ibverbs::RemoteMemory::WIRE_LEN;
     let mut msg = pd.alloc(n + 11, AccessFlags::LOCAL_WRITE).unwrap();
@@ -130,8 +137,77 @@ fn connect_accept_data_disconnect() {
         .unwrap()
         .expect(CmEventType::Disconnected)
         .unwrap();
+    attr
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn connect_accept_data_disconnect() {
+    let addr = server_addr();
+    let server = serve_once(addr, false);
+    let (ch, id) = resolved(addr);
+    echo_client(&ch, &id, addr);
     let seen = server.join().unwrap().unwrap();
     assert_eq!(&seen[ibverbs::RemoteMemory::WIRE_LEN..], b"echo via cm");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn tos_and_ack_timeout_options_reach_the_queue_pair() {
+    let addr = server_addr();
+    let server = serve_once(addr, false);
+    // Values no default has: rdma_cm derives the ACK timeout from the
+    // path's packet lifetime (17 on rxe), its TOS is 0.
+    let (ch, id) = resolved_with(addr, &[CmOption::Tos(0x28), CmOption::AckTimeout(19)]);
+    let attr = echo_client(&ch, &id, addr);
+    assert_eq!(attr.timeout(), 19, "RDMA_OPTION_ID_ACK_TIMEOUT");
+    assert_eq!(
+        attr.ah_attr().as_raw().grh.traffic_class,
+        0x28,
+        "RDMA_OPTION_ID_TOS"
+    );
+    server.join().unwrap().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn reuseaddr_and_afonly_options_change_what_binds() {
+    let ch = EventChannel::new().unwrap();
+    let addr = server_addr();
+    // Without REUSEADDR a second id cannot bind the same address and port.
+    let first = CmId::new(&ch).unwrap();
+    first.set_option(CmOption::ReuseAddr(true)).unwrap();
+    first.bind_addr(addr).unwrap();
+    let plain = CmId::new(&ch).unwrap();
+    let err = plain.bind_addr(addr).unwrap_err();
+    assert_eq!(err.verb(), Some("rdma_bind_addr"), "{err}");
+    assert_eq!(err.raw_os_error(), Some(libc::EADDRINUSE), "{err}");
+    // With it on both (neither listening), it can.
+    let second = CmId::new(&ch).unwrap();
+    second.set_option(CmOption::ReuseAddr(true)).unwrap();
+    second.bind_addr(addr).unwrap();
+    drop((first, plain, second));
+
+    // The IPv6 wildcard with AFONLY leaves the port free for IPv4; without
+    // it, it takes the port for both families.
+    let port = next_port();
+    let v6 = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    let v4 = SocketAddr::from((addr.ip(), port));
+    let only6 = CmId::new(&ch).unwrap();
+    only6.set_option(CmOption::AfOnly(true)).unwrap();
+    only6.bind_addr(v6).unwrap();
+    CmId::new(&ch).unwrap().bind_addr(v4).unwrap();
+    drop(only6);
+    let port = next_port();
+    let v6 = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    let v4 = SocketAddr::from((addr.ip(), port));
+    let both = CmId::new(&ch).unwrap();
+    both.set_option(CmOption::AfOnly(false)).unwrap();
+    both.bind_addr(v6).unwrap();
+    let err = CmId::new(&ch).unwrap().bind_addr(v4).unwrap_err();
+    // The kernel's rdma_cm reports this clash (a wildcard of the other
+    // family) as EADDRNOTAVAIL, the same-address one above as EADDRINUSE.
+    assert_eq!(err.raw_os_error(), Some(libc::EADDRNOTAVAIL), "{err}");
 }
 
 #[test]

@@ -41,6 +41,8 @@
 
 mod cm_id;
 mod event_channel;
+mod option;
 
 pub use cm_id::{CmId, ConnParam};
 pub use event_channel::{CmEvent, CmEventType, EventChannel};
+pub use option::CmOption;

@@ -168,7 +168,7 @@ unsafe fn move_qp_capped(
 }
 
 /// librdmacm returns -1 and sets errno.
-fn neg_errno(verb: &'static str, rc: i32) -> Result<()> {
+pub(super) fn neg_errno(verb: &'static str, rc: i32) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
