@@ -166,7 +166,7 @@ struct Cli {
     /// RDMA device (default: the first one found).
     #[arg(short = 'd', long = "ib-dev")]
     device: Option<String>,
-    /// GID index (default: the port's IPv4 RoCE v2 GID on Ethernet).
+    /// GID index (default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4 address, else its first valid GID; 0 on InfiniBand).
     #[arg(short = 'g', long = "gid-index")]
     gid: Option<u8>,
     /// TCP port of rank 0; rank R listens on BASE_PORT + R.

@@ -35,7 +35,7 @@ struct Cli {
     /// Device port (default: the first active one).
     #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
     ib_port: Option<u8>,
-    /// GID index (default: the RoCE v2 IPv4 entry, if any).
+    /// GID index (default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4 address, else its first valid GID; 0 on InfiniBand).
     #[arg(short = 'g', long = "gid-idx", value_name = "INDEX")]
     gid_index: Option<u8>,
     /// TCP port of the endpoint exchange.

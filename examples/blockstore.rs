@@ -522,7 +522,7 @@ struct Common {
     /// Port of the RDMA device (default: the first active one).
     #[arg(short = 'i', long = "ib-port")]
     ib_port: Option<u8>,
-    /// GID index (default: the port's IPv4 RoCE v2 GID on Ethernet).
+    /// GID index (default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4 address, else its first valid GID; 0 on InfiniBand).
     #[arg(short = 'g', long = "gid-index")]
     gid: Option<u8>,
     /// TCP port of the server.

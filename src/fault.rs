@@ -48,7 +48,7 @@ pub struct Common {
     /// Port of the device (default: its first active port).
     #[arg(short = 'i', long)]
     pub ib_port: Option<u8>,
-    /// GID index (default: the port's IPv4 RoCE v2 GID).
+    /// GID index (default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4 address, else its first valid GID; 0 on InfiniBand).
     #[arg(short = 'g', long)]
     pub gid_index: Option<u8>,
     /// TCP port of the out-of-band exchange.

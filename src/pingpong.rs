@@ -7,8 +7,10 @@
 //! wire, same output lines. The differences:
 //!
 //! * `-i` defaults to the device's first ACTIVE port (rdma-core: port 1),
-//!   and without `-g` a RoCE port uses its first RoCE v2 IPv4 GID
-//!   (rdma-core sends no GID and fails on RoCE).
+//!   and without `-g` a RoCE port uses its RoCE v2 GID with a non-link-local
+//!   IPv4 address, else its first valid GID
+//!   ([`GidSelector::Automatic`](ibverbs::GidSelector::Automatic);
+//!   rdma-core sends no GID and fails on RoCE). An explicit `-g N` wins.
 //! * Each posted receive owns its own slice of one registered region (the
 //!   safe API's ownership model; the C tools point every receive at the
 //!   same buffer). The bytes on the wire are the same.
@@ -101,8 +103,8 @@ pub struct Common {
     #[arg(short = 'e', long = "events", display_order = 10)]
     pub events: bool,
 
-    /// Local port GID index [default: on RoCE the first RoCE v2 GID with an IPv4 address, on
-    /// InfiniBand none (LID addressing)]
+    /// Local port GID index [default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4
+    /// address, else its first valid GID; on InfiniBand none (LID addressing)]
     #[arg(short = 'g', long = "gid-idx", value_name = "INDEX", value_parser = parse_gid_idx,
           display_order = 11)]
     pub gid_idx: Option<u8>,

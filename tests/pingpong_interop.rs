@@ -474,6 +474,34 @@ fn interop(tool: &str, opts: &str) {
     pingpong(c(tool, &d, opts), c(tool, &d, opts));
 }
 
+/// Without `-g` our tool picks the port's RoCE v2 IPv4 GID (the C client,
+/// given `-g` explicitly, must reach it there), not the link-local entry
+/// before it.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rc_without_gid_flag_uses_the_default_gid() {
+    let d = dev();
+    let t = common::device();
+    if t.ctx.query_port(t.port).unwrap().link_layer() != ibverbs::LinkLayer::Ethernet {
+        eprintln!("not RoCE: LID addressing, no GID to choose");
+        return;
+    }
+    let want = t
+        .ctx
+        .select_gid(t.port, &ibverbs::GidSelector::Automatic)
+        .unwrap();
+    let (s, _) = pingpong(rust("rc", &d, "-n 50 -c"), c("rc", &d, "-n 50 -c"));
+    assert!(
+        s.local[0].ends_with(&format!(", GID {}", want.gid)),
+        "{:?} does not use {want:?}",
+        s.local
+    );
+    if let Ok(gid1) = std::env::var("IBVERBS_TEST_EXPECT_GID1") {
+        assert_eq!(want.index, ibverbs::GidIndex(1));
+        assert!(s.local[0].ends_with(&gid1), "{:?}", s.local);
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn rc_interop_with_c() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, Error, Result};
-use crate::gid::{Gid, GidEntry, GidIndex, GidType};
+use crate::gid::{Gid, GidEntry, GidIndex, GidSelector};
 use crate::port::{LinkLayer, PortAttr, PortNumber, PortState};
 
 pub(crate) struct ContextInner {
@@ -197,6 +197,11 @@ impl Context {
     /// `ibv_query_gid_ex(3)`
     #[doc(alias = "ibv_query_gid_ex")]
     pub fn query_gid_entry(&self, port: PortNumber, index: GidIndex) -> Result<GidEntry> {
+        self.query_gid_entry_unexplained(port, index)
+            .map_err(|e| e.with_hint(self.gid_hint(port, index)))
+    }
+
+    fn query_gid_entry_unexplained(&self, port: PortNumber, index: GidIndex) -> Result<GidEntry> {
         let mut entry = MaybeUninit::<sys::ibv_gid_entry>::zeroed();
         // SAFETY: live context; `entry` valid for writes of its size.
         let rc = unsafe {
@@ -208,18 +213,28 @@ impl Context {
                 0,
             )
         };
-        ret_errno("ibv_query_gid_ex", rc).map_err(|e| e.with_hint(self.gid_hint(port, index)))?;
+        ret_errno("ibv_query_gid_ex", rc)?;
         // SAFETY: zeroed, then filled by the successful call.
         Ok(GidEntry::from_raw(unsafe { &entry.assume_init() }))
     }
 
-    /// Every valid GID table entry of every port.
+    /// Every valid (non-empty) GID table entry of every port, with its
+    /// type and network device.
+    ///
+    /// Read with `ibv_query_gid_table`. Where that verb is missing (a
+    /// kernel or provider that answers `EOPNOTSUPP`, `EPROTONOSUPPORT` or
+    /// `ENOSYS`), the table is read entry by entry with `ibv_query_gid_ex`,
+    /// empty entries skipped. The library reads no sysfs itself: on a
+    /// kernel without the GID ioctls, rdma-core's `ibv_query_gid_ex` already
+    /// reads `ports/P/gids/I` and `ports/P/gid_attrs/{types,ndevs}/I`, and
+    /// a second reader could only disagree with it.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_query_gid_table`.
+    /// [`Error::Verb`] naming `ibv_query_gid_table` (or `ibv_query_gid_ex`
+    /// in the fallback), or `ibv_query_port` when sizing the table.
     ///
     /// # References
-    /// `ibv_query_gid_table(3)`
+    /// `ibv_query_gid_table(3)`, `ibv_query_gid_ex(3)`
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
         let mut max = 0usize;
@@ -232,7 +247,11 @@ impl Context {
             sys::ibv_query_gid_table(self.as_ptr(), entries.as_mut_ptr(), entries.len(), 0)
         };
         if n < 0 {
-            return Err(Error::from_errno("ibv_query_gid_table", (-n) as i32));
+            let errno = (-n) as i32;
+            if table_verb_missing(errno) {
+                return self.gid_table_by_index();
+            }
+            return Err(Error::from_errno("ibv_query_gid_table", errno));
         }
         Ok(entries[..n as usize]
             .iter()
@@ -240,28 +259,59 @@ impl Context {
             .collect())
     }
 
-    /// The GID index to use on `port`: on Ethernet the first RoCE v2 entry
-    /// with an IPv4-mapped address (what `-g`/`-x` usually select by hand),
-    /// else the first RoCE v2, else index 0.
+    /// [`Context::gid_table`] one `ibv_query_gid_ex` per index, for where
+    /// `ibv_query_gid_table` is missing.
+    fn gid_table_by_index(&self) -> Result<Vec<GidEntry>> {
+        let mut table = Vec::new();
+        for port in self.ports()? {
+            let len = self.query_port(port)?.gid_table_len();
+            // GidIndex is a u8: indexes past 255 cannot be named anyway.
+            for i in 0..len.min(256) {
+                // Empty slots are expected here: no explanation is built.
+                match self.query_gid_entry_unexplained(port, GidIndex(i as u8)) {
+                    Ok(e) if !e.gid.is_zero() => table.push(e),
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    /// The entry of `port`'s GID table that `selector` names: by IP
+    /// address, by network device, or the routable RoCE v2 IPv4 entry
+    /// (see [`GidSelector`] for the rules).
     ///
     /// # Errors
-    /// As [`Context::gid_table`].
+    /// [`Error::NoMatchingGid`] (with `port` and `selector`) when no entry
+    /// matches; as [`Context::gid_table`] otherwise.
+    ///
+    /// # References
+    /// `ibv_query_gid_table(3)`
+    #[doc(alias = "ibv_query_gid_table")]
+    #[doc(alias = "ibv_query_gid_ex")]
+    pub fn select_gid(&self, port: PortNumber, selector: &GidSelector) -> Result<GidEntry> {
+        let table = self.gid_table()?;
+        selector.select(&table, port).cloned()
+    }
+
+    /// The GID index to use on `port` when none was given: on Ethernet
+    /// (RoCE) [`GidSelector::Automatic`], the first RoCE v2 entry with a
+    /// non-link-local IPv4-mapped address (what `-g`/`-x` usually select
+    /// by hand), else the first non-empty entry; on InfiniBand index 0.
+    ///
+    /// # Errors
+    /// [`Error::NoMatchingGid`] when a RoCE port's table has no non-empty
+    /// entry; as [`Context::gid_table`] otherwise.
+    ///
+    /// # References
+    /// `ibv_query_gid_table(3)`
     pub fn default_gid_index(&self, port: PortNumber) -> Result<GidIndex> {
         if self.query_port(port)?.link_layer() != LinkLayer::Ethernet {
             return Ok(GidIndex(0));
         }
-        let table: Vec<_> = self
-            .gid_table()?
-            .into_iter()
-            .filter(|e| e.port == port)
-            .collect();
-        let pick = table
-            .iter()
-            .find(|e| e.gid_type == GidType::RoceV2 && e.gid.to_ipv4_mapped().is_some())
-            .or_else(|| table.iter().find(|e| e.gid_type == GidType::RoceV2))
-            .map(|e| e.index)
-            .unwrap_or(GidIndex(0));
-        Ok(pick)
+        Ok(self.select_gid(port, &GidSelector::Automatic)?.index)
     }
 
     /// Waits for the next asynchronous event (port changes, QP/CQ/SRQ
@@ -671,4 +721,14 @@ impl AsyncEvent {
             _ => None,
         }
     }
+}
+
+/// Whether `ibv_query_gid_table` failed with `errno` because the verb is
+/// missing (old kernel or provider), not because the query failed: then
+/// [`Context::gid_table`] reads the table entry by entry.
+fn table_verb_missing(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS
+    )
 }

@@ -592,6 +592,21 @@ pub enum Error {
     /// Nothing posted.
     #[error("the send stream belongs to another request table")]
     StreamOfAnotherTable,
+    /// No entry of a port's GID table matches a
+    /// [`GidSelector`](crate::GidSelector) (from
+    /// [`Context::select_gid`](crate::Context::select_gid),
+    /// [`GidSelector::select`](crate::GidSelector::select) or
+    /// [`Context::default_gid_index`](crate::Context::default_gid_index)):
+    /// no entry holds the address, the network device has no GID on this
+    /// port (or does not exist), or the table is empty. Empty entries are
+    /// never chosen.
+    #[error("port {port} has no {wanted}")]
+    NoMatchingGid {
+        /// The port whose table was searched.
+        port: PortNumber,
+        /// What was asked for.
+        wanted: crate::GidSelector,
+    },
 }
 
 /// Why a buffer of [`Error::NotPoolSlot`] is not one of the pool's.
@@ -875,7 +890,9 @@ impl Error {
             Error::Unsupported(_)
             | Error::OpNotAvailable { .. }
             | Error::SendOpsRequired { .. } => K::Unsupported,
-            Error::NoDevice { .. } | Error::NoActivePort { .. } => K::NotFound,
+            Error::NoDevice { .. } | Error::NoActivePort { .. } | Error::NoMatchingGid { .. } => {
+                K::NotFound
+            }
             Error::NotReadyToSend { .. } => K::NotConnected,
             Error::QueuePairInError { .. } => K::BrokenPipe,
             Error::QueueFull { .. }

@@ -201,7 +201,7 @@ pub use device::{devices, open_device, Device, DeviceList};
 pub use error::{Error, Result, TransitionReason, WireProblem};
 pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
-pub use gid::{Gid, GidEntry, GidIndex, GidType};
+pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};

@@ -19,7 +19,7 @@ pub struct CommonArgs {
     /// Port of the device (default: its first active port).
     #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
     pub ib_port: Option<u8>,
-    /// GID index (default: the port's IPv4 RoCE v2 GID on Ethernet, 0 on InfiniBand).
+    /// GID index (default: on RoCE the port's RoCE v2 GID with a non-link-local IPv4 address, else its first valid GID; 0 on InfiniBand).
     #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
     pub gid_index: Option<u8>,
     /// Message size in bytes (suffixes K, M accepted).

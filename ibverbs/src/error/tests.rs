@@ -217,6 +217,10 @@ fn every_variant() -> Vec<Error> {
             queue: "send queue",
         },
         Error::StreamOfAnotherTable,
+        Error::NoMatchingGid {
+            port: PortNumber(1),
+            wanted: crate::GidSelector::Netdev("eth9".into()),
+        },
     ];
     for e in &all {
         match e {
@@ -278,7 +282,8 @@ fn every_variant() -> Vec<Error> {
             | Error::NotPoolSlot { .. }
             | Error::RequestTableFull { .. }
             | Error::CompletionQueueMismatch { .. }
-            | Error::StreamOfAnotherTable => {}
+            | Error::StreamOfAnotherTable
+            | Error::NoMatchingGid { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
@@ -363,6 +368,13 @@ fn numbers_and_names_are_in_the_display() {
             index: GidIndex(3)
         }),
         "GID index 3 of port 1 is empty: nothing to send from"
+    );
+    assert_eq!(
+        show(Error::NoMatchingGid {
+            port: PortNumber(1),
+            wanted: crate::GidSelector::Address("10.0.2.99".parse().unwrap()),
+        }),
+        "port 1 has no GID with address 10.0.2.99"
     );
     let missing = TransitionReason::Missing(ibverbs_sys::ibv_qp_attr_mask(
         ibverbs_sys::ibv_qp_attr_mask::IBV_QP_PORT.0 | ibverbs_sys::ibv_qp_attr_mask::IBV_QP_QKEY.0,
