@@ -134,7 +134,10 @@ pub fn fork_status() -> ForkStatus {
 ///   of anything else on those pages: the child should `exec` or `_exit`
 ///   without touching the parent's heap).
 ///
-/// Calling it again is harmless and returns the same status.
+/// Calling it again is harmless and returns the same status. The gate
+/// covers this library's own calls only: C code (or another crate)
+/// calling libibverbs on another thread while `fork_init` runs is the
+/// caller's to rule out, as for `ibv_fork_init` itself.
 ///
 /// # Errors
 /// * [`Error::ForkInitTooLate`] naming `ibv_fork_init` when fork support
