@@ -287,7 +287,8 @@ fn cq_moderation_is_set_or_refused_by_capability() {
 /// deterministic: it posts `cqe - 1` sends and at once shrinks the CQ to
 /// 1, expecting `EINVAL`. rxe refuses only once the completions are *in*
 /// the CQ (it compares the new size with the entries queued), and rxe
-/// completes sends in a kernel work item, after `ibv_post_send` returned.
+/// completes sends in a kernel work item, after `ibv_post_send` returned:
+/// the second half (post, then shrink at once) is that race, reported.
 /// Raw `ibv_resize_cq` (the safe `resize` refuses first, by the registered
 /// depth), on throwaway queues: once it succeeds, this CQ's recorded
 /// capacity is stale, so nothing safe is posted afterwards.
@@ -329,4 +330,59 @@ fn cq_resize_below_the_fill_rxe_refuses_once_completions_arrived() {
     );
     let received = poll_once(&p.cq_b);
     eprintln!("the receiver's CQ had {} of 6 receives", received.len());
+}
+
+/// pyverbs' `test_resize_cq` itself uses UD queue pairs: the same raw
+/// sequence on UD (CQ of 7, six sends, then at once a shrink to 1), its
+/// outcome reported. rxe completes a UD send only once the packet has
+/// left (a kernel work item), so the entries may not be queued yet when
+/// the shrink comes, and rxe then accepts it.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
+    let dev = device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq_a = dev.ctx.create_cq(7).build().unwrap();
+    let cq_b = dev.ctx.create_cq(64).build().unwrap();
+    let ud = |cq: &CompletionQueue, send: u32, recv: u32| {
+        let qp = pd
+            .create_qp(QpType::Ud, cq, cq)
+            .max_send_wr(send)
+            .max_recv_wr(recv)
+            .max_inline_data(64)
+            .build()
+            .unwrap();
+        qp.activate_ud(dev.port, 0x1111_1111, 0x42).unwrap();
+        qp
+    };
+    let (a, b) = (ud(&cq_a, 6, 1), ud(&cq_b, 1, 16));
+    let port = dev.ctx.query_port(dev.port).unwrap();
+    let av = ibverbs::AddressVector::for_port(&port, &common::endpoint(&dev, &b, 0), dev.gid_index)
+        .unwrap();
+    let ah = pd.create_ah(&av).unwrap();
+    let mut outcomes = Vec::new();
+    for round in 0..5 {
+        for _ in 0..6 {
+            a.post_send(SendRequest::send_inline(b"pyverbs").ud(&ah, b.qp_num(), 0x1111_1111))
+                .unwrap();
+        }
+        // SAFETY: live CQ; only this throwaway CQ's recorded capacity goes
+        // stale, and nothing safe is posted on it after a shrink.
+        let rc = unsafe { ibverbs::sys::ibv_resize_cq(cq_a.as_ptr(), 1) };
+        std::thread::sleep(Duration::from_millis(300));
+        let polled = poll_once(&cq_a);
+        eprintln!(
+            "UD round {round}: ibv_resize_cq(1) right after 6 sends: {rc} (cqe now {}); \
+             then polled {} of 6: {:?}",
+            raw_cqe(&cq_a),
+            polled.len(),
+            polled.iter().map(|c| c.status()).collect::<Vec<_>>()
+        );
+        outcomes.push(rc);
+        if rc == 0 {
+            break;
+        }
+    }
+    drop((a, b, ah));
+    eprintln!("UD outcomes: {outcomes:?}");
 }

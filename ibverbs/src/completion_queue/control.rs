@@ -22,7 +22,13 @@ impl CompletionQueue {
     /// when shrinking, leave as it was (`ibv_resize_cq(3)`).
     ///
     /// Completions already in the CQ stay there and are polled as before
-    /// (providers copy them into the new queue). Polling from other
+    /// (providers copy them into the new queue). The check is against the
+    /// depths asked of the queues, not against the completions queued
+    /// now: rxe refuses a size below the latter only, and queues a send's
+    /// completion some time after `ibv_post_send` returned (a kernel work
+    /// item), so a shrink right after posting can be accepted there and
+    /// the late completions overrun the CQ (what rdma-core's pyverbs
+    /// `test_resize_cq` trips over on rxe). Polling from other
     /// threads may go on meanwhile: the provider serialises the two, and
     /// creating or destroying a queue pair on this CQ waits for the resize.
     ///
