@@ -16,6 +16,7 @@ use crate::wq_table::{Claimed, Retire, SgList, TableRef, WqTable};
 use crate::{CompletionChannel, Context};
 
 mod completion;
+mod control;
 mod registry;
 pub use completion::{Completion, Completions, CompletionsDrain};
 use registry::Registry;
@@ -46,7 +47,7 @@ pub(crate) struct CqInner {
     /// their depths, whose sum never exceeds `cqe` (checked when a queue
     /// pair is created), so the CQ cannot overrun. Polling reads it (a
     /// shared lock: pollers of one CQ do not wait for each other here);
-    /// only creating and destroying queues write it.
+    /// only creating and destroying queues, and `resize`, write-lock it.
     tables: RwLock<Registry>,
     unacked: AtomicU32,
     /// With a channel: the `cq_context` of the C CQ, a `Weak` to this
@@ -55,7 +56,11 @@ pub(crate) struct CqInner {
     /// `ibv_destroy_cq` succeeded (leaked for good if it failed); see
     /// [`CqInner::from_event`].
     event_ctx: *const CqInner,
-    cqe: u32,
+    /// The capacity (`ibv_cq::cqe`), which the depths in `tables` never
+    /// exceed. Written only with `tables` write-locked (creation aside),
+    /// by [`CompletionQueue::resize`] once the verb succeeded; read under
+    /// that lock by `register`, and without it by `capacity`.
+    cqe: AtomicU32,
     /// rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2) into its
     /// user-mapped CQEs, where libibverbs reads bit 2 as `IP_CSUM_OK` and
     /// expects `IBV_WC_WITH_INV` in bit 3: receive completions of an rxe CQ
@@ -280,7 +285,7 @@ impl<'a> CompletionQueueBuilder<'a> {
                 tables: RwLock::new(Registry::new()),
                 unacked: AtomicU32::new(0),
                 event_ctx,
-                cqe,
+                cqe: AtomicU32::new(cqe),
                 rxe_inv_quirk: rxe,
                 ex,
             }
@@ -290,9 +295,10 @@ impl<'a> CompletionQueueBuilder<'a> {
 }
 
 impl CompletionQueue {
-    /// Actual capacity (may exceed the requested size).
+    /// Actual capacity (may exceed the requested size); changed by
+    /// [`resize`](Self::resize).
     pub fn capacity(&self) -> u32 {
-        self.inner.cqe
+        self.inner.cqe.load(Ordering::Relaxed)
     }
 
     /// The raw CQ pointer, valid while `self` lives. Its `cq_context`
@@ -335,11 +341,10 @@ impl CompletionQueue {
             return Ok(());
         }
         let needed = cq_needed(tables.depth_sum(), depth);
-        if needed > u64::from(self.inner.cqe) {
-            return Err(crate::Error::CqTooSmall {
-                capacity: self.inner.cqe,
-                needed,
-            });
+        // Under the write lock: `resize` cannot change it meanwhile.
+        let capacity = self.inner.cqe.load(Ordering::Relaxed);
+        if needed > u64::from(capacity) {
+            return Err(crate::Error::CqTooSmall { capacity, needed });
         }
         tables.insert(table, depth);
         Ok(())

@@ -34,6 +34,9 @@ unsafe impl Sync for DeviceList {}
 /// `ibv_get_device_list(3)`
 #[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
+    // Every verbs object of this library starts here: `fork_init` must
+    // not call `ibv_fork_init` from now on (see `fork.rs`).
+    crate::fork::note_verbs_start();
     let mut num = 0;
     // SAFETY: `num` is a valid out-pointer; the list is freed in Drop.
     let list = unsafe { sys::ibv_get_device_list(&mut num) };

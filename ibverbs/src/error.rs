@@ -607,6 +607,59 @@ pub enum Error {
         /// What was asked for.
         wanted: crate::GidSelector,
     },
+    /// [`fork_init`](crate::fork_init) came too late: fork support is off
+    /// and can no longer be turned on, since memory may already be
+    /// registered without `MADV_DONTFORK`. Call it first, or set
+    /// `RDMAV_FORK_SAFE=1` in the environment.
+    #[error(
+        "{verb}: too late to enable fork support, {}; call it before anything else \
+         or set RDMAV_FORK_SAFE=1",
+        fork_too_late(*.refused_by_rdma_core)
+    )]
+    ForkInitTooLate {
+        /// The verb not called, or refused (`ibv_fork_init`).
+        verb: &'static str,
+        /// `true`: rdma-core refused (`EINVAL`: memory was registered
+        /// before, by code outside this library); `false`: this library
+        /// refused without calling it, having already called into
+        /// libibverbs or librdmacm.
+        refused_by_rdma_core: bool,
+    },
+    /// [`CompletionQueue::resize`](crate::CompletionQueue::resize) to
+    /// fewer entries than the queues reporting to the CQ were asked to
+    /// hold (see [`CqTooSmall`](Error::CqTooSmall)): the CQ could overrun
+    /// and lose completions with their buffers. Refused before the verb;
+    /// the CQ is unchanged.
+    #[error(
+        "{verb}: {requested} entries asked, but the queues reporting to the completion queue \
+         were asked for {registered}"
+    )]
+    CqResizeTooSmall {
+        /// The verb not called (`ibv_resize_cq`).
+        verb: &'static str,
+        /// The size asked for.
+        requested: u32,
+        /// The sum of the depths asked for the queues reporting to it.
+        registered: u64,
+    },
+    /// The device does not report the capability a verb needs (its
+    /// attributes say so), so the verb was not called.
+    #[error("{verb}: the device does not support {capability}")]
+    DeviceLacks {
+        /// The verb not called (`ibv_modify_cq`).
+        verb: &'static str,
+        /// What the device lacks, and the attribute that says so.
+        capability: &'static str,
+    },
+}
+
+/// Who refused [`Error::ForkInitTooLate`].
+fn fork_too_late(refused_by_rdma_core: bool) -> &'static str {
+    if refused_by_rdma_core {
+        "rdma-core refused (EINVAL: memory was registered before)"
+    } else {
+        "this library already called into libibverbs"
+    }
 }
 
 /// Why a buffer of [`Error::NotPoolSlot`] is not one of the pool's.
@@ -889,7 +942,8 @@ impl Error {
             Error::Verb { io, .. } => io.kind(),
             Error::Unsupported(_)
             | Error::OpNotAvailable { .. }
-            | Error::SendOpsRequired { .. } => K::Unsupported,
+            | Error::SendOpsRequired { .. }
+            | Error::DeviceLacks { .. } => K::Unsupported,
             Error::NoDevice { .. } | Error::NoActivePort { .. } | Error::NoMatchingGid { .. } => {
                 K::NotFound
             }
@@ -942,7 +996,9 @@ impl Error {
             | Error::StreamOfAnotherTable
             | Error::ConflictingOptions { .. }
             | Error::MessageTooLarge { .. }
-            | Error::NotPoolSlot { .. } => K::InvalidInput,
+            | Error::NotPoolSlot { .. }
+            | Error::CqResizeTooSmall { .. } => K::InvalidInput,
+            Error::ForkInitTooLate { .. } => K::Other,
             Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
             Error::TimedOut { .. } => K::TimedOut,
             Error::OutOfBand { io, .. } => io.kind(),

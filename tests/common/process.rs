@@ -47,12 +47,30 @@ fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
 
 /// Starts `prog` with `args`, stdin closed, stdout and stderr collected.
 pub fn spawn(prog: &Path, args: &[String]) -> Running {
+    spawn_command(Command::new(prog), prog, args)
+}
+
+/// [`spawn`] through a real `fork()`: the standard library starts a
+/// program with `posix_spawn` (a `vfork`-style clone sharing the parent's
+/// memory, so no page becomes copy-on-write) unless a `pre_exec` hook is
+/// set; this sets an empty one, so the parent's whole address space is
+/// copied-on-write until the child's `exec` (the fork-safety tests).
+pub fn spawn_forked(prog: &Path, args: &[String]) -> Running {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(prog);
+    // SAFETY: the hook does nothing (so nothing that is unsafe between
+    // fork and exec).
+    unsafe { cmd.pre_exec(|| Ok(())) };
+    spawn_command(cmd, prog, args)
+}
+
+fn spawn_command(mut cmd: Command, prog: &Path, args: &[String]) -> Running {
     let name = prog.file_name().map_or_else(
         || prog.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
     let label = format!("{name} {}", args.join(" "));
-    let mut child = Command::new(prog)
+    let mut child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -193,6 +193,8 @@ impl EventChannel {
     /// `rdma_create_event_channel(3)`
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
+        // librdmacm lists and opens devices itself (see `fork.rs`).
+        crate::fork::note_verbs_start();
         // SAFETY: no preconditions; the channel is destroyed in ChannelInner's Drop.
         let ch = unsafe { sys::rdma_create_event_channel() };
         let ch = ret_ptr("rdma_create_event_channel", ch).map_err(|e| {

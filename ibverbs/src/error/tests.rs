@@ -221,6 +221,19 @@ fn every_variant() -> Vec<Error> {
             port: PortNumber(1),
             wanted: crate::GidSelector::Netdev("eth9".into()),
         },
+        Error::ForkInitTooLate {
+            verb: "ibv_fork_init",
+            refused_by_rdma_core: true,
+        },
+        Error::CqResizeTooSmall {
+            verb: "ibv_resize_cq",
+            requested: 15,
+            registered: 16,
+        },
+        Error::DeviceLacks {
+            verb: "ibv_modify_cq",
+            capability: "CQ moderation (cq_mod_caps.max_cq_count is 0)",
+        },
     ];
     for e in &all {
         match e {
@@ -283,7 +296,10 @@ fn every_variant() -> Vec<Error> {
             | Error::RequestTableFull { .. }
             | Error::CompletionQueueMismatch { .. }
             | Error::StreamOfAnotherTable
-            | Error::NoMatchingGid { .. } => {}
+            | Error::NoMatchingGid { .. }
+            | Error::ForkInitTooLate { .. }
+            | Error::CqResizeTooSmall { .. }
+            | Error::DeviceLacks { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
