@@ -400,18 +400,22 @@ impl QueuePair {
             let build: &dyn Fn() = match wr {
                 WindowWr::Bind { mw, rkey, info } => {
                     let f = op!(qpx, wr_bind_mw, "memory window bind");
-                    // SAFETY (called inside the open region below): `f` is
-                    // non-NULL; the window and the region `info` names are
-                    // held by the request's slot; `info` is read during the
-                    // call.
-                    bind_call = move || unsafe { f(qpx, mw, rkey, info) };
+                    bind_call = move || {
+                        // SAFETY: called inside the region opened below;
+                        // `f` is non-NULL; the window and the region `info`
+                        // names are held by the request's slot; `info` is
+                        // read during the call.
+                        unsafe { f(qpx, mw, rkey, info) }
+                    };
                     &bind_call
                 }
                 WindowWr::LocalInv { rkey } => {
                     let f = op!(qpx, wr_local_inv, "local invalidate");
-                    // SAFETY (called inside the open region below): `f` is
-                    // non-NULL.
-                    inv_call = move || unsafe { f(qpx, rkey) };
+                    inv_call = move || {
+                        // SAFETY: called inside the region opened below;
+                        // `f` is non-NULL.
+                        unsafe { f(qpx, rkey) }
+                    };
                     &inv_call
                 }
             };
