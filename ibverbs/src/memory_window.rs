@@ -390,10 +390,13 @@ impl QueuePair {
     /// - [`Error::AccessNotAllowed`] for rights other than the four above;
     /// - [`Error::QueueFull`];
     /// - [`Error::NotReadyToSend`] for a queue pair not in RTS;
-    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send`.
+    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send` /
+    ///   `ibv_wr_complete`;
+    /// - [`Error::Unsupported`] when the provider left the `ibv_wr_*`
+    ///   builder of a queue pair created with `BIND_MW` unset.
     ///
     /// # References
-    /// `ibv_bind_mw(3)`, `ibv_post_send(3)`
+    /// `ibv_bind_mw(3)`, `ibv_post_send(3)`, `ibv_wr_post(3)`
     ///
     /// # Example
     /// ```no_run
@@ -490,7 +493,7 @@ impl QueuePair {
     /// type 1 window that is not bound.
     ///
     /// # References
-    /// `ibv_post_send(3)`, `ibv_bind_mw(3)`
+    /// `ibv_post_send(3)`, `ibv_bind_mw(3)`, `ibv_wr_post(3)`
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     #[doc(alias = "ibv_wr_local_inv")]
     pub fn invalidate_mw(&self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
