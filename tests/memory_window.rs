@@ -6,7 +6,7 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok, Pair};
 use ibverbs::{
-    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendRequest,
+    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendOps, SendRequest,
     SharedBuffer, WcOpcode, WcStatus,
 };
 
@@ -312,4 +312,122 @@ fn capabilities_are_reported_by_name() {
             assert!(!attr.supports(f), "rxe lacks {f}");
         }
     }
+}
+
+/// pyverbs `test_mw_type2_invalidate_dealloc`: dropping the last handle
+/// of a bound type 2 window deallocates it (`ibv_dealloc_mw`), which
+/// revokes its key: the peer's next write fails and does not land, and
+/// the region (which the window held) is released only after.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type2_window_dealloc_revokes_its_key() {
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    let target = p.pd.alloc_shared(1024, mw_region()).unwrap();
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let remote = p.a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
+    wait_ok(&p.cq_a);
+    assert_eq!(
+        write_from_b(&p, remote.slice(0, 8).unwrap(), &[3; 8]),
+        WcStatus::Success
+    );
+    drop(mw);
+    assert_eq!(
+        write_from_b(&p, remote.slice(8, 8).unwrap(), &[4; 8]),
+        WcStatus::RemAccessErr,
+        "a write through a deallocated window must fail"
+    );
+    let mut got = [0u8; 16];
+    target.copy_to_slice(0, &mut got).unwrap();
+    assert_eq!(got, [3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+/// A pair of extended queue pairs (`ibv_create_qp_ex`) that bind and
+/// invalidate windows through `ibv_wr_bind_mw` / `ibv_wr_local_inv`.
+fn wr_window_pair() -> Pair {
+    common::ex_pair(SendOps::rc_data() | SendOps::BIND_MW | SendOps::LOCAL_INV)
+}
+
+/// pyverbs `test_qp_ex_rc_bind_mw`: a type 2 window bound through the
+/// extended path (`ibv_wr_bind_mw`) with read rights only; the peer's read
+/// through it works, its write fails with a remote access error and does
+/// not land.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type2_window_bound_through_wr_bind_mw_refuses_a_write() {
+    let p = wr_window_pair();
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    assert!(p.a.send_ops().unwrap().contains(SendOps::BIND_MW));
+    let mut mem = p.pd.alloc_shared(256, mw_region()).unwrap();
+    mem.copy_from_slice(0, &[7; 256]).unwrap();
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let before = mw.rkey();
+    let remote =
+        p.a.bind_mw(&mw, &mem, AccessFlags::REMOTE_READ, 0x123)
+            .unwrap();
+    let c = wait_ok(&p.cq_a);
+    assert_eq!((c.wr_id(), c.opcode()), (0x123, WcOpcode::BindMw));
+    assert_ne!(remote.rkey, before, "a bind hands out a new key");
+    assert_eq!(mw.rkey(), remote.rkey);
+    // The peer reads through the window.
+    let dst = p.pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_send(SendRequest::read(dst, remote.slice(0, 16).unwrap()).wr_id(5))
+        .unwrap();
+    let mut c = wait_ok(&p.cq_b);
+    assert_eq!(&c.take_local().unwrap()[..], &[7; 16]);
+    // Its write is refused.
+    assert_eq!(
+        write_from_b(&p, remote.slice(0, 8).unwrap(), &[9; 8]),
+        WcStatus::RemAccessErr
+    );
+    let mut got = [0u8; 8];
+    mem.copy_to_slice(0, &mut got).unwrap();
+    assert_eq!(got, [7; 8], "a peer wrote through a read-only window");
+}
+
+/// The extended path's invalidate (`ibv_wr_local_inv`) revokes a window
+/// bound through `ibv_wr_bind_mw`, and the window binds again afterwards
+/// (a type 2 window binds only when invalid).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn type2_window_invalidated_through_wr_local_inv() {
+    let p = wr_window_pair();
+    if !require(&p, Feature::MemoryWindowType2) {
+        return;
+    }
+    let mem = p.pd.alloc_shared(256, mw_region()).unwrap();
+    let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
+    let first = p.a.bind_mw(&mw, &mem, window_rights(), 1).unwrap();
+    wait_ok(&p.cq_a);
+    assert_eq!(
+        write_from_b(&p, first.slice(0, 8).unwrap(), &[1; 8]),
+        WcStatus::Success
+    );
+    p.a.invalidate_mw(&mw, 2).unwrap();
+    let c = wait_ok(&p.cq_a);
+    assert_eq!((c.wr_id(), c.opcode()), (2, WcOpcode::LocalInv));
+    assert_eq!(mw.remote(), None);
+    let second = p.a.bind_mw(&mw, &mem, window_rights(), 3).unwrap();
+    wait_ok(&p.cq_a);
+    assert_ne!(second.rkey, first.rkey);
+    assert_eq!(
+        write_from_b(&p, second.slice(8, 8).unwrap(), &[2; 8]),
+        WcStatus::Success
+    );
+    // The first key is revoked.
+    assert_eq!(
+        write_from_b(&p, first.slice(16, 8).unwrap(), &[3; 8]),
+        WcStatus::RemAccessErr
+    );
+    let mut got = [0u8; 24];
+    mem.copy_to_slice(0, &mut got).unwrap();
+    assert_eq!(
+        &got[..16],
+        &[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    );
+    assert_eq!(&got[16..], &[0; 8], "the revoked key's write must not land");
 }

@@ -190,7 +190,22 @@ fn soundness_mw_type1_failed_rebind_keeps_the_old_region() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn soundness_mw_type2_failed_bind_keeps_the_old_region() {
-    let p = pair(QpType::Rc, remote_all(), |b| b);
+    failed_type2_bind(pair(QpType::Rc, remote_all(), |b| b));
+}
+
+/// The same through the extended path (`ibv_wr_bind_mw`,
+/// `ibv_wr_local_inv`): the window's state changes on the completion
+/// alone, whichever verb posted the request.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn soundness_mw_type2_failed_bind_keeps_the_old_region_wr_path() {
+    let p = common::ex_pair(
+        ibverbs::SendOps::rc_data() | ibverbs::SendOps::BIND_MW | ibverbs::SendOps::LOCAL_INV,
+    );
+    failed_type2_bind(p);
+}
+
+fn failed_type2_bind(p: Pair) {
     if !require(&p, MwType::Type2) {
         return;
     }

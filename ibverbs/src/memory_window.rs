@@ -32,6 +32,7 @@ use ibverbs_sys as sys;
 use crate::buffer::{FrozenBuffer, LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory_region::{AccessFlags, MrInner};
+use crate::queue_pair::WindowWr;
 use crate::wq_table::{Held, Payload};
 use crate::{ProtectionDomain, QpState, QpType, QueuePair};
 
@@ -355,7 +356,9 @@ impl QueuePair {
     /// Binds `mw` over `target`'s memory, granting `access`
     /// (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`), and
     /// returns what to give the peer. Type 1 windows go through
-    /// `ibv_bind_mw`, type 2 through an `IBV_WR_BIND_MW` work request; both
+    /// `ibv_bind_mw`, type 2 through an `IBV_WR_BIND_MW` work request
+    /// (`ibv_wr_bind_mw` on a queue pair created with
+    /// [`SendOps::BIND_MW`](crate::SendOps::BIND_MW)); both
     /// complete on this QP's send CQ with `wr_id` (signaled), and the key is
     /// valid once that completion succeeded (or, per IBA ordering, for
     /// sends posted after it on this QP).
@@ -387,10 +390,13 @@ impl QueuePair {
     /// - [`Error::AccessNotAllowed`] for rights other than the four above;
     /// - [`Error::QueueFull`];
     /// - [`Error::NotReadyToSend`] for a queue pair not in RTS;
-    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send`.
+    /// - [`Error::Verb`] naming `ibv_bind_mw` / `ibv_post_send` /
+    ///   `ibv_wr_complete`;
+    /// - [`Error::Unsupported`] when the provider left the `ibv_wr_*`
+    ///   builder of a queue pair created with `BIND_MW` unset.
     ///
     /// # References
-    /// `ibv_bind_mw(3)`, `ibv_post_send(3)`
+    /// `ibv_bind_mw(3)`, `ibv_post_send(3)`, `ibv_wr_post(3)`
     ///
     /// # Example
     /// ```no_run
@@ -405,6 +411,7 @@ impl QueuePair {
     /// ```
     #[doc(alias = "ibv_bind_mw")]
     #[doc(alias = "IBV_WR_BIND_MW")]
+    #[doc(alias = "ibv_wr_bind_mw")]
     pub fn bind_mw<'a>(
         &self,
         mw: &MemoryWindow,
@@ -438,6 +445,16 @@ impl QueuePair {
                 MwType::Type2 => {
                     // SAFETY: pure function of its argument.
                     let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey()) };
+                    let ex = WindowWr::Bind {
+                        mw: mw.as_ptr(),
+                        rkey,
+                        info: &info,
+                    };
+                    if let Some(posted) = self.post_window_ex(wr_id, ex) {
+                        posted?;
+                        let granted = remote(rkey);
+                        return Ok((granted, Some((region.mr.clone(), granted)), rkey));
+                    }
                     let mut wr = sys::ibv_send_wr {
                         wr_id,
                         opcode: sys::IBV_WR_BIND_MW,
@@ -463,7 +480,9 @@ impl QueuePair {
     /// Invalidates `mw` locally: once the completion (`wr_id`, signaled)
     /// arrived successfully, the peer's accesses with its key fail with a
     /// remote access error, and the window releases its regions. A type 2
-    /// window is invalidated with `IBV_WR_LOCAL_INV`; a type 1 window
+    /// window is invalidated with `IBV_WR_LOCAL_INV` (`ibv_wr_local_inv` on
+    /// a queue pair created with
+    /// [`SendOps::LOCAL_INV`](crate::SendOps::LOCAL_INV)); a type 1 window
     /// (which IBA does not let `LOCAL_INV` touch) is unbound by a
     /// zero-length bind. A completion with an error changes nothing: the
     /// window keeps its binding, its key and its regions.
@@ -474,8 +493,9 @@ impl QueuePair {
     /// type 1 window that is not bound.
     ///
     /// # References
-    /// `ibv_post_send(3)`, `ibv_bind_mw(3)`
+    /// `ibv_post_send(3)`, `ibv_bind_mw(3)`, `ibv_wr_post(3)`
     #[doc(alias = "IBV_WR_LOCAL_INV")]
+    #[doc(alias = "ibv_wr_local_inv")]
     pub fn invalidate_mw(&self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
         if !Arc::ptr_eq(&mw.inner.pd.inner, &self.inner.pd.inner) {
             return Err(Error::ForeignProtectionDomain {
@@ -499,6 +519,11 @@ impl QueuePair {
                 Ok(((), None, rkey))
             }
             MwType::Type2 => {
+                let ex = WindowWr::LocalInv { rkey: mws.rkey() };
+                if let Some(posted) = self.post_window_ex(wr_id, ex) {
+                    posted?;
+                    return Ok(((), None, mws.rkey()));
+                }
                 let mut wr = sys::ibv_send_wr {
                     wr_id,
                     opcode: sys::IBV_WR_LOCAL_INV,

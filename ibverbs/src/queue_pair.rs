@@ -35,6 +35,7 @@ pub use builder::QueuePairBuilder;
 pub use connect::{ConnectOptions, Endpoint};
 pub use local_port::LocalPort;
 pub use post_ex::SendOps;
+pub(crate) use post_ex::WindowWr;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
 pub use prepared_recv::PreparedRecv;

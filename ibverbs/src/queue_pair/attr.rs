@@ -10,7 +10,7 @@ use sys::ibv_qp_attr_mask as M;
 use super::transition::*;
 use crate::error::{ret_errno, Error, Result, TransitionReason};
 use crate::port::{device_enum, Mtu, PortNumber};
-use crate::{AccessFlags, AddressVector, QpCaps, QpNumber, QpType, QueuePair};
+use crate::{AccessFlags, AddressVector, QpCaps, QpNumber, QpType, QueuePair, SendOp};
 
 device_enum! {
     /// Queue pair state.
@@ -332,6 +332,12 @@ impl QpAttrView {
     pub fn qp_state(&self) -> QpState {
         QpState::from_raw(self.raw.qp_state)
     }
+    /// The state the kernel reports as `cur_qp_state` (`ibv_query_qp`
+    /// fills it beside `qp_state`; rxe reports the current state in both).
+    /// [`qp_state`](Self::qp_state) is the one to act on.
+    pub fn cur_qp_state(&self) -> QpState {
+        QpState::from_raw(self.raw.cur_qp_state)
+    }
     /// The path MTU.
     pub fn path_mtu(&self) -> Mtu {
         Mtu::from_raw(self.raw.path_mtu)
@@ -422,6 +428,19 @@ impl std::fmt::Debug for QpAttrView {
     }
 }
 
+/// The opcode `ibv_query_qp_data_in_order` is asked about: send, RDMA
+/// write and RDMA read only (`ibv_query_qp_data_in_order(3)`).
+pub(crate) fn in_order_opcode(op: SendOp) -> Result<sys::ibv_wr_opcode> {
+    match op {
+        SendOp::Send => Ok(sys::IBV_WR_SEND),
+        SendOp::RdmaWrite => Ok(sys::IBV_WR_RDMA_WRITE),
+        SendOp::RdmaRead => Ok(sys::IBV_WR_RDMA_READ),
+        _ => Err(Error::Unsupported(
+            "ibv_query_qp_data_in_order answers for send, RDMA write and RDMA read only",
+        )),
+    }
+}
+
 /// Every attribute `ibv_query_qp` can report.
 const QUERY_ALL: u32 = KNOWN_BITS & !RATE_LIMIT;
 
@@ -458,6 +477,46 @@ impl QueuePair {
     pub fn query(&self) -> Result<(QpAttrView, QpCaps)> {
         let (raw, init) = self.query_raw(QUERY_ALL)?;
         Ok((QpAttrView { raw }, QpCaps::from_raw(&init.cap)))
+    }
+
+    /// Whether the data of an `op` this queue pair receives (or, for
+    /// [`SendOp::RdmaRead`], the data of its own reads) is written to
+    /// memory in order within each request, so that a reader may poll the
+    /// last byte instead of waiting for the completion
+    /// (`ibv_query_qp_data_in_order` with `flags` 0). `false` is the safe
+    /// answer and what a provider without the query says (rxe in rdma-core
+    /// 44; libibverbs also answers `false` on every non-x86 machine). Says
+    /// nothing about the order between requests, and holds only for memory
+    /// read by the CPU, not registered with `RELAXED_ORDERING`.
+    ///
+    /// A `true` answer is no licence to read a [`SharedBuffer`] through a
+    /// reference while a peer writes it: the ownership model stays as it
+    /// is (DESIGN.md); it only says a volatile poll of the last byte sees
+    /// the rest of the message written.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for operations other than send, RDMA write
+    /// and RDMA read (the man page defines the answer for those only);
+    /// [`Error::Verb`] naming `ibv_query_qp_data_in_order` for a result
+    /// other than 0 or 1.
+    ///
+    /// # References
+    /// `ibv_query_qp_data_in_order(3)`
+    ///
+    /// [`SharedBuffer`]: crate::SharedBuffer
+    #[doc(alias = "ibv_query_qp_data_in_order")]
+    pub fn data_in_order(&self, op: SendOp) -> Result<bool> {
+        let raw = in_order_opcode(op)?;
+        // SAFETY: live QP; `flags` 0 is the only value rdma-core 44 defines.
+        let rc = unsafe { sys::ibv_query_qp_data_in_order(self.as_ptr(), raw, 0) };
+        match rc {
+            0 => Ok(false),
+            1 => Ok(true),
+            rc => Err(Error::Verb {
+                verb: "ibv_query_qp_data_in_order",
+                io: std::io::Error::other(format!("returned {rc}, neither 0 nor 1")),
+            }),
+        }
     }
 
     /// The current state, as the device reports it (it moves a QP to ERR
@@ -661,5 +720,33 @@ impl QueuePair {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_in_order_is_asked_for_send_write_and_read_only() {
+        assert_eq!(in_order_opcode(SendOp::Send).unwrap(), sys::IBV_WR_SEND);
+        assert_eq!(
+            in_order_opcode(SendOp::RdmaWrite).unwrap(),
+            sys::IBV_WR_RDMA_WRITE
+        );
+        assert_eq!(
+            in_order_opcode(SendOp::RdmaRead).unwrap(),
+            sys::IBV_WR_RDMA_READ
+        );
+        for op in [
+            SendOp::CompareAndSwap,
+            SendOp::FetchAndAdd,
+            SendOp::AtomicWrite,
+            SendOp::Flush,
+        ] {
+            let e = in_order_opcode(op).unwrap_err();
+            assert!(matches!(e, Error::Unsupported(_)), "{op:?}: {e}");
+            assert!(e.to_string().contains("ibv_query_qp_data_in_order"), "{e}");
+        }
     }
 }

@@ -361,3 +361,77 @@ impl QueuePair {
         Ok(())
     }
 }
+
+/// A memory-window request of the `ibv_wr_*` path.
+pub(crate) enum WindowWr<'a> {
+    /// `ibv_wr_bind_mw(mw, rkey, info)`.
+    Bind {
+        mw: *mut sys::ibv_mw,
+        rkey: u32,
+        info: &'a sys::ibv_mw_bind_info,
+    },
+    /// `ibv_wr_local_inv(rkey)`.
+    LocalInv { rkey: u32 },
+}
+
+impl QueuePair {
+    /// Posts one signaled memory-window request in its own `ibv_wr_start`
+    /// … `ibv_wr_complete` region when this queue pair was created with its
+    /// [`SendOps`] flag (`BIND_MW`, `LOCAL_INV`); `None` otherwise (the
+    /// caller posts it with `ibv_post_send`, which ibv_wr_post(3) lets
+    /// interleave with the regions). The caller holds the send lock (the
+    /// region is the QP's posting critical section) and keeps the window and
+    /// its regions alive in the request's slot.
+    pub(crate) fn post_window_ex(&self, wr_id: u64, wr: WindowWr<'_>) -> Option<Result<()>> {
+        let (qpx, ops) = self.inner.qpx?;
+        let need = match wr {
+            WindowWr::Bind { .. } => SendOps::BIND_MW,
+            WindowWr::LocalInv { .. } => SendOps::LOCAL_INV,
+        };
+        if !ops.contains(need) {
+            return None;
+        }
+        let qpx = qpx.as_ptr();
+        Some((|| {
+            let start = op!(qpx, wr_start, "ibv_wr_start");
+            let complete = op!(qpx, wr_complete, "ibv_wr_complete");
+            let (bind_call, inv_call);
+            // Every builder pointer is checked before the region opens.
+            let build: &dyn Fn() = match wr {
+                WindowWr::Bind { mw, rkey, info } => {
+                    let f = op!(qpx, wr_bind_mw, "memory window bind");
+                    bind_call = move || {
+                        // SAFETY: called inside the region opened below;
+                        // `f` is non-NULL; the window and the region `info`
+                        // names are held by the request's slot; `info` is
+                        // read during the call.
+                        unsafe { f(qpx, mw, rkey, info) }
+                    };
+                    &bind_call
+                }
+                WindowWr::LocalInv { rkey } => {
+                    let f = op!(qpx, wr_local_inv, "local invalidate");
+                    inv_call = move || {
+                        // SAFETY: called inside the region opened below;
+                        // `f` is non-NULL.
+                        unsafe { f(qpx, rkey) }
+                    };
+                    &inv_call
+                }
+            };
+            // SAFETY: live extended QP; the send lock (held by the caller)
+            // makes this the QP's only posting critical section; `wr_id`
+            // and `wr_flags` are the inputs of the next builder call.
+            unsafe {
+                start(qpx);
+                (*qpx).wr_id = wr_id;
+                (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            build();
+            // SAFETY: inside the region opened above; on failure the
+            // provider discards the region (ibv_wr_complete(3)).
+            let rc = unsafe { complete(qpx) };
+            crate::error::ret_errno("ibv_wr_complete", rc)
+        })())
+    }
+}
