@@ -118,8 +118,8 @@ fn surface_port_counters_count_rnr_naks() {
     // the receive posted later lets it complete.
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq_a = dev.ctx.create_cq(16).build().unwrap();
-    let cq_b = dev.ctx.create_cq(16).build().unwrap();
+    let cq_a = dev.ctx.create_cq(256).build().unwrap();
+    let cq_b = dev.ctx.create_cq(256).build().unwrap();
     let a = pd.create_qp(QpType::Rc, &cq_a, &cq_a).build().unwrap();
     let b = pd.create_qp(QpType::Rc, &cq_b, &cq_b).build().unwrap();
     connect_pair(&dev, &a, &b, AccessFlags::LOCAL_WRITE);
