@@ -651,6 +651,17 @@ pub enum Error {
         /// What the device lacks, and the attribute that says so.
         capability: &'static str,
     },
+    /// Reading the kernel's sysfs failed: a port's directory is missing
+    /// ([`Context::port_counters`](crate::Context::port_counters) for a
+    /// port the device does not have, or no sysfs mounted) or a counters
+    /// directory could not be listed. No verb was involved.
+    #[error("reading {} failed: {io}", .path.display())]
+    Sysfs {
+        /// The file or directory that could not be read.
+        path: std::path::PathBuf,
+        /// The error reading it.
+        io: io::Error,
+    },
 }
 
 /// Who refused [`Error::ForkInitTooLate`].
@@ -1001,7 +1012,7 @@ impl Error {
             Error::ForkInitTooLate { .. } => K::Other,
             Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
             Error::TimedOut { .. } => K::TimedOut,
-            Error::OutOfBand { io, .. } => io.kind(),
+            Error::OutOfBand { io, .. } | Error::Sysfs { io, .. } => io.kind(),
             Error::Peer { error, .. } => error.io_kind(),
         }
     }

@@ -155,19 +155,23 @@ mod completion_channel;
 mod completion_queue;
 mod context;
 mod device;
+mod device_memory;
 mod error;
 mod exchange;
 mod extended_cq;
+mod flow_counters;
 mod fork;
 mod gid;
 mod memory_region;
 mod memory_window;
 mod message_channel;
 mod port;
+mod port_counters;
 mod protection_domain;
 mod queue_pair;
 mod request_table;
 mod shared_receive_queue;
+mod thread_domain;
 mod work_completion;
 mod wq_table;
 mod write_channel;
@@ -199,18 +203,21 @@ pub use completion_queue::{
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
+pub use device_memory::DeviceMemory;
 pub use error::{Error, Result, TransitionReason, WireProblem};
 pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
+pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};
 pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
 pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
+pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
-    ConnectOptions, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
+    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
     QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder,
     RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
 };
@@ -218,5 +225,6 @@ pub use queue_pair::{
 pub use queue_pair::{FlushLevel, FlushType};
 pub use request_table::{Polled, RequestTable, SendStream, TablePostError};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
+pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use write_channel::{Received, WriteChannel};

@@ -234,6 +234,10 @@ fn every_variant() -> Vec<Error> {
             verb: "ibv_modify_cq",
             capability: "CQ moderation (cq_mod_caps.max_cq_count is 0)",
         },
+        Error::Sysfs {
+            path: "/sys/class/infiniband/rxe0/ports/2".into(),
+            io: io::Error::from_raw_os_error(libc::ENOENT),
+        },
     ];
     for e in &all {
         match e {
@@ -299,7 +303,8 @@ fn every_variant() -> Vec<Error> {
             | Error::NoMatchingGid { .. }
             | Error::ForkInitTooLate { .. }
             | Error::CqResizeTooSmall { .. }
-            | Error::DeviceLacks { .. } => {}
+            | Error::DeviceLacks { .. }
+            | Error::Sysfs { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
