@@ -204,7 +204,9 @@ pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
 pub use fork::{fork_init, fork_status, ForkStatus};
 pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
-pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
+pub use memory_region::{
+    AccessFlags, AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
+};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
