@@ -42,7 +42,11 @@ bitflags::bitflags! {
         const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
         /// Huge-page hint.
         const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
-        /// Relaxed ordering (optional: ignored by devices without it).
+        /// Relaxed ordering (`IBV_ACCESS_RELAXED_ORDERING`): the device may
+        /// reorder its PCIe writes to the region. An optional flag:
+        /// libibverbs strips it where the kernel or device lacks it, so
+        /// registration still succeeds (as on rxe). Completion semantics
+        /// are unchanged: a completion still follows the data it reports.
         const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         /// Peers may flush for global visibility (rdma-core 45+, the
         /// `ibverbs_flush` cfg).
@@ -106,6 +110,13 @@ impl RegisterOptions {
     /// its process address (`ibv_reg_mr_iova2`). For a dmabuf region
     /// ([`ProtectionDomain::register_dmabuf`]) it replaces the default
     /// (the offset).
+    ///
+    /// The kernel wants the IOVA to share the memory's offset within a
+    /// page (page-aligned storage, such as [`AnonymousMemory`] or
+    /// [`ProtectionDomain::alloc`], with a page-aligned IOVA): otherwise
+    /// the registration fails with [`Error::Verb`] naming
+    /// `ibv_reg_mr_iova2` (`EINVAL`). `iova + len` must not pass the end of
+    /// the address space ([`Error::OutOfRange`]).
     #[doc(alias = "ibv_reg_mr_iova2")]
     pub fn iova(mut self, iova: u64) -> Self {
         self.iova = Some(iova);
@@ -527,11 +538,14 @@ impl ProtectionDomain {
     /// [`Error::NeedsSharedBuffer`] for remote write/atomic rights,
     /// [`Error::EmptyRegistration`] for empty storage,
     /// [`Error::NullStorage`] for storage without an address;
-    /// [`Error::Verb`] naming `ibv_reg_mr` (`ENOMEM` past
-    /// `RLIMIT_MEMLOCK`, whose value the message then names).
+    /// [`Error::OutOfRange`] for an IOVA where `iova + len` wraps;
+    /// [`Error::Verb`] naming `ibv_reg_mr` (`ibv_reg_mr_iova2` with an
+    /// IOVA; `ENOMEM` past `RLIMIT_MEMLOCK`, whose value the message then
+    /// names; `EINVAL` for an IOVA whose offset within a page differs from
+    /// the memory's).
     ///
     /// # References
-    /// `ibv_reg_mr(3)`
+    /// `ibv_reg_mr(3)` (`ibv_reg_mr_iova2` with [`RegisterOptions::iova`])
     ///
     /// # Example
     /// ```no_run
@@ -542,7 +556,7 @@ impl ProtectionDomain {
     /// buf[..5].copy_from_slice(b"hello");
     /// # Ok(()) }
     /// ```
-    #[doc(alias = "ibv_reg_mr")]
+    #[doc(alias = "ibv_reg_mr", alias = "ibv_reg_mr_iova2")]
     pub fn register<S: Storage>(
         &self,
         storage: S,
@@ -571,7 +585,7 @@ impl ProtectionDomain {
     ///
     /// # References
     /// `ibv_reg_mr(3)`
-    #[doc(alias = "ibv_reg_mr")]
+    #[doc(alias = "ibv_reg_mr", alias = "ibv_reg_mr_iova2")]
     pub fn register_shared<S: Storage>(
         &self,
         storage: S,
