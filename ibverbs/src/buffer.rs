@@ -192,9 +192,11 @@ impl Region {
         }
     }
 
+    /// Device address of the first byte: the process address shifted
+    /// by the registration's IOVA (zero shift for a plain `ibv_reg_mr`).
     #[inline]
     pub(crate) fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        (self.ptr.as_ptr() as u64).wrapping_add(self.mr.iova_delta)
     }
 
     #[inline]

@@ -776,3 +776,32 @@
 //! ch.send(&b, None)?;
 //! # Ok(()) }
 //! ```
+//!
+//! # 31. Registering a dmabuf, or reading its bytes, from safe code
+//!
+//! A dmabuf's memory belongs to its exporter and may be mapped elsewhere
+//! in the process: what makes registering it sound is outside what the
+//! crate can see, so [`ProtectionDomain::register_dmabuf`](crate::ProtectionDomain::register_dmabuf)
+//! is `unsafe`, and the region it returns has no bytes to hand out
+//! (DESIGN.md, "dmabuf regions and chosen IOVAs").
+//!
+//! ```compile_fail,E0133
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, fd: std::os::fd::OwnedFd) -> Result<()> {
+//! let _r = pd.register_dmabuf(fd, 0, 4096, AccessFlags::LOCAL_WRITE)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0608
+//! # use ibverbs::*;
+//! # fn f(r: &DmabufRegion) {
+//! let _b: u8 = r[0]; // no Deref to the exporter's bytes
+//! # }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(r: &DmabufRegion) {
+//! let _for_the_peer = r.remote(); // keys and device addresses only
+//! # }
+//! ```

@@ -210,7 +210,9 @@ pub use extended_cq::WcFields;
 pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};
 pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
-pub use memory_region::{AccessFlags, AnonymousMemory, MemoryRegion, Storage};
+pub use memory_region::{
+    AccessFlags, AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
+};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};

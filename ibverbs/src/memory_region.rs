@@ -42,7 +42,11 @@ bitflags::bitflags! {
         const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
         /// Huge-page hint.
         const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
-        /// Relaxed ordering (optional: ignored by devices without it).
+        /// Relaxed ordering (`IBV_ACCESS_RELAXED_ORDERING`): the device may
+        /// reorder its PCIe writes to the region. An optional flag:
+        /// libibverbs strips it where the kernel or device lacks it, so
+        /// registration still succeeds (as on rxe). Completion semantics
+        /// are unchanged: a completion still follows the data it reports.
         const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         /// Peers may flush for global visibility (rdma-core 45+, the
         /// `ibverbs_flush` cfg).
@@ -64,6 +68,75 @@ impl AccessFlags {
     /// Whether a peer may change the memory (remote write or atomic).
     pub fn remote_writable(self) -> bool {
         self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+    }
+}
+
+/// How to register memory: the access rights and, optionally, the device
+/// address (IOVA) of its first byte.
+///
+/// Every registration method takes `impl Into<RegisterOptions>`, so an
+/// [`AccessFlags`] alone is the common case; add an IOVA with
+/// [`RegisterOptions::iova`] (`ibv_reg_mr_iova2`).
+///
+/// # Example
+/// ```no_run
+/// # fn main() -> ibverbs::Result<()> {
+/// use ibverbs::{AccessFlags, RegisterOptions};
+/// let ctx = ibverbs::open_device("rxe0")?;
+/// let pd = ctx.alloc_pd()?;
+/// let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+/// // Peers address this memory as 0x1000_0000 .. 0x1000_1000.
+/// let shared = pd.alloc_shared(4096, RegisterOptions::new(rights).iova(0x1000_0000))?;
+/// assert_eq!(shared.remote().unwrap().addr, 0x1000_0000);
+/// # Ok(()) }
+/// ```
+///
+/// # References
+/// `ibv_reg_mr(3)` (`ibv_reg_mr_iova2`)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RegisterOptions {
+    access: AccessFlags,
+    iova: Option<u64>,
+}
+
+impl RegisterOptions {
+    /// Registration with `access` at the memory's own address.
+    pub fn new(access: AccessFlags) -> Self {
+        RegisterOptions { access, iova: None }
+    }
+
+    /// The device address of the first byte: local SGEs and peers'
+    /// RDMA addresses name the memory as `iova .. iova + len` instead of
+    /// its process address (`ibv_reg_mr_iova2`). For a dmabuf region
+    /// ([`ProtectionDomain::register_dmabuf`]) it replaces the default
+    /// (the offset).
+    ///
+    /// The kernel wants the IOVA to share the memory's offset within a
+    /// page (page-aligned storage, such as [`AnonymousMemory`] or
+    /// [`ProtectionDomain::alloc`], with a page-aligned IOVA): otherwise
+    /// the registration fails with [`Error::Verb`] naming
+    /// `ibv_reg_mr_iova2` (`EINVAL`). `iova + len` must not pass the end of
+    /// the address space ([`Error::OutOfRange`]).
+    #[doc(alias = "ibv_reg_mr_iova2")]
+    pub fn iova(mut self, iova: u64) -> Self {
+        self.iova = Some(iova);
+        self
+    }
+
+    /// The access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The chosen IOVA, if any.
+    pub fn chosen_iova(&self) -> Option<u64> {
+        self.iova
+    }
+}
+
+impl From<AccessFlags> for RegisterOptions {
+    fn from(access: AccessFlags) -> Self {
+        RegisterOptions::new(access)
     }
 }
 
@@ -176,17 +249,34 @@ unsafe impl Storage for AnonymousMemory {
     }
 }
 
+/// What a registration keeps alive until `ibv_dereg_mr` succeeds.
+pub(crate) enum Backing {
+    /// Process memory, reached through the buffer handles.
+    Memory(#[allow(dead_code)] Box<dyn Storage>),
+    /// A dmabuf the device reaches by fd; never handed out as bytes
+    /// (DESIGN.md, "dmabuf regions and chosen IOVAs").
+    Dmabuf(#[allow(dead_code)] std::os::fd::OwnedFd),
+}
+
 pub(crate) struct MrInner {
     pub(crate) mr: NonNull<sys::ibv_mr>,
     pub(crate) pd: ProtectionDomain,
+    /// Start of the process memory. Dangling for a dmabuf region, which
+    /// never builds a [`Region`] (the only reader of `ptr`).
     pub(crate) ptr: NonNull<u8>,
     pub(crate) len: usize,
     pub(crate) access: AccessFlags,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+    /// The device address of the first byte (`ibv_mr.addr`): `ptr` unless
+    /// registered at a chosen IOVA. SGEs and remote addresses use it.
+    pub(crate) iova: u64,
+    /// `iova - ptr` (wrapping): a byte at `p` has device address
+    /// `p + iova_delta`; one add on the data path.
+    pub(crate) iova_delta: u64,
     huge: bool,
     /// Freed in `Drop::drop` only after `ibv_dereg_mr` succeeded.
-    storage: ManuallyDrop<Box<dyn Storage>>,
+    backing: ManuallyDrop<Backing>,
 }
 
 // SAFETY: the MR is only passed to thread-safe verbs; the storage is Send +
@@ -202,8 +292,9 @@ impl Drop for MrInner {
         let rc = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if rc == 0 {
             // SAFETY: the registration is gone, so the device can no longer
-            // reach the storage; dropped once, never used again.
-            unsafe { ManuallyDrop::drop(&mut self.storage) };
+            // reach the storage (or the dmabuf, whose fd closes here);
+            // dropped once, never used again.
+            unsafe { ManuallyDrop::drop(&mut self.backing) };
         } else {
             // The registration lives on (rxe refuses to deregister a region
             // a window is still bound to, whatever the reason), and with it
@@ -241,9 +332,12 @@ impl MemoryRegion {
             )
             .then_some(RemoteKey(self.inner.rkey))
     }
-    /// Start address of the region.
+    /// Device address of the region's first byte (`ibv_mr.addr`): the
+    /// memory's address, or the IOVA chosen with
+    /// [`RegisterOptions::iova`] (or a dmabuf region's IOVA). Local SGEs
+    /// and peers' remote addresses are in this address space.
     pub fn addr(&self) -> u64 {
-        self.inner.ptr.as_ptr() as u64
+        self.inner.iova
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
@@ -326,36 +420,56 @@ fn memlock_hint(err: &Error, len: usize) -> Option<String> {
 }
 
 impl ProtectionDomain {
-    fn reg_mr(&self, mut storage: Box<dyn Storage>, access: AccessFlags) -> Result<Arc<MrInner>> {
+    /// The checks every registration makes before calling the verb.
+    pub(crate) fn check_registration(
+        access: AccessFlags,
+        len: usize,
+        iova: Option<u64>,
+        verb: &'static str,
+    ) -> Result<()> {
         if access.remote_writable() && !access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(Error::MissingAccess {
                 what: "memory with REMOTE_WRITE or REMOTE_ATOMIC (ibv_reg_mr(3))",
                 needed: AccessFlags::LOCAL_WRITE,
             });
         }
-        let len = storage.len();
         if len == 0 {
             return Err(Error::EmptyRegistration);
         }
-        let huge = storage.is_huge();
-        let ptr = NonNull::new(storage.as_mut_ptr()).ok_or(Error::NullStorage)?;
-        // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
-        // (and unmoved) by the returned MrInner until after deregistration.
-        let mr = unsafe {
-            sys::ibv_reg_mr(
-                self.as_ptr(),
-                ptr.as_ptr().cast(),
-                len,
-                access.bits() as i32,
-            )
-        };
-        let mr = ret_ptr("ibv_reg_mr", mr).map_err(|e| {
-            let hint = memlock_hint(&e, len);
-            e.with_hint(hint)
-        })?;
-        // SAFETY: the MR is valid; its keys are immutable.
+        if let Some(iova) = iova {
+            // Device addresses of the region must not wrap: RemoteMemory
+            // and the SGEs built from it assume `addr + len` exists.
+            let max = u64::MAX - (len as u64 - 1);
+            if iova > max {
+                return Err(Error::OutOfRange {
+                    what: match verb {
+                        "ibv_reg_dmabuf_mr" => "iova (ibv_reg_dmabuf_mr: iova + length wraps)",
+                        _ => "iova (ibv_reg_mr_iova2: iova + length wraps)",
+                    },
+                    value: iova,
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the handle of a registration that succeeded.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mr_inner(
+        &self,
+        mr: NonNull<sys::ibv_mr>,
+        ptr: NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+        huge: bool,
+        backing: Backing,
+    ) -> Arc<MrInner> {
+        // SAFETY: the MR is valid; its keys are immutable. (Its `addr` is
+        // the process address even after ibv_reg_mr_iova2, hence `iova`.)
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
-        Ok(Arc::new(MrInner {
+        Arc::new(MrInner {
             mr,
             pd: self.clone(),
             ptr,
@@ -363,9 +477,54 @@ impl ProtectionDomain {
             access,
             lkey,
             rkey,
+            iova,
+            iova_delta: iova.wrapping_sub(ptr.as_ptr() as u64),
             huge,
-            storage: ManuallyDrop::new(storage),
-        }))
+            backing: ManuallyDrop::new(backing),
+        })
+    }
+
+    fn reg_mr(
+        &self,
+        mut storage: Box<dyn Storage>,
+        options: RegisterOptions,
+    ) -> Result<Arc<MrInner>> {
+        let RegisterOptions { access, iova } = options;
+        let len = storage.len();
+        let verb = if iova.is_some() {
+            "ibv_reg_mr_iova2"
+        } else {
+            "ibv_reg_mr"
+        };
+        Self::check_registration(access, len, iova, verb)?;
+        let huge = storage.is_huge();
+        let ptr = NonNull::new(storage.as_mut_ptr()).ok_or(Error::NullStorage)?;
+        // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
+        // (and unmoved) by the returned MrInner until after deregistration.
+        // The IOVA only names the bytes for the device.
+        let mr = unsafe {
+            match iova {
+                None => sys::ibv_reg_mr(
+                    self.as_ptr(),
+                    ptr.as_ptr().cast(),
+                    len,
+                    access.bits() as i32,
+                ),
+                Some(iova) => sys::ibv_reg_mr_iova2(
+                    self.as_ptr(),
+                    ptr.as_ptr().cast(),
+                    len,
+                    iova,
+                    access.bits(),
+                ),
+            }
+        };
+        let mr = ret_ptr(verb, mr).map_err(|e| {
+            let hint = memlock_hint(&e, len);
+            e.with_hint(hint)
+        })?;
+        let iova = iova.unwrap_or(ptr.as_ptr() as u64);
+        Ok(self.mr_inner(mr, ptr, len, iova, access, huge, Backing::Memory(storage)))
     }
 
     /// Registers `storage` for local use and returns exclusive ownership of
@@ -379,11 +538,14 @@ impl ProtectionDomain {
     /// [`Error::NeedsSharedBuffer`] for remote write/atomic rights,
     /// [`Error::EmptyRegistration`] for empty storage,
     /// [`Error::NullStorage`] for storage without an address;
-    /// [`Error::Verb`] naming `ibv_reg_mr` (`ENOMEM` past
-    /// `RLIMIT_MEMLOCK`, whose value the message then names).
+    /// [`Error::OutOfRange`] for an IOVA where `iova + len` wraps;
+    /// [`Error::Verb`] naming `ibv_reg_mr` (`ibv_reg_mr_iova2` with an
+    /// IOVA; `ENOMEM` past `RLIMIT_MEMLOCK`, whose value the message then
+    /// names; `EINVAL` for an IOVA whose offset within a page differs from
+    /// the memory's).
     ///
     /// # References
-    /// `ibv_reg_mr(3)`
+    /// `ibv_reg_mr(3)` (`ibv_reg_mr_iova2` with [`RegisterOptions::iova`])
     ///
     /// # Example
     /// ```no_run
@@ -394,14 +556,19 @@ impl ProtectionDomain {
     /// buf[..5].copy_from_slice(b"hello");
     /// # Ok(()) }
     /// ```
-    #[doc(alias = "ibv_reg_mr")]
-    pub fn register<S: Storage>(&self, storage: S, access: AccessFlags) -> Result<LocalBuffer> {
-        if access.remote_writable() {
+    #[doc(alias = "ibv_reg_mr", alias = "ibv_reg_mr_iova2")]
+    pub fn register<S: Storage>(
+        &self,
+        storage: S,
+        options: impl Into<RegisterOptions>,
+    ) -> Result<LocalBuffer> {
+        let options = options.into();
+        if options.access.remote_writable() {
             return Err(Error::NeedsSharedBuffer {
                 what: "REMOTE_WRITE or REMOTE_ATOMIC access",
             });
         }
-        let mr = self.reg_mr(Box::new(storage), access)?;
+        let mr = self.reg_mr(Box::new(storage), options)?;
         Ok(LocalBuffer::from_region(Region::whole(mr)))
     }
 
@@ -418,13 +585,13 @@ impl ProtectionDomain {
     ///
     /// # References
     /// `ibv_reg_mr(3)`
-    #[doc(alias = "ibv_reg_mr")]
+    #[doc(alias = "ibv_reg_mr", alias = "ibv_reg_mr_iova2")]
     pub fn register_shared<S: Storage>(
         &self,
         storage: S,
-        access: AccessFlags,
+        options: impl Into<RegisterOptions>,
     ) -> Result<SharedBuffer> {
-        let mr = self.reg_mr(Box::new(storage), access)?;
+        let mr = self.reg_mr(Box::new(storage), options.into())?;
         Ok(SharedBuffer::from_region(Region::whole(mr)))
     }
 
@@ -433,9 +600,9 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// As [`ProtectionDomain::register`] and [`AnonymousMemory::new`].
-    pub fn alloc(&self, len: usize, access: AccessFlags) -> Result<LocalBuffer> {
+    pub fn alloc(&self, len: usize, options: impl Into<RegisterOptions>) -> Result<LocalBuffer> {
         let mem = AnonymousMemory::new(len)?;
-        let mut buf = self.register(mem, access)?;
+        let mut buf = self.register(mem, options)?;
         buf.truncate_to(len);
         Ok(buf)
     }
@@ -444,9 +611,13 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// As [`ProtectionDomain::register_shared`].
-    pub fn alloc_shared(&self, len: usize, access: AccessFlags) -> Result<SharedBuffer> {
+    pub fn alloc_shared(
+        &self,
+        len: usize,
+        options: impl Into<RegisterOptions>,
+    ) -> Result<SharedBuffer> {
         let mem = AnonymousMemory::new(len)?;
-        let mut buf = self.register_shared(mem, access)?;
+        let mut buf = self.register_shared(mem, options)?;
         buf.truncate_to(len);
         Ok(buf)
     }
@@ -456,10 +627,17 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// As [`ProtectionDomain::register`].
-    pub fn alloc_huge(&self, len: usize, access: AccessFlags) -> Result<LocalBuffer> {
+    pub fn alloc_huge(
+        &self,
+        len: usize,
+        options: impl Into<RegisterOptions>,
+    ) -> Result<LocalBuffer> {
         let mem = AnonymousMemory::huge_or_normal(len)?;
-        let mut buf = self.register(mem, access)?;
+        let mut buf = self.register(mem, options)?;
         buf.truncate_to(len);
         Ok(buf)
     }
 }
+
+mod dmabuf;
+pub use dmabuf::DmabufRegion;
