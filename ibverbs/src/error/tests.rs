@@ -234,6 +234,9 @@ fn every_variant() -> Vec<Error> {
             verb: "ibv_modify_cq",
             capability: "CQ moderation (cq_mod_caps.max_cq_count is 0)",
         },
+        Error::GrhRequired {
+            port: PortNumber(1),
+        },
     ];
     for e in &all {
         match e {
@@ -299,7 +302,8 @@ fn every_variant() -> Vec<Error> {
             | Error::NoMatchingGid { .. }
             | Error::ForkInitTooLate { .. }
             | Error::CqResizeTooSmall { .. }
-            | Error::DeviceLacks { .. } => {}
+            | Error::DeviceLacks { .. }
+            | Error::GrhRequired { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
