@@ -5,9 +5,9 @@
 //! loop and held by the hundred, and the kernel's resource tracking
 //! (`rdma res show pd`) counts exactly the ones alive.
 //!
-//! The PD test counts the kernel's PDs of this process: it lives in its
-//! own test binary, whose only other test allocates no PD, so no test
-//! running in parallel changes the count.
+//! The PD test counts the kernel's PDs of its own thread (the kernel
+//! records the allocating task), so no test running in parallel changes
+//! the count.
 
 mod common;
 
@@ -34,7 +34,8 @@ fn page_size() -> u64 {
 /// list's GUID), `max_mr_size` above a page, `page_size_cap` at least a
 /// page, `vendor_id`, `max_pd`, `max_pkeys` and the other limits
 /// non-zero, `phys_port_cnt_ex` equal to `phys_port_cnt` (below 256) and
-/// to the ports sysfs lists, `fw_ver` equal to sysfs', every port's
+/// to the ports sysfs lists, `fw_ver` equal to sysfs' where the kernel
+/// driver has one, every port's
 /// P_Key table as long as sysfs' `pkeys/`.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -99,8 +100,14 @@ fn conformance_device_attributes_are_sane_and_match_sysfs() {
             a.sys_image_guid(),
             "{name}"
         );
+        // sysfs' fw_ver is the kernel driver's string, empty when the
+        // driver has none (rxe); the provider may then format its own
+        // (rxe's says "0.0.0").
         let fw = std::fs::read_to_string(sys.join("fw_ver")).unwrap();
-        assert_eq!(fw.trim(), a.fw_ver(), "{name}: fw_ver");
+        eprintln!("{name}: sysfs fw_ver {:?}", fw.trim());
+        if !fw.trim().is_empty() {
+            assert_eq!(fw.trim(), a.fw_ver(), "{name}: fw_ver");
+        }
         let sys_ports = std::fs::read_dir(sys.join("ports")).unwrap().count() as u32;
         assert_eq!(sys_ports, ports, "{name}: ports/");
         for p in ctx.ports().unwrap() {
@@ -115,9 +122,9 @@ fn conformance_device_attributes_are_sane_and_match_sysfs() {
     }
 }
 
-/// The kernel's PDs of this process on device `dev` (`rdma res show pd`,
-/// one line per PD, filtered by pid), or `None` without the `rdma` tool
-/// or resource tracking.
+/// The kernel's PDs of the calling thread on device `dev` (`rdma res show
+/// pd`, one line per PD, filtered by the task id it prints), or `None`
+/// without the `rdma` tool or resource tracking.
 fn kernel_pds(dev: &str) -> Option<usize> {
     let out = Command::new("rdma")
         .args(["res", "show", "pd", "dev", dev])
@@ -131,8 +138,19 @@ fn kernel_pds(dev: &str) -> Option<usize> {
         );
         return None;
     }
-    let pid = format!(" pid {} ", std::process::id());
+    // The kernel records the task that allocated each PD, and `rdma`
+    // prints that task's id: for a thread, its thread id (the test
+    // thread's, which allocates every PD of this test).
+    // SAFETY: gettid has no preconditions.
+    let pid = format!(" pid {} ", unsafe { libc::gettid() });
     let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    eprintln!(
+        "rdma res show pd dev {dev}: {} lines, first: {:?}, last: {:?}",
+        lines.len(),
+        lines.first(),
+        lines.last()
+    );
     Some(
         text.lines()
             .filter(|l| format!("{l} ").contains(&pid))
@@ -144,7 +162,7 @@ fn kernel_pds(dev: &str) -> Option<usize> {
 /// `test_multiple_pd_creation`, larger: 1000 PDs allocated and freed
 /// one after the other (dropped, or closed explicitly with the verb's
 /// result), then 500 held at once and freed; the kernel's count of this
-/// process's PDs follows exactly (when the `rdma` tool and resource
+/// thread's PDs follows exactly (when the `rdma` tool and resource
 /// tracking are present; the VM has both).
 #[test]
 #[ignore = "needs an RDMA device"]
