@@ -495,7 +495,9 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
             .map(|_| ibverbs::Buf::Local(p.pd.alloc(8, local()).unwrap()))
             .collect::<Vec<_>>()
     };
-    let e = p.b.post_recv(RecvRequest::sgl(bufs(max + 1)).wr_id(1)).unwrap_err();
+    let e =
+        p.b.post_recv(RecvRequest::sgl(bufs(max + 1)).wr_id(1))
+            .unwrap_err();
     eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);
     assert!(
         matches!(e.error, Error::TooManySges { got, max: m } if got == max as usize + 1 && m == max),
@@ -534,12 +536,11 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
 
     // Creating with more than the device's max_sge: the verb refuses.
     let max_sge = p.dev.ctx.query_device().unwrap().max_sge();
-    let e = p
-        .pd
-        .create_qp(QpType::Rc, &p.cq_a, &p.cq_a)
-        .max_recv_sge(max_sge + 1)
-        .build()
-        .unwrap_err();
+    let e =
+        p.pd.create_qp(QpType::Rc, &p.cq_a, &p.cq_a)
+            .max_recv_sge(max_sge + 1)
+            .build()
+            .unwrap_err();
     eprintln!("max_recv_sge {}: {e}", max_sge + 1);
     assert!(
         matches!(
@@ -551,7 +552,10 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
         ),
         "{e:?}"
     );
-    assert!(e.to_string().contains("exceeds the device's max_sge"), "{e}");
+    assert!(
+        e.to_string().contains("exceeds the device's max_sge"),
+        "{e}"
+    );
 }
 
 /// pyverbs `test_addr.AHTest.test_create_ah_roce`: on a RoCE port an

@@ -12,8 +12,8 @@ mod common;
 
 use common::{device, TestDevice};
 use ibverbs::{
-    AccessFlags, AddressVector, CompletionQueue, Error, QpType, RecvRequest, SendRequest,
-    WcFields, WcOpcode,
+    AccessFlags, AddressVector, CompletionQueue, Error, QpType, RecvRequest, SendRequest, WcFields,
+    WcOpcode,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -158,13 +158,10 @@ fn ud_receive(dev: &TestDevice, rcq: &CompletionQueue) -> (ibverbs::Completion, 
     rx.activate_ud(dev.port, QKEY, 1).unwrap();
     tx.activate_ud(dev.port, QKEY, 2).unwrap();
     let port = dev.ctx.query_port(dev.port).unwrap();
-    let av =
-        AddressVector::for_port(&port, &common::endpoint(dev, &rx, 0), dev.gid_index).unwrap();
+    let av = AddressVector::for_port(&port, &common::endpoint(dev, &rx, 0), dev.gid_index).unwrap();
     let ah = pd.create_ah(&av).unwrap();
-    rx.post_recv(
-        RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(7),
-    )
-    .unwrap();
+    rx.post_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(7))
+        .unwrap();
     let mut buf = pd.alloc(32, AccessFlags::LOCAL_WRITE).unwrap();
     buf.copy_from_slice(&common::pattern(32, 3));
     tx.post_send(
@@ -230,9 +227,8 @@ fn conformance_cq_ex_each_field_alone() {
         assert_eq!(wc.src_qp(), expect(WcFields::SRC_QP, tx), "{name}");
         assert_eq!((wc.slid(), wc.sl()), (0, 0), "{name}: RoCE");
         assert_eq!(wc.as_raw().dlid_path_bits, 0, "{name}");
-        let stamped = f.intersects(
-            WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
-        );
+        let stamped =
+            f.intersects(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK);
         assert_eq!(c.timestamp().is_some(), stamped, "{name}");
     }
     assert!(created >= 7, "the seven classic fields are offered alone");

@@ -654,7 +654,9 @@ pub enum Error {
     /// An address vector without a GRH for a port whose address handles
     /// need one (RoCE: every packet carries the peer's GID). Refused
     /// before `ibv_create_ah` (which the kernel would fail with `EINVAL`).
-    #[error("ibv_create_ah: port {port} needs a GRH (RoCE addresses by GID): use AddressVector::grh")]
+    #[error(
+        "ibv_create_ah: port {port} needs a GRH (RoCE addresses by GID): use AddressVector::grh"
+    )]
     GrhRequired {
         /// The address vector's port.
         port: PortNumber,
