@@ -475,3 +475,183 @@ fn conformance_query_data_in_order() {
     assert!(matches!(e, Error::Unsupported(_)), "{e}");
     assert!(e.to_string().contains("ibv_query_qp_data_in_order"), "{e}");
 }
+
+/// A receive scattering over more entries than the queue pair's granted
+/// `max_recv_sge` is refused by the library before posting
+/// (`Error::TooManySges`, the request and every buffer handed back,
+/// nothing outstanding), where pyverbs' raw-packet
+/// `test_create_raw_qp_ex_with_illegal_caps_max_recv_sge` asks the
+/// device. A queue pair asking for more than the device's `max_sge` is
+/// refused by `ibv_create_qp` with the reason. `max_recv_sge` entries
+/// are accepted and scatter a send over them.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
+    let p = pair(QpType::Rc, remote_all(), |b| b.max_recv_sge(2));
+    let max = p.b.caps().max_recv_sge;
+    assert!(max >= 2, "granted {max}");
+    let bufs = |n: u32| {
+        (0..n)
+            .map(|_| ibverbs::Buf::Local(p.pd.alloc(8, local()).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let e =
+        p.b.post_recv(RecvRequest::sgl(bufs(max + 1)).wr_id(1))
+            .unwrap_err();
+    eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);
+    assert!(
+        matches!(e.error, Error::TooManySges { got, max: m } if got == max as usize + 1 && m == max),
+        "{:?}",
+        e.error
+    );
+    match e.request.into_buffers() {
+        ibverbs::SgList::Many(v) => assert_eq!(v.len(), max as usize + 1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.b.recv_outstanding(), 0);
+
+    // Exactly max_recv_sge: accepted, and a send scatters over them.
+    p.b.post_recv(RecvRequest::sgl(bufs(max)).wr_id(2)).unwrap();
+    let total = 8 * max as usize;
+    let mut src = p.pd.alloc(total, local()).unwrap();
+    src.copy_from_slice(&pattern(total, 9));
+    p.a.post_send(SendRequest::send(src).wr_id(3)).unwrap();
+    common::wait_ok(&p.cq_a);
+    let mut c = common::wait_ok(&p.cq_b);
+    assert_eq!((c.wr_id(), c.wc().byte_len() as usize), (2, total));
+    let mut got = Vec::new();
+    match c.take_buffers() {
+        ibverbs::SgList::Many(v) => {
+            assert_eq!(v.len(), max as usize);
+            for b in v {
+                match b {
+                    ibverbs::Buf::Local(b) => got.extend_from_slice(&b[..]),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(got, pattern(total, 9));
+
+    // Creating with more than the device's max_sge: the verb refuses.
+    let max_sge = p.dev.ctx.query_device().unwrap().max_sge();
+    let e =
+        p.pd.create_qp(QpType::Rc, &p.cq_a, &p.cq_a)
+            .max_recv_sge(max_sge + 1)
+            .build()
+            .unwrap_err();
+    eprintln!("max_recv_sge {}: {e}", max_sge + 1);
+    assert!(
+        matches!(
+            e,
+            Error::Verb {
+                verb: "ibv_create_qp",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("exceeds the device's max_sge"),
+        "{e}"
+    );
+}
+
+/// pyverbs `test_addr.AHTest.test_create_ah_roce`: on a RoCE port an
+/// address vector without a GRH is refused, by the library before the
+/// verb (`Error::GrhRequired`); the verb itself (called raw here) refuses
+/// it too, which is what the library spares the caller.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn conformance_ah_without_grh_on_roce_is_refused() {
+    let dev = device();
+    let port = dev.ctx.query_port(dev.port).unwrap();
+    assert!(
+        port.link_layer() == ibverbs::LinkLayer::Ethernet || !common::is_rxe(&dev),
+        "rxe is RoCE"
+    );
+    if port.link_layer() != ibverbs::LinkLayer::Ethernet {
+        eprintln!("UNSUPPORTED on this device: not a RoCE port, nothing to refuse");
+        return;
+    }
+    assert!(port.grh_required());
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let av = ibverbs::AddressVector::infiniband(dev.port, 0);
+    assert!(!av.is_global());
+    let e = pd.create_ah(&av).unwrap_err();
+    eprintln!("library: {e}");
+    assert!(
+        matches!(e, Error::GrhRequired { port } if port == dev.port),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("ibv_create_ah"), "{e}");
+
+    let mut raw = *av.as_raw();
+    // SAFETY: live PD; `raw` is a valid ibv_ah_attr outliving the call; an
+    // AH it might return is destroyed below, once.
+    let ah = unsafe { ibverbs::sys::ibv_create_ah(pd.as_ptr(), &mut raw) };
+    let errno = std::io::Error::last_os_error();
+    if !ah.is_null() {
+        // SAFETY: just created, never shared.
+        unsafe { ibverbs::sys::ibv_destroy_ah(ah) };
+        panic!("the verb accepted an AH without a GRH on a RoCE port");
+    }
+    eprintln!("the verb itself: {errno}");
+
+    // With the GRH the same port is fine.
+    let gid = dev.ctx.query_gid(dev.port, dev.gid_index).unwrap();
+    pd.create_ah(&ibverbs::AddressVector::roce(dev.port, gid, dev.gid_index))
+        .unwrap();
+}
+
+/// `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` (ibv_reg_mr(3):
+/// "if REMOTE_WRITE or REMOTE_ATOMIC is set, then LOCAL_WRITE must be
+/// set too") is refused by the library before `ibv_reg_mr`
+/// (`Error::MissingAccess` naming `LOCAL_WRITE`); the verb itself
+/// (called raw here) refuses it with `EINVAL`. `REMOTE_READ` alone needs
+/// no `LOCAL_WRITE` and is accepted.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn conformance_remote_write_or_atomic_without_local_write_is_refused() {
+    let dev = device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let mut mem = vec![0u8; 4096];
+    for access in [
+        AccessFlags::REMOTE_WRITE,
+        AccessFlags::REMOTE_ATOMIC,
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ,
+    ] {
+        for e in [
+            pd.alloc_shared(64, access).unwrap_err(),
+            pd.register_shared(vec![0u8; 64], access).unwrap_err(),
+        ] {
+            eprintln!("{access:?}: {e}");
+            assert!(
+                matches!(e, Error::MissingAccess { needed, .. } if needed == AccessFlags::LOCAL_WRITE),
+                "{access:?}: {e:?}"
+            );
+        }
+        // SAFETY: live PD; `mem` outlives the call; a region it might
+        // return is deregistered below, before `mem` is dropped.
+        let mr = unsafe {
+            ibverbs::sys::ibv_reg_mr(
+                pd.as_ptr(),
+                mem.as_mut_ptr().cast(),
+                mem.len(),
+                access.bits() as i32,
+            )
+        };
+        let errno = std::io::Error::last_os_error();
+        if !mr.is_null() {
+            // SAFETY: just registered, never used.
+            unsafe { ibverbs::sys::ibv_dereg_mr(mr) };
+            panic!("the verb accepted {access:?} without LOCAL_WRITE");
+        }
+        eprintln!("{access:?}: the verb itself: {errno}");
+        assert_eq!(errno.raw_os_error(), Some(libc::EINVAL), "{access:?}");
+    }
+    let b = pd.alloc_shared(64, AccessFlags::REMOTE_READ).unwrap();
+    assert!(b.remote().is_some());
+}

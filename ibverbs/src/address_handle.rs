@@ -254,7 +254,10 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a service level or flow label wider
-    /// than its field; [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
+    /// than its field; [`Error::GrhRequired`] for an address vector
+    /// without a GRH on a port that needs one (RoCE, see
+    /// [`PortAttr::grh_required`](crate::PortAttr::grh_required));
+    /// [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
     /// for a bad port, `ENODATA` for an empty GID slot, both explained in
     /// the message, `ENOENT`/`EHOSTUNREACH` when RoCE cannot resolve the
     /// peer's MAC address).
@@ -264,11 +267,17 @@ impl ProtectionDomain {
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {
         av.check()?;
+        let ctx = self.context();
+        // A port the device lacks fails here and is explained by the verb's
+        // error below.
+        let port = ctx.query_port(av.port()).ok();
+        if port.as_ref().is_some_and(|p| p.grh_required()) && !av.is_global() {
+            return Err(Error::GrhRequired { port: av.port() });
+        }
         let mut attr = av.raw;
         // SAFETY: live PD; `attr` is a valid, initialised ibv_ah_attr that
         // outlives the call; the AH is destroyed exactly once by AhInner.
         let ah = unsafe { sys::ibv_create_ah(self.as_ptr(), &mut attr) };
-        let ctx = self.context();
         let ah = ret_ptr("ibv_create_ah", ah).map_err(|e| {
             let hint = ctx.port_hint(av.port()).or_else(|| {
                 av.is_global()
@@ -277,9 +286,7 @@ impl ProtectionDomain {
             });
             e.with_hint(hint)
         })?;
-        let mtu = ctx
-            .query_port(av.port())
-            .map_or(0, |p| p.active_mtu().bytes());
+        let mtu = port.map_or(0, |p| p.active_mtu().bytes());
         Ok(AddressHandle {
             inner: Arc::new(AhInner {
                 ah,

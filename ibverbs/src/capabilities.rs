@@ -101,6 +101,12 @@ impl DeviceAttrEx {
     pub fn hca_core_clock(&self) -> u64 {
         self.raw.hca_core_clock
     }
+    /// Number of physical ports, not capped at 255 (`ibv_query_device_ex(3)`) (the classic
+    /// [`DeviceAttr::phys_port_cnt`] is a `u8`, and reports 255 when there
+    /// are more).
+    pub fn phys_port_cnt_ex(&self) -> u32 {
+        self.raw.phys_port_cnt_ex
+    }
     /// Largest device-memory allocation in bytes.
     pub fn max_dm_size(&self) -> u64 {
         self.raw.max_dm_size

@@ -214,7 +214,9 @@ impl<'a> CompletionQueueBuilder<'a> {
         self.channel = Some(channel);
         self
     }
-    /// Completion vector (interrupt) to use; 0 by default.
+    /// Completion vector (interrupt) to use; 0 by default. Valid values
+    /// are `0..`[`Context::num_comp_vectors`]; `build` fails with `EINVAL`
+    /// for others (the kernel checks; the message says why).
     pub fn comp_vector(mut self, v: i32) -> Self {
         self.comp_vector = v;
         self
@@ -222,9 +224,11 @@ impl<'a> CompletionQueueBuilder<'a> {
     /// Creates the CQ.
     ///
     /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_cq` (e.g.
-    /// `EINVAL` when `cqe` exceeds the device's `max_cqe`; the message
-    /// says so).
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_create_cq` (or
+    /// `ibv_create_cq_ex` with [`wc_fields`](Self::wc_fields)), e.g.
+    /// `EINVAL` when `cqe` exceeds the device's `max_cqe` or the
+    /// completion vector is not below [`Context::num_comp_vectors`]; the
+    /// message says which.
     ///
     /// # References
     /// `ibv_create_cq(3)`
@@ -248,13 +252,8 @@ impl<'a> CompletionQueueBuilder<'a> {
                 self.comp_vector,
             )
         };
-        let cq = ret_ptr("ibv_create_cq", cq).map_err(|e| {
-            let max = self.ctx.query_device().map_or(u32::MAX, |d| d.max_cqe());
-            e.with_hint(
-                (self.cqe > max)
-                    .then(|| format!("cqe {} exceeds the device's max_cqe {max}", self.cqe)),
-            )
-        })?;
+        let cq = ret_ptr("ibv_create_cq", cq)
+            .map_err(|e| e.with_hint(create_hint(self.ctx, self.cqe, self.comp_vector)))?;
         Ok(self.finish(cq, None, rxe))
     }
 
@@ -292,6 +291,20 @@ impl<'a> CompletionQueueBuilder<'a> {
         });
         CompletionQueue { inner }
     }
+}
+
+/// Why `ibv_create_cq`/`ibv_create_cq_ex` may have refused (`EINVAL`): a
+/// size past `max_cqe` or a completion vector past `num_comp_vectors`.
+/// Only read after a failure, so never on a path that succeeds.
+pub(crate) fn create_hint(ctx: &Context, cqe: u32, comp_vector: i32) -> Option<String> {
+    let max = ctx.query_device().map_or(u32::MAX, |d| d.max_cqe());
+    if cqe > max {
+        return Some(format!("cqe {cqe} exceeds the device's max_cqe {max}"));
+    }
+    let vectors = ctx.num_comp_vectors();
+    (u32::try_from(comp_vector).map_or(true, |v| v >= vectors)).then(|| {
+        format!("comp_vector {comp_vector} is not below the device's num_comp_vectors {vectors}")
+    })
 }
 
 impl CompletionQueue {

@@ -101,6 +101,21 @@ impl Context {
         self.inner.ctx.as_ptr()
     }
 
+    /// How many completion vectors (interrupt vectors) the device offers:
+    /// valid [`comp_vector`](crate::CompletionQueueBuilder::comp_vector)
+    /// values are `0..num_comp_vectors()`; the kernel refuses any other
+    /// with `EINVAL`.
+    ///
+    /// # References
+    /// `ibv_open_device(3)` (`struct ibv_context`), `ibv_create_cq(3)`
+    #[doc(alias = "ibv_context")]
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: live context; libibverbs sets `num_comp_vectors` when the
+        // context is opened and never changes it.
+        let n = unsafe { (*self.as_ptr()).num_comp_vectors };
+        u32::try_from(n).unwrap_or(0)
+    }
+
     /// Device attributes.
     ///
     /// # Errors

@@ -662,6 +662,16 @@ pub enum Error {
         /// The error reading it.
         io: io::Error,
     },
+    /// An address vector without a GRH for a port whose address handles
+    /// need one (RoCE: every packet carries the peer's GID). Refused
+    /// before `ibv_create_ah` (which the kernel would fail with `EINVAL`).
+    #[error(
+        "ibv_create_ah: port {port} needs a GRH (RoCE addresses by GID): use AddressVector::grh"
+    )]
+    GrhRequired {
+        /// The address vector's port.
+        port: PortNumber,
+    },
 }
 
 /// Who refused [`Error::ForkInitTooLate`].
@@ -1008,7 +1018,8 @@ impl Error {
             | Error::ConflictingOptions { .. }
             | Error::MessageTooLarge { .. }
             | Error::NotPoolSlot { .. }
-            | Error::CqResizeTooSmall { .. } => K::InvalidInput,
+            | Error::CqResizeTooSmall { .. }
+            | Error::GrhRequired { .. } => K::InvalidInput,
             Error::ForkInitTooLate { .. } => K::Other,
             Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
             Error::TimedOut { .. } => K::TimedOut,

@@ -121,8 +121,10 @@ pub(crate) fn create(
     // through its `ibv_cq` in CqInner's Drop (ibv_create_cq_ex(3)).
     let cq = unsafe { sys::ibv_create_cq_ex(ctx.as_ptr(), &mut attr) };
     let cq = ret_ptr("ibv_create_cq_ex", cq).map_err(|e| {
-        let hint = matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL))
-            .then(|| format!("the provider may not offer the fields {fields:?}"));
+        let hint = crate::completion_queue::create_hint(ctx, cqe, comp_vector).or_else(|| {
+            matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL))
+                .then(|| format!("the provider may not offer the fields {fields:?}"))
+        });
         e.with_hint(hint)
     })?;
     let c = cq.as_ptr();

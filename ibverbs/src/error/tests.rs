@@ -238,6 +238,9 @@ fn every_variant() -> Vec<Error> {
             path: "/sys/class/infiniband/rxe0/ports/2".into(),
             io: io::Error::from_raw_os_error(libc::ENOENT),
         },
+        Error::GrhRequired {
+            port: PortNumber(1),
+        },
     ];
     for e in &all {
         match e {
@@ -304,7 +307,8 @@ fn every_variant() -> Vec<Error> {
             | Error::ForkInitTooLate { .. }
             | Error::CqResizeTooSmall { .. }
             | Error::DeviceLacks { .. }
-            | Error::Sysfs { .. } => {}
+            | Error::Sysfs { .. }
+            | Error::GrhRequired { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
