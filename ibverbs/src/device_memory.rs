@@ -177,12 +177,12 @@ impl DeviceMemory {
         } else {
             bounce.as_mut_ptr().cast::<u8>()
         };
+        let (dm, len) = (self.dm.as_ptr(), dst.len());
         // SAFETY: live allocation; `dst_ptr` is valid for writes of
         // `dst.len()` bytes (the exclusive slice, or the aligned copy of
         // at least that size) and nothing else refers to it; the range
         // lies within the allocation.
-        let rc =
-            unsafe { sys::ibv_memcpy_from_dm(dst_ptr.cast(), self.dm.as_ptr(), offset, dst.len()) };
+        let rc = unsafe { sys::ibv_memcpy_from_dm(dst_ptr.cast(), dm, offset, len) };
         if rc != 0 {
             return Err(errno_error("ibv_memcpy_from_dm", rc));
         }

@@ -179,11 +179,11 @@ impl ParentDomain {
 
 impl Drop for ParentDomain {
     fn drop(&mut self) {
-        // SAFETY: sole owner (not Clone); the library creates nothing in
-        // it. The PD and TD fields drop after this body, so the parent
-        // domain goes first. A failure (EBUSY: raw objects still in it)
-        // leaves it allocated, holding nothing of ours freed: the PD and
-        // TD deallocations then fail too and leak. Drop must not panic.
+        // The PD and TD fields drop after this body, so the parent domain
+        // goes first. A failure (EBUSY: raw objects still in it) leaves it
+        // allocated, holding nothing of ours freed: the PD and TD
+        // deallocations then fail too and leak. Drop must not panic.
+        // SAFETY: sole owner (not Clone); the library creates nothing in it.
         unsafe { sys::ibv_dealloc_pd(self.raw.as_ptr()) };
     }
 }
