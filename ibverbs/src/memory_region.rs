@@ -251,11 +251,12 @@ unsafe impl Storage for AnonymousMemory {
 
 /// What a registration keeps alive until `ibv_dereg_mr` succeeds.
 pub(crate) enum Backing {
-    /// Process memory, reached through the buffer handles.
-    Memory(#[allow(dead_code)] Box<dyn Storage>),
+    /// Process memory, reached through the buffer handles (held only to
+    /// be dropped after deregistration).
+    Memory { _storage: Box<dyn Storage> },
     /// A dmabuf the device reaches by fd; never handed out as bytes
-    /// (DESIGN.md, "dmabuf regions and chosen IOVAs").
-    Dmabuf(#[allow(dead_code)] std::os::fd::OwnedFd),
+    /// (DESIGN.md, "dmabuf regions and chosen IOVAs"); closed on drop.
+    Dmabuf { _fd: std::os::fd::OwnedFd },
 }
 
 pub(crate) struct MrInner {
@@ -425,7 +426,6 @@ impl ProtectionDomain {
         access: AccessFlags,
         len: usize,
         iova: Option<u64>,
-        verb: &'static str,
     ) -> Result<()> {
         if access.remote_writable() && !access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(Error::MissingAccess {
@@ -442,10 +442,7 @@ impl ProtectionDomain {
             let max = u64::MAX - (len as u64 - 1);
             if iova > max {
                 return Err(Error::OutOfRange {
-                    what: match verb {
-                        "ibv_reg_dmabuf_mr" => "iova (ibv_reg_dmabuf_mr: iova + length wraps)",
-                        _ => "iova (ibv_reg_mr_iova2: iova + length wraps)",
-                    },
+                    what: "iova (iova + length would wrap the address space)",
                     value: iova,
                     max,
                 });
@@ -496,7 +493,7 @@ impl ProtectionDomain {
         } else {
             "ibv_reg_mr"
         };
-        Self::check_registration(access, len, iova, verb)?;
+        Self::check_registration(access, len, iova)?;
         let huge = storage.is_huge();
         let ptr = NonNull::new(storage.as_mut_ptr()).ok_or(Error::NullStorage)?;
         // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
@@ -524,7 +521,15 @@ impl ProtectionDomain {
             e.with_hint(hint)
         })?;
         let iova = iova.unwrap_or(ptr.as_ptr() as u64);
-        Ok(self.mr_inner(mr, ptr, len, iova, access, huge, Backing::Memory(storage)))
+        Ok(self.mr_inner(
+            mr,
+            ptr,
+            len,
+            iova,
+            access,
+            huge,
+            Backing::Memory { _storage: storage },
+        ))
     }
 
     /// Registers `storage` for local use and returns exclusive ownership of

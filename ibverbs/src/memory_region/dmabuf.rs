@@ -101,7 +101,7 @@ impl ProtectionDomain {
     ) -> Result<DmabufRegion> {
         let RegisterOptions { access, iova } = options.into();
         let iova = iova.unwrap_or(offset);
-        Self::check_registration(access, len, Some(iova), "ibv_reg_dmabuf_mr")?;
+        Self::check_registration(access, len, Some(iova))?;
         // SAFETY: live PD; the fd is open (owned here) for the call and,
         // on success, kept open by the returned region until after
         // deregistration. What the device may touch is the caller's
@@ -126,7 +126,7 @@ impl ProtectionDomain {
             iova,
             access,
             false,
-            Backing::Dmabuf(fd),
+            Backing::Dmabuf { _fd: fd },
         );
         Ok(DmabufRegion {
             mr: MemoryRegion { inner },
@@ -176,27 +176,16 @@ mod tests {
     fn registration_checks_come_first() {
         let lw = super::super::AccessFlags::LOCAL_WRITE;
         assert!(matches!(
-            ProtectionDomain::check_registration(lw, 0, None, "ibv_reg_mr"),
+            ProtectionDomain::check_registration(lw, 0, None),
             Err(Error::EmptyRegistration)
         ));
         assert!(matches!(
-            ProtectionDomain::check_registration(lw, 16, Some(u64::MAX - 14), "ibv_reg_mr_iova2"),
+            ProtectionDomain::check_registration(lw, 16, Some(u64::MAX - 14)),
             Err(Error::OutOfRange { max, .. }) if max == u64::MAX - 15
         ));
-        assert!(ProtectionDomain::check_registration(
-            lw,
-            16,
-            Some(u64::MAX - 15),
-            "ibv_reg_mr_iova2"
-        )
-        .is_ok());
+        assert!(ProtectionDomain::check_registration(lw, 16, Some(u64::MAX - 15)).is_ok());
         assert!(matches!(
-            ProtectionDomain::check_registration(
-                super::super::AccessFlags::REMOTE_WRITE,
-                16,
-                None,
-                "ibv_reg_mr"
-            ),
+            ProtectionDomain::check_registration(super::super::AccessFlags::REMOTE_WRITE, 16, None),
             Err(Error::MissingAccess { .. })
         ));
     }
