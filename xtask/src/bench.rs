@@ -168,7 +168,11 @@ pub fn cmd_bench(o: &BenchOptions) -> Result<bool> {
         iters_override: o.iters,
         run_timeout_secs: o.run_timeout,
         // boot (~20 s), the longest possible run (listen + client + server exit) and a margin
-        deadline_secs: Some(o.vm.timeout.saturating_sub(o.run_timeout + 30 + 20 + 60)),
+        deadline_secs: Some(
+            o.vm.timeout()
+                .as_secs()
+                .saturating_sub(o.run_timeout + 30 + 20 + 60),
+        ),
         raw_dir: out.raw(),
         results: out.results(),
         vm_env: out.vm_env(),

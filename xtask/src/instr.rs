@@ -475,7 +475,7 @@ pub fn cmd_instr(o: &InstrOptions) -> Result<bool> {
     );
     // Every callgrind run boots valgrind under TCG (10–30 s) before it counts: a full run
     // takes about 45 minutes on an idle host, far beyond the VM's default limit.
-    let limit = o.vm.timeout().max(std::time::Duration::from_secs(3 * 3600));
+    let limit = o.vm.timeout_or(3 * 3600);
     let outcome = session.run(&[VmConfig::new(0, &command, &o.vm)], limit)?;
     let vm_ok = outcome.iter().all(|o| {
         step!("{}", o.describe());

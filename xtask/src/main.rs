@@ -90,6 +90,9 @@ enum Cmd {
     },
 }
 
+/// The VM wall-clock limit of commands without a longer default of their own.
+pub const DEFAULT_VM_TIMEOUT_SECS: u64 = 1800;
+
 /// Options shared by everything that boots a VM.
 #[derive(Args, Clone, Debug)]
 pub struct VmOpts {
@@ -99,9 +102,11 @@ pub struct VmOpts {
     /// Virtual CPUs per VM.
     #[arg(long, default_value_t = 2)]
     pub smp: u32,
-    /// Wall-clock limit in seconds; QEMU is killed when it is reached.
-    #[arg(long, default_value_t = 1800)]
-    pub timeout: u64,
+    /// Wall-clock limit in seconds; QEMU is killed when it is reached. Default: 1800,
+    /// except `faults` (3600: its full profile takes ~30 min under TCG on an idle host,
+    /// more on a slower one) and `instr` (3 h).
+    #[arg(long)]
+    pub timeout: Option<u64>,
     /// Extra environment for the command inside the VM (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -115,8 +120,14 @@ pub struct VmOpts {
 }
 
 impl VmOpts {
+    /// The limit given with `--timeout`, else the command's own default.
+    pub fn timeout_or(&self, default_secs: u64) -> Duration {
+        Duration::from_secs(self.timeout.unwrap_or(default_secs))
+    }
+
+    /// The limit for commands without a longer default of their own.
     pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout)
+        self.timeout_or(DEFAULT_VM_TIMEOUT_SECS)
     }
 }
 
