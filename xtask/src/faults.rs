@@ -404,7 +404,7 @@ mod tests {
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
-                timeout: 10,
+                timeout: Some(10),
                 env: vec![],
                 verbose: false,
                 kernel_args: vec![],
@@ -471,7 +471,7 @@ mod tests {
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
-                timeout: 10,
+                timeout: Some(10),
                 env: vec![],
                 verbose: false,
                 kernel_args: vec![],

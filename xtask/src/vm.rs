@@ -866,7 +866,7 @@ mod tests {
         VmOpts {
             mem: "2G".into(),
             smp: 2,
-            timeout: 10,
+            timeout: Some(10),
             env: vec![("A".into(), "b c".into())],
             verbose: false,
             kernel_args: vec![],
