@@ -391,8 +391,8 @@ impl MessageChannel {
 
     /// Waits until every message posted so far was acknowledged by the
     /// peer's device (it is in one of the peer's receives), at most
-    /// `timeout` (`None`: no limit). Dropping the channel flushes
-    /// messages still in flight (its queue pair moves to ERR): flush
+    /// `timeout` (`None`: no limit). Dropping the channel discards
+    /// messages still in flight (its queue pair is destroyed): flush
     /// first to hand the last ones over.
     ///
     /// # Errors

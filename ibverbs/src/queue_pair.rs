@@ -229,26 +229,10 @@ unsafe impl Sync for QpInner {}
 
 impl QpInner {
     fn teardown(&mut self) -> crate::Result<()> {
-        // Stop the device from processing anything more: to ERR (flushes
-        // outstanding requests), then destroy. After ibv_destroy_qp returns
-        // the device no longer accesses the QP's work requests, so only then
-        // are their buffers released.
-        let mut attr = sys::ibv_qp_attr {
-            qp_state: sys::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        // SAFETY: `state` is maintained by libibverbs on every modify.
-        let state = unsafe { (*self.qp.as_ptr()).state };
-        if state != sys::IBV_QPS_RESET && state != sys::IBV_QPS_ERR {
-            // SAFETY: live QP; a failure here is harmless (destroy follows).
-            unsafe {
-                sys::ibv_modify_qp(
-                    self.qp.as_ptr(),
-                    &mut attr,
-                    sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-                )
-            };
-        }
+        // After ibv_destroy_qp returns the device no longer touches the
+        // QP's work requests, so only then are their buffers released. No
+        // move to ERR first: destroy alone stops the device, and the move
+        // cost a system call and tripled rxe's teardown (DESIGN.md, hazard 4).
         // SAFETY: live QP, destroyed exactly once (callers guarantee it).
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
@@ -548,10 +532,12 @@ impl QueuePair {
 
     /// Destroys the QP now if this is the last handle, reporting a teardown
     /// error (`Ok(false)` when other handles still exist). Outstanding
-    /// requests are flushed and their buffers released after the device
-    /// stopped using them. If `ibv_destroy_qp` fails the device may still
-    /// own them: they are leaked (kept allocated and registered for good),
-    /// never freed.
+    /// requests end with the QP, without completions, and their buffers are
+    /// released after `ibv_destroy_qp` returned (the device stopped using
+    /// them); to get them back with a flush status instead, move the QP to
+    /// ERR ([`QueuePair::to_err`]) and poll before closing. If
+    /// `ibv_destroy_qp` fails the device may still own them: they are leaked
+    /// (kept allocated and registered for good), never freed.
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_destroy_qp`.

@@ -657,7 +657,7 @@ impl CmId {
     }
 
     /// Disconnects; both sides then see `Disconnected`. Move the QP to ERR
-    /// (or drop it) to get its outstanding requests back as flushed.
+    /// and poll to get its outstanding requests back as flushed.
     ///
     /// # Errors
     /// [`Error::Verb`] naming `rdma_disconnect`.
