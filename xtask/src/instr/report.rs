@@ -345,6 +345,7 @@ pub fn markdown(
         );
         path_table(&mut s, rows, 1, 1, 1, true);
         s.push('\n');
+        event_why(&mut s, rows);
     }
     if !pps.is_empty() {
         let _ = writeln!(
@@ -395,6 +396,15 @@ pub fn markdown(
         16,
         |r| (r.cfg.depth == 1 && r.cfg.threads == 1 && !r.cfg.events).then_some(r.cfg.qps),
     );
+    if find(rows, Imp::C, 1, 1, 1, false).is_some() {
+        let _ = writeln!(
+            s,
+            "With one queue pair at depth 1 each poll returns one completion, so what a \
+             non-empty poll costs once is paid per operation, in C as in ours (from 16 queue \
+             pairs on, a poll takes up to 16): the same effect as in the event runs above, whose \
+             tables by source line show it.\n"
+        );
+    }
     scaling(
         &mut s,
         rows,
@@ -556,27 +566,80 @@ fn breakdown(s: &mut String, rows: &[Row]) {
     }
 }
 
-/// The program's own instructions of the 16-QP paths by source line, so that every
-/// instruction above a floor can be found in the code.
+/// Where the event path's difference from C lies: the wait against the poll, and the poll
+/// of one completion against the same poll sharing a batch of 16.
+fn event_why(s: &mut String, rows: &[Row]) {
+    let Some(c) = find(rows, Imp::C, 1, 1, 1, true) else {
+        return;
+    };
+    let c16 = find(rows, Imp::C, 16, 1, 1, false);
+    for imp in [Imp::Prepared, Imp::Request] {
+        let Some(r) = find(rows, imp, 1, 1, 1, true) else {
+            continue;
+        };
+        let batch = match (find(rows, imp, 16, 1, 1, false), c16) {
+            (Some(b), Some(cb)) => format!(
+                " (in batches of 16: {} against {})",
+                n(b.m.completion),
+                n(cb.m.completion)
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "*{}*: {} instructions per operation over C's; the event wait {} ({} against {}), \
+             the post {} and the poll {}: {} per completion against {}{batch}. One completion \
+             per poll pays alone what a non-empty poll costs once (the batch's loops set up, \
+             the table claim, the owned `Completion`): the tables by source line for one queue \
+             pair in event mode, at the end, name each instruction.\n",
+            imp.name(),
+            n(r.m.per_op() - c.m.per_op()),
+            signed(r.m.wait - c.m.wait),
+            n(r.m.wait),
+            n(c.m.wait),
+            signed(r.m.post - c.m.post),
+            signed(r.m.completion - c.m.completion),
+            n(r.m.completion),
+            n(c.m.completion),
+        );
+    }
+}
+
+/// `v` with its sign, rounded: "+12", "-26".
+fn signed(v: f64) -> String {
+    format!("{v:+.0}")
+}
+
+/// The program's own instructions by source line, of the 16-QP paths and of the event
+/// runs (one queue pair), so that every instruction above a floor, and every one the event
+/// path adds over C, can be found in the code.
 fn by_line(s: &mut String, rows: &[Row]) {
-    let picked: Vec<&Row> = [Imp::C, Imp::Raw, Imp::Prepared, Imp::Request]
-        .into_iter()
-        .filter_map(|i| find(rows, i, 16, 1, 1, false))
-        .filter(|r| !r.m.lines.is_empty())
-        .collect();
+    let imps = [Imp::C, Imp::Raw, Imp::Prepared, Imp::Request];
+    let pick = |qps: u32, events: bool| -> Vec<&Row> {
+        imps.into_iter()
+            .filter_map(|i| find(rows, i, qps, 1, 1, events))
+            .filter(|r| !r.m.lines.is_empty())
+            .collect()
+    };
+    line_tables(s, "16 queue pairs", &pick(16, false));
+    line_tables(s, "one queue pair in event mode", &pick(1, true));
+}
+
+/// [`by_line`]'s tables of `picked`, under a heading naming `what` was measured.
+fn line_tables(s: &mut String, what: &str, picked: &[&Row]) {
     if picked.is_empty() {
         return;
     }
     let _ = writeln!(
         s,
-        "## Where the program's own instructions go, 16 queue pairs (per operation, by source line)\n\n\
+        "## Where the program's own instructions go, {what} (per operation, by source line)\n\n\
          Every instruction the program executes in its own binary (not in libibverbs, rxe or \
          libc), marginal per operation, charged to the innermost line of this repository it \
          belongs to: std and crate code inlined into a line counts for that line (`addr2line \
          -i` on the measured binary, built with line tables). Loop and sleep of the measuring \
          program included; lines under half an instruction left out.\n"
     );
-    for r in picked {
+    for r in picked.iter().copied() {
         let total: f64 = r.m.lines.iter().map(|l| l.per_op).sum();
         let _ = writeln!(
             s,
