@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::event_routing::{Kind, Registration};
 use crate::port::device_enum;
 use crate::wq_table::{Mode, TableRef, WqTable};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
@@ -170,6 +171,9 @@ pub(crate) struct QpInner {
     /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
     state: AtomicU32,
     destroyed: bool,
+    /// Its id for async events (event_routing.rs): registered at creation,
+    /// leaves before the destroy.
+    pub(crate) events: Registration,
 }
 
 /// The in-flight tables of a queue pair that got `caps` when it asked for
@@ -233,6 +237,8 @@ impl QpInner {
         // QP's work requests, so only then are their buffers released. No
         // move to ERR first: destroy alone stops the device, and the move
         // cost a system call and tripled rxe's teardown (DESIGN.md, hazard 4).
+        // Before the destroy: the address may be reused once it returns.
+        self.events.leave();
         // SAFETY: live QP, destroyed exactly once (callers guarantee it).
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
@@ -329,6 +335,7 @@ impl QueuePair {
                 send_epoch: epoch::SendEpoch::default(),
                 state: AtomicU32::new(sys::IBV_QPS_RESET),
                 destroyed: false,
+                events: Registration::new(Kind::Qp, qp.as_ptr()),
             }),
         };
         let inner = &qp.inner;
