@@ -202,12 +202,22 @@ impl SharedReceiveQueue {
         Ok(unsafe { attr.assume_init() })
     }
 
-    /// Arms the limit event at `limit` outstanding requests.
+    /// Arms the limit event: once fewer than `limit` receives are left
+    /// posted, the device raises `IBV_EVENT_SRQ_LIMIT_REACHED` for this SRQ
+    /// (routed to [`SharedReceiveQueue::async_events`] by
+    /// [`Context::route_async_event`](crate::Context::route_async_event),
+    /// with [`SharedReceiveQueue::id`]) and disarms the limit (it reads 0
+    /// again); arm it again to hear of the next shortage. 0 disarms.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_modify_srq`.
+    /// [`Error::Verb`] naming `ibv_modify_srq` (`EINVAL` for a limit above
+    /// the SRQ's capacity, or a device without SRQ limits).
+    ///
+    /// # References
+    /// `ibv_modify_srq(3)`, `ibv_get_async_event(3)`
     #[doc(alias = "ibv_modify_srq")]
-    pub fn set_limit(&self, limit: u32) -> Result<()> {
+    #[doc(alias = "set_limit")]
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let mut attr = sys::ibv_srq_attr {
             srq_limit: limit,
             ..Default::default()
@@ -221,6 +231,18 @@ impl SharedReceiveQueue {
             )
         };
         ret_errno("ibv_modify_srq", rc)
+    }
+
+    /// [`SharedReceiveQueue::arm_limit`], by its earlier name.
+    ///
+    /// # Errors
+    /// As [`SharedReceiveQueue::arm_limit`].
+    ///
+    /// # References
+    /// `ibv_modify_srq(3)`
+    #[doc(alias = "ibv_modify_srq")]
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        self.arm_limit(limit)
     }
 
     /// Posts receive work to the shared pool: one [`RecvRequest`], or a
