@@ -262,6 +262,26 @@ impl Context {
     /// events are read (a loop in a thread of the application's choosing,
     /// or after polling [`AsRawFd`](std::os::fd::AsRawFd) for readability).
     ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(ctx: &ibverbs::Context, srq: &ibverbs::SharedReceiveQueue) -> ibverbs::Result<()> {
+    /// let low = srq.async_events(); // this SRQ's events only
+    /// srq.arm_limit(16)?;
+    /// // Wherever the context's events are read: here, a thread of our own.
+    /// let router = ctx.clone();
+    /// std::thread::spawn(move || loop {
+    ///     match router.route_async_event() {
+    ///         Ok(None) => {}                                     // delivered
+    ///         Ok(Some(other)) => eprintln!("unrouted: {other:?}"), // port, device, …
+    ///         Err(e) => break eprintln!("{e}"),
+    ///     }
+    /// });
+    /// if let Some(ev) = low.recv_timeout(std::time::Duration::from_secs(1)) {
+    ///     assert_eq!(ev.srq_id(), Some(srq.id())); // SRQ_LIMIT_REACHED
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`Context::get_async_event`]: [`Error::Verb`](crate::Error::Verb)
     /// naming `ibv_get_async_event` (`EAGAIN` when non-blocking and nothing

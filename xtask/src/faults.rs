@@ -110,6 +110,18 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                             "tc qdisc add dev eth1 root netem loss 0% 2>>$E || echo 'tc netem loss 0% failed' >> $E"
                         );
                     }
+                    if sc.link_down.is_some() {
+                        // The port's asynchronous events across the outage,
+                        // through the library (`asyncwatch`): PORT_ERR, then
+                        // PORT_ACTIVE once the carrier is back. Started and
+                        // listening (its first line) before the transfer, so
+                        // a slow start cannot miss the outage.
+                        let _ = writeln!(
+                            s,
+                            "timeout 600 $X/asyncwatch -d rxe1 > $D/{i}.1.events 2>&1 & wpid=$!; \
+                             for n in $(seq 100); do grep -q 'async event FD' $D/{i}.1.events && break; sleep 0.1; done"
+                        );
+                    }
                     let _ = writeln!(
                         s,
                         "timeout 600 $F client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
@@ -119,13 +131,6 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                         wait_connected(&mut s, &format!("$D/{i}.client.out"));
                     }
                     if let Some((after, dur)) = sc.link_down {
-                        // The port's asynchronous events meanwhile, through
-                        // the library (`asyncwatch`): PORT_ERR, then
-                        // PORT_ACTIVE once the carrier is back.
-                        let _ = writeln!(
-                            s,
-                            "timeout 120 $X/asyncwatch -d rxe1 > $D/{i}.1.events 2>&1 & wpid=$!"
-                        );
                         let _ = writeln!(
                             s,
                             "sleep {after}; link down >> $D/{i}.link; sleep {dur}; echo \"port before up: $(cat $PORT)\" >> $D/{i}.link; link up >> $D/{i}.link"
