@@ -623,9 +623,9 @@ fn setup_table(s: &mut String, rows: &[Row]) {
     let _ = writeln!(
         s,
         "## Per queue pair: create + connect, teardown, kernel calls, memory\n\n\
-         Wall clock (plain runs; noisy), kernel calls of a whole one-round run (`strace -f -c`) \
-         and RSS growth while creating and connecting the queue pairs, each divided by the \
-         number of queue pairs.\n\n\
+         Wall clock (the median of three plain runs; still noisy under TCG), kernel calls of a \
+         whole one-round run (`strace -f -c`) and RSS growth while creating and connecting the \
+         queue pairs (median of the same runs), each divided by the number of queue pairs.\n\n\
          | QPs | impl | create+connect µs/QP | teardown µs/QP | kernel calls/QP | RSS KiB/QP |\n\
          |---:|---|---:|---:|---:|---:|"
     );
