@@ -233,18 +233,6 @@ impl SharedReceiveQueue {
         ret_errno("ibv_modify_srq", rc)
     }
 
-    /// [`SharedReceiveQueue::arm_limit`], by its earlier name.
-    ///
-    /// # Errors
-    /// As [`SharedReceiveQueue::arm_limit`].
-    ///
-    /// # References
-    /// `ibv_modify_srq(3)`
-    #[doc(alias = "ibv_modify_srq")]
-    pub fn set_limit(&self, limit: u32) -> Result<()> {
-        self.arm_limit(limit)
-    }
-
     /// Posts receive work to the shared pool: one [`RecvRequest`], or a
     /// chain of them in a `&mut Vec` ([`RecvWork`]), as
     /// [`QueuePair::post_recv`](crate::QueuePair::post_recv).
