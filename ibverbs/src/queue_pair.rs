@@ -18,6 +18,7 @@ mod connect;
 mod ece;
 mod epoch;
 mod local_port;
+mod multicast;
 mod options;
 mod post;
 mod post_ex;
@@ -169,6 +170,10 @@ pub(crate) struct QpInner {
     /// exact but for the moves a device makes on its own after errors (to
     /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
     state: AtomicU32,
+    /// The multicast groups (GID, LID) attached through this crate, behind
+    /// their own lock, held across `ibv_attach_mcast`/`ibv_detach_mcast`
+    /// (see `multicast.rs`). Never touched by the data path.
+    pub(crate) mcast: parking_lot::Mutex<Vec<(crate::Gid, u16)>>,
     destroyed: bool,
 }
 
@@ -328,6 +333,7 @@ impl QueuePair {
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
                 state: AtomicU32::new(sys::IBV_QPS_RESET),
+                mcast: parking_lot::Mutex::new(Vec::new()),
                 destroyed: false,
             }),
         };
