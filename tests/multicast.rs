@@ -113,7 +113,7 @@ fn check_received(who: &str, r: &Ud, from: &QueuePair) {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn verbs_attach_two_receivers_then_detach_one() {
+fn mcast_verbs_attach_two_receivers_then_detach_one() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let (s, r1, r2) = (ud_qp(&pd), ud_qp(&pd), ud_qp(&pd));
@@ -154,10 +154,10 @@ fn verbs_attach_two_receivers_then_detach_one() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn verbs_refusals_are_typed() {
+fn mcast_verbs_refusals_are_typed() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let cq = dev.ctx.create_cq(8).build().unwrap();
+    let cq = dev.ctx.create_cq(128).build().unwrap();
     let gid = Gid::from(group());
 
     // Only UD queue pairs join multicast groups: refused before the verb.
@@ -265,7 +265,7 @@ fn joined(c: &CmUd, addr: Ipv4Addr, flags: JoinFlags) -> UdParam {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn cm_join_two_receivers_then_leave_one() {
+fn mcast_cm_join_two_receivers_then_leave_one() {
     let addr = group();
     let (s, r1, r2) = (cm_ud(addr), cm_ud(addr), cm_ud(addr));
     let full = JoinFlags::FullMember;
@@ -308,10 +308,10 @@ fn cm_join_two_receivers_then_leave_one() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn cm_join_refuses_a_connected_queue_pair_type() {
+fn mcast_cm_join_refuses_a_connected_queue_pair_type() {
     let addr = group();
     let c = cm_ud(addr);
-    let cq = c.ud.pd.context().create_cq(4).build().unwrap();
+    let cq = c.ud.pd.context().create_cq(128).build().unwrap();
     let rc = c.ud.pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     let e = c
         .id
@@ -363,19 +363,19 @@ fn mckey_pair(receiver: &std::path::Path, sender: &std::path::Path, addr: Ipv4Ad
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn mckey_c_receiver_rust_sender() {
+fn mcast_mckey_c_receiver_rust_sender() {
     mckey_pair(&path_tool("mckey"), &example_bin("mckey"), group());
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn mckey_rust_receiver_c_sender() {
+fn mcast_mckey_rust_receiver_c_sender() {
     mckey_pair(&example_bin("mckey"), &path_tool("mckey"), group());
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn mckey_rust_with_rust_checks_every_byte() {
+fn mcast_mckey_rust_with_rust_checks_every_byte() {
     // Our receiver with `-V` checks the pattern our sender writes.
     let dev = common::device();
     let bind = device_ipv4(&dev).to_string();
