@@ -87,15 +87,16 @@ fn parse_c_int(s: &str) -> Result<u32, String> {
 }
 
 fn addr_of(host: &str) -> Res<SocketAddr> {
-    (host, 0)
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| format!("getaddrinfo failed - invalid hostname or IP address: {host}").into())
+    (host, 0).to_socket_addrs()?.next().ok_or_else(|| {
+        format!("getaddrinfo failed - invalid hostname or IP address: {host}").into()
+    })
 }
 
 /// The sender's payload.
 fn pattern(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
+        .collect()
 }
 
 /// One id and, once its address resolved, its queue pair.
@@ -113,7 +114,10 @@ struct Verbs {
 }
 
 fn init_node(cli: &Cli, node: &mut Node, dst: SocketAddr) -> Res<()> {
-    let ctx = node.id.context().ok_or("no device after address resolution")?;
+    let ctx = node
+        .id
+        .context()
+        .ok_or("no device after address resolution")?;
     let port = ctx.query_port(node.id.port_num())?;
     let mtu = port.active_mtu().bytes() as usize;
     if cli.count > 0 && cli.size > mtu {
@@ -173,9 +177,8 @@ fn connect_events(cli: &Cli, ch: &EventChannel, nodes: &mut [Node], dst: SocketA
                     ud.address.as_raw().sl
                 );
                 let v = node.verbs.as_ref().ok_or("joined before resolving")?;
-                let ah = v.pd.create_ah(&ud.address).map_err(|e| {
+                let ah = v.pd.create_ah(&ud.address).inspect_err(|_| {
                     println!("mckey: failure creating address handle");
-                    e
                 })?;
                 node.dest = Some((ah, ud.qp_num, ud.qkey));
                 left -= 1;

@@ -244,11 +244,7 @@ fn cm_ud(addr: Ipv4Addr) -> CmUd {
     let pd = ctx.alloc_pd().unwrap();
     let ud = ud_qp(&pd);
     id.activate_ud(&ud.qp).unwrap();
-    CmUd {
-        ch,
-        id,
-        ud,
-    }
+    CmUd { ch, id, ud }
 }
 
 fn joined(c: &CmUd, addr: Ipv4Addr, flags: JoinFlags) -> UdParam {
@@ -313,12 +309,17 @@ fn mcast_cm_join_refuses_a_connected_queue_pair_type() {
     let c = cm_ud(addr);
     let cq = c.ud.pd.context().create_cq(128).build().unwrap();
     let rc = c.ud.pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
-    let e = c
-        .id
-        .join_multicast(SocketAddr::from((addr, 0)), Some(&rc))
-        .unwrap_err();
+    let e =
+        c.id.join_multicast(SocketAddr::from((addr, 0)), Some(&rc))
+            .unwrap_err();
     assert!(
-        matches!(e, Error::WrongQpType { qp_type: QpType::Rc, .. }),
+        matches!(
+            e,
+            Error::WrongQpType {
+                qp_type: QpType::Rc,
+                ..
+            }
+        ),
         "{e:?}"
     );
 }

@@ -119,7 +119,11 @@ impl IdShared {
 ///
 /// # Safety
 /// The caller must pass a live id.
-pub(super) unsafe fn move_qp(id: *mut sys::rdma_cm_id, qp: &QueuePair, state: QpState) -> Result<()> {
+pub(super) unsafe fn move_qp(
+    id: *mut sys::rdma_cm_id,
+    qp: &QueuePair,
+    state: QpState,
+) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { move_qp_capped(id, qp, state, None) }
 }
@@ -580,7 +584,11 @@ impl CmId {
     }
 
     fn check_qp(&self, qp: &QueuePair) -> Result<()> {
-        self.check_qp_of(qp, crate::QpType::Rc, "an rdma_cm connection (TCP port space)")
+        self.check_qp_of(
+            qp,
+            crate::QpType::Rc,
+            "an rdma_cm connection (TCP port space)",
+        )
     }
 
     /// `qp` was created on this id's context and is of type `want`.

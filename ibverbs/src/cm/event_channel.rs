@@ -354,8 +354,7 @@ impl EventChannel {
                 // SAFETY: as for the connect response below: the id is alive
                 // until the ack, and its `context` is ours.
                 if let Some(s) = unsafe { IdShared::of(raw.id) } {
-                    if let Err(e) = super::multicast::on_join(s, ud.private_data as usize, &param)
-                    {
+                    if let Err(e) = super::multicast::on_join(s, ud.private_data as usize, &param) {
                         event.kind = CmEventType::MulticastError;
                         result = Err(e);
                     }

@@ -263,3 +263,48 @@ pub(super) fn on_join(shared: &IdShared, context: usize, ud: &UdParam) -> Result
     join.attached = Some((gid, lid));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_flags_are_librdmacms() {
+        assert_eq!(JoinFlags::default(), JoinFlags::FullMember);
+        assert_eq!(JoinFlags::FullMember.as_raw(), 0);
+        assert_eq!(JoinFlags::SendOnlyFullMember.as_raw(), 1);
+    }
+
+    #[test]
+    fn ud_param_names_the_group_of_its_address_vector() {
+        let group = Gid::from(std::net::Ipv4Addr::new(239, 1, 1, 1));
+        let mut raw = sys::rdma_ud_param {
+            private_data: std::ptr::null(),
+            private_data_len: 0,
+            ah_attr: *AddressVector::roce(crate::PortNumber(1), group, crate::GidIndex(1)).as_raw(),
+            qp_num: 0x00ff_ffff,
+            qkey: 0x0123_4567,
+        };
+        raw.ah_attr.dlid = 0xc001;
+        let ud = UdParam::from_raw(&raw);
+        assert_eq!(ud.qp_num, QpNumber(0x00ff_ffff));
+        assert_eq!(ud.qkey, 0x0123_4567);
+        assert_eq!(ud.group(), (group, 0xc001));
+        assert_eq!(ud.address.sgid_index(), crate::GidIndex(1));
+    }
+
+    #[test]
+    fn port_spaces_round_trip() {
+        use super::super::PortSpace;
+        for ps in [
+            PortSpace::Tcp,
+            PortSpace::Udp,
+            PortSpace::Ipoib,
+            PortSpace::Ib,
+        ] {
+            assert_eq!(PortSpace::from_raw(ps.as_raw()), ps);
+        }
+        assert_eq!(PortSpace::Udp.as_raw(), 0x111);
+        assert_eq!(PortSpace::from_raw(0x999), PortSpace::Unknown(0x999));
+    }
+}
