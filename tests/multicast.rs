@@ -330,7 +330,12 @@ fn mcast_cm_join_refuses_a_connected_queue_pair_type() {
 
 /// Runs a receiver, then (once it joined) a sender, both to completion;
 /// each must exit 0 and print what the C tool prints.
-fn mckey_pair(receiver: &std::path::Path, sender: &std::path::Path, addr: Ipv4Addr) {
+fn mckey_pair(
+    receiver: &std::path::Path,
+    sender: &std::path::Path,
+    addr: Ipv4Addr,
+    sender_extra: &[&str],
+) {
     let dev = common::device();
     let bind = device_ipv4(&dev).to_string();
     let m = addr.to_string();
@@ -339,7 +344,9 @@ fn mckey_pair(receiver: &std::path::Path, sender: &std::path::Path, addr: Ipv4Ad
     // The receiver joins and posts its receives within its first second;
     // the sender waits 3 s after joining before it sends (as mckey does).
     std::thread::sleep(Duration::from_secs(2));
-    let send = run_bounded(sender, &["-m", &m, "-b", &bind, "-c", "10", "-s"], limit);
+    let mut sargs = vec!["-m", &m, "-b", &bind, "-c", "10", "-s"];
+    sargs.extend_from_slice(sender_extra);
+    let send = run_bounded(sender, &sargs, limit);
     let (sok, sout, serr) = send.join().unwrap();
     let (rok, rout, rerr) = recv.join().unwrap();
     let show = format!(
@@ -365,13 +372,22 @@ fn mckey_pair(receiver: &std::path::Path, sender: &std::path::Path, addr: Ipv4Ad
 #[test]
 #[ignore = "needs an RDMA device"]
 fn mcast_mckey_c_receiver_rust_sender() {
-    mckey_pair(&path_tool("mckey"), &example_bin("mckey"), group());
+    mckey_pair(&path_tool("mckey"), &example_bin("mckey"), group(), &[]);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn mcast_mckey_rust_receiver_c_sender() {
-    mckey_pair(&example_bin("mckey"), &path_tool("mckey"), group());
+    // The C sender posts its sends unsignaled and destroys its queue pairs
+    // right after (it never polls), so on a loaded VM rxe may discard sends
+    // not yet run (once in two runs here: a receiver short of its 10). More
+    // sends per id than the receiver waits for make up for them.
+    mckey_pair(
+        &example_bin("mckey"),
+        &path_tool("mckey"),
+        group(),
+        &["-C", "40"],
+    );
 }
 
 #[test]
