@@ -19,6 +19,7 @@ mod connect;
 mod ece;
 mod epoch;
 mod local_port;
+mod multicast;
 mod options;
 mod post;
 mod post_ex;
@@ -170,6 +171,10 @@ pub(crate) struct QpInner {
     /// exact but for the moves a device makes on its own after errors (to
     /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
     state: AtomicU32,
+    /// The multicast groups (GID, LID) attached through this crate, behind
+    /// their own lock, held across `ibv_attach_mcast`/`ibv_detach_mcast`
+    /// (see `multicast.rs`). Never touched by the data path.
+    pub(crate) mcast: parking_lot::Mutex<Vec<(crate::Gid, u16)>>,
     destroyed: bool,
     /// Its id for async events (event_routing.rs): registered at creation,
     /// leaves before the destroy.
@@ -334,6 +339,7 @@ impl QueuePair {
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
                 state: AtomicU32::new(sys::IBV_QPS_RESET),
+                mcast: parking_lot::Mutex::new(Vec::new()),
                 destroyed: false,
                 events: Registration::new(Kind::Qp, qp.as_ptr()),
             }),
