@@ -68,8 +68,10 @@ fn describe(ev: &AsyncEvent) -> String {
         AsyncElement::Port(port) => line.push_str(&format!(", port {port}")),
         AsyncElement::Qp(qpn) => line.push_str(&format!(", QP number {qpn:#08x}")),
         AsyncElement::Wq(wqn) => line.push_str(&format!(", WQ number {wqn:#08x}")),
-        AsyncElement::Cq => line.push_str(", on a CQ"),
-        AsyncElement::Srq => line.push_str(", on an SRQ"),
+        AsyncElement::Cq(Some(id)) => line.push_str(&format!(", on CQ {id}")),
+        AsyncElement::Cq(None) => line.push_str(", on a CQ"),
+        AsyncElement::Srq(Some(id)) => line.push_str(&format!(", on SRQ {id}")),
+        AsyncElement::Srq(None) => line.push_str(", on an SRQ"),
         _ => {}
     }
     line

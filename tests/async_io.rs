@@ -492,7 +492,11 @@ async fn async_events_stream() {
     common::wait(cq, 12);
     let ev = within("async event", events.next()).await.unwrap();
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
-    assert_eq!(ev.element(), ibverbs::AsyncElement::Srq, "{ev:?}");
+    assert_eq!(
+        ev.element(),
+        ibverbs::AsyncElement::Srq(Some(setup.srq.id())),
+        "{ev:?}"
+    );
     ctx.set_async_nonblocking(false).unwrap();
 }
 

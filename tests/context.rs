@@ -130,6 +130,10 @@ fn async_event_srq_limit_reached() {
     let ev = ctx.get_async_event().unwrap();
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
     assert_eq!(ev.port(), None);
-    assert_eq!(ev.element(), ibverbs::AsyncElement::Srq, "{ev:?}");
+    assert_eq!(
+        ev.element(),
+        ibverbs::AsyncElement::Srq(Some(setup.srq.id())),
+        "{ev:?}"
+    );
     ctx.set_async_nonblocking(false).unwrap();
 }

@@ -231,7 +231,7 @@ fn posting_on_an_srq_queue_pair_is_invalid() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn query_and_set_limit() {
+fn query_and_arm_limit() {
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
     let srq = pd.create_srq(32).max_sge(2).build().unwrap();
@@ -240,16 +240,16 @@ fn query_and_set_limit() {
     assert!(a.max_sge >= 2, "queried max_sge {} >= 2", a.max_sge);
     assert_eq!(a.srq_limit, 0, "no limit armed at creation");
     assert!(srq.capacity() >= 32, "capacity {}", srq.capacity());
-    srq.set_limit(8).unwrap();
+    srq.arm_limit(8).unwrap();
     assert_eq!(
         srq.query().unwrap().srq_limit,
         8,
-        "limit after set_limit(8)"
+        "limit after arm_limit(8)"
     );
-    srq.set_limit(0).unwrap();
+    srq.arm_limit(0).unwrap();
     assert_eq!(srq.query().unwrap().srq_limit, 0, "limit disarmed");
     // A limit beyond the queue is the device's error, naming the verb.
-    let err = srq.set_limit(a.max_wr + 1).unwrap_err();
+    let err = srq.arm_limit(a.max_wr + 1).unwrap_err();
     assert_eq!(err.verb(), Some("ibv_modify_srq"), "{err}");
     // Built with a limit.
     let srq2 = pd.create_srq(16).srq_limit(4).build().unwrap();
@@ -265,7 +265,7 @@ fn limit_event_when_the_pool_runs_low() {
             .post_recv(RecvRequest::new(blank(&f.pd, 64)).wr_id(i))
             .unwrap();
     }
-    f.srq.set_limit(4).unwrap();
+    f.srq.arm_limit(4).unwrap();
     f.dev.ctx.set_async_nonblocking(true).unwrap();
     // 3 receives consumed: 3 left < limit 4.
     for k in 0..3u8 {

@@ -90,7 +90,7 @@ fn soundness_ev_forgotten_events_do_not_block_teardown() {
     }
     let limit = next_event(&ctx, |e| e.event_type() == AsyncEventType::SrqLimitReached)
         .expect("no SRQ_LIMIT_REACHED within 5 s");
-    assert_eq!(limit.element(), AsyncElement::Srq);
+    assert_eq!(limit.element(), AsyncElement::Srq(Some(srq.id())));
     // A QP event for the receiver: to ERR with an SRQ gives LAST_WQE_REACHED
     // (where the provider reports it).
     let qpn = receiver.qp_num().0;

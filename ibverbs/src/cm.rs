@@ -41,8 +41,10 @@
 
 mod cm_id;
 mod event_channel;
+mod multicast;
 mod option;
 
-pub use cm_id::{CmId, ConnParam};
+pub use cm_id::{CmId, ConnParam, PortSpace};
 pub use event_channel::{CmEvent, CmEventType, EventChannel};
+pub use multicast::{JoinFlags, UdParam};
 pub use option::CmOption;

@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
+use crate::event_routing::{Kind, Registration};
 use crate::extended_cq::ExCq;
 use crate::queue_pair::{claim_prepared, is_prepared};
 use crate::work_completion::WorkCompletion;
@@ -68,6 +69,9 @@ pub(crate) struct CqInner {
     rxe_inv_quirk: bool,
     /// The extended-CQ polling functions when created with `ibv_create_cq_ex`.
     pub(crate) ex: Option<ExCq>,
+    /// Its id for async events (event_routing.rs): registered at creation,
+    /// leaves before the destroy.
+    pub(crate) events: Registration,
 }
 
 /// Moves rxe's invalidate bit where libibverbs expects it (receive
@@ -166,6 +170,8 @@ impl Drop for CqInner {
             // (ibv_destroy_cq(3) would block forever otherwise).
             unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), n) };
         }
+        // Before the destroy: the address may be reused once it returns.
+        self.events.leave();
         // SAFETY: last reference: every QP using this CQ holds a clone, so
         // all are destroyed. Errors cannot be reported from Drop.
         let rc = unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
@@ -287,6 +293,7 @@ impl<'a> CompletionQueueBuilder<'a> {
                 cqe: AtomicU32::new(cqe),
                 rxe_inv_quirk: rxe,
                 ex,
+                events: Registration::new(Kind::Cq, cq.as_ptr()),
             }
         });
         CompletionQueue { inner }

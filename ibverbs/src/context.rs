@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, Error, Result};
+use crate::event_routing::{self, lookup, CqId, Kind, QpId, SrqId};
 use crate::gid::{Gid, GidEntry, GidIndex, GidSelector};
 use crate::port::{LinkLayer, PortAttr, PortNumber, PortState};
 
@@ -634,26 +635,33 @@ crate::port::device_enum! {
 
 /// What an asynchronous event concerns, copied out of the C event before
 /// it was acknowledged.
+///
+/// SRQ and CQ events carry the object's id (`None` for an object this
+/// library did not create, or one whose destruction has begun), which
+/// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id) and
+/// [`CompletionQueue::id`](crate::CompletionQueue::id) give; a QP event's
+/// id is [`AsyncEvent::qp_id`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AsyncElement {
     /// A port (port events).
     Port(PortNumber),
     /// A queue pair, by number (QP events). QP numbers are reused once the
-    /// QP is destroyed.
+    /// QP is destroyed; [`AsyncEvent::qp_id`] is not.
     Qp(u32),
     /// A work queue, by number (`WQ_FATAL`).
     Wq(u32),
-    /// A shared receive queue (SRQ events).
-    Srq,
-    /// A completion queue (`CQ_ERR`).
-    Cq,
+    /// A shared receive queue (SRQ events), by id.
+    Srq(Option<SrqId>),
+    /// A completion queue (`CQ_ERR`), by id.
+    Cq(Option<CqId>),
     /// The device (`DEVICE_FATAL`, and events this crate does not know).
     Device,
 }
 
 /// An asynchronous event, already acknowledged (`ibv_ack_async_event`):
-/// plain data, see [`Context::get_async_event`].
+/// plain data, see [`Context::get_async_event`]. Route it to its object
+/// with [`Context::route_async_event`].
 ///
 /// # References
 /// `ibv_get_async_event(3)`
@@ -661,6 +669,8 @@ pub enum AsyncElement {
 pub struct AsyncEvent {
     event_type: AsyncEventType,
     element: AsyncElement,
+    /// For QP events: the id of the queue pair, read with its number.
+    qp_id: Option<QpId>,
 }
 
 impl AsyncEvent {
@@ -672,6 +682,7 @@ impl AsyncEvent {
     unsafe fn copy_out(raw: &sys::ibv_async_event) -> AsyncEvent {
         use AsyncEventType::*;
         let event_type = AsyncEventType::from_raw(raw.event_type);
+        let mut qp_id = None;
         let element = match event_type {
             PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
             | GidChange => {
@@ -686,6 +697,7 @@ impl AsyncEvent {
                 if qp.is_null() {
                     AsyncElement::Device
                 } else {
+                    qp_id = lookup(Kind::Qp, qp).map(event_routing::qp_id);
                     // SAFETY: as above; `qp_num` is immutable.
                     AsyncElement::Qp(unsafe { (*qp).qp_num })
                 }
@@ -701,13 +713,33 @@ impl AsyncEvent {
                     AsyncElement::Wq(unsafe { (*wq).wq_num })
                 }
             }
-            SrqErr | SrqLimitReached => AsyncElement::Srq,
-            CqErr => AsyncElement::Cq,
+            // The addresses only are read (never followed): the registry
+            // maps a live object's address to its id (event_routing.rs).
+            SrqErr | SrqLimitReached => {
+                // SAFETY: for SRQ events the union holds the SRQ pointer.
+                let srq = unsafe { raw.element.srq };
+                AsyncElement::Srq(lookup(Kind::Srq, srq).map(event_routing::srq_id))
+            }
+            CqErr => {
+                // SAFETY: for CQ events the union holds the CQ pointer.
+                let cq = unsafe { raw.element.cq };
+                AsyncElement::Cq(lookup(Kind::Cq, cq).map(event_routing::cq_id))
+            }
             _ => AsyncElement::Device,
         };
         AsyncEvent {
             event_type,
             element,
+            qp_id,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(event_type: AsyncEventType, element: AsyncElement) -> AsyncEvent {
+        AsyncEvent {
+            event_type,
+            element,
+            qp_id: None,
         }
     }
 
@@ -733,6 +765,29 @@ impl AsyncEvent {
     pub fn qp_num(&self) -> Option<u32> {
         match self.element {
             AsyncElement::Qp(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The id of the queue pair, for QP events of a queue pair this
+    /// library created ([`QueuePair::id`](crate::QueuePair::id)); `None`
+    /// for other events, and for a queue pair whose destruction had begun.
+    pub fn qp_id(&self) -> Option<QpId> {
+        self.qp_id
+    }
+
+    /// The id of the SRQ, for SRQ events ([`AsyncElement::Srq`]).
+    pub fn srq_id(&self) -> Option<SrqId> {
+        match self.element {
+            AsyncElement::Srq(id) => id,
+            _ => None,
+        }
+    }
+
+    /// The id of the CQ, for `CQ_ERR` ([`AsyncElement::Cq`]).
+    pub fn cq_id(&self) -> Option<CqId> {
+        match self.element {
+            AsyncElement::Cq(id) => id,
             _ => None,
         }
     }

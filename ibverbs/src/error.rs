@@ -672,6 +672,25 @@ pub enum Error {
         /// The address vector's port.
         port: PortNumber,
     },
+    /// A multicast attach of a group the queue pair already attached
+    /// (`attached: true`), or a detach of one it has not attached
+    /// (`attached: false`: never, or already detached). Refused before the
+    /// verb: providers accept a second attach silently (one detach would
+    /// then undo both) and answer a stray detach with a bare `EINVAL`.
+    #[error(
+        "{verb}: the queue pair {} multicast group {gid} (LID {lid:#x})",
+        if *.attached { "is already attached to" } else { "is not attached to" }
+    )]
+    MulticastMembership {
+        /// The verb not called (`ibv_attach_mcast`, `ibv_detach_mcast`).
+        verb: &'static str,
+        /// The group's GID.
+        gid: crate::Gid,
+        /// The group's LID (0 on RoCE).
+        lid: u16,
+        /// Whether the queue pair is attached to the group.
+        attached: bool,
+    },
 }
 
 /// Who refused [`Error::ForkInitTooLate`].
@@ -1019,7 +1038,8 @@ impl Error {
             | Error::MessageTooLarge { .. }
             | Error::NotPoolSlot { .. }
             | Error::CqResizeTooSmall { .. }
-            | Error::GrhRequired { .. } => K::InvalidInput,
+            | Error::GrhRequired { .. }
+            | Error::MulticastMembership { .. } => K::InvalidInput,
             Error::ForkInitTooLate { .. } => K::Other,
             Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
             Error::TimedOut { .. } => K::TimedOut,

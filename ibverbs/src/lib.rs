@@ -157,6 +157,7 @@ mod context;
 mod device;
 mod device_memory;
 mod error;
+mod event_routing;
 mod exchange;
 mod extended_cq;
 mod flow_counters;
@@ -205,6 +206,7 @@ pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, 
 pub use device::{devices, open_device, Device, DeviceList};
 pub use device_memory::DeviceMemory;
 pub use error::{Error, Result, TransitionReason, WireProblem};
+pub use event_routing::{AsyncEventReceiver, CqId, QpId, SrqId};
 pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
 pub use flow_counters::{CounterDescription, FlowCounters};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::event_routing::{Kind, Registration};
 use crate::port::device_enum;
 use crate::wq_table::{Mode, TableRef, WqTable};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
@@ -18,6 +19,7 @@ mod connect;
 mod ece;
 mod epoch;
 mod local_port;
+mod multicast;
 mod options;
 mod post;
 mod post_ex;
@@ -169,7 +171,14 @@ pub(crate) struct QpInner {
     /// exact but for the moves a device makes on its own after errors (to
     /// ERR, or SQE for UC and UD), see `modify` for why that is enough.
     state: AtomicU32,
+    /// The multicast groups (GID, LID) attached through this crate, behind
+    /// their own lock, held across `ibv_attach_mcast`/`ibv_detach_mcast`
+    /// (see `multicast.rs`). Never touched by the data path.
+    pub(crate) mcast: parking_lot::Mutex<Vec<(crate::Gid, u16)>>,
     destroyed: bool,
+    /// Its id for async events (event_routing.rs): registered at creation,
+    /// leaves before the destroy.
+    pub(crate) events: Registration,
 }
 
 /// The in-flight tables of a queue pair that got `caps` when it asked for
@@ -233,6 +242,8 @@ impl QpInner {
         // QP's work requests, so only then are their buffers released. No
         // move to ERR first: destroy alone stops the device, and the move
         // cost a system call and tripled rxe's teardown (DESIGN.md, hazard 4).
+        // Before the destroy: the address may be reused once it returns.
+        self.events.leave();
         // SAFETY: live QP, destroyed exactly once (callers guarantee it).
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
@@ -328,7 +339,9 @@ impl QueuePair {
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
                 state: AtomicU32::new(sys::IBV_QPS_RESET),
+                mcast: parking_lot::Mutex::new(Vec::new()),
                 destroyed: false,
+                events: Registration::new(Kind::Qp, qp.as_ptr()),
             }),
         };
         let inner = &qp.inner;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, ret_ptr, Result};
+use crate::event_routing::{Kind, Registration};
 use crate::queue_pair::{
     check_bufs, post_recv_common, release_after_destroy, RecvRequest, RecvScratch, RecvWork,
 };
@@ -23,6 +24,9 @@ pub(crate) struct SrqInner {
     /// The depth asked for, which a CQ behind the SRQ must hold.
     asked_wr: u32,
     cqs: std::sync::Mutex<Vec<CompletionQueue>>,
+    /// Its id for async events (event_routing.rs): registered at creation,
+    /// leaves before the destroy.
+    events: Registration,
 }
 
 // SAFETY: SRQ verbs are thread-safe in libibverbs; the table is behind a Mutex.
@@ -32,6 +36,8 @@ unsafe impl Sync for SrqInner {}
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
+        // Before the destroy: the address may be reused once it returns.
+        self.events.leave();
         // SAFETY: last reference: every QP attached to the SRQ holds a clone,
         // so all of them are destroyed. Errors cannot be reported from Drop.
         let rc = unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
@@ -129,6 +135,7 @@ impl SharedReceiveQueueBuilder<'_> {
                 max_sge,
                 asked_wr: self.max_wr.clamp(1, max_wr),
                 cqs: std::sync::Mutex::new(Vec::new()),
+                events: Registration::new(Kind::Srq, srq.as_ptr()),
             }),
         })
     }
@@ -149,6 +156,10 @@ impl SharedReceiveQueue {
             cqs.push(cq.clone());
         }
         Ok(())
+    }
+
+    pub(crate) fn events(&self) -> &Registration {
+        &self.inner.events
     }
 
     /// The raw SRQ pointer, valid while `self` lives.
@@ -191,12 +202,22 @@ impl SharedReceiveQueue {
         Ok(unsafe { attr.assume_init() })
     }
 
-    /// Arms the limit event at `limit` outstanding requests.
+    /// Arms the limit event: once fewer than `limit` receives are left
+    /// posted, the device raises `IBV_EVENT_SRQ_LIMIT_REACHED` for this SRQ
+    /// (routed to [`SharedReceiveQueue::async_events`] by
+    /// [`Context::route_async_event`](crate::Context::route_async_event),
+    /// with [`SharedReceiveQueue::id`]) and disarms the limit (it reads 0
+    /// again); arm it again to hear of the next shortage. 0 disarms.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `ibv_modify_srq`.
+    /// [`Error::Verb`] naming `ibv_modify_srq` (`EINVAL` for a limit above
+    /// the SRQ's capacity, or a device without SRQ limits).
+    ///
+    /// # References
+    /// `ibv_modify_srq(3)`, `ibv_get_async_event(3)`
     #[doc(alias = "ibv_modify_srq")]
-    pub fn set_limit(&self, limit: u32) -> Result<()> {
+    #[doc(alias = "set_limit")]
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let mut attr = sys::ibv_srq_attr {
             srq_limit: limit,
             ..Default::default()

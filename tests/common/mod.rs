@@ -202,7 +202,7 @@ pub fn srq_with_limit(dev: &TestDevice) -> SrqWithLimit {
         let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
         srq.post_recv(ibverbs::RecvRequest::new(buf)).unwrap();
     }
-    srq.set_limit(4).unwrap();
+    srq.arm_limit(4).unwrap();
     SrqWithLimit {
         pd,
         cq,

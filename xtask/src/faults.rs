@@ -110,6 +110,18 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                             "tc qdisc add dev eth1 root netem loss 0% 2>>$E || echo 'tc netem loss 0% failed' >> $E"
                         );
                     }
+                    if sc.link_down.is_some() {
+                        // The port's asynchronous events across the outage,
+                        // through the library (`asyncwatch`): PORT_ERR, then
+                        // PORT_ACTIVE once the carrier is back. Started and
+                        // listening (its first line) before the transfer, so
+                        // a slow start cannot miss the outage.
+                        let _ = writeln!(
+                            s,
+                            "timeout 600 $X/asyncwatch -d rxe1 > $D/{i}.1.events 2>&1 & wpid=$!; \
+                             for n in $(seq 100); do grep -q 'async event FD' $D/{i}.1.events && break; sleep 0.1; done"
+                        );
+                    }
                     let _ = writeln!(
                         s,
                         "timeout 600 $F client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
@@ -135,6 +147,14 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                         let _ = writeln!(
                             s,
                             "for n in $(seq 100); do grep -q ACTIVE $PORT && break; sleep 0.1; done"
+                        );
+                    }
+                    if sc.link_down.is_some() {
+                        // PORT_ACTIVE follows the port's state at once; 5 s
+                        // at most, then the watcher ends either way.
+                        let _ = writeln!(
+                            s,
+                            "for n in $(seq 50); do grep -q PORT_ACTIVE $D/{i}.1.events && break; sleep 0.1; done; kill $wpid 2>/dev/null; wait $wpid 2>/dev/null"
                         );
                     }
                     if let Some((after, dur)) = sc.blackhole {
@@ -277,6 +297,10 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
         .iter()
         .flat_map(|sc| sc.procs.iter().map(|p| p.program))
         .collect();
+    // The link-down rows watch the port's events with `asyncwatch`.
+    if list.iter().any(|sc| sc.link_down.is_some()) {
+        programs.push("asyncwatch");
+    }
     programs.sort_unstable();
     programs.dedup();
     step!(
@@ -419,6 +443,7 @@ mod tests {
         let s = script(1, &list, &bins, Path::new("/r/out"));
         assert!(s.contains("ip link set eth1 down"));
         assert!(s.contains("link down >>") && s.contains("link up >>"));
+        assert!(s.contains("$X/asyncwatch -d rxe1 > $D/") && s.contains("grep -q PORT_ACTIVE"));
         assert!(s.contains("tc qdisc add dev eth1 root netem loss 2%"));
         assert!(s.contains("rdma statistic show link rxe1/1 > $D/0.1.stat-pre"));
         // A path outage changes a netem the client installed before its

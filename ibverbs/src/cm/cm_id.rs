@@ -43,6 +43,8 @@ pub(crate) struct IdShared {
     /// The QP of an active connect, until the connect response (weak: the
     /// QP's context keeps the id alive).
     pending: Mutex<Option<Weak<QpInner>>>,
+    /// The multicast groups joined and not yet left (`multicast.rs`).
+    pub(crate) mcast: Mutex<Vec<super::multicast::Join>>,
 }
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -117,7 +119,11 @@ impl IdShared {
 ///
 /// # Safety
 /// The caller must pass a live id.
-unsafe fn move_qp(id: *mut sys::rdma_cm_id, qp: &QueuePair, state: QpState) -> Result<()> {
+pub(super) unsafe fn move_qp(
+    id: *mut sys::rdma_cm_id,
+    qp: &QueuePair,
+    state: QpState,
+) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { move_qp_capped(id, qp, state, None) }
 }
@@ -273,8 +279,24 @@ impl ConnParam {
     }
 }
 
-/// An rdma_cm identifier (`struct rdma_cm_id`, port space TCP: reliable
-/// connections). Cheap to clone.
+crate::port::device_enum! {
+    /// The port space of an rdma_cm id (`enum rdma_port_space`): which
+    /// queue pairs it manages and which kernel port numbers it binds.
+    PortSpace {
+        /// Reliable connections (RC queue pairs); [`CmId::new`]'s.
+        Tcp = sys::RDMA_PS_TCP,
+        /// Unreliable datagrams (UD queue pairs) and multicast.
+        Udp = sys::RDMA_PS_UDP,
+        /// IPoIB's space (UD; multicast groups shared with IPoIB).
+        Ipoib = sys::RDMA_PS_IPOIB,
+        /// InfiniBand native addressing (`AF_IB`).
+        Ib = sys::RDMA_PS_IB,
+    }
+}
+
+/// An rdma_cm identifier (`struct rdma_cm_id`; port space TCP, reliable
+/// connections, unless created with [`CmId::with_port_space`]). Cheap to
+/// clone.
 ///
 /// # References
 /// `rdma_create_id(3)`, `rdma_cm(7)`
@@ -292,7 +314,7 @@ impl std::fmt::Debug for CmId {
     }
 }
 
-fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub(super) fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -329,7 +351,7 @@ fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 
 /// # Safety
 /// `sa` is NULL or points to a valid sockaddr of its family.
-unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
+pub(super) unsafe fn from_sockaddr(sa: *const sys::sockaddr) -> Option<SocketAddr> {
     // SAFETY: the caller's contract; the family says which struct it is.
     unsafe {
         let sa = sa.cast::<libc::sockaddr>().as_ref()?;
@@ -369,6 +391,20 @@ impl CmId {
     /// `rdma_create_id(3)`
     #[doc(alias = "rdma_create_id")]
     pub fn new(channel: &EventChannel) -> Result<CmId> {
+        CmId::with_port_space(channel, PortSpace::Tcp)
+    }
+
+    /// Creates an id on `channel` in the port space `ps`:
+    /// [`PortSpace::Udp`] for UD queue pairs and multicast
+    /// ([`CmId::join_multicast`]).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] naming `rdma_create_id`.
+    ///
+    /// # References
+    /// `rdma_create_id(3)`
+    #[doc(alias = "rdma_create_id")]
+    pub fn with_port_space(channel: &EventChannel, ps: PortSpace) -> Result<CmId> {
         let mut id = std::ptr::null_mut();
         // SAFETY: live channel; `id` receives the new id (owned below).
         let rc = unsafe {
@@ -376,7 +412,7 @@ impl CmId {
                 channel.inner.ch.as_ptr(),
                 &mut id,
                 std::ptr::null_mut(),
-                sys::RDMA_PS_TCP,
+                ps.as_raw(),
             )
         };
         neg_errno("rdma_create_id", rc)?;
@@ -396,6 +432,7 @@ impl CmId {
         let shared = Arc::new(IdShared {
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             pending: Mutex::new(None),
+            mcast: Mutex::new(Vec::new()),
         });
         // SAFETY: the caller's contract; `context` is ours to set (for a
         // connect request's id librdmacm copied the listening id's there:
@@ -416,12 +453,17 @@ impl CmId {
         self.handle.shared.serial
     }
 
+    /// The part of the id the event path shares.
+    pub(super) fn shared(&self) -> &IdShared {
+        &self.handle.shared
+    }
+
     /// The raw id, valid while `self` lives.
     pub fn as_ptr(&self) -> *mut sys::rdma_cm_id {
         self.handle.id.as_ptr()
     }
 
-    fn id(&self) -> *mut sys::rdma_cm_id {
+    pub(super) fn id(&self) -> *mut sys::rdma_cm_id {
         self.as_ptr()
     }
 
@@ -535,15 +577,35 @@ impl CmId {
         })
     }
 
+    /// The id's port space.
+    pub fn port_space(&self) -> PortSpace {
+        // SAFETY: live id; `ps` is set at creation and never changes.
+        PortSpace::from_raw(unsafe { (*self.id()).ps })
+    }
+
     fn check_qp(&self, qp: &QueuePair) -> Result<()> {
+        self.check_qp_of(
+            qp,
+            crate::QpType::Rc,
+            "an rdma_cm connection (TCP port space)",
+        )
+    }
+
+    /// `qp` was created on this id's context and is of type `want`.
+    pub(super) fn check_qp_of(
+        &self,
+        qp: &QueuePair,
+        want: crate::QpType,
+        what: &'static str,
+    ) -> Result<()> {
         // SAFETY: live id.
         let verbs = unsafe { (*self.id()).verbs };
         if verbs.is_null() || qp.pd().context().as_ptr() != verbs {
             return Err(Error::ForeignContext { what: "queue pair" });
         }
-        if qp.qp_type() != crate::QpType::Rc {
+        if qp.qp_type() != want {
             return Err(Error::WrongQpType {
-                what: "an rdma_cm connection (TCP port space)",
+                what,
                 qp_type: qp.qp_type(),
             });
         }

@@ -117,6 +117,8 @@ pub struct CmEvent {
     private_data: Vec<u8>,
     responder_resources: u8,
     initiator_depth: u8,
+    /// For multicast events: the group's UD parameters.
+    ud: Option<super::UdParam>,
 }
 
 impl CmEvent {
@@ -154,6 +156,12 @@ impl CmEvent {
     /// Initiator depth the peer asks for (connect request/response).
     pub fn initiator_depth(&self) -> u8 {
         self.initiator_depth
+    }
+    /// For `MulticastJoin` (and `MulticastError`): the group's UD
+    /// parameters — remote QPN `0xFFFFFF`, Q_Key and address vector — from
+    /// which a sender builds its address handle.
+    pub fn ud_param(&self) -> Option<&super::UdParam> {
+        self.ud.as_ref()
     }
     /// `Ok(self)` for `expected`, else an error naming what arrived.
     ///
@@ -280,6 +288,7 @@ impl EventChannel {
             private_data: Vec::new(),
             responder_resources: 0,
             initiator_depth: 0,
+            ud: None,
         };
         if matches!(
             event.kind,
@@ -332,6 +341,26 @@ impl EventChannel {
             } else {
                 CmEventType::ConnectError
             };
+        }
+        if matches!(
+            event.kind,
+            CmEventType::MulticastJoin | CmEventType::MulticastError
+        ) {
+            // SAFETY: multicast events carry `param.ud` (librdmacm sets its
+            // `private_data` to the join's context: a number of ours).
+            let ud = unsafe { raw.param.ud };
+            let param = super::UdParam::from_raw(&ud);
+            if event.kind == CmEventType::MulticastJoin {
+                // SAFETY: as for the connect response below: the id is alive
+                // until the ack, and its `context` is ours.
+                if let Some(s) = unsafe { IdShared::of(raw.id) } {
+                    if let Err(e) = super::multicast::on_join(s, ud.private_data as usize, &param) {
+                        event.kind = CmEventType::MulticastError;
+                        result = Err(e);
+                    }
+                }
+            }
+            event.ud = Some(param);
         }
         // SAFETY: acknowledges the event obtained above, exactly once.
         unsafe { sys::rdma_ack_cm_event(ev) };

@@ -241,6 +241,12 @@ fn every_variant() -> Vec<Error> {
         Error::GrhRequired {
             port: PortNumber(1),
         },
+        Error::MulticastMembership {
+            verb: "ibv_detach_mcast",
+            gid: crate::Gid::from(std::net::Ipv4Addr::new(239, 1, 1, 1)),
+            lid: 0,
+            attached: false,
+        },
     ];
     for e in &all {
         match e {
@@ -308,7 +314,8 @@ fn every_variant() -> Vec<Error> {
             | Error::CqResizeTooSmall { .. }
             | Error::DeviceLacks { .. }
             | Error::Sysfs { .. }
-            | Error::GrhRequired { .. } => {}
+            | Error::GrhRequired { .. }
+            | Error::MulticastMembership { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }

@@ -306,6 +306,12 @@ pub(super) fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resource
                 log.lines().collect::<Vec<_>>().join(" / ")
             ));
         }
+        // vm1's process saw the port go down and come back: PORT_ERR,
+        // then PORT_ACTIVE, as asynchronous events of its context.
+        let events = fs::read_to_string(dir.join(format!("{i}.1.events"))).unwrap_or_default();
+        if let Some(p) = port_events_problem(&events) {
+            problems.push(p);
+        }
     }
     // No leaked objects on either host after the scenario.
     for (role, base) in baseline.iter().enumerate() {
@@ -351,6 +357,25 @@ pub(super) fn table(rows: &[Row]) -> String {
         );
     }
     s
+}
+
+/// What is wrong with vm1's `asyncwatch` output of a link-down row: it must
+/// hold `IBV_EVENT_PORT_ERR` and, after it, `IBV_EVENT_PORT_ACTIVE`.
+pub(super) fn port_events_problem(events: &str) -> Option<String> {
+    let err = events.find("IBV_EVENT_PORT_ERR");
+    let active = err.and_then(|at| events[at..].find("IBV_EVENT_PORT_ACTIVE"));
+    if err.is_some() && active.is_some() {
+        return None;
+    }
+    let lines: Vec<&str> = events.lines().map(str::trim).collect();
+    Some(format!(
+        "port events: expected PORT_ERR then PORT_ACTIVE, saw: {}",
+        if lines.is_empty() {
+            "nothing".to_string()
+        } else {
+            lines.join(" / ")
+        }
+    ))
 }
 
 #[cfg(test)]
@@ -444,5 +469,15 @@ mod tests {
         assert!(!r.pass);
         assert!(r.observed.contains("vm1 leaked: rxe1 qp 0 -> 1"));
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn port_events_need_err_then_active() {
+        let ok = "rxe1: async event FD 3\n  event_type IBV_EVENT_PORT_ERR (10), port 1\n  event_type IBV_EVENT_GID_CHANGE (18), port 1\n  event_type IBV_EVENT_PORT_ACTIVE (9), port 1\n";
+        assert_eq!(port_events_problem(ok), None);
+        let reversed = "  event_type IBV_EVENT_PORT_ACTIVE (9), port 1\n  event_type IBV_EVENT_PORT_ERR (10), port 1\n";
+        assert!(port_events_problem(reversed).is_some());
+        let none = port_events_problem("").unwrap();
+        assert!(none.ends_with("saw: nothing"), "{none}");
     }
 }
