@@ -87,8 +87,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn next_id() -> NonZeroU64 {
     let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    // 2^64 creations cannot happen; should the counter ever wrap, 0 would
-    // be skipped by the `max(1)` and ids would repeat only after that.
+    // 2^64 creations cannot happen; should the counter ever wrap, its 0
+    // would read as 1, and ids would repeat only after that.
     NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN)
 }
 
