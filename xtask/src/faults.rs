@@ -222,10 +222,17 @@ fn workload(s: &mut String, i: usize, role: usize, sc: &Scenario) {
             .replace("{port}", &workload_port(i).to_string())
             .replace(&format!("{{vm{role}}}"), "\"$ME\"")
             .replace(&format!("{{vm{}}}", 1 - role), "\"$PEER\"");
+        let program = match p.program.starts_with('/') {
+            true => p.program.to_string(),
+            false => format!("$X/{}", p.program),
+        };
+        let after = match p.after {
+            0 => String::new(),
+            t => format!("sleep {t}; "),
+        };
         let _ = writeln!(
             s,
-            "timeout 300 $X/{} {args} > $D/{} 2>&1 & p{k}=$!",
-            p.program,
+            "({after}exec timeout 300 {program} {args}) > $D/{} 2>&1 & p{k}=$!",
             p.out_file(i)
         );
     }
@@ -296,6 +303,7 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     let mut programs: Vec<&str> = list
         .iter()
         .flat_map(|sc| sc.procs.iter().map(|p| p.program))
+        .filter(|p| !p.starts_with('/'))
         .collect();
     // The link-down rows watch the port's events with `asyncwatch`.
     if list.iter().any(|sc| sc.link_down.is_some()) {

@@ -132,15 +132,21 @@ fn outcome(text: &str) -> (Option<i32>, Option<&str>) {
 }
 
 /// A workload row: every process exited 0 with a final line containing
-/// `VERIFIED`; anything else is a problem. Returns the observed and the
-/// verified columns.
-fn workload(i: usize, sc: &Scenario, dir: &Path, problems: &mut Vec<String>) -> (String, String) {
+/// `proof` (`VERIFIED`, or a C tool's success line); anything else is a
+/// problem. Returns the observed and the verified columns.
+fn workload(
+    i: usize,
+    sc: &Scenario,
+    proof: &str,
+    dir: &Path,
+    problems: &mut Vec<String>,
+) -> (String, String) {
     let mut notes = Vec::new();
     let mut ok = 0;
     for p in &sc.procs {
         let text = fs::read_to_string(dir.join(p.out_file(i))).unwrap_or_default();
         match outcome(&text) {
-            (Some(0), Some(last)) if last.contains("VERIFIED") => ok += 1,
+            (Some(0), Some(last)) if last.contains(proof) => ok += 1,
             (exit, last) => {
                 let exit = exit.map_or("no exit status".to_string(), |c| format!("exit {c}"));
                 let mut last = last.unwrap_or("no output").to_string();
@@ -156,8 +162,9 @@ fn workload(i: usize, sc: &Scenario, dir: &Path, problems: &mut Vec<String>) -> 
             }
         }
         // The measurement the process printed (a client's last IOPS line,
-        // a rank's median time), for the reader; not checked.
-        if let Some(m) = ["IOPS", "median", "busbw"]
+        // a rank's median time, a multicast receiver's count), for the
+        // reader; not checked.
+        if let Some(m) = ["IOPS", "median", "busbw", "messages verified"]
             .iter()
             .find_map(|k| text.lines().rev().find(|l| l.contains(k)))
         {
@@ -169,10 +176,15 @@ fn workload(i: usize, sc: &Scenario, dir: &Path, problems: &mut Vec<String>) -> 
             });
         }
     }
-    let mut obs = if ok == sc.procs.len() {
-        format!("{ok} VERIFIED")
+    let passed = if proof == "VERIFIED" {
+        "VERIFIED"
     } else {
-        format!("{ok} of {} VERIFIED", sc.procs.len())
+        "passed"
+    };
+    let mut obs = if ok == sc.procs.len() {
+        format!("{ok} {passed}")
+    } else {
+        format!("{ok} of {} {passed}", sc.procs.len())
     };
     for n in notes {
         let _ = write!(obs, "; {n}");
@@ -188,7 +200,10 @@ pub(super) fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resource
     let get = |side: &str| result_fields(&dir.join(format!("{i}.{side}.out")));
     let mut problems = Vec::new();
     let (observed, verified) = match sc.expect {
-        Expect::Verified => workload(i, sc, dir, &mut problems),
+        Expect::Verified | Expect::LastLine(_) => {
+            let proof = sc.expect.proof().unwrap_or("VERIFIED");
+            workload(i, sc, proof, dir, &mut problems)
+        }
         Expect::Local(want) => match get("local") {
             Some(f) => {
                 let st = f.get("status").cloned().unwrap_or_default();
@@ -258,7 +273,7 @@ pub(super) fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resource
                                 }
                             }
                         }
-                        Expect::Local(_) | Expect::Verified => {}
+                        Expect::Local(_) | Expect::Verified | Expect::LastLine(_) => {}
                     }
                     let obs = format!(
                         "{st}, first {} after {} s{}, {returned}/{posted} back, {:.1} s",
@@ -426,6 +441,7 @@ mod tests {
                 role: r % 2,
                 label: format!("rank {r}"),
                 program: "allreduce",
+                after: 0,
                 args: String::new(),
             })
             .collect();
@@ -468,6 +484,65 @@ mod tests {
         let r = row([verified; 3], "0: rxe1: pd 0 cq 0 qp 1 mr 0\n");
         assert!(!r.pass);
         assert!(r.observed.contains("vm1 leaked: rxe1 qp 0 -> 1"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A C tool's row passes on its own success line: `return status 0`
+    /// and exit 0 for every process; a failing status fails it.
+    #[test]
+    fn last_line_rows_need_every_status_0() {
+        use super::super::scenarios::Proc;
+        let dir = std::env::temp_dir().join(format!("xtask-lastline-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let procs: Vec<Proc> = ["receiver", "C sender"]
+            .iter()
+            .enumerate()
+            .map(|(r, l)| Proc {
+                role: 1 - r,
+                label: l.to_string(),
+                program: "mckey",
+                after: 0,
+                args: String::new(),
+            })
+            .collect();
+        let sc = Scenario {
+            expect: Expect::LastLine("return status 0"),
+            ..Scenario::workload("multicast / C sender", None, procs)
+        };
+        let res = "0: rxe1: pd 0 cq 0 qp 0 mr 0\n";
+        let base = [parse_resources(res), parse_resources(res)];
+        fs::write(dir.join("3.0.res"), res).unwrap();
+        fs::write(dir.join("3.1.res"), res).unwrap();
+        let row = |recv: &str, send: &str| {
+            fs::write(dir.join("3.receiver.out"), recv).unwrap();
+            fs::write(dir.join("3.C_sender.out"), send).unwrap();
+            evaluate(3, &sc, &dir, &base)
+        };
+        let good = "receiving data transfers\n20 messages verified\ndata transfers complete\ntest complete\nreturn status 0\nexit=0\n";
+        let ok = row(good, "test complete\nreturn status 0\nexit=0\n");
+        assert!(ok.pass, "{}", ok.observed);
+        assert_eq!(ok.expected, "every process `return status 0`, exit 0");
+        assert!(
+            ok.observed
+                .starts_with("2 passed; receiver: 20 messages verified"),
+            "{}",
+            ok.observed
+        );
+        let bad = row(
+            good,
+            "mckey: failed\ntest complete\nreturn status 1\nexit=1\n",
+        );
+        assert!(!bad.pass);
+        assert!(bad.observed.contains("1 of 2 passed"), "{}", bad.observed);
+        assert!(bad
+            .observed
+            .contains("C sender: exit 1, last line `return status 1`"));
+        // Exit 0 without the success line (a tool that stopped short).
+        let short = row(good, "initiating data transfers\nexit=0\n");
+        assert!(!short.pass);
+        assert!(short
+            .observed
+            .contains("C sender: exit 0, last line `initiating data transfers`"));
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -14,6 +14,10 @@ pub(super) enum Expect {
     /// Every process of a workload row exits 0 with a final line
     /// containing `VERIFIED` (its own check of every byte).
     Verified,
+    /// Every process of a workload row exits 0 with a final line
+    /// containing this (a tool whose output follows a C tool's, such as
+    /// `mckey`'s `return status 0`).
+    LastLine(&'static str),
 }
 
 impl Expect {
@@ -23,6 +27,16 @@ impl Expect {
             Expect::ClientError(s) => format!("{} + flush, all buffers back", s.join("|")),
             Expect::Local(e) => e.replace(':', " "),
             Expect::Verified => "every process VERIFIED, exit 0".into(),
+            Expect::LastLine(l) => format!("every process `{l}`, exit 0"),
+        }
+    }
+
+    /// What a workload process's last line must contain.
+    pub(super) fn proof(self) -> Option<&'static str> {
+        match self {
+            Expect::Verified => Some("VERIFIED"),
+            Expect::LastLine(l) => Some(l),
+            _ => None,
         }
     }
 }
@@ -34,8 +48,12 @@ pub(super) struct Proc {
     pub(super) role: usize,
     /// Its name in the row; its output goes to `{row}.{label}.out`.
     pub(super) label: String,
-    /// The example (`target/release/examples/<program>`).
+    /// The example (`target/release/examples/<program>`), or a tool of
+    /// the guest's when it is an absolute path.
     pub(super) program: &'static str,
+    /// Seconds to wait before starting it (a multicast sender after its
+    /// receivers have joined).
+    pub(super) after: u32,
     /// Its arguments: `{vm0}`/`{vm1}` stand for that VM's eth1 address,
     /// `{port}` for the row's first TCP port.
     pub(super) args: String,
@@ -118,6 +136,7 @@ fn workloads(quick: bool) -> Vec<Scenario> {
         role,
         label: label.into(),
         program,
+        after: 0,
         args,
     };
     let blockstore = |args: &str| {
@@ -174,6 +193,7 @@ fn workloads(quick: bool) -> Vec<Scenario> {
         // must still verify.
         Scenario::workload("loss 1% / allreduce", Some("loss 1%"), allreduce()),
     ];
+    v.extend(multicast());
     if !quick {
         v.push(Scenario::workload(
             "loss 1% / blockstore",
@@ -182,6 +202,55 @@ fn workloads(quick: bool) -> Vec<Scenario> {
         ));
     }
     v
+}
+
+/// UD multicast across the link (issue #22): `mckey` senders on vm0,
+/// receivers on vm1, joined through rdma_cm on rxe1 with each VM's eth1
+/// address. Ours to ours (one receiving process with two queue pairs in
+/// the group, each checking every byte with `-V`), then ours against
+/// rdma-core's C `mckey` both ways. A sender starts 2 s after the
+/// receivers (it sends 3 s after its own join, as mckey), so the
+/// receivers are in the group before the first datagram. The C sender
+/// posts unsignaled sends and destroys its queue pairs without waiting,
+/// so rxe may drop its last ones: it sends 40 per id for the receiver's
+/// 10 (as tests/multicast.rs).
+fn multicast() -> Vec<Scenario> {
+    const C_MCKEY: &str = "/usr/bin/mckey";
+    // (label, program, arguments beyond the group and the bind address)
+    type Side = (&'static str, &'static str, &'static str);
+    let row = |name: &str, group: &str, recv: Side, send: Side| {
+        let mckey = |role: usize, (label, program, extra): Side| Proc {
+            role,
+            label: label.into(),
+            program,
+            after: if role == 0 { 2 } else { 0 },
+            args: format!("-m {group} -b {{vm{role}}} {extra}"),
+        };
+        Scenario {
+            expect: Expect::LastLine("return status 0"),
+            ..Scenario::workload(name, None, vec![mckey(1, recv), mckey(0, send)])
+        }
+    };
+    vec![
+        row(
+            "multicast / 2 receivers",
+            "239.2.0.1",
+            ("receiver", "mckey", "-c 2 -C 20 -S 1024 -V"),
+            ("sender", "mckey", "-s -C 20 -S 1024"),
+        ),
+        row(
+            "multicast / C receiver",
+            "239.2.0.2",
+            ("C receiver", C_MCKEY, "-C 10"),
+            ("sender", "mckey", "-s -C 10"),
+        ),
+        row(
+            "multicast / C sender",
+            "239.2.0.3",
+            ("receiver", "mckey", "-C 10"),
+            ("C sender", C_MCKEY, "-s -C 40"),
+        ),
+    ]
 }
 
 /// The budget implied by the QP's timeout/retry settings: each try waits
