@@ -38,20 +38,34 @@ pub struct FaultsOptions {
     pub only: Option<String>,
     /// Each selected scenario runs this many times.
     pub repeat: u32,
+    /// The data mover of the transfer rows.
+    pub peer: Peer,
     /// Also copy the generated report to docs/reliability.md.
     pub publish: bool,
     pub vm: VmOpts,
 }
 
+/// The data mover of a transfer row: `fault_peer` or its C twin.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Peer {
+    /// `fault_peer` (src/fault.rs), on this library.
+    Rust,
+    /// `fault_peer_c` (xtask/c/fault_peer.c), on libibverbs alone.
+    C,
+    /// Each transfer row twice in a row: `fault_peer`, then the C twin.
+    Both,
+}
+
 /// The shell script one VM runs: every scenario in order.
 fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
     let f = quote(&bins.peer.to_string_lossy());
+    let fc = quote(&bins.c_twin.to_string_lossy());
     let x = quote(&bins.examples.to_string_lossy());
     let d = quote(&out.to_string_lossy());
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "set -u; F={f}; X={x}; D={d}; ME=\"$XTASK_LOCAL_ADDR\"; PEER=\"$XTASK_PEER_ADDR\"; PORT=/sys/class/infiniband/rxe1/ports/1/state"
+        "set -u; F={f}; FC={fc}; X={x}; D={d}; ME=\"$XTASK_LOCAL_ADDR\"; PEER=\"$XTASK_PEER_ADDR\"; PORT=/sys/class/infiniband/rxe1/ports/1/state"
     );
     let _ = writeln!(s, "ulimit -l unlimited");
     let _ = writeln!(s, "rdma resource show > $D/base.{role}.res");
@@ -65,6 +79,7 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
     );
     for (i, sc) in list.iter().enumerate() {
         let port = 7000 + i;
+        let f = if sc.c_twin { "$FC" } else { "$F" };
         let side = if role == 0 { "server" } else { "client" };
         let _ = writeln!(s, "echo \"[faults] {i}: {}\"", sc.name.replace('"', ""));
         // Anything that went wrong applying the fault: the row fails.
@@ -87,7 +102,7 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                 if role == 0 {
                     let _ = writeln!(
                         s,
-                        "timeout 600 $F server -d rxe1 -p {port} --deadline 500 {} > $D/{i}.server.out 2>&1 & pid=$!",
+                        "timeout 600 {f} server -d rxe1 -p {port} --deadline 500 {} > $D/{i}.server.out 2>&1 & pid=$!",
                         sc.server_args
                     );
                     if let Some(t) = sc.kill_server_after {
@@ -124,7 +139,7 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                     }
                     let _ = writeln!(
                         s,
-                        "timeout 600 $F client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
+                        "timeout 600 {f} client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
                         sc.client_args
                     );
                     if sc.link_down.is_some() || sc.if_down.is_some() || sc.blackhole.is_some() {
@@ -190,8 +205,24 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
 struct Bins {
     /// `fault_peer`.
     peer: PathBuf,
+    /// Its C twin, `fault_peer_c`.
+    c_twin: PathBuf,
     /// The directory of the release examples (the workload rows).
     examples: PathBuf,
+}
+
+/// Builds `fault_peer`'s C twin with `cc` (as `instr` builds opcost's).
+fn build_c_twin(src: &Path, out: &Path) -> Result<()> {
+    step!("faults: building {} (cc)", out.display());
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(out)
+        .arg(src)
+        .arg("-libverbs")
+        .status()
+        .context("cannot run cc (install gcc)")?;
+    anyhow::ensure!(status.success(), "cc failed to build {}", src.display());
+    Ok(())
 }
 
 /// The first TCP port of workload row `i` (the all-reduce's ranks listen
@@ -330,8 +361,12 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     util::run_visible(&mut b)?;
     let bins = Bins {
         peer: repo.join("target/release/fault_peer"),
+        c_twin: repo.join("target/release/fault_peer_c"),
         examples: repo.join("target/release/examples"),
     };
+    if list.iter().any(|sc| sc.c_twin) {
+        build_c_twin(&repo.join("xtask/c/fault_peer.c"), &bins.c_twin)?;
+    }
     let dir: PathBuf = repo.join("target/faults");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -424,6 +459,54 @@ mod tests {
     use super::*;
     use scenarios::retry_budget;
 
+    /// `--peer both` runs every transfer row with `fault_peer` and then at
+    /// once with the C twin (same boot, same load); other rows once.
+    #[test]
+    fn both_peers_alternate_on_transfer_rows() {
+        let list = scenarios(&FaultsOptions {
+            total_mib: 8,
+            quick: true,
+            only: None,
+            repeat: 2,
+            peer: Peer::Rust,
+            publish: false,
+            vm: VmOpts {
+                mem: "2G".into(),
+                smp: 1,
+                timeout: None,
+                env: vec![],
+                verbose: false,
+                kernel_args: vec![],
+            },
+        });
+        let both = scenarios::with_peer(list.clone(), Peer::Both);
+        let names: Vec<&str> = both.iter().map(|s| s.name.as_str()).collect();
+        let i = names.iter().position(|n| *n == "loss 2% / send #1").unwrap();
+        assert_eq!(
+            &names[i..i + 4],
+            &[
+                "loss 2% / send #1",
+                "loss 2% / send #1 (C twin)",
+                "loss 2% / send #2",
+                "loss 2% / send #2 (C twin)"
+            ]
+        );
+        assert!(!names.iter().any(|n| n.contains("CQ overrun") && n.contains("twin")));
+        assert!(!names.iter().any(|n| n.contains("allreduce") && n.contains("twin")));
+        let only_c = scenarios::with_peer(list.clone(), Peer::C);
+        assert_eq!(only_c.len(), list.len());
+        let bins = Bins {
+            peer: "/r/fp".into(),
+            c_twin: "/r/fpc".into(),
+            examples: "/r/ex".into(),
+        };
+        let s = script(1, &both, &bins, Path::new("/r/out"));
+        let client = |k: usize| format!("timeout 600 $FC client \"$PEER\" -d rxe1 -p {}", 7000 + k);
+        assert!(s.contains(&client(i + 1)), "{s}");
+        assert!(!s.contains(&client(i)));
+        assert!(s.contains("FC=/r/fpc;"));
+    }
+
     #[test]
     fn budget_and_scripts() {
         assert!((retry_budget(14, 7) - 0.537).abs() < 0.01);
@@ -432,6 +515,7 @@ mod tests {
             quick: true,
             only: None,
             repeat: 1,
+            peer: Peer::Rust,
             publish: false,
             vm: VmOpts {
                 mem: "2G".into(),
@@ -445,6 +529,7 @@ mod tests {
         let list = scenarios(&o);
         let bins = Bins {
             peer: "/r/fp".into(),
+            c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
         assert!(list.iter().any(|s| s.name.starts_with("peer killed")));
@@ -500,6 +585,7 @@ mod tests {
             quick: true,
             only: Some("allreduce / 3".into()),
             repeat: 1,
+            peer: Peer::Rust,
             publish: false,
             vm: VmOpts {
                 mem: "2G".into(),
@@ -514,6 +600,7 @@ mod tests {
         assert_eq!(list.len(), 1);
         let bins = Bins {
             peer: "/r/fp".into(),
+            c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
         let vm0 = script(0, &list, &bins, Path::new("/r/out"));

@@ -194,6 +194,12 @@ struct FaultsArgs {
     /// intermittent failures.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// Which data mover the transfer rows run: `rust` (fault_peer, on
+    /// this library), `c` (its C twin on libibverbs alone,
+    /// xtask/c/fault_peer.c), or `both`, each row once with each, in turn
+    /// (the comparison of issue #24).
+    #[arg(long, value_enum, default_value_t = faults::Peer::Rust)]
+    peer: faults::Peer,
     /// Also copy the generated report (target/faults/reliability.md) to
     /// docs/reliability.md.
     #[arg(long)]
@@ -357,6 +363,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 quick: args.quick,
                 only: args.only,
                 repeat: args.repeat,
+                peer: args.peer,
                 publish: args.publish,
                 vm: args.opts,
             })?;

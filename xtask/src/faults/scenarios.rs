@@ -1,6 +1,6 @@
 //! The scenarios of `cargo xtask faults`: what each row does and expects.
 
-use super::FaultsOptions;
+use super::{FaultsOptions, Peer};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Expect {
@@ -91,6 +91,8 @@ pub(super) struct Scenario {
     pub(super) expect: Expect,
     /// Upper bound for the client's stall (last success → first error), s.
     pub(super) stall_bound: Option<f64>,
+    /// Both sides run `fault_peer`'s C twin instead (`--peer c|both`).
+    pub(super) c_twin: bool,
 }
 
 impl Scenario {
@@ -108,6 +110,7 @@ impl Scenario {
             procs: Vec::new(),
             expect: Expect::Delivered,
             stall_bound: None,
+            c_twin: false,
         }
     }
 }
@@ -406,6 +409,7 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
         procs: Vec::new(),
         expect: Expect::Local("refused:CqTooSmall"),
         stall_bound: None,
+        c_twin: false,
     });
     if let Some(only) = &o.only {
         v.retain(|s| s.name.contains(only.as_str()));
@@ -421,5 +425,32 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
             })
             .collect();
     }
-    v
+    with_peer(v, o.peer)
+}
+
+/// The transfer rows (both sides `fault_peer`) as `peer` asks: unchanged,
+/// on the C twin instead (named `… (C twin)`), or each followed at once by
+/// its C twin run, so that both see the same boot and the same load.
+/// Workload and local rows run as they are.
+pub(super) fn with_peer(v: Vec<Scenario>, peer: Peer) -> Vec<Scenario> {
+    let twin = |s: &Scenario| Scenario {
+        name: format!("{} (C twin)", s.name),
+        c_twin: true,
+        ..s.clone()
+    };
+    let transfer = |s: &Scenario| s.procs.is_empty() && !s.local;
+    match peer {
+        Peer::Rust => v,
+        Peer::C => v
+            .iter()
+            .map(|s| if transfer(s) { twin(s) } else { s.clone() })
+            .collect(),
+        Peer::Both => v
+            .iter()
+            .flat_map(|s| match transfer(s) {
+                true => vec![s.clone(), twin(s)],
+                false => vec![s.clone()],
+            })
+            .collect(),
+    }
 }
