@@ -42,6 +42,9 @@ pub struct FaultsOptions {
     pub peer: Peer,
     /// Also copy the generated report to docs/reliability.md.
     pub publish: bool,
+    /// Evaluate the outputs of the last run again (same selection), without
+    /// building or booting anything.
+    pub reanalyze: bool,
     pub vm: VmOpts,
 }
 
@@ -317,19 +320,14 @@ fn newest_61_kernel() -> Option<String> {
         .map(|(_, n)| n)
 }
 
-/// Runs the fault-injection scenarios; `Ok(true)` when all pass.
-pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
-    let repo = crate::repo_root()?;
-    if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
-        match newest_61_kernel() {
-            Some(p) => {
-                step!("faults: using {p} (rxe in 6.12 is unstable under netem; see faults.rs)");
-                std::env::set_var("XTASK_KERNEL_PACKAGE", p);
-            }
-            None => step!("faults: no Debian 6.1 kernel package found; using the default kernel"),
-        }
-    }
-    let list = scenarios(o);
+/// Builds the programs of `list`, writes both VMs' scripts into `dir` and
+/// runs them: the outputs land in `dir`.
+fn run_vms(
+    o: &FaultsOptions,
+    list: &[Scenario],
+    repo: &Path,
+    dir: &Path,
+) -> Result<Vec<vm::VmOutcome>> {
     // fault_peer, and the examples the selected workload rows run.
     let mut programs: Vec<&str> = list
         .iter()
@@ -367,18 +365,16 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     if list.iter().any(|sc| sc.c_twin) {
         build_c_twin(&repo.join("xtask/c/fault_peer.c"), &bins.c_twin)?;
     }
-    let dir: PathBuf = repo.join("target/faults");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     step!(
         "faults: {} scenarios, {} MiB per transfer{}",
         list.len(),
         o.total_mib,
         if o.quick { " (quick profile)" } else { "" }
     );
-    let started = std::time::Instant::now();
-    let s0 = script(0, &list, &bins, &dir);
-    let s1 = script(1, &list, &bins, &dir);
+    let s0 = script(0, list, &bins, dir);
+    let s1 = script(1, list, &bins, dir);
     fs::write(dir.join("vm0.sh"), &s0)?;
     fs::write(dir.join("vm1.sh"), &s1)?;
     let cmd = |i: usize| {
@@ -397,6 +393,31 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
             step!("faults: {}", out.describe());
         }
     }
+    Ok(outcomes)
+}
+
+/// Runs the fault-injection scenarios; `Ok(true)` when all pass.
+pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
+    let repo = crate::repo_root()?;
+    if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
+        match newest_61_kernel() {
+            Some(p) => {
+                step!("faults: using {p} (rxe in 6.12 is unstable under netem; see faults.rs)");
+                std::env::set_var("XTASK_KERNEL_PACKAGE", p);
+            }
+            None => step!("faults: no Debian 6.1 kernel package found; using the default kernel"),
+        }
+    }
+    let list = scenarios(o);
+    let dir: PathBuf = repo.join("target/faults");
+    let started = std::time::Instant::now();
+    let outcomes = match o.reanalyze {
+        true => {
+            step!("faults: evaluating the outputs in {} again", dir.display());
+            Vec::new()
+        }
+        false => run_vms(o, &list, &repo, &dir)?,
+    };
     let baseline = [0, 1].map(|r| {
         fs::read_to_string(dir.join(format!("base.{r}.res")))
             .map(|t| parse_resources(&t))
@@ -415,7 +436,16 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
         only: o.only.clone(),
         repeat: o.repeat,
         kernel: std::env::var("XTASK_KERNEL_PACKAGE").ok(),
-        minutes: started.elapsed().as_secs_f64() / 60.0,
+        minutes: match o.reanalyze {
+            true => fs::read_to_string(dir.join("minutes"))
+                .ok()
+                .and_then(|m| m.trim().parse().ok()),
+            false => {
+                let m = started.elapsed().as_secs_f64() / 60.0;
+                let _ = fs::write(dir.join("minutes"), format!("{m}"));
+                Some(m)
+            }
+        },
     };
     let md = report::markdown(&run, &rows);
     let generated = dir.join("reliability.md");
@@ -470,6 +500,7 @@ mod tests {
             repeat: 2,
             peer: Peer::Rust,
             publish: false,
+            reanalyze: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -481,7 +512,10 @@ mod tests {
         });
         let both = scenarios::with_peer(list.clone(), Peer::Both);
         let names: Vec<&str> = both.iter().map(|s| s.name.as_str()).collect();
-        let i = names.iter().position(|n| *n == "loss 2% / send #1").unwrap();
+        let i = names
+            .iter()
+            .position(|n| *n == "loss 2% / send #1")
+            .unwrap();
         assert_eq!(
             &names[i..i + 4],
             &[
@@ -491,8 +525,12 @@ mod tests {
                 "loss 2% / send #2 (C twin)"
             ]
         );
-        assert!(!names.iter().any(|n| n.contains("CQ overrun") && n.contains("twin")));
-        assert!(!names.iter().any(|n| n.contains("allreduce") && n.contains("twin")));
+        assert!(!names
+            .iter()
+            .any(|n| n.contains("CQ overrun") && n.contains("twin")));
+        assert!(!names
+            .iter()
+            .any(|n| n.contains("allreduce") && n.contains("twin")));
         let only_c = scenarios::with_peer(list.clone(), Peer::C);
         assert_eq!(only_c.len(), list.len());
         let bins = Bins {
@@ -517,6 +555,7 @@ mod tests {
             repeat: 1,
             peer: Peer::Rust,
             publish: false,
+            reanalyze: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -587,6 +626,7 @@ mod tests {
             repeat: 1,
             peer: Peer::Rust,
             publish: false,
+            reanalyze: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,

@@ -204,6 +204,10 @@ struct FaultsArgs {
     /// docs/reliability.md.
     #[arg(long)]
     publish: bool,
+    /// Evaluate the last run's outputs (target/faults/) again, with the
+    /// same selection options, without building or booting anything.
+    #[arg(long)]
+    reanalyze: bool,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -365,6 +369,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 repeat: args.repeat,
                 peer: args.peer,
                 publish: args.publish,
+                reanalyze: args.reanalyze,
                 vm: args.opts,
             })?;
             Ok(status(ok))

@@ -19,8 +19,8 @@ pub(super) struct Run {
     pub(super) repeat: u32,
     /// The guest kernel package (`XTASK_KERNEL_PACKAGE`), when known.
     pub(super) kernel: Option<String>,
-    /// Wall-clock minutes of the VM run.
-    pub(super) minutes: f64,
+    /// Wall-clock minutes of the VM run (unknown when re-analysed).
+    pub(super) minutes: Option<f64>,
 }
 
 /// The first line of the generated file.
@@ -44,12 +44,14 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
         .kernel
         .as_deref()
         .map_or("the default guest kernel".to_string(), |k| format!("`{k}`"));
+    let took = run
+        .minutes
+        .map_or(String::new(), |m| format!(" in {m:.0} minutes"));
     let _ = writeln!(
         s,
-        "This run: {profile}, {} MiB per transfer, {kernel}, {} scenarios in {:.0} minutes.",
+        "This run: {profile}, {} MiB per transfer, {kernel}, {} scenarios{took}.",
         run.total_mib,
         rows.len(),
-        run.minutes
     );
     if run.only.is_some() || run.repeat > 1 {
         let mut what = Vec::new();
@@ -73,6 +75,9 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
     s.push_str(&table(rows));
     let failed = rows.iter().filter(|r| !r.pass).count();
     let _ = writeln!(s, "\n{} passed, {failed} failed.\n", rows.len() - failed);
+    if let Some(t) = rates(rows) {
+        s.push_str(&t);
+    }
     if failed == 0 && !rows.is_empty() {
         s.push_str(PASSING);
     } else {
@@ -82,6 +87,98 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
     s.push_str(FINDINGS);
     s.push_str(BAD_INPUT);
     s
+}
+
+/// A row's scenario without its repetition number and program
+/// (`loss 2% / send #3 (C twin)` → `loss 2% / send`), and whether it ran
+/// the C twin.
+fn base_name(name: &str) -> (&str, bool) {
+    let (name, twin) = match name.strip_suffix(" (C twin)") {
+        Some(n) => (n, true),
+        None => (name, false),
+    };
+    let name = match name.rsplit_once(" #") {
+        Some((n, k)) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => n,
+        _ => name,
+    };
+    (name, twin)
+}
+
+/// The number after `key` in a row's observed text (`client retries 12`).
+fn count_after(text: &str, key: &str) -> u64 {
+    text.split(key)
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Failure rates when a scenario ran more than once (`--repeat`, `--peer
+/// both`): per scenario and program, runs, failures, how they failed (the
+/// client's status) and rxe's requester retries per run; `None` when every
+/// scenario ran once.
+fn rates(rows: &[Row]) -> Option<String> {
+    let mut groups: Vec<((&str, bool), Vec<&Row>)> = Vec::new();
+    for r in rows {
+        let key = base_name(&r.name);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    if groups.iter().all(|(_, v)| v.len() < 2) {
+        return None;
+    }
+    let mut s = String::from(
+        "### Failure rates\n\nEach scenario that ran more than once, per program \
+         (`fault_peer` on this library, or its C twin on libibverbs alone, \
+         `xtask/c/fault_peer.c`: the same traffic, attributes and checks; \
+         `--peer both` runs them in turn in one boot). Retries are rxe's \
+         requester retries (`completer_retry_err`) per run.\n\n\
+         | scenario | program | runs | failed | how they failed | retries per run: median, max |\n\
+         |---|---|---:|---:|---|---|\n",
+    );
+    for ((name, twin), v) in &groups {
+        let failed: Vec<&&Row> = v.iter().filter(|r| !r.pass).collect();
+        let mut kinds: Vec<(String, usize)> = Vec::new();
+        for r in &failed {
+            let kind = r
+                .observed
+                .split(',')
+                .next()
+                .unwrap_or("?")
+                .trim()
+                .to_string();
+            match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((kind, 1)),
+            }
+        }
+        let how = match kinds.is_empty() {
+            true => "-".to_string(),
+            false => kinds
+                .iter()
+                .map(|(k, n)| format!("{k} ×{n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let mut retries: Vec<u64> = v
+            .iter()
+            .map(|r| count_after(&r.observed, "client retries "))
+            .collect();
+        retries.sort_unstable();
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {how} | {}, {} |",
+            if *twin { "C twin" } else { "fault_peer" },
+            v.len(),
+            failed.len(),
+            retries[retries.len() / 2],
+            retries[retries.len() - 1]
+        );
+    }
+    s.push('\n');
+    Some(s)
 }
 
 const INTRO: &str = "\
@@ -303,7 +400,7 @@ mod tests {
             only: None,
             repeat: 1,
             kernel: Some("linux-image-6.1.0-99-amd64".into()),
-            minutes: 14.6,
+            minutes: Some(14.6),
         }
     }
 
@@ -355,6 +452,63 @@ mod tests {
         assert!(md.contains("A row marked FAIL"));
         // An empty selection passes nothing.
         assert!(!markdown(&run(), &[]).contains("What a passing table shows"));
+    }
+
+    /// Repeated and twinned rows are summed up per scenario and program.
+    #[test]
+    fn failure_rates_per_scenario_and_program() {
+        assert_eq!(
+            base_name("loss 2% / send #12 (C twin)"),
+            ("loss 2% / send", true)
+        );
+        assert_eq!(
+            base_name("duplicate / send #3"),
+            ("duplicate / send", false)
+        );
+        assert_eq!(
+            base_name("link down 0.5 s / send"),
+            ("link down 0.5 s / send", false)
+        );
+        let r = |name: &str, pass: bool, observed: &str| Row {
+            observed: observed.into(),
+            ..row(name, pass)
+        };
+        assert!(rates(&[r("a / send", true, "ok")]).is_none());
+        let rows = [
+            r(
+                "dup / send #1",
+                true,
+                "ok, first - after 0.00 s; rxe: client retries 3, server dup requests 9",
+            ),
+            r("dup / send #1 (C twin)", true, "ok, first -; rxe: none"),
+            r(
+                "dup / send #2",
+                false,
+                "error:RemInvReqErr, first RemInvReqErr after 1.2 s; rxe: client retries 40",
+            ),
+            r(
+                "dup / send #2 (C twin)",
+                false,
+                "peer:corrupt, first -; rxe: client retries 7",
+            ),
+            r(
+                "dup / send #3",
+                false,
+                "error:RemInvReqErr, first …; rxe: client retries 5",
+            ),
+            r("dup / send #3 (C twin)", true, "ok; rxe: client retries 1"),
+        ];
+        let t = rates(&rows).unwrap();
+        assert!(
+            t.contains("| dup / send | fault_peer | 3 | 2 | error:RemInvReqErr ×2 | 5, 40 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| dup / send | C twin | 3 | 1 | peer:corrupt ×1 | 1, 7 |"),
+            "{t}"
+        );
+        let md = markdown(&run(), &rows);
+        assert!(md.contains("### Failure rates"));
     }
 
     /// No commit hash or date in the static text: it must stay true from
