@@ -32,6 +32,8 @@ pub const PACKAGES: &[&str] = &[
     "valgrind",
     "strace",
     "gcc",
+    // `cargo xtask faults --capture`: packet traces of failing rows
+    "tcpdump",
 ];
 
 /// Which of `packages` are not installed, per `dpkg-query`.

@@ -45,6 +45,8 @@ pub struct FaultsOptions {
     /// Evaluate the outputs of the last run again (same selection), without
     /// building or booting anything.
     pub reanalyze: bool,
+    /// Keep a packet trace (vm1's eth1) of every failing transfer row.
+    pub capture: bool,
     pub vm: VmOpts,
 }
 
@@ -60,7 +62,7 @@ pub enum Peer {
 }
 
 /// The shell script one VM runs: every scenario in order.
-fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
+fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool) -> String {
     let f = quote(&bins.peer.to_string_lossy());
     let fc = quote(&bins.c_twin.to_string_lossy());
     let x = quote(&bins.examples.to_string_lossy());
@@ -140,6 +142,16 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                              for n in $(seq 100); do grep -q 'async event FD' $D/{i}.1.events && break; sleep 0.1; done"
                         );
                     }
+                    if capture {
+                        // RoCE v2 headers (BTH, RETH/AETH, the first payload
+                        // bytes) of both directions, from before the
+                        // connection; kept only if the row fails (below).
+                        let _ = writeln!(
+                            s,
+                            "tcpdump -i eth1 -s 128 -U -w $D/{i}.pcap udp port 4791 2>$D/{i}.tcpdump.err & cap=$!; \
+                             for n in $(seq 50); do grep -q listening $D/{i}.tcpdump.err && break; sleep 0.1; done"
+                        );
+                    }
                     let _ = writeln!(
                         s,
                         "timeout 600 {f} client \"$PEER\" -d rxe1 -p {port} {} > $D/{i}.client.out 2>&1 & pid=$!",
@@ -183,6 +195,12 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path) -> String {
                     }
                 }
                 let _ = writeln!(s, "wait $pid; echo exit=$? >> $D/{i}.{side}.out");
+                if capture && role == 1 {
+                    let _ = writeln!(
+                        s,
+                        "kill $cap; wait $cap 2>/dev/null; grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f $D/{i}.pcap"
+                    );
+                }
             } else {
                 workload(&mut s, i, role, sc);
             }
@@ -373,8 +391,8 @@ fn run_vms(
         o.total_mib,
         if o.quick { " (quick profile)" } else { "" }
     );
-    let s0 = script(0, list, &bins, dir);
-    let s1 = script(1, list, &bins, dir);
+    let s0 = script(0, list, &bins, dir, o.capture);
+    let s1 = script(1, list, &bins, dir, o.capture);
     fs::write(dir.join("vm0.sh"), &s0)?;
     fs::write(dir.join("vm1.sh"), &s1)?;
     let cmd = |i: usize| {
@@ -501,6 +519,7 @@ mod tests {
             peer: Peer::Rust,
             publish: false,
             reanalyze: false,
+            capture: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -538,11 +557,18 @@ mod tests {
             c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
-        let s = script(1, &both, &bins, Path::new("/r/out"));
+        let s = script(1, &both, &bins, Path::new("/r/out"), true);
         let client = |k: usize| format!("timeout 600 $FC client \"$PEER\" -d rxe1 -p {}", 7000 + k);
         assert!(s.contains(&client(i + 1)), "{s}");
         assert!(!s.contains(&client(i)));
         assert!(s.contains("FC=/r/fpc;"));
+        // --capture: a trace of each transfer row, kept only when it failed.
+        assert!(s.contains(&format!(
+            "tcpdump -i eth1 -s 128 -U -w $D/{i}.pcap udp port 4791"
+        )));
+        assert!(s.contains(&format!(
+            "grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f $D/{i}.pcap"
+        )));
     }
 
     #[test]
@@ -556,6 +582,7 @@ mod tests {
             peer: Peer::Rust,
             publish: false,
             reanalyze: false,
+            capture: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -572,7 +599,7 @@ mod tests {
             examples: "/r/ex".into(),
         };
         assert!(list.iter().any(|s| s.name.starts_with("peer killed")));
-        let s = script(1, &list, &bins, Path::new("/r/out"));
+        let s = script(1, &list, &bins, Path::new("/r/out"), false);
         assert!(s.contains("ip link set eth1 down"));
         assert!(s.contains("link down >>") && s.contains("link up >>"));
         assert!(s.contains("$X/asyncwatch -d rxe1 > $D/") && s.contains("grep -q PORT_ACTIVE"));
@@ -587,7 +614,7 @@ mod tests {
             .cloned()
             .collect();
         assert!(!outage.is_empty());
-        let c = script(1, &outage, &bins, Path::new("/r/out"));
+        let c = script(1, &outage, &bins, Path::new("/r/out"), false);
         let add = c.find("tc qdisc add dev eth1 root netem loss 0%").unwrap();
         let start = c.find("$F client").unwrap();
         let cut = c
@@ -596,7 +623,7 @@ mod tests {
         let del = c.find("tc qdisc del dev eth1 root").unwrap();
         assert!(add < start && start < cut && cut < del);
         assert!(!c.contains("tc qdisc add dev eth1 root netem loss 100%"));
-        let srv = script(0, &outage, &bins, Path::new("/r/out"));
+        let srv = script(0, &outage, &bins, Path::new("/r/out"), false);
         assert!(!srv.contains("tc qdisc"));
         let o = FaultsOptions {
             only: Some("loss 2% / send".into()),
@@ -627,6 +654,7 @@ mod tests {
             peer: Peer::Rust,
             publish: false,
             reanalyze: false,
+            capture: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 1,
@@ -643,8 +671,8 @@ mod tests {
             c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
-        let vm0 = script(0, &list, &bins, Path::new("/r/out"));
-        let vm1 = script(1, &list, &bins, Path::new("/r/out"));
+        let vm0 = script(0, &list, &bins, Path::new("/r/out"), false);
+        let vm1 = script(1, &list, &bins, Path::new("/r/out"), false);
         for (role, s) in [(0, &vm0), (1, &vm1)] {
             assert!(s.contains(&format!("touch $D/0.{role}.ready;")));
             assert!(s.contains(&format!("[ -e $D/0.{}.ready ]", 1 - role)));
@@ -670,8 +698,8 @@ mod tests {
             ..o
         };
         let list = scenarios(&o);
-        let vm0 = script(0, &list, &bins, Path::new("/r/out"));
-        let vm1 = script(1, &list, &bins, Path::new("/r/out"));
+        let vm0 = script(0, &list, &bins, Path::new("/r/out"), false);
+        let vm1 = script(1, &list, &bins, Path::new("/r/out"), false);
         assert!(vm0.contains("$X/blockstore server -d rxe1") && !vm0.contains("blockstore client"));
         assert_eq!(
             vm1.matches("$X/blockstore client \"$PEER\" -d rxe1")

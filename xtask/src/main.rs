@@ -204,6 +204,11 @@ struct FaultsArgs {
     /// docs/reliability.md.
     #[arg(long)]
     publish: bool,
+    /// Record every transfer row's RoCE packets on vm1's eth1 (`tcpdump`,
+    /// headers only) and keep the trace of each row whose client did not
+    /// end `ok`, as target/faults/N.pcap.
+    #[arg(long)]
+    capture: bool,
     /// Evaluate the last run's outputs (target/faults/) again, with the
     /// same selection options, without building or booting anything.
     #[arg(long)]
@@ -370,6 +375,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 peer: args.peer,
                 publish: args.publish,
                 reanalyze: args.reanalyze,
+                capture: args.capture,
                 vm: args.opts,
             })?;
             Ok(status(ok))
