@@ -448,7 +448,28 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
         .collect();
     let t = table(&rows);
     let failed = rows.iter().filter(|r| !r.pass).count();
+    // A guest kernel that crashed: its oops, and where the run stood.
+    let mut crashes = Vec::new();
+    for out in &outcomes {
+        let Some(oops) = &out.panic else { continue };
+        let log = fs::read_to_string(&out.console_log).unwrap_or_default();
+        let at = log
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once("[faults] ").map(|(_, s)| s.trim().to_string()))
+            .unwrap_or_else(|| "start-up".into());
+        step!("faults: {}'s guest kernel crashed during {at}:", out.name);
+        for l in oops {
+            println!("    {l}");
+        }
+        crashes.push(format!(
+            "{}'s guest kernel crashed during {at} (`{}`); the rows after it did not run",
+            out.name,
+            oops.first().map_or("", String::as_str)
+        ));
+    }
     let run = report::Run {
+        crashes,
         quick: o.quick,
         total_mib: o.total_mib,
         only: o.only.clone(),

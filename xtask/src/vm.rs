@@ -136,6 +136,9 @@ pub struct VmOutcome {
     /// of the command ran (under TCG an early-boot oops, e.g. an `int3`
     /// hit while the kernel patches its own code, happens now and then).
     pub boot_crash: bool,
+    /// The guest kernel crashed after init ran (no status came back): its
+    /// oops from the console, first line first.
+    pub panic: Option<Vec<String>>,
 }
 
 impl VmOutcome {
@@ -159,11 +162,18 @@ impl VmOutcome {
                 self.name
             ),
             VmResult::InitFailed(m) => format!("{}: VM init failed: {m}", self.name),
-            VmResult::NoStatus(m) => format!(
-                "{}: no result from the VM ({m}); console log: {}",
-                self.name,
-                self.console_log.display()
-            ),
+            VmResult::NoStatus(m) => match self.panic.as_ref().and_then(|p| p.first()) {
+                Some(first) => format!(
+                    "{}: the guest kernel crashed ({first}); console log: {}",
+                    self.name,
+                    self.console_log.display()
+                ),
+                None => format!(
+                    "{}: no result from the VM ({m}); console log: {}",
+                    self.name,
+                    self.console_log.display()
+                ),
+            },
         }
     }
 }
@@ -513,11 +523,20 @@ impl Running {
                 println!("[{} kernel] {l}", self.name);
             }
         }
+        // A crash after init ran ends the VM without a status (`panic=-1`,
+        // `-no-reboot`): say so, with the oops, instead of a bare "no result".
+        let panic = match (&result, boot_crash) {
+            (VmResult::NoStatus(_), false) => fs::read_to_string(&self.log_path)
+                .ok()
+                .and_then(|log| oops_excerpt(&log)),
+            _ => None,
+        };
         VmOutcome {
             name: std::mem::take(&mut self.name),
             result,
             console_log: std::mem::take(&mut self.log_path),
             boot_crash,
+            panic,
         }
     }
 }
@@ -751,6 +770,36 @@ fn wait_for_listener(port: u16, running: &mut [Running], deadline: Instant) -> R
     }
 }
 
+/// The oops in a console log: from the first line that reports a kernel
+/// crash (`BUG:`, `Oops:`, `general protection fault`, `Kernel panic`)
+/// through the `Kernel panic` line, at most 40 lines, without ANSI codes.
+pub fn oops_excerpt(console: &str) -> Option<Vec<String>> {
+    let crash = |l: &str| {
+        [
+            "BUG: ",
+            "Oops: ",
+            "general protection fault",
+            "Kernel panic",
+        ]
+        .iter()
+        .any(|k| l.contains(k))
+    };
+    let lines: Vec<String> = console.lines().map(util::strip_ansi).collect();
+    let start = lines.iter().position(|l| crash(l))?;
+    let mut out = Vec::new();
+    for l in &lines[start..] {
+        let l = l.trim_end();
+        if l.is_empty() {
+            continue;
+        }
+        out.push(l.to_string());
+        if l.contains("Kernel panic") || out.len() == 40 {
+            break;
+        }
+    }
+    Some(out)
+}
+
 /// Streams one VM's serial console: raw into the log, cleaned up onto our stdout.
 struct ConsolePrinter {
     prefix: String,
@@ -861,6 +910,34 @@ pub fn cmd_vm(command: &str, pair_mode: bool, shares: &[PathBuf], opts: &VmOpts)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A crash after init is reported with its oops (issue #24: a guest
+    /// kernel panic is reported as such, and does not hang the run).
+    #[test]
+    fn oops_excerpt_starts_at_the_crash_and_ends_at_the_panic() {
+        let log = "[init 12.0s] running the command\n[faults] 3: loss 2% / send\n\
+                   [  301.2] BUG: kernel NULL pointer dereference, address: 0000000000000008\n\
+                   [  301.2] #PF: supervisor read access in kernel mode\n\n\
+                   [  301.2] RIP: 0010:rxe_init_packet+0x44/0x1d0 [rdma_rxe]\n\
+                   [  301.3] Kernel panic - not syncing: Fatal exception in interrupt\n\
+                   [  301.3] ---[ end Kernel panic ]---\n";
+        let oops = oops_excerpt(log).unwrap();
+        assert!(oops[0].contains("BUG: kernel NULL pointer dereference"));
+        assert_eq!(oops.len(), 4, "{oops:?}");
+        assert!(oops[3].contains("Kernel panic - not syncing"));
+        assert_eq!(oops_excerpt("[init 1.0s] running\nall good\n"), None);
+        // The run's outcome says so instead of "no result".
+        let out = VmOutcome {
+            name: "vm1".into(),
+            result: VmResult::NoStatus("the VM powered off without a status".into()),
+            console_log: "/r/vm1.console.log".into(),
+            boot_crash: false,
+            panic: Some(oops),
+        };
+        assert!(out
+            .describe()
+            .starts_with("vm1: the guest kernel crashed ([  301.2] BUG: kernel NULL pointer"));
+    }
 
     fn opts() -> VmOpts {
         VmOpts {

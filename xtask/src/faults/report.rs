@@ -11,6 +11,8 @@ use super::evaluate::{table, Row};
 
 /// What the run was: the parameters the report states above its table.
 pub(super) struct Run {
+    /// Guest kernel crashes, one sentence each (the oops's first line).
+    pub(super) crashes: Vec<String>,
     pub(super) quick: bool,
     pub(super) total_mib: u64,
     /// `--only`: the table is a selection.
@@ -72,6 +74,9 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
         "\"rxe:\" is what rxe counted meanwhile on both hosts; faults are timed \
          from the QP connection.\n"
     );
+    for c in &run.crashes {
+        let _ = writeln!(s, "**Guest kernel crash:** {c}.\n");
+    }
     s.push_str(&table(rows));
     let failed = rows.iter().filter(|r| !r.pass).count();
     let _ = writeln!(s, "\n{} passed, {failed} failed.\n", rows.len() - failed);
@@ -395,6 +400,7 @@ mod tests {
 
     fn run() -> Run {
         Run {
+            crashes: Vec::new(),
             quick: true,
             total_mib: 8,
             only: None,
@@ -509,6 +515,17 @@ mod tests {
         );
         let md = markdown(&run(), &rows);
         assert!(md.contains("### Failure rates"));
+        let crashed = Run {
+            crashes: vec![
+                "vm1's guest kernel crashed during 3: loss 2% / send (`BUG: …`); \
+                           the rows after it did not run"
+                    .into(),
+            ],
+            ..run()
+        };
+        assert!(markdown(&crashed, &rows).contains(
+            "**Guest kernel crash:** vm1's guest kernel crashed during 3: loss 2% / send"
+        ));
     }
 
     /// No commit hash or date in the static text: it must stay true from
