@@ -595,6 +595,12 @@ pub fn client(
         .chunks_exact(msg_size);
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
     let mut last_progress = Instant::now();
+    // The server's verdict line can come before the end: a server that found
+    // a message wrong stops (its QP in ERR), and a client that kept sending
+    // into it would only retry until its deadline. Read it as it comes.
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut verdict = String::new();
+    let mut last_check = Instant::now();
     let mut batch = Completions::with_capacity(32);
     let mut next = 0u64;
     let mut outstanding = 0u64;
@@ -661,6 +667,21 @@ pub fn client(
         if Instant::now() > deadline + Duration::from_secs(30) {
             break; // the device did not even flush: report what we have
         }
+        if !verdict.contains('\n') && last_check.elapsed() > Duration::from_millis(100) {
+            last_check = Instant::now();
+            let mut buf = [0u8; 256];
+            if let Ok(n @ 1..) = (&stream).read(&mut buf) {
+                verdict.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            // A closed exchange is no verdict: a killed server is the
+            // transport's to report (RETRY_EXC_ERR, REM_OP_ERR).
+            if let Some(status) = verdict_status(&verdict) {
+                if status != "ok" && st.status == "ok" {
+                    st.fail(format!("peer:{status}"));
+                    let _ = qp.to_err();
+                }
+            }
+        }
         cq.poll(&mut batch).map_err(|e| e.to_string())?;
         for mut comp in batch.drain() {
             last_progress = Instant::now();
@@ -697,9 +718,14 @@ pub fn client(
         }
     }
     // Tell the server, and (send/write) learn its verdict.
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let _ = (&stream).write_all(format!("DONE {}\n", st.status).as_bytes());
     if op != Op::Read && st.status == "ok" {
-        match read_line(&stream) {
+        let line = match verdict.contains('\n') {
+            true => Ok(verdict),
+            false => read_line(&stream).map(|l| verdict + &l),
+        };
+        match line {
             Ok(line) => {
                 let mut f = line.split_whitespace().skip(1);
                 let status = f.next().unwrap_or("?").to_owned();
@@ -712,6 +738,15 @@ pub fn client(
         }
     }
     Ok(st)
+}
+
+/// The status of a complete `DONE <status> …` line, if `text` holds one.
+fn verdict_status(text: &str) -> Option<&str> {
+    let line = text
+        .split_inclusive('\n')
+        .next()
+        .filter(|l| l.ends_with('\n'))?;
+    line.strip_prefix("DONE ")?.split_whitespace().next()
 }
 
 /// See the module docs.
@@ -791,6 +826,15 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verdict_counts_once_its_line_is_complete() {
+        assert_eq!(verdict_status("DONE corrupt 598\n"), Some("corrupt"));
+        assert_eq!(verdict_status("DONE ok 1024\n"), Some("ok"));
+        assert_eq!(verdict_status("DONE corr"), None);
+        assert_eq!(verdict_status(""), None);
+        assert_eq!(verdict_status("HELLO\n"), None);
+    }
 
     #[test]
     fn hello_round_trips_and_refuses_garbage() {

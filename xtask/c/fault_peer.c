@@ -796,6 +796,11 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	uint32_t *chunk_of = calloc(msgs, sizeof *chunk_of);
 	if (!chunk_of)
 		die("out of memory");
+	/* The server's verdict line, read as it comes (see fault.rs). */
+	char verdict[512] = "";
+	size_t vlen = 0;
+	double last_check = now();
+	fcntl(fd, F_SETFL, O_NONBLOCK);
 	while ((next < msgs && ok(&st)) || outstanding > 0) {
 		while (next < msgs && ok(&st) && pool.n > 0) {
 			uint32_t chunk = pool.idx[--pool.n];
@@ -849,6 +854,22 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 		}
 		if (now() > deadline + 30)
 			break;
+		if (!strchr(verdict, '\n') && now() - last_check > 0.1) {
+			last_check = now();
+			ssize_t r = read(fd, verdict + vlen, sizeof verdict - 1 - vlen);
+			if (r > 0) {
+				vlen += r;
+				verdict[vlen] = 0;
+			}
+			/* A closed exchange is no verdict (a killed server is the
+			 * transport's to report). */
+			char status[64];
+			if (strchr(verdict, '\n') && sscanf(verdict, "DONE %63s", status) == 1 &&
+			    strcmp(status, "ok") && ok(&st)) {
+				fail(&st, "peer:%s", status);
+				to_err(qp);
+			}
+		}
 		int n = ibv_poll_cq(cq, BATCH, wc);
 		if (n < 0)
 			die("ibv_poll_cq: %d", n);
@@ -884,12 +905,22 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 				pool.idx[pool.n++] = chunk;
 		}
 	}
+	fcntl(fd, F_SETFL, 0);
 	char msg[160];
 	int mn = snprintf(msg, sizeof msg, "DONE %s\n", st.status);
 	if (write(fd, msg, mn) != mn)
 		fprintf(stderr, "fault_peer client: could not send DONE\n");
 	if (op != OP_READ && ok(&st)) {
-		if (read_line(fd, line, sizeof line) == 0) {
+		int got = 0;
+		if (strchr(verdict, '\n')) {
+			snprintf(line, sizeof line, "%s", verdict);
+		} else {
+			/* The rest of a line begun in `verdict`. */
+			size_t have = strlen(verdict);
+			memcpy(line, verdict, have);
+			got = read_line(fd, line + have, sizeof line - have);
+		}
+		if (got == 0) {
 			char status[64] = "?";
 			unsigned long long v = 0;
 			sscanf(line, "DONE %63s %llu", status, &v);
