@@ -220,7 +220,10 @@ fn conformance_query_port_and_its_bad_flows() {
             a.active_speed(),
             a.max_msg_size()
         );
-        assert!(!matches!(a.state(), ibverbs::PortState::Unknown(_)), "{a:?}");
+        assert!(
+            !matches!(a.state(), ibverbs::PortState::Unknown(_)),
+            "{a:?}"
+        );
         assert!((1..=7).contains(&a.phys_state()), "port {p}: phys_state");
         assert!(!matches!(a.max_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");
         assert!(!matches!(a.active_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");

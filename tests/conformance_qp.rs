@@ -14,8 +14,7 @@ mod common;
 
 use common::{device, pair, remote_all, wait};
 use ibverbs::{
-    sys, AccessFlags, AddressVector, Error, QpCaps, QpState, QpType, SendOps, SendRequest,
-    WcStatus,
+    sys, AccessFlags, AddressVector, Error, QpCaps, QpState, QpType, SendOps, SendRequest, WcStatus,
 };
 
 /// The operations an extended queue pair of `ty` is created with.
@@ -44,9 +43,7 @@ fn create_each_way(ty: QpType) {
     let attr = dev.ctx.query_device().unwrap();
     let pd = dev.ctx.alloc_pd().unwrap();
     let max_cqe = attr.max_cqe();
-    let wr = (attr.max_qp_wr() / 8)
-        .min(max_cqe / 2)
-        .max(1);
+    let wr = (attr.max_qp_wr() / 8).min(max_cqe / 2).max(1);
     let sge = (attr.max_sge() / 2).max(1);
     let small = QpCaps {
         max_send_wr: 1,
@@ -312,10 +309,9 @@ fn conformance_atomic_to_a_misaligned_address_fails() {
     target.copy_from_slice(0, &[0x11; 64]).unwrap();
     let odd = target.remote().unwrap().slice(1, 8).unwrap();
     let result = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
-    let e = p
-        .a
-        .post_send(SendRequest::fetch_and_add(result, odd, 1))
-        .unwrap_err();
+    let e =
+        p.a.post_send(SendRequest::fetch_and_add(result, odd, 1))
+            .unwrap_err();
     assert!(
         matches!(e.error, Error::Misaligned { addr, align: 8 } if addr == odd.addr),
         "{:?}",

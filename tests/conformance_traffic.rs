@@ -23,11 +23,7 @@ const SIZE: usize = 1024;
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_cq_events_rc_traffic() {
-    players(QpType::Rc, None, CqKind::Events, AccessFlags::empty()).traffic(
-        ITERS,
-        SIZE,
-        Via::Send,
-    );
+    players(QpType::Rc, None, CqKind::Events, AccessFlags::empty()).traffic(ITERS, SIZE, Via::Send);
 }
 
 /// pyverbs `test_cq_events.CqEventsTestCase.test_cq_events_ud`: as the
@@ -35,11 +31,7 @@ fn conformance_cq_events_rc_traffic() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_cq_events_ud_traffic() {
-    players(QpType::Ud, None, CqKind::Events, AccessFlags::empty()).traffic(
-        ITERS,
-        SIZE,
-        Via::Send,
-    );
+    players(QpType::Ud, None, CqKind::Events, AccessFlags::empty()).traffic(ITERS, SIZE, Via::Send);
 }
 
 /// pyverbs `test_cqex.CqExTestCase.test_rc_traffic_cq_ex`: classic RC

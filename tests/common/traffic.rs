@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, Completion, CompletionQueue, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteMemory, SendOps, SendRequest, SharedBuffer,
-    WcFields, WcOpcode,
+    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteMemory, SendOps, SendRequest,
+    SharedBuffer, WcFields, WcOpcode,
 };
 
 use super::{connect_pair, device, pattern, remote_all, TestDevice};
@@ -262,7 +262,10 @@ impl Players {
                     _ => WcOpcode::Send,
                 };
                 assert_eq!((s.wr_id(), s.opcode()), (100 + i as u64, want), "{i}");
-                assert_eq!(&s.take_local().expect("the send's buffer")[..], &payload[..]);
+                assert_eq!(
+                    &s.take_local().expect("the send's buffer")[..],
+                    &payload[..]
+                );
 
                 let mut r = self.next_ok(&to.cq);
                 let want = match via {
@@ -372,7 +375,10 @@ impl Players {
     /// that does not match (the word stays), as pyverbs' two rounds do.
     pub fn atomic_traffic(&self, iters: usize, op: Atomic) {
         for i in 0..iters as u64 {
-            for (from, to, seed) in [(&self.client, &self.server, 1), (&self.server, &self.client, 2)] {
+            for (from, to, seed) in [
+                (&self.client, &self.server, 1),
+                (&self.server, &self.client, 2),
+            ] {
                 let old = 0x0101_0101_0101_0101u64.wrapping_mul(seed + i % 100);
                 let arg = 0x0202_0202_0202_0202u64.wrapping_add(i);
                 to.region
