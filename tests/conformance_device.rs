@@ -195,3 +195,70 @@ fn conformance_many_pds_alloc_free_without_leak() {
     drop(held);
     assert_eq!(kernel_pds(&name), before, "after freeing the {HELD}");
 }
+
+/// pyverbs `test_device.DeviceTest.test_query_port` (`verify_port_attr`)
+/// and `test_query_port_bad_flow`, and `test_query_gid_table_bad_flow`:
+/// every port's state, physical state, MTUs, link width and speed are
+/// values of their enumerations, the link layer is known and the largest
+/// message exceeds a page; ports 1 to 10 past the last are refused by
+/// `ibv_query_port` with `EINVAL`. A GID table query with room for no
+/// entry is refused with `EINVAL`: `Context::gid_table` sizes its buffer
+/// from the ports' table lengths and cannot ask that, so the verb is
+/// called raw here.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn conformance_query_port_and_its_bad_flows() {
+    let dev = common::device();
+    let ctx = &dev.ctx;
+    let ports = ctx.query_device().unwrap().phys_port_cnt();
+    for p in ctx.ports().unwrap() {
+        let a = ctx.query_port(p).unwrap();
+        eprintln!(
+            "port {p}: {a:?}, phys_state {}, width {}, speed {}, max_msg_size {}",
+            a.phys_state(),
+            a.active_width(),
+            a.active_speed(),
+            a.max_msg_size()
+        );
+        assert!(
+            !matches!(a.state(), ibverbs::PortState::Unknown(_)),
+            "{a:?}"
+        );
+        assert!((1..=7).contains(&a.phys_state()), "port {p}: phys_state");
+        assert!(!matches!(a.max_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");
+        assert!(!matches!(a.active_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");
+        assert!(
+            [1, 2, 4, 8, 16].contains(&a.active_width()),
+            "port {p}: width {}",
+            a.active_width()
+        );
+        assert!(
+            [1, 2, 4, 8, 16, 32, 64, 128].contains(&a.active_speed()),
+            "port {p}: speed {}",
+            a.active_speed()
+        );
+        assert!(
+            matches!(
+                a.link_layer(),
+                ibverbs::LinkLayer::InfiniBand | ibverbs::LinkLayer::Ethernet
+            ),
+            "{a:?}"
+        );
+        assert!(a.max_msg_size() > 0x1000, "port {p}");
+    }
+    for k in 1..=10u16 {
+        let Ok(n) = u8::try_from(u16::from(ports) + k) else {
+            break;
+        };
+        let e = ctx.query_port(ibverbs::PortNumber(n)).unwrap_err();
+        assert_eq!(e.verb(), Some("ibv_query_port"), "port {n}: {e:?}");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "port {n}: {e:?}");
+    }
+
+    let mut entries = [ibverbs::sys::ibv_gid_entry::default()];
+    // SAFETY: live context; `entries` has room for one entry and the call
+    // is told there is room for none.
+    let n = unsafe { ibverbs::sys::ibv_query_gid_table(ctx.as_ptr(), entries.as_mut_ptr(), 0, 0) };
+    eprintln!("ibv_query_gid_table with room for 0 entries: {n}");
+    assert_eq!(n, -(libc::EINVAL as isize));
+}

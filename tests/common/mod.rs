@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod traffic;
 
 use ibverbs::{Context, GidIndex, PortNumber, PortState};
 
