@@ -146,9 +146,11 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool
                         // RoCE v2 headers (BTH, RETH/AETH, the first payload
                         // bytes) of both directions, from before the
                         // connection; kept only if the row fails (below).
+                        // A 256 MiB buffer: with the default 2 MiB, tcpdump
+                        // under emulation dropped half of a row's packets.
                         let _ = writeln!(
                             s,
-                            "tcpdump -i eth1 -s 128 -U -w $D/{i}.pcap udp port 4791 2>$D/{i}.tcpdump.err & cap=$!; \
+                            "tcpdump -i eth1 -s 96 -B 262144 -U -w $D/{i}.pcap udp port 4791 2>$D/{i}.tcpdump.err & cap=$!; \
                              for n in $(seq 50); do grep -q listening $D/{i}.tcpdump.err && break; sleep 0.1; done"
                         );
                     }
@@ -585,7 +587,7 @@ mod tests {
         assert!(s.contains("FC=/r/fpc;"));
         // --capture: a trace of each transfer row, kept only when it failed.
         assert!(s.contains(&format!(
-            "tcpdump -i eth1 -s 128 -U -w $D/{i}.pcap udp port 4791"
+            "tcpdump -i eth1 -s 96 -B 262144 -U -w $D/{i}.pcap udp port 4791"
         )));
         assert!(s.contains(&format!(
             "grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f $D/{i}.pcap"
