@@ -26,12 +26,16 @@ fn num(f: &BTreeMap<String, String>, k: &str) -> u64 {
 }
 
 /// One row of the fault matrix.
+#[derive(Clone)]
 pub(super) struct Row {
     pub(super) name: String,
     pub(super) expected: String,
     pub(super) observed: String,
     pub(super) verified: String,
     pub(super) pass: bool,
+    /// The row finished on both VMs (its resource snapshots exist); a run
+    /// cut short (a timeout, a kernel crash, a kill) leaves the rest unrun.
+    pub(super) ran: bool,
 }
 
 /// `rdma statistic show link` output as counter → value.
@@ -340,8 +344,13 @@ pub(super) fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resource
             Err(_) => problems.push(format!("vm{role}: no resource snapshot")),
         }
     }
+    let ran = (0..2).all(|role| dir.join(format!("{i}.{role}.res")).exists());
+    if !ran {
+        problems.insert(0, "did not finish (the VM run ended first)".into());
+    }
     let pass = problems.is_empty();
     Row {
+        ran,
         name: sc.name.clone(),
         expected: sc.expect.describe(),
         observed: if pass {

@@ -124,7 +124,7 @@ fn count_after(text: &str, key: &str) -> u64 {
 /// scenario ran once.
 fn rates(rows: &[Row]) -> Option<String> {
     let mut groups: Vec<((&str, bool), Vec<&Row>)> = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.ran) {
         let key = base_name(&r.name);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(r),
@@ -395,6 +395,7 @@ mod tests {
             observed: "error:RetryExcErr".into(),
             verified: "0/10 msgs, 0 MiB".into(),
             pass,
+            ran: true,
         }
     }
 
@@ -505,6 +506,13 @@ mod tests {
             r("dup / send #3 (C twin)", true, "ok; rxe: client retries 1"),
         ];
         let t = rates(&rows).unwrap();
+        // A row the run never finished is no failure of its program.
+        let mut cut = rows.to_vec();
+        cut.push(Row {
+            ran: false,
+            ..r("dup / send #4", false, "no result")
+        });
+        assert_eq!(rates(&cut).unwrap(), t);
         assert!(
             t.contains("| dup / send | fault_peer | 3 | 2 | error:RemInvReqErr ×2 | 5, 40 |"),
             "{t}"
