@@ -165,16 +165,18 @@ fn rdma_cm_migrate_moves_the_server_ids_events_to_a_second_channel() {
     ping_pong(&client, &server, 2);
 
     client.id.disconnect().unwrap();
-    cch.get_event(T)
-        .unwrap()
-        .expect(CmEventType::Disconnected)
-        .unwrap();
     let ev = second.get_event(T).unwrap();
     assert_eq!(ev.kind(), CmEventType::Disconnected, "{ev:?}");
     assert!(ev.is_for(&server.id));
     // Nothing for the server id on the first channel any more.
     let e = sch.get_event(Some(Duration::from_millis(300))).unwrap_err();
     assert!(e.to_string().contains("no rdma_cm event"), "{e}");
+    // The server's answer (DREP) ends the client's disconnect.
+    server.id.disconnect().unwrap();
+    cch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::Disconnected)
+        .unwrap();
     // The id keeps its channels open: drop every handle of ours to them
     // first, the id last (its destroy reads its channel's fd).
     drop((second, sch, cch));
@@ -306,7 +308,7 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
     let (cch, cid) = resolved(PortSpace::Tcp, addr, None);
     let ctx = cid.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16).build().unwrap();
+    let cq = ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(ibverbs::QpType::Rc, &cq, &cq).build().unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     cid.connect(&qp, &ConnParam::new()).unwrap();
@@ -323,7 +325,7 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
     let sid = req.take_id().unwrap();
     let sctx = sid.context().unwrap();
     let spd = sctx.alloc_pd().unwrap();
-    let scq = sctx.create_cq(16).build().unwrap();
+    let scq = sctx.create_cq(256).build().unwrap();
     let sqp = spd
         .create_qp(ibverbs::QpType::Rc, &scq, &scq)
         .build()
@@ -352,12 +354,32 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
     assert_eq!(&b[..c.byte_len() as usize], b"established");
 }
 
-#[test]
-#[ignore = "needs an RDMA device"]
-fn rdma_cm_addrinfo_resolves_host_names_to_connections() {
-    let ip = device_ipv4(&common::device());
-    let port = next_port();
-    // A passive lookup without a node: the wildcard address to bind.
+/// Set in the copy of the test process that runs with its own host name.
+const HOSTS_NS: &str = "IBVERBS_TEST_CM_HOST_NAME";
+/// The host name that copy gets (its own UTS namespace) and that its
+/// `/etc/hosts` (bind-mounted in its own mount namespace) maps to the
+/// device's address.
+const HOST_NAME: &str = "ibverbs-cm-host";
+
+/// Looks `name` up (active side, TCP) and connects to it through a
+/// listener bound to the wildcard address `bind`, with a send each way.
+fn connect_by_name(name: &str, hints: &AddrInfoHints, port: u16, bind: SocketAddr) -> SocketAddr {
+    let found = AddrInfo::lookup(Some(name), Some(&port.to_string()), hints).unwrap();
+    let ai = found
+        .iter()
+        .find(|a| a.dst().is_some_and(|d| d.is_ipv4()))
+        .unwrap_or_else(|| panic!("{name}: no IPv4 result in {found:?}"));
+    assert_eq!(ai.port_space(), PortSpace::Tcp);
+    let dst = ai.dst().unwrap();
+    assert_eq!(dst.port(), port);
+    eprintln!("{name} -> {dst}");
+    let (_cch, client, _sch, _l, server) = rc_connected(dst, bind, 1);
+    ping_pong(&client, &server, port as u8);
+    dst
+}
+
+/// The wildcard address to bind for `port`, by a passive lookup.
+fn passive_wildcard(port: u16) -> SocketAddr {
     let passive = AddrInfo::lookup(
         None,
         Some(&port.to_string()),
@@ -369,37 +391,71 @@ fn rdma_cm_addrinfo_resolves_host_names_to_connections() {
         .find_map(|a| a.src().filter(|s| s.is_ipv4()))
         .expect("an IPv4 wildcard");
     assert!(bind.ip().is_unspecified() && bind.port() == port, "{bind}");
-    let host = {
-        let mut buf = [0u8; 256];
-        // SAFETY: a buffer of its length.
-        assert_eq!(
-            unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) },
-            0
+    bind
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: a buffer of its length.
+    assert_eq!(
+        unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) },
+        0
+    );
+    let n = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rdma_cm_addrinfo_resolves_host_names_to_connections() {
+    let ip = device_ipv4(&common::device());
+    if let Ok(port) = std::env::var(HOSTS_NS) {
+        // The copy with its own host name (below): the name resolves
+        // through /etc/hosts to the device's address.
+        let port: u16 = port.parse().unwrap();
+        assert_eq!(host_name(), HOST_NAME);
+        let dst = connect_by_name(
+            HOST_NAME,
+            &AddrInfoHints::new(),
+            port,
+            passive_wildcard(port),
         );
-        let n = buf.iter().position(|&b| b == 0).unwrap();
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    };
-    let names = [
-        (ip.to_string(), AddrInfoHints::new().numeric_host(true)),
-        (host.clone(), AddrInfoHints::new()),
-        ("localhost".to_owned(), AddrInfoHints::new()),
-    ];
-    for (round, (name, hints)) in names.iter().enumerate() {
-        let found = AddrInfo::lookup(Some(name), Some(&port.to_string()), hints).unwrap();
-        let ai = found
-            .iter()
-            .find(|a| a.dst().is_some_and(|d| d.is_ipv4()))
-            .unwrap_or_else(|| panic!("{name}: no IPv4 result in {found:?}"));
-        assert_eq!(ai.port_space(), PortSpace::Tcp);
-        let dst = ai.dst().unwrap();
-        assert_eq!(dst.port(), port);
-        eprintln!("{name} -> {dst} (canonical {:?})", ai.canonical_name());
-        if name == &ip.to_string() {
-            assert_eq!(dst.ip(), IpAddr::V4(ip));
-        }
-        let (_cch, client, _sch, _l, server) = rc_connected(dst, bind, 1);
-        ping_pong(&client, &server, round as u8);
+        assert_eq!(dst.ip(), IpAddr::V4(ip));
+        return;
     }
+    // The numeric address, without a resolver.
+    let port = next_port();
+    let dst = connect_by_name(
+        &ip.to_string(),
+        &AddrInfoHints::new().numeric_host(true),
+        port,
+        passive_wildcard(port),
+    );
+    assert_eq!(dst.ip(), IpAddr::V4(ip));
+    // "localhost" resolves (127.0.0.1), but rdma_cm has no route to a
+    // loopback address over RoCE: the refusal names the verb.
+    let port = next_port();
+    let found = AddrInfo::lookup(
+        Some("localhost"),
+        Some(&port.to_string()),
+        &AddrInfoHints::new(),
+    )
+    .unwrap();
+    let lo = found
+        .iter()
+        .find_map(|a| a.dst().filter(|d| d.is_ipv4()))
+        .unwrap();
+    assert!(lo.ip().is_loopback(), "{lo}");
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(&ch).unwrap();
+    id.resolve_addr(None, lo, RESOLVE).unwrap();
+    ch.get_event(T)
+        .unwrap()
+        .expect(CmEventType::AddrResolved)
+        .unwrap();
+    let e = id.resolve_route(RESOLVE).unwrap_err();
+    assert_eq!(e.verb(), Some("rdma_resolve_route"), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::ENODEV), "{e}");
     // An unknown name: the resolver's reason, naming the verb.
     let e = AddrInfo::lookup(
         Some("no-such-host.invalid"),
@@ -410,8 +466,71 @@ fn rdma_cm_addrinfo_resolves_host_names_to_connections() {
     assert_eq!(e.verb(), Some("rdma_getaddrinfo"), "{e}");
     assert!(e.to_string().contains("no-such-host.invalid"), "{e}");
     assert!(e.to_string().contains("getaddrinfo code"), "{e}");
-    let e = AddrInfo::lookup(None, None, &AddrInfoHints::new()).unwrap_err();
-    assert_eq!(e.verb(), Some("rdma_getaddrinfo"), "{e}");
+
+    // The VM's own host name: it is unset there ("(none)") and its
+    // /etc/hosts (the host's) maps every name to 127.0.0.1, which RoCE
+    // cannot route (above). So a copy of this test runs with a host name of
+    // its own (a UTS namespace) that its /etc/hosts (bind-mounted in a
+    // mount namespace: the VM's files stay untouched) maps to the device's
+    // address.
+    let hosts = std::env::temp_dir().join(format!("ibverbs-cm-hosts-{}", std::process::id()));
+    std::fs::write(&hosts, format!("127.0.0.1 localhost\n{ip} {HOST_NAME}\n")).unwrap();
+    let src = std::ffi::CString::new(hosts.to_str().unwrap()).unwrap();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "rdma_cm_addrinfo_resolves_host_names_to_connections",
+    ])
+    .env(HOSTS_NS, next_port().to_string());
+    // SAFETY: between fork and exec the closure makes raw system calls only
+    // (no allocation, no locks), on memory prepared before the fork.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            let rc = |r: libc::c_int| {
+                if r == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            };
+            rc(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS))?;
+            rc(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            rc(libc::mount(
+                src.as_ptr(),
+                c"/etc/hosts".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))?;
+            rc(libc::sethostname(
+                HOST_NAME.as_ptr().cast(),
+                HOST_NAME.len(),
+            ))
+        });
+    }
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_file(&hosts);
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the copy with a host name failed:\n{text}"
+    );
+    assert!(text.contains("1 passed"), "{text}");
+    assert!(text.contains(&format!("{HOST_NAME} -> {ip}:")), "{text}");
 }
 
 #[test]
@@ -555,9 +674,10 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         assert_eq!(client.recv(GRH), data, "echo {i}");
     }
     // A connected type on a UD id is refused by type.
+    let rc_cq = client.pd.context().create_cq(256).build().unwrap();
     let rc = client
         .pd
-        .create_qp(ibverbs::QpType::Rc, &client.cq, &client.cq)
+        .create_qp(ibverbs::QpType::Rc, &rc_cq, &rc_cq)
         .build()
         .unwrap();
     assert!(matches!(

@@ -106,8 +106,8 @@ impl AddrInfo {
     /// [`Error::Verb`] naming `rdma_getaddrinfo`: for a name that cannot be
     /// resolved the error carries the resolver's reason (`getaddrinfo`'s
     /// `EAI_*` code, explained; `raw_os_error` is `None`), otherwise the
-    /// errno (`EINVAL` without a node, service or passive hint, or for a
-    /// string with a NUL byte).
+    /// errno (`EINVAL` for a string with a NUL byte). Without a node and a
+    /// service, librdmacm returns one result without addresses.
     ///
     /// # References
     /// `rdma_getaddrinfo(3)`, `rdma_freeaddrinfo(3)`
