@@ -39,11 +39,17 @@
 //! # References
 //! `rdma_cm(7)`
 
+mod addrinfo;
 mod cm_id;
+mod create_qp;
 mod event_channel;
+mod migrate;
 mod multicast;
 mod option;
+mod sync_mode;
+mod ud;
 
+pub use addrinfo::{AddrInfo, AddrInfoHints};
 pub use cm_id::{CmId, ConnParam, PortSpace};
 pub use event_channel::{CmEvent, CmEventType, EventChannel};
 pub use multicast::{JoinFlags, UdParam};

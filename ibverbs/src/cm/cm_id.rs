@@ -21,12 +21,19 @@ use crate::error::{Error, Result};
 use crate::queue_pair::{QpAttr, QpInner, QpState};
 use crate::{Context, QueuePair};
 
+/// How an adopted id receives its events.
+pub(crate) enum IdMode {
+    /// On event channels of ours (librdmacm's `id->channel` among them).
+    Channels(Vec<EventChannel>),
+    /// Synchronously (`sync_mode.rs`), with the listener a connect request
+    /// came from.
+    Sync { listener: Option<CmId> },
+}
+
 /// What keeps an rdma_cm id alive: destroyed (`rdma_destroy_id`) with the
 /// last [`CmId`] handle and the last verbs object created on its context.
 pub(crate) struct IdHandle {
     id: NonNull<sys::rdma_cm_id>,
-    /// Kept open until the id is destroyed (rdma_destroy_event_channel(3)).
-    channel: EventChannel,
     /// What the event path reaches through `id->context`, which holds one
     /// strong count of it (leaked by `adopt`, taken back by `Drop` once the
     /// id is destroyed). A separate allocation: the event path's `&IdShared`
@@ -45,6 +52,22 @@ pub(crate) struct IdShared {
     pending: Mutex<Option<Weak<QpInner>>>,
     /// The multicast groups joined and not yet left (`multicast.rs`).
     pub(crate) mcast: Mutex<Vec<super::multicast::Join>>,
+    /// Every event channel the id has been on (creation, each
+    /// [`CmId::migrate`]): librdmacm's `id->channel`, which its calls on the
+    /// id read (`rdma_destroy_id` included), is always one of them. Kept
+    /// open until the id is destroyed (rdma_destroy_event_channel(3)): they
+    /// drop with this `IdShared`, i.e. after `rdma_destroy_id` succeeded,
+    /// or never. Empty for a synchronous id (librdmacm owns its channel).
+    pub(crate) channels: Mutex<Vec<EventChannel>>,
+    /// `Some` for a synchronous id (`sync_mode.rs`): held across every call
+    /// that acknowledges or reads the event librdmacm keeps in `id->event`.
+    pub(crate) sync: Option<Mutex<()>>,
+    /// For a synchronous connect request's id: its listener, whose event
+    /// (the request) librdmacm keeps on this id until it accepts or is
+    /// destroyed; the listener's `rdma_destroy_id` waits for that ack, so
+    /// it must not run first.
+    #[allow(dead_code)] // held, never read: dropped after the destroy
+    pub(crate) listener: Option<CmId>,
 }
 
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -67,8 +90,8 @@ impl Drop for IdHandle {
             // once: the id is freed, no event can name it any more.
             drop(unsafe { Arc::from_raw(Arc::as_ptr(&self.shared)) });
         }
-        // Otherwise the id may live on, pointing at `shared`: leaked.
-        let _ = &self.channel;
+        // Otherwise the id may live on, pointing at `shared` (and through
+        // it at its channels and listener): all leaked.
     }
 }
 
@@ -241,7 +264,7 @@ impl ConnParam {
         self
     }
 
-    fn raw(&self, qp_num: u32, max_private: usize) -> Result<sys::rdma_conn_param> {
+    pub(super) fn raw(&self, qp_num: u32, max_private: usize) -> Result<sys::rdma_conn_param> {
         if self.private_data.len() > max_private {
             return Err(Error::OutOfRange {
                 what: "private data length",
@@ -420,19 +443,28 @@ impl CmId {
             verb: "rdma_create_id",
             io: std::io::Error::from_raw_os_error(libc::ENOMEM),
         })?;
-        // SAFETY: a fresh id owned by nobody else.
-        Ok(unsafe { CmId::adopt(id, channel.clone()) })
+        // SAFETY: a fresh id owned by nobody else, on `channel`.
+        Ok(unsafe { CmId::adopt(id, IdMode::Channels(vec![channel.clone()])) })
     }
 
     /// Takes ownership of an id librdmacm created (connect requests).
     ///
     /// # Safety
-    /// `id` is valid, on `channel`, and owned by no other handle.
-    pub(crate) unsafe fn adopt(id: NonNull<sys::rdma_cm_id>, channel: EventChannel) -> CmId {
+    /// `id` is valid and owned by no other handle; for
+    /// [`IdMode::Channels`], librdmacm's `id->channel` is one of them; for
+    /// [`IdMode::Sync`], the id is synchronous (librdmacm's own channel).
+    pub(crate) unsafe fn adopt(id: NonNull<sys::rdma_cm_id>, mode: IdMode) -> CmId {
+        let (channels, sync, listener) = match mode {
+            IdMode::Channels(c) => (c, None, None),
+            IdMode::Sync { listener } => (Vec::new(), Some(Mutex::new(())), listener),
+        };
         let shared = Arc::new(IdShared {
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             pending: Mutex::new(None),
             mcast: Mutex::new(Vec::new()),
+            channels: Mutex::new(channels),
+            sync,
+            listener,
         });
         // SAFETY: the caller's contract; `context` is ours to set (for a
         // connect request's id librdmacm copied the listening id's there:
@@ -440,11 +472,7 @@ impl CmId {
         // taken back when the id is destroyed (IdHandle's Drop).
         unsafe { (*id.as_ptr()).context = Arc::into_raw(Arc::clone(&shared)).cast_mut().cast() };
         CmId {
-            handle: Arc::new(IdHandle {
-                id,
-                channel,
-                shared,
-            }),
+            handle: Arc::new(IdHandle { id, shared }),
         }
     }
 
@@ -548,6 +576,8 @@ impl CmId {
         let sp = s.as_mut().map_or(std::ptr::null_mut(), |s| {
             (s as *mut libc::sockaddr_storage).cast()
         });
+        // A synchronous id blocks here until the address is resolved.
+        let _sync = self.sync_lock();
         // SAFETY: live id; valid sockaddrs (or NULL source).
         let rc = unsafe {
             sys::rdma_resolve_addr(
@@ -571,6 +601,7 @@ impl CmId {
     /// `rdma_resolve_route(3)`
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let _sync = self.sync_lock();
         // SAFETY: live id with a resolved address.
         neg_errno("rdma_resolve_route", unsafe {
             sys::rdma_resolve_route(self.id(), ms(timeout))
@@ -584,11 +615,26 @@ impl CmId {
     }
 
     fn check_qp(&self, qp: &QueuePair) -> Result<()> {
-        self.check_qp_of(
-            qp,
-            crate::QpType::Rc,
-            "an rdma_cm connection (TCP port space)",
-        )
+        if self.is_ud() {
+            self.check_qp_of(
+                qp,
+                crate::QpType::Ud,
+                "an rdma_cm UD exchange (UDP port space)",
+            )
+        } else {
+            self.check_qp_of(
+                qp,
+                crate::QpType::Rc,
+                "an rdma_cm connection (TCP port space)",
+            )
+        }
+    }
+
+    /// Whether the id manages UD queue pairs (UDP and IPoIB port spaces),
+    /// as librdmacm decides it (`qp_type`, set at creation).
+    pub(super) fn is_ud(&self) -> bool {
+        // SAFETY: live id; `qp_type` never changes.
+        unsafe { (*self.id()).qp_type == sys::IBV_QPT_UD }
     }
 
     /// `qp` was created on this id's context and is of type `want`.
@@ -642,20 +688,47 @@ impl CmId {
     /// peer accepts — [`EventChannel::get_event`] moves it to RTR and RTS,
     /// establishes the connection and reports `Established`.
     ///
+    /// On a synchronous id ([`CmId::new_sync`]) the call blocks until the
+    /// peer answered and returns with the connection established
+    /// (`rdma_establish`); no event follows.
+    ///
+    /// On a UD id (UDP port space) `qp` is a UD queue pair (RESET, INIT or
+    /// RTS: moved to RTS with the id's Q_Key first) and the request is a
+    /// SIDR lookup: `Established` carries the peer's queue pair number,
+    /// Q_Key and address vector ([`CmEvent::ud_param`](super::CmEvent::ud_param)).
+    ///
     /// # Errors
     /// [`Error::ForeignContext`] for a QP of another context,
-    /// [`Error::WrongQpType`] for one that is not RC, [`Error::OutOfRange`]
-    /// for private data over 56 bytes or a retry count over 7;
-    /// [`Error::Verb`] naming `rdma_init_qp_attr`,
-    /// `ibv_modify_qp` or `rdma_connect`.
+    /// [`Error::WrongQpType`] for one that is not RC (UD on a UD id),
+    /// [`Error::OutOfRange`] for private data over 56 bytes (180 on a UD
+    /// id) or a retry count over 7; [`Error::Unsupported`] for a UD connect
+    /// on a synchronous id (the peer's parameters come only with an
+    /// event); [`Error::Verb`] naming `rdma_init_qp_attr`, `ibv_modify_qp`,
+    /// `rdma_connect` (on a synchronous id `ECONNREFUSED` when rejected) or
+    /// `rdma_establish`.
     ///
     /// # References
     /// `rdma_connect(3)`
     #[doc(alias = "rdma_connect")]
     pub fn connect(&self, qp: &QueuePair, param: &ConnParam) -> Result<()> {
         self.check_qp(qp)?;
+        let sync = self.sync_lock();
+        if self.is_ud() {
+            return self.connect_ud(qp, param, sync.is_some());
+        }
         let mut raw = param.raw(qp.qp_num().0, 56)?;
         self.init_if_reset(qp)?;
+        if sync.is_some() {
+            // SAFETY: live id; `raw` outlives the call, which returns once
+            // the peer answered (the response stays in `id->event`, which
+            // the held lock keeps anyone else from acknowledging).
+            let rc = unsafe { sys::rdma_connect(self.id(), &mut raw) };
+            neg_errno("rdma_connect", rc)?;
+            // SAFETY: live id with a connect response.
+            unsafe { ready(self.id(), qp, None)? };
+            // SAFETY: as above.
+            return neg_errno("rdma_establish", unsafe { sys::rdma_establish(self.id()) });
+        }
         *self
             .handle
             .shared
@@ -670,16 +743,25 @@ impl CmId {
 
     /// Accepts a connect request on this (request) id with `qp` (RC,
     /// created on [`CmId::context`], in RESET or INIT), which is moved
-    /// through INIT, RTR and RTS first; `Established` follows on the channel.
+    /// through INIT, RTR and RTS first; `Established` follows on the channel
+    /// (a synchronous id's accept blocks until then instead). On a UD id,
+    /// `qp` is a UD queue pair moved to RTS first, and the SIDR reply
+    /// carries its number and the id's Q_Key; no event follows.
     ///
     /// # Errors
-    /// As [`CmId::connect`], naming `rdma_accept`.
+    /// As [`CmId::connect`], naming `rdma_accept` (136 bytes of private data
+    /// on a UD id, 196 otherwise).
     ///
     /// # References
     /// `rdma_accept(3)`
     #[doc(alias = "rdma_accept")]
     pub fn accept(&self, qp: &QueuePair, param: &ConnParam) -> Result<()> {
         self.check_qp(qp)?;
+        // A synchronous id blocks in rdma_accept until Established.
+        let _sync = self.sync_lock();
+        if self.is_ud() {
+            return self.accept_ud(qp, param);
+        }
         let mut raw = param.raw(qp.qp_num().0, 196)?;
         self.init_if_reset(qp)?;
         let caps = Some((param.responder_resources, param.initiator_depth));
@@ -728,6 +810,8 @@ impl CmId {
     /// `rdma_disconnect(3)`
     #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(&self) -> Result<()> {
+        // A synchronous id blocks until Disconnected.
+        let _sync = self.sync_lock();
         // SAFETY: live id (librdmacm ignores the QP: the id has none).
         neg_errno("rdma_disconnect", unsafe {
             sys::rdma_disconnect(self.id())

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ibverbs_sys as sys;
 
-use super::cm_id::{CmId, IdShared};
+use super::cm_id::{CmId, IdMode, IdShared};
 use crate::error::{ret_ptr, Error, Result};
 
 pub(crate) struct ChannelInner {
@@ -159,7 +159,12 @@ impl CmEvent {
     }
     /// For `MulticastJoin` (and `MulticastError`): the group's UD
     /// parameters — remote QPN `0xFFFFFF`, Q_Key and address vector — from
-    /// which a sender builds its address handle.
+    /// which a sender builds its address handle. For `Established` on a UD
+    /// id (UDP port space, after [`CmId::connect`]): the peer's queue pair
+    /// number and Q_Key and the address vector to it (SIDR reply). For a
+    /// UD `ConnectRequest`: what the request carries (no queue pair number:
+    /// a SIDR request has none; the requester's QPN arrives with its first
+    /// datagram, [`Completion::src_qp`](crate::Completion::src_qp)).
     pub fn ud_param(&self) -> Option<&super::UdParam> {
         self.ud.as_ref()
     }
@@ -290,7 +295,33 @@ impl EventChannel {
             initiator_depth: 0,
             ud: None,
         };
-        if matches!(
+        // UD ids (UDP and IPoIB port spaces) get `param.ud` with their
+        // connect request and the SIDR reply (Established), as librdmacm
+        // copies it for them (`ucma_is_ud_qp`).
+        // SAFETY: the event's id is alive until the ack; `qp_type` is set
+        // at creation and never changes.
+        let ud_id = !raw.id.is_null()
+            && unsafe { (*raw.id).qp_type } == sys::IBV_QPT_UD
+            && matches!(
+                event.kind,
+                CmEventType::ConnectRequest | CmEventType::Established
+            );
+        if ud_id {
+            // SAFETY: UD connection events carry `param.ud`.
+            let ud = unsafe { raw.param.ud };
+            if !ud.private_data.is_null() && ud.private_data_len > 0 {
+                // SAFETY: librdmacm's buffer of `private_data_len` bytes,
+                // valid until the ack below.
+                event.private_data = unsafe {
+                    std::slice::from_raw_parts(
+                        ud.private_data.cast::<u8>(),
+                        ud.private_data_len as usize,
+                    )
+                }
+                .to_vec();
+            }
+            event.ud = Some(super::UdParam::from_raw(&ud));
+        } else if matches!(
             event.kind,
             CmEventType::ConnectRequest
                 | CmEventType::ConnectResponse
@@ -315,9 +346,24 @@ impl EventChannel {
         }
         if event.kind == CmEventType::ConnectRequest {
             if let Some(id) = NonNull::new(raw.id) {
+                // librdmacm put the new id on its listener's channel as it
+                // was when the request was read: this one, or — while the
+                // listener migrates — another the listener keeps. The new
+                // id keeps them all (see `IdShared::channels`).
+                let mut channels = vec![self.clone()];
+                // SAFETY: the listening id is alive until the ack; its
+                // `context` is ours (`IdShared::of`'s contract).
+                if let Some(l) = unsafe { IdShared::of(raw.listen_id) } {
+                    for c in l.channels.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                        if !channels.iter().any(|k| Arc::ptr_eq(&k.inner, &c.inner)) {
+                            channels.push(c.clone());
+                        }
+                    }
+                }
                 // SAFETY: librdmacm hands the new id to the application;
-                // from here on it is owned by the returned CmId.
-                let new_id = unsafe { CmId::adopt(id, self.clone()) };
+                // from here on it is owned by the returned CmId; its
+                // channel is among `channels` (above).
+                let new_id = unsafe { CmId::adopt(id, IdMode::Channels(channels)) };
                 event.id = Some(new_id.serial());
                 event.new_id = Some(new_id);
             }

@@ -144,6 +144,7 @@ impl CmId {
     ///
     /// # Errors
     /// [`Error::ForeignContext`] or [`Error::WrongQpType`] for `qp`;
+    /// [`Error::Unsupported`] on a synchronous id ([`CmId::new_sync`]);
     /// [`Error::Verb`] naming `rdma_join_multicast_ex` (`EINVAL` for an id
     /// not bound to a device or an address that is not multicast).
     ///
@@ -156,6 +157,13 @@ impl CmId {
         qp: Option<&QueuePair>,
         flags: JoinFlags,
     ) -> Result<()> {
+        if self.is_sync() {
+            // The join's event would stay in librdmacm's `id->event`, out
+            // of the event path that attaches the queue pair.
+            return Err(Error::Unsupported(
+                "multicast joins on a synchronous rdma_cm id",
+            ));
+        }
         if let Some(qp) = qp {
             self.check_qp_of(qp, QpType::Ud, "CmId::join_multicast")?;
         }
