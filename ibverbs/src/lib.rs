@@ -215,6 +215,7 @@ pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
 pub use memory_region::{
     AccessFlags, AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
 };
+pub use memory_region::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
