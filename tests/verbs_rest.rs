@@ -258,3 +258,66 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
     let c = wait(&p.cq_b, 1).pop().unwrap();
     assert_eq!(c.status(), WcStatus::RemAccessErr, "{kind:?}: revoked");
 }
+
+/// XRC on a device without it (rxe): `IBV_DEVICE_XRC` reads false, and
+/// opening a domain (private or through a file) and creating an XRC send
+/// queue pair are refused by name before the verb. On a device with XRC:
+/// a domain, an XRC SRQ with its number, a receive queue pair, and the
+/// same queue pair opened by number.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn xrc_domain_capability_and_refusals() {
+    use ibverbs::{XrcdOpenFlags, XrcdOptions};
+    let dev = common::device();
+    let attr = dev.ctx.query_device_ex().unwrap();
+    let flag = ibverbs::sys::ibv_device_cap_flags::IBV_DEVICE_XRC.0;
+    let has = attr.as_raw().orig_attr.device_cap_flags & flag != 0;
+    assert_eq!(has, attr.supports(Feature::Xrc));
+    assert!(!(has && common::is_rxe(&dev)), "rxe has no XRC");
+    let file = std::fs::File::create(std::env::temp_dir().join("ibverbs-xrcd-test")).unwrap();
+    let shared = || {
+        use std::os::fd::AsFd;
+        XrcdOptions::new().file(file.as_fd(), XrcdOpenFlags::CREATE)
+    };
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let cq = dev.ctx.create_cq(64).build().unwrap();
+    if !has {
+        for res in [
+            dev.ctx.open_xrcd(XrcdOptions::new()),
+            dev.ctx.open_xrcd(shared()),
+        ] {
+            match res {
+                Err(Error::DeviceLacks { verb, capability }) => {
+                    assert_eq!(verb, "ibv_open_xrcd");
+                    assert!(capability.contains("IBV_DEVICE_XRC"), "{capability}");
+                }
+                other => panic!("expected DeviceLacks naming ibv_open_xrcd: {other:?}"),
+            }
+        }
+        match pd.create_qp(QpType::XrcSend, &cq, &cq).build() {
+            Err(Error::DeviceLacks { verb, .. }) => assert_eq!(verb, "ibv_create_qp"),
+            other => panic!("expected DeviceLacks naming ibv_create_qp: {other:?}"),
+        }
+        return;
+    }
+    let xrcd = dev.ctx.open_xrcd(shared()).unwrap();
+    let srq = xrcd.create_srq(&pd, &cq, 16).build().unwrap();
+    let num = srq.xrc_srq_num().expect("an XRC SRQ has a number");
+    eprintln!("XRC SRQ number {num}");
+    let rqp = xrcd.create_recv_qp().unwrap();
+    let opened = xrcd.open_qp(rqp.qp_num()).unwrap();
+    assert_eq!(opened.qp_num(), rqp.qp_num());
+    let sqp = pd.create_qp(QpType::XrcSend, &cq, &cq).build().unwrap();
+    assert_eq!(sqp.qp_type(), QpType::XrcSend);
+    // An XRC send queue pair receives nothing; an XRC SRQ serves no
+    // ordinary queue pair.
+    let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
+    assert!(matches!(
+        sqp.post_recv(ibverbs::RecvRequest::new(buf)),
+        Err(e) if matches!(e.error, Error::ReceivesThroughSrq)
+    ));
+    assert!(matches!(
+        pd.create_qp(QpType::Rc, &cq, &cq).srq(&srq).build(),
+        Err(Error::WrongQpType { .. })
+    ));
+}

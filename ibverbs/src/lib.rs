@@ -176,6 +176,7 @@ mod thread_domain;
 mod work_completion;
 mod wq_table;
 mod write_channel;
+mod xrc_domain;
 
 pub mod hazards;
 
@@ -233,3 +234,4 @@ pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use write_channel::{Received, WriteChannel};
+pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};
