@@ -362,8 +362,8 @@ fn advise_mr(
 }
 
 impl MemoryRegion {
-    /// Asks the device to fault in the pages of `ranges` (byte offsets
-    /// into this region) ahead of use (`ibv_advise_mr`): `Prefetch`
+    /// Asks the device to fault in the pages of `ranges` (`(offset,
+    /// length)` pairs of bytes in this region) ahead of use (`ibv_advise_mr`): `Prefetch`
     /// for reading, `PrefetchWrite` for writing, `PrefetchNoFault` to map
     /// only pages already present; `flush` waits until the device acted
     /// (`IBV_ADVISE_MR_FLAG_FLUSH`). Only for regions registered with
@@ -382,12 +382,7 @@ impl MemoryRegion {
     /// # References
     /// `ibv_advise_mr(3)`
     #[doc(alias = "ibv_advise_mr")]
-    pub fn advise(
-        &self,
-        advice: Advice,
-        flush: bool,
-        ranges: &[std::ops::Range<usize>],
-    ) -> Result<()> {
+    pub fn advise(&self, advice: Advice, flush: bool, ranges: &[(usize, usize)]) -> Result<()> {
         if !self.access().contains(AccessFlags::ON_DEMAND) {
             // A device without ODP is the clearer answer; on one with it,
             // the region is what lacks it.
@@ -400,10 +395,9 @@ impl MemoryRegion {
         }
         let sges = ranges
             .iter()
-            .map(|r| {
-                let len = r.end.saturating_sub(r.start);
-                check_range(r.start, len, self.len())?;
-                sge(self.addr().wrapping_add(r.start as u64), len, self.lkey())
+            .map(|&(offset, len)| {
+                check_range(offset, len, self.len())?;
+                sge(self.addr().wrapping_add(offset as u64), len, self.lkey())
             })
             .collect::<Result<Vec<_>>>()?;
         advise_mr(self.pd(), advice, flush, sges)

@@ -42,10 +42,17 @@ fn check_access(old: AccessFlags, new: AccessFlags, peer_writes: bool) -> Result
 
 /// What a failed `ibv_rereg_mr` means, from its return code and `errno`
 /// (pure, unit-tested): the error, and whether the registration is surely
-/// unchanged (`IBV_REREG_MR_ERR_INPUT`); otherwise it is in an unknown
-/// state (the old rights or the new ones, or unusable).
+/// unchanged (`IBV_REREG_MR_ERR_INPUT`, or a refusal with `EOPNOTSUPP`);
+/// otherwise it is in an unknown state (the old rights or the new ones, or
+/// unusable).
 fn failure(rc: i32, errno: i32) -> (Error, bool) {
-    let unchanged = rc == sys::IBV_REREG_MR_ERR_INPUT;
+    // libibverbs reports every provider failure as IBV_REREG_MR_ERR_CMD,
+    // the provider's own refusal included (rxe, rdma-core 44: its stub sets
+    // EOPNOTSUPP and changes nothing; the kernel, too, answers EOPNOTSUPP
+    // before touching a region its driver cannot re-register). So
+    // EOPNOTSUPP means "unchanged" whatever the code.
+    let refused = matches!(errno, libc::EOPNOTSUPP | libc::ENOSYS);
+    let unchanged = rc == sys::IBV_REREG_MR_ERR_INPUT || refused;
     let err = match errno {
         libc::EOPNOTSUPP | libc::ENOSYS => Error::DeviceLacks {
             verb: "ibv_rereg_mr",
@@ -227,6 +234,10 @@ mod tests {
                 ..
             }
         ));
+        // What rxe's stub comes back as through libibverbs.
+        let (e, unchanged) = failure(sys::IBV_REREG_MR_ERR_CMD, libc::EOPNOTSUPP);
+        assert!(unchanged);
+        assert!(matches!(e, Error::DeviceLacks { .. }));
         let (e, unchanged) = failure(sys::IBV_REREG_MR_ERR_CMD, libc::EINVAL);
         assert!(!unchanged);
         assert!(matches!(
