@@ -348,6 +348,11 @@ macro_rules! region_common {
             pub(crate) fn region(&self) -> &Region {
                 &self.region
             }
+            /// The region, mutably: for re-registration, which changes it
+            /// only when this handle is its sole holder.
+            pub(crate) fn region_mut(&mut self) -> &mut Region {
+                &mut self.region
+            }
             /// Length in bytes.
             #[inline]
             pub fn len(&self) -> usize {

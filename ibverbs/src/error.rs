@@ -691,6 +691,16 @@ pub enum Error {
         /// Whether the queue pair is attached to the group.
         attached: bool,
     },
+    /// A re-registration (`ibv_rereg_mr`) of a region something else
+    /// still holds: another buffer piece, a [`MemoryRegion`](crate::MemoryRegion)
+    /// handle, a memory window, a posted request or a pool. Refused before
+    /// the verb: only the sole holder of a registration may change it
+    /// (DESIGN.md, "On-demand paging, XRC, re-registration").
+    #[error("{verb}: the region is still held elsewhere (split pieces, MemoryRegion handles, windows or posted requests)")]
+    RegionInUse {
+        /// The verb not called (`ibv_rereg_mr`).
+        verb: &'static str,
+    },
 }
 
 /// Who refused [`Error::ForkInitTooLate`].
@@ -991,6 +1001,7 @@ impl Error {
             Error::QueuePairInError { .. } => K::BrokenPipe,
             Error::QueueFull { .. }
             | Error::WindowBusy
+            | Error::RegionInUse { .. }
             | Error::AlreadyDriven { .. }
             | Error::RequestTableFull { .. } => K::ResourceBusy,
             Error::WorkCompletion { .. }

@@ -805,3 +805,56 @@
 //! let _for_the_peer = r.remote(); // keys and device addresses only
 //! # }
 //! ```
+//!
+//! # 32. Registering the whole address space from safe code
+//!
+//! An implicit on-demand-paging region's keys name every byte of the
+//! process, those behind live references included: what makes it sound is
+//! the caller's use of the keys, so
+//! [`ProtectionDomain::register_implicit_odp`](crate::ProtectionDomain::register_implicit_odp)
+//! is `unsafe` (DESIGN.md, "On-demand paging, XRC, re-registration").
+//!
+//! ```compile_fail,E0133
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain) -> Result<()> {
+//! let _all = pd.register_implicit_odp(AccessFlags::LOCAL_WRITE)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain) -> Result<()> {
+//! // SAFETY: the lkey goes only into raw posts whose contracts hold for
+//! // every address used; no remote rights, so no peer gets a key.
+//! let all = unsafe { pd.register_implicit_odp(AccessFlags::LOCAL_WRITE)? };
+//! let _lkey = all.lkey();
+//! # Ok(()) }
+//! ```
+//!
+//! # 33. Re-registering a region while the device may use it
+//!
+//! `rereg_access` takes the buffer mutably, so a posted buffer (moved into
+//! the request) cannot be re-registered; a region something else still
+//! holds (a split piece, a `MemoryRegion`, a window, a prepared request) is
+//! refused at run time (`Error::RegionInUse`).
+//!
+//! ```compile_fail,E0382
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair) -> Result<()> {
+//! let mut buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::send(buf))?;
+//! buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue) -> Result<()> {
+//! let buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
+//! qp.post_send(SendRequest::send(buf))?;
+//! let mut done = Completions::with_capacity(1);
+//! while cq.poll(&mut done)? == 0 {}
+//! let mut buf = done.pop().unwrap().take_local().unwrap();
+//! buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?; // ours again
+//! # Ok(()) }
+//! ```

@@ -176,6 +176,7 @@ mod thread_domain;
 mod work_completion;
 mod wq_table;
 mod write_channel;
+mod xrc_domain;
 
 pub mod hazards;
 
@@ -215,6 +216,7 @@ pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
 pub use memory_region::{
     AccessFlags, AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
 };
+pub use memory_region::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use message_channel::{ChannelProblem, Message, MessageChannel};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
@@ -232,3 +234,4 @@ pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
 pub use write_channel::{Received, WriteChannel};
+pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

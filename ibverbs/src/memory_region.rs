@@ -494,6 +494,9 @@ impl ProtectionDomain {
             "ibv_reg_mr"
         };
         Self::check_registration(access, len, iova)?;
+        if access.contains(AccessFlags::ON_DEMAND) {
+            self.check_odp(odp::OdpGeneralCaps::SUPPORT, verb)?;
+        }
         let huge = storage.is_huge();
         let ptr = NonNull::new(storage.as_mut_ptr()).ok_or(Error::NullStorage)?;
         // SAFETY: live PD; `[ptr, ptr+len)` is owned by `storage`, kept alive
@@ -541,6 +544,9 @@ impl ProtectionDomain {
     ///
     /// # Errors
     /// [`Error::NeedsSharedBuffer`] for remote write/atomic rights,
+    /// [`Error::DeviceLacks`] naming the verb for
+    /// [`AccessFlags::ON_DEMAND`] on a device without on-demand paging
+    /// (`odp_caps`, checked before the verb),
     /// [`Error::EmptyRegistration`] for empty storage,
     /// [`Error::NullStorage`] for storage without an address;
     /// [`Error::OutOfRange`] for an IOVA where `iova + len` wraps;
@@ -645,4 +651,7 @@ impl ProtectionDomain {
 }
 
 mod dmabuf;
+mod odp;
+mod rereg;
 pub use dmabuf::DmabufRegion;
+pub use odp::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};

@@ -506,12 +506,14 @@ impl QueuePair {
             // IBA does not let LOCAL_INV touch a type 1 window: a
             // zero-length bind unbinds it. Providers read the lkey of the
             // bind's region even then, so it names a region the window
-            // holds (held until this request succeeded).
+            // holds (held until this request succeeded), at its device
+            // address (the IOVA: a device may range-check even an empty
+            // bind against it).
             MwType::Type1 => {
                 let old = mws.any_region().ok_or(Error::WindowNotBound)?;
                 let info = sys::ibv_mw_bind_info {
                     mr: old.mr.as_ptr(),
-                    addr: old.ptr.as_ptr() as u64,
+                    addr: old.iova,
                     length: 0,
                     mw_access_flags: 0,
                 };

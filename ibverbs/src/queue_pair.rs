@@ -313,7 +313,10 @@ impl QueuePair {
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
     ) -> crate::Result<QueuePair> {
-        let (send, recv) = new_tables(caps, asked, srq.is_none());
+        // An XRC send queue pair has no receive queue: receives are refused
+        // (`ReceivesThroughSrq`: they go to the receiver's XRC SRQ).
+        let own_recv = srq.is_none() && qp_type != QpType::XrcSend;
+        let (send, recv) = new_tables(caps, asked, own_recv);
         // SAFETY: a live QP (just created) points at its live context.
         let ops = unsafe { &(*(*qp.as_ptr()).context).ops };
         let post_send_fn = ops.post_send.unwrap_or(missing_post_send);

@@ -14,7 +14,7 @@ use crate::queue_pair::{
 use crate::wq_table::{Mode, TableRef, WqTable};
 #[cfg(doc)]
 use crate::Error;
-use crate::{CompletionQueue, ProtectionDomain};
+use crate::{CompletionQueue, ProtectionDomain, XrcDomain};
 
 pub(crate) struct SrqInner {
     srq: NonNull<sys::ibv_srq>,
@@ -27,6 +27,9 @@ pub(crate) struct SrqInner {
     /// Its id for async events (event_routing.rs): registered at creation,
     /// leaves before the destroy.
     events: Registration,
+    /// An XRC SRQ's domain (kept open until the SRQ is destroyed) and its
+    /// SRQ number (`ibv_get_srq_num`), which senders name.
+    xrc: Option<(XrcDomain, u32)>,
 }
 
 // SAFETY: SRQ verbs are thread-safe in libibverbs; the table is behind a Mutex.
@@ -74,6 +77,8 @@ pub struct SharedReceiveQueueBuilder<'a> {
     max_wr: u32,
     max_sge: u32,
     srq_limit: u32,
+    /// An XRC SRQ: its domain and the CQ its receive completions go to.
+    xrc: Option<(&'a XrcDomain, &'a CompletionQueue)>,
 }
 
 impl SharedReceiveQueueBuilder<'_> {
@@ -91,20 +96,54 @@ impl SharedReceiveQueueBuilder<'_> {
     ///
     /// # Errors
     /// [`Error::Verb`] naming `ibv_create_srq` (`EINVAL` when a size
-    /// exceeds the device's limits; the message names it).
+    /// exceeds the device's limits; the message names it); for an XRC SRQ
+    /// ([`XrcDomain::create_srq`]): [`Error::ForeignContext`] for a PD or
+    /// CQ of another device, [`Error::Verb`] naming `ibv_create_srq_ex` or
+    /// `ibv_get_srq_num`, [`Error::CqTooSmall`] when its CQ cannot hold
+    /// `max_wr` more completions.
     #[doc(alias = "ibv_create_srq")]
+    #[doc(alias = "ibv_create_srq_ex")]
     pub fn build(self) -> Result<SharedReceiveQueue> {
-        let mut attr = sys::ibv_srq_init_attr {
-            srq_context: std::ptr::null_mut(),
-            attr: sys::ibv_srq_attr {
-                max_wr: self.max_wr,
-                max_sge: self.max_sge,
-                srq_limit: self.srq_limit,
-            },
+        let mut attr = sys::ibv_srq_attr {
+            max_wr: self.max_wr,
+            max_sge: self.max_sge,
+            srq_limit: self.srq_limit,
         };
-        // SAFETY: live PD; `attr` valid; destroyed in SrqInner's Drop.
-        let srq = unsafe { sys::ibv_create_srq(self.pd.as_ptr(), &mut attr) };
-        let srq = ret_ptr("ibv_create_srq", srq).map_err(|e| {
+        let (srq, verb) = match self.xrc {
+            None => {
+                let mut init = sys::ibv_srq_init_attr {
+                    srq_context: std::ptr::null_mut(),
+                    attr,
+                };
+                // SAFETY: live PD; `init` valid; destroyed in SrqInner's Drop.
+                let srq = unsafe { sys::ibv_create_srq(self.pd.as_ptr(), &mut init) };
+                attr = init.attr;
+                (srq, "ibv_create_srq")
+            }
+            Some((xrcd, cq)) => {
+                crate::xrc_domain::check_same_context(xrcd, self.pd, cq)?;
+                let mut init = sys::ibv_srq_init_attr_ex {
+                    attr,
+                    comp_mask: (sys::ibv_srq_init_attr_mask::IBV_SRQ_INIT_ATTR_TYPE
+                        | sys::ibv_srq_init_attr_mask::IBV_SRQ_INIT_ATTR_PD
+                        | sys::ibv_srq_init_attr_mask::IBV_SRQ_INIT_ATTR_XRCD
+                        | sys::ibv_srq_init_attr_mask::IBV_SRQ_INIT_ATTR_CQ)
+                        .0,
+                    srq_type: sys::IBV_SRQT_XRC,
+                    pd: self.pd.as_ptr(),
+                    xrcd: xrcd.as_ptr(),
+                    cq: cq.as_ptr(),
+                    ..Default::default()
+                };
+                // SAFETY: live context, PD, XRCD and CQ (the SRQ keeps the
+                // XRCD and, once attached, the CQ alive; the PD too);
+                // `init` valid; destroyed in SrqInner's Drop.
+                let srq = unsafe { sys::ibv_create_srq_ex(self.pd.context().as_ptr(), &mut init) };
+                attr = init.attr;
+                (srq, "ibv_create_srq_ex")
+            }
+        };
+        let srq = ret_ptr(verb, srq).map_err(|e| {
             let hint = self.pd.context().query_device().ok().and_then(|d| {
                 let over: Vec<String> = [
                     ("max_wr", self.max_wr, "max_srq_wr", d.max_srq_wr()),
@@ -120,9 +159,23 @@ impl SharedReceiveQueueBuilder<'_> {
             });
             e.with_hint(hint)
         })?;
-        // `attr.attr` now holds the actual sizes.
-        let (max_wr, max_sge) = (attr.attr.max_wr.max(1), attr.attr.max_sge.max(1));
-        Ok(SharedReceiveQueue {
+        // `attr` now holds the actual sizes.
+        let (max_wr, max_sge) = (attr.max_wr.max(1), attr.max_sge.max(1));
+        let xrc = match self.xrc {
+            None => None,
+            Some((xrcd, _)) => {
+                let mut num = 0u32;
+                // SAFETY: a live XRC SRQ; `num` valid for writes.
+                let rc = unsafe { sys::ibv_get_srq_num(srq.as_ptr(), &mut num) };
+                if let Err(e) = ret_errno("ibv_get_srq_num", rc) {
+                    // SAFETY: just created, nothing posted, never shared.
+                    unsafe { sys::ibv_destroy_srq(srq.as_ptr()) };
+                    return Err(e);
+                }
+                Some((xrcd.clone(), num))
+            }
+        };
+        let built = SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 srq,
                 pd: self.pd.clone(),
@@ -136,8 +189,16 @@ impl SharedReceiveQueueBuilder<'_> {
                 asked_wr: self.max_wr.clamp(1, max_wr),
                 cqs: std::sync::Mutex::new(Vec::new()),
                 events: Registration::new(Kind::Srq, srq.as_ptr()),
+                xrc,
             }),
-        })
+        };
+        if let Some((_, cq)) = self.xrc {
+            // An XRC SRQ's completions go to its own CQ, whatever queue
+            // pair the message came through: the table is found there.
+            // On failure, dropping `built` destroys the SRQ (nothing posted).
+            built.attach_cq(cq)?;
+        }
+        Ok(built)
     }
 }
 
@@ -160,6 +221,22 @@ impl SharedReceiveQueue {
 
     pub(crate) fn events(&self) -> &Registration {
         &self.inner.events
+    }
+
+    /// The SRQ number senders name to reach an XRC SRQ
+    /// ([`SendRequest::xrc_srqn`](crate::SendRequest::xrc_srqn)), from
+    /// `ibv_get_srq_num` at creation; `None` for an ordinary SRQ.
+    ///
+    /// # References
+    /// `ibv_get_srq_num(3)`
+    #[doc(alias = "ibv_get_srq_num")]
+    pub fn xrc_srq_num(&self) -> Option<u32> {
+        self.inner.xrc.as_ref().map(|(_, n)| *n)
+    }
+
+    /// The XRC domain of an XRC SRQ.
+    pub fn xrc_domain(&self) -> Option<&XrcDomain> {
+        self.inner.xrc.as_ref().map(|(d, _)| d)
     }
 
     /// The raw SRQ pointer, valid while `self` lives.
@@ -286,6 +363,32 @@ impl ProtectionDomain {
             max_wr,
             max_sge: 1,
             srq_limit: 0,
+            xrc: None,
+        }
+    }
+}
+
+impl XrcDomain {
+    /// Starts building an XRC shared receive queue in this domain
+    /// (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): receives posted to it
+    /// serve every XRC receive queue pair of the domain, and their
+    /// completions go to `cq`. Posting, prepared receives, limits and
+    /// teardown are those of every [`SharedReceiveQueue`] (DESIGN.md,
+    /// "On-demand paging, XRC, re-registration").
+    ///
+    /// # References
+    /// `ibv_create_srq_ex(3)`, `ibv_get_srq_num(3)`
+    #[doc(alias = "ibv_create_srq_ex")]
+    #[doc(alias = "IBV_SRQT_XRC")]
+    pub fn create_srq<'a>(
+        &'a self,
+        pd: &'a ProtectionDomain,
+        cq: &'a CompletionQueue,
+        max_wr: u32,
+    ) -> SharedReceiveQueueBuilder<'a> {
+        SharedReceiveQueueBuilder {
+            xrc: Some((self, cq)),
+            ..pd.create_srq(max_wr)
         }
     }
 }

@@ -247,6 +247,9 @@ fn every_variant() -> Vec<Error> {
             lid: 0,
             attached: false,
         },
+        Error::RegionInUse {
+            verb: "ibv_rereg_mr",
+        },
     ];
     for e in &all {
         match e {
@@ -315,7 +318,8 @@ fn every_variant() -> Vec<Error> {
             | Error::DeviceLacks { .. }
             | Error::Sysfs { .. }
             | Error::GrhRequired { .. }
-            | Error::MulticastMembership { .. } => {}
+            | Error::MulticastMembership { .. }
+            | Error::RegionInUse { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }

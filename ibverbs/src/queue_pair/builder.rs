@@ -92,16 +92,53 @@ impl<'a> QueuePairBuilder<'a> {
     /// [`Error::ForeignContext`] when a CQ belongs to another device,
     /// [`Error::ForeignProtectionDomain`] when the SRQ belongs to another
     /// PD; [`Error::Unsupported`] for transport types this API
-    /// does not drive; [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
+    /// does not drive (an XRC send queue pair, [`QpType::XrcSend`], is
+    /// driven: it has no receive queue, and each request names the remote
+    /// XRC SRQ, [`SendRequest::xrc_srqn`](crate::SendRequest::xrc_srqn));
+    /// [`Error::WrongQpType`] for an XRC SRQ, or any SRQ on an XRC send
+    /// queue pair; [`Error::DeviceLacks`] naming the create verb for an XRC
+    /// send queue pair on a device without XRC (checked before the verb); [`Error::Verb`] naming `ibv_create_qp` (e.g. `EINVAL`
     /// when a capacity exceeds the device's limits; the message names it);
     /// [`Error::CqTooSmall`] when a CQ cannot hold the queues reporting to
     /// it (the queue pair just created is destroyed again).
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
-        if !matches!(self.qp_type, QpType::Rc | QpType::Uc | QpType::Ud) {
+        if !matches!(
+            self.qp_type,
+            QpType::Rc | QpType::Uc | QpType::Ud | QpType::XrcSend
+        ) {
             return Err(Error::Unsupported(
-                "queue pair types other than RC, UC and UD",
+                "queue pair types other than RC, UC, UD and XRC send (an XRC receive \
+                 queue pair is XrcDomain::create_recv_qp)",
             ));
+        }
+        let xrc_send = self.qp_type == QpType::XrcSend;
+        if xrc_send
+            && !self
+                .pd
+                .context()
+                .query_device_ex()?
+                .supports(crate::Feature::Xrc)
+        {
+            return Err(Error::DeviceLacks {
+                verb: if self.send_ops.is_empty() {
+                    "ibv_create_qp"
+                } else {
+                    "ibv_create_qp_ex"
+                },
+                capability: "XRC (device_cap_flags lacks IBV_DEVICE_XRC)",
+            });
+        }
+        if let Some(srq) = self.srq {
+            // An XRC SRQ serves the XRC receive queue pairs of its domain
+            // only; an XRC send queue pair receives nothing at all.
+            if xrc_send || srq.xrc_srq_num().is_some() {
+                return Err(Error::WrongQpType {
+                    what: "a shared receive queue (XRC SRQs serve XRC receive queue pairs; \
+                           XRC send queue pairs receive nothing)",
+                    qp_type: self.qp_type,
+                });
+            }
         }
         let ctx = &self.pd.inner.ctx.inner;
         for cq in [self.send_cq, self.recv_cq] {
@@ -119,7 +156,7 @@ impl<'a> QueuePairBuilder<'a> {
             }
         }
         let mut cap = self.cap;
-        if self.srq.is_some() {
+        if self.srq.is_some() || xrc_send {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
         }

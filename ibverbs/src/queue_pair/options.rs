@@ -27,13 +27,16 @@ pub(super) struct Asked {
     pub(super) invalidate: bool,
     /// A UD destination.
     pub(super) ud: bool,
+    /// A remote XRC SRQ number.
+    pub(super) xrc: bool,
 }
 
-/// Whether `op` exists on a `ty` queue pair: RC has every operation, UC
-/// sends and RDMA writes, UD sends (IBA 9.8.3, table 38's opcodes).
+/// Whether `op` exists on a `ty` queue pair: RC (and an XRC send queue
+/// pair, XRC's initiator) has every operation, UC sends and RDMA writes,
+/// UD sends (IBA 9.8.3, table 38's opcodes).
 pub(super) fn op_available(op: SendOp, ty: QpType) -> bool {
     match ty {
-        QpType::Rc => true,
+        QpType::Rc | QpType::XrcSend => true,
         QpType::Uc => matches!(op, SendOp::Send | SendOp::RdmaWrite),
         QpType::Ud => op == SendOp::Send,
         _ => false,
@@ -49,6 +52,7 @@ pub(super) fn op_available(op: SendOp, ty: QpType) -> bool {
 /// * a remote key to invalidate only on an RC send without immediate data
 ///   (IBA has no UC or UD send-with-invalidate opcode, and no opcode with
 ///   both);
+/// * a remote XRC SRQ exactly on XRC send queue pairs;
 /// * a UD destination exactly on UD queue pairs;
 /// * `IBV_SEND_FENCE` on anything (it only orders the request after
 ///   earlier reads and atomics).
@@ -86,6 +90,17 @@ pub(super) fn check_options(op: SendOp, ty: QpType, asked: Asked) -> Result<()> 
         // A send with immediate data has no invalidating twin.
         return not_allowed(SendOption::Immediate);
     }
+    match (asked.xrc, ty == QpType::XrcSend) {
+        (true, false) => return not_allowed(SendOption::XrcSrq),
+        (false, true) => {
+            return Err(Error::OptionRequired {
+                option: SendOption::XrcSrq,
+                op,
+                qp_type: ty,
+            })
+        }
+        _ => {}
+    }
     match (asked.ud, ty == QpType::Ud) {
         (true, false) => not_allowed(SendOption::UdDestination),
         (false, true) => Err(Error::OptionRequired {
@@ -110,7 +125,7 @@ mod tests {
         SendOp::AtomicWrite,
         SendOp::Flush,
     ];
-    const TYPES: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+    const TYPES: [QpType; 4] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::XrcSend];
 
     fn asked(bits: u8) -> Asked {
         Asked {
@@ -120,6 +135,7 @@ mod tests {
             fence: bits & 8 != 0,
             invalidate: bits & 16 != 0,
             ud: bits & 32 != 0,
+            xrc: bits & 64 != 0,
         }
     }
 
@@ -134,16 +150,17 @@ mod tests {
             S::Fence => true,
             S::Invalidate => op == O::Send && ty == QpType::Rc && !imm,
             S::UdDestination => ty == QpType::Ud,
+            S::XrcSrq => ty == QpType::XrcSend,
         }
     }
 
     #[test]
     fn every_cell_of_the_table() {
-        // Every operation × QP type × combination of the six options.
+        // Every operation × QP type × combination of the seven options.
         let mut refused = 0;
         for op in OPS {
             for ty in TYPES {
-                for bits in 0..64u8 {
+                for bits in 0..128u8 {
                     let a = asked(bits);
                     let got = check_options(op, ty, a);
                     let expect_ok = op_available(op, ty)
@@ -151,7 +168,8 @@ mod tests {
                         && (!a.imm || allowed(op, ty, SendOption::Immediate, a.imm))
                         && (!a.solicited || allowed(op, ty, SendOption::Solicited, a.imm))
                         && (!a.invalidate || allowed(op, ty, SendOption::Invalidate, a.imm))
-                        && a.ud == (ty == QpType::Ud);
+                        && a.ud == (ty == QpType::Ud)
+                        && a.xrc == (ty == QpType::XrcSend);
                     assert_eq!(
                         got.is_ok(),
                         expect_ok,
@@ -177,13 +195,15 @@ mod tests {
                                     SendOption::Fence => a.fence,
                                     SendOption::Invalidate => a.invalidate,
                                     SendOption::UdDestination => a.ud,
+                                    SendOption::XrcSrq => a.xrc,
                                 };
                                 assert!(set, "{option:?} blamed but not asked: {a:?}");
                             }
-                            Error::OptionRequired { option, .. } => {
-                                assert_eq!(option, SendOption::UdDestination);
-                                assert!(ty == QpType::Ud && !a.ud);
-                            }
+                            Error::OptionRequired { option, .. } => match option {
+                                SendOption::UdDestination => assert!(ty == QpType::Ud && !a.ud),
+                                SendOption::XrcSrq => assert!(ty == QpType::XrcSend && !a.xrc),
+                                o => panic!("{o:?} required"),
+                            },
                             e => panic!("unexpected {e:?}"),
                         }
                     }

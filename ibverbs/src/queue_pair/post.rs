@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::options::{check_options, Asked};
-use super::request::{Op, SendOp, SendRequest};
+use super::request::{Dest, Op, SendOp, SendRequest};
 use super::work::{SendWork, Token};
 use crate::buffer::Buf;
 use crate::error::{Error, Result};
@@ -287,7 +287,8 @@ impl QueuePair {
                 solicited,
                 fence: r.flags & F::IBV_SEND_FENCE.0 != 0,
                 invalidate: r.invalidate.is_some(),
-                ud: r.ud.is_some(),
+                ud: matches!(r.ud, Some(Dest::Ud(_))),
+                xrc: matches!(r.ud, Some(Dest::Xrc(_))),
             },
         )?;
         let what = r.op.name();
@@ -309,7 +310,7 @@ impl QueuePair {
             }
             check_atomic_target(remote)?;
         }
-        if let Some(ud) = &r.ud {
+        if let Some(Dest::Ud(ud)) = &r.ud {
             if !Arc::ptr_eq(&ud.ah.pd().inner, &self.inner.pd.inner) {
                 return Err(Error::ForeignProtectionDomain {
                     what: "address handle",
@@ -520,7 +521,10 @@ impl QueuePair {
         }
         let signaled = r.is_signaled() || self.inner.sq_sig_all;
         // The buffers and the address handle move into the slot.
-        let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
+        let payload = Payload::bufs(
+            std::mem::take(&mut r.sg),
+            r.ud.take().and_then(Dest::into_ah),
+        );
         // Under the same lock: the tag `next_tag` gave.
         st.reserve_with(table, r.wr_id, payload, signaled, r.dispatched);
         Ok(())
@@ -591,7 +595,10 @@ impl QueuePair {
         let posted = posted_count(rc, wr_base, bad, n);
         for (i, r) in wrs.iter_mut().enumerate().take(posted) {
             let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
+            let payload = Payload::bufs(
+                std::mem::take(&mut r.sg),
+                r.ud.take().and_then(Dest::into_ah),
+            );
             st.store(table, tag, payload);
         }
         for i in (posted..n).rev() {
@@ -706,14 +713,19 @@ pub(super) unsafe fn write_send_wr(
                 });
             }
         }
-        if let Some(ud) = &r.ud {
-            addr_of_mut!((*wr).wr.ud).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                ah: ud.ah.as_ptr(),
-                remote_qpn: ud.qpn.0,
-                remote_qkey: ud.qkey,
-            });
-        }
-        addr_of_mut!((*wr).qp_type.xrc.remote_srqn).write(0);
+        let srqn = match &r.ud {
+            None => 0,
+            Some(Dest::Ud(ud)) => {
+                addr_of_mut!((*wr).wr.ud).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                    ah: ud.ah.as_ptr(),
+                    remote_qpn: ud.qpn.0,
+                    remote_qkey: ud.qkey,
+                });
+                0
+            }
+            Some(Dest::Xrc(srqn)) => *srqn,
+        };
+        addr_of_mut!((*wr).qp_type.xrc.remote_srqn).write(srqn);
     }
 }
 

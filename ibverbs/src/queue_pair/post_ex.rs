@@ -217,7 +217,10 @@ impl QueuePair {
         }
         for (i, r) in wrs.iter_mut().enumerate() {
             let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(std::mem::take(&mut r.sg), r.ud.take().map(|u| u.ah));
+            let payload = Payload::bufs(
+                std::mem::take(&mut r.sg),
+                r.ud.take().and_then(super::request::Dest::into_ah),
+            );
             st.store(table, tag, payload);
         }
         Ok(())
@@ -332,11 +335,19 @@ impl QueuePair {
                     continue;
                 }
             }
-            if let Some(ud) = &r.ud {
-                let f = op!(qpx, wr_set_ud_addr, "UD addressing");
-                // SAFETY: as above; the address handle is kept alive by
-                // the slot until the request completed.
-                unsafe { f(qpx, ud.ah.as_ptr(), ud.qpn.0, ud.qkey) };
+            match &r.ud {
+                None => {}
+                Some(super::request::Dest::Ud(ud)) => {
+                    let f = op!(qpx, wr_set_ud_addr, "UD addressing");
+                    // SAFETY: as above; the address handle is kept alive by
+                    // the slot until the request completed.
+                    unsafe { f(qpx, ud.ah.as_ptr(), ud.qpn.0, ud.qkey) };
+                }
+                Some(super::request::Dest::Xrc(srqn)) => {
+                    let f = op!(qpx, wr_set_xrc_srqn, "XRC addressing");
+                    // SAFETY: as above; a number, no memory.
+                    unsafe { f(qpx, *srqn) };
+                }
             }
             if let Some(data) = r.inline {
                 let f = op!(qpx, wr_set_inline_data, "inline data");

@@ -438,7 +438,7 @@ impl QueuePair {
         c.num_sge = num_sge as i32;
         let postings = Postings::new(
             std::mem::take(&mut wr.sg),
-            wr.ud.take().map(|u| u.ah),
+            wr.ud.take().and_then(super::request::Dest::into_ah),
             wr.wr_id,
         );
         c.wr_id = postings.posting_wr_id();

@@ -99,6 +99,8 @@ pub enum SendOption {
     Invalidate,
     /// A UD destination (address handle, QP number, Q_Key).
     UdDestination,
+    /// The remote SRQ of an XRC send (`SendRequest::xrc_srqn`).
+    XrcSrq,
 }
 
 impl std::fmt::Display for SendOption {
@@ -110,6 +112,7 @@ impl std::fmt::Display for SendOption {
             SendOption::Fence => "IBV_SEND_FENCE",
             SendOption::Invalidate => "a remote key to invalidate (IBV_WR_SEND_WITH_INV)",
             SendOption::UdDestination => "a UD destination (SendRequest::ud)",
+            SendOption::XrcSrq => "a remote XRC SRQ (SendRequest::xrc_srqn)",
         })
     }
 }
@@ -140,6 +143,28 @@ impl Op {
     }
 }
 
+/// Where a request goes beyond its queue pair's connection: a UD
+/// destination, or the SRQ an XRC send names. One field for both, so that
+/// the data path's "no destination" test stays one compare.
+#[derive(Debug, Clone)]
+pub(super) enum Dest {
+    /// A UD destination.
+    Ud(UdDest),
+    /// The remote XRC SRQ number (`remote_srqn`).
+    Xrc(u32),
+}
+
+impl Dest {
+    /// The address handle the request's slot keeps alive, if any.
+    #[inline]
+    pub(super) fn into_ah(self) -> Option<AddressHandle> {
+        match self {
+            Dest::Ud(u) => Some(u.ah),
+            Dest::Xrc(_) => None,
+        }
+    }
+}
+
 /// Where a UD send goes.
 #[derive(Debug, Clone)]
 pub(super) struct UdDest {
@@ -166,7 +191,8 @@ pub struct SendRequest<'a> {
     pub(super) flags: u32,
     pub(super) imm: Option<u32>,
     pub(super) invalidate: Option<u32>,
-    pub(super) ud: Option<UdDest>,
+    /// The destination: a UD address, or an XRC SRQ number.
+    pub(super) ud: Option<Dest>,
     /// Posted by the async dispatcher (see `wq_table::Claimed::dispatched`).
     pub(crate) dispatched: bool,
 }
@@ -354,11 +380,26 @@ impl<'a> SendRequest<'a> {
 
     /// Destination of a UD send: address handle, remote QP and Q_Key.
     pub fn ud(mut self, ah: &AddressHandle, qpn: QpNumber, qkey: u32) -> Self {
-        self.ud = Some(UdDest {
+        self.ud = Some(Dest::Ud(UdDest {
             ah: ah.clone(),
             qpn,
             qkey,
-        });
+        }));
+        self
+    }
+
+    /// The XRC SRQ that takes the message at the receiving end, by its
+    /// number ([`SharedReceiveQueue::xrc_srq_num`](crate::SharedReceiveQueue::xrc_srq_num)
+    /// there): required on an XRC send queue pair
+    /// ([`QpType::XrcSend`](crate::QpType::XrcSend)), refused on any other
+    /// (`remote_srqn`, `ibv_wr_set_xrc_srqn` on the extended path).
+    ///
+    /// # References
+    /// `ibv_post_send(3)`, `ibv_wr_post(3)`
+    #[doc(alias = "remote_srqn")]
+    #[doc(alias = "ibv_wr_set_xrc_srqn")]
+    pub fn xrc_srqn(mut self, srq_num: u32) -> Self {
+        self.ud = Some(Dest::Xrc(srq_num));
         self
     }
 
