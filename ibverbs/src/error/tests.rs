@@ -247,6 +247,10 @@ fn every_variant() -> Vec<Error> {
             lid: 0,
             attached: false,
         },
+        Error::LibraryNotFound {
+            library: "libibverbs.so.1",
+            package: "libibverbs1",
+        },
     ];
     for e in &all {
         match e {
@@ -315,7 +319,8 @@ fn every_variant() -> Vec<Error> {
             | Error::DeviceLacks { .. }
             | Error::Sysfs { .. }
             | Error::GrhRequired { .. }
-            | Error::MulticastMembership { .. } => {}
+            | Error::MulticastMembership { .. }
+            | Error::LibraryNotFound { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }
