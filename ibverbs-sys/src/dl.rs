@@ -133,3 +133,40 @@ pub(crate) fn set_errno(value: core::ffi::c_int) {
     // writes for the thread's life.
     unsafe { *libc::__errno_location() = value };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static NOWHERE: Library = Library {
+        error: LoadError {
+            library: "libibverbs-sys-test-none.so.1",
+            package: "none",
+        },
+        file: c"libibverbs-sys-test-none.so.1",
+        needs: None,
+        handle: AtomicPtr::new(ptr::null_mut()),
+    };
+
+    #[test]
+    fn a_missing_library_is_its_error_and_is_tried_again() {
+        assert_eq!(NOWHERE.handle(), Err(NOWHERE.error));
+        let slot = Slot::new();
+        assert_eq!(slot.get(&NOWHERE, c"ibv_get_device_list"), None);
+        // Not cached as missing: the library may appear later.
+        assert!(slot.0.load(Ordering::Acquire).is_null());
+        assert!(NOWHERE.handle.load(Ordering::Acquire).is_null());
+    }
+
+    #[test]
+    fn symbols_resolve_once_and_a_missing_one_is_remembered() {
+        LIBIBVERBS.handle().expect("libibverbs installed on the build host");
+        let slot = Slot::new();
+        let p = slot.get(&LIBIBVERBS, c"ibv_get_device_list").expect("exported");
+        assert_eq!(slot.get(&LIBIBVERBS, c"ibv_get_device_list"), Some(p));
+        let none = Slot::new();
+        assert_eq!(none.get(&LIBIBVERBS, c"ibv_no_such_verb"), None);
+        assert_eq!(none.0.load(Ordering::Acquire), missing());
+        assert_eq!(none.get(&LIBIBVERBS, c"ibv_no_such_verb"), None);
+    }
+}

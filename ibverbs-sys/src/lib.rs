@@ -77,6 +77,9 @@
 #![allow(clippy::all)]
 #![allow(rustdoc::all)]
 
+#[cfg(test)]
+extern crate std;
+
 #[cfg(not(feature = "dlopen"))]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 #[cfg(feature = "dlopen")]
