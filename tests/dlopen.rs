@@ -168,7 +168,7 @@ fn dlopen_build_without_libibverbs_names_the_package() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn linked_build_without_libibverbs_does_not_start() {
+fn dlopen_contrast_linked_build_does_not_start_without_libibverbs() {
     let out = run_hiding(&["libibverbs.so.1"], &example("devinfo", false), &["-l"]);
     assert_loader_refused(&out, "libibverbs.so.1");
 }

@@ -160,9 +160,13 @@ mod tests {
 
     #[test]
     fn symbols_resolve_once_and_a_missing_one_is_remembered() {
-        LIBIBVERBS.handle().expect("libibverbs installed on the build host");
+        LIBIBVERBS
+            .handle()
+            .expect("libibverbs installed on the build host");
         let slot = Slot::new();
-        let p = slot.get(&LIBIBVERBS, c"ibv_get_device_list").expect("exported");
+        let p = slot
+            .get(&LIBIBVERBS, c"ibv_get_device_list")
+            .expect("exported");
         assert_eq!(slot.get(&LIBIBVERBS, c"ibv_get_device_list"), Some(p));
         let none = Slot::new();
         assert_eq!(none.get(&LIBIBVERBS, c"ibv_no_such_verb"), None);

@@ -97,9 +97,15 @@ fn exported_functions_get_wrappers_and_shim_functions_stay_extern() {
     assert!(compact.contains("SLOT.get(&crate::dl::LIBIBVERBS,c\"ibv_get_device_list\")"));
     assert!(compact.contains("SLOT.get(&crate::dl::LIBRDMACM,c\"rdma_create_id\")"));
     // bindgen's docs are kept.
-    assert!(g.rust.contains("Get list of IB devices currently available"));
+    assert!(g
+        .rust
+        .contains("Get list of IB devices currently available"));
     // The blocklisted exported functions get private Rust names.
-    let port = g.symbols.iter().find(|s| s.symbol == "ibv_query_port").unwrap();
+    let port = g
+        .symbols
+        .iter()
+        .find(|s| s.symbol == "ibv_query_port")
+        .unwrap();
     assert_eq!(port.rust_name, "dl_compat_ibv_query_port");
     assert!(compact.contains(
         "#[export_name=\"ibverbs_sys_dl_ibv_query_port\"]pub(crate)unsafeextern\"C\"fndl_compat_ibv_query_port("
@@ -121,7 +127,10 @@ fn missing_symbols_fail_by_each_verbs_convention() {
     };
     assert_eq!(missing("ibv_get_device_list"), "::core::ptr::null_mut()");
     assert_eq!(missing("ibv_free_device_list"), "()");
-    assert_eq!(missing("ibv_wc_status_str"), "b\"unknown\\0\".as_ptr() as _");
+    assert_eq!(
+        missing("ibv_wc_status_str"),
+        "b\"unknown\\0\".as_ptr() as _"
+    );
     // -1 with errno
     assert_eq!(missing("ibv_get_cq_event"), "-1");
     assert_eq!(missing("rdma_create_id"), "-1");
@@ -158,7 +167,8 @@ fn the_shim_header_renames_every_exported_function() {
     ] {
         assert!(!h.contains(&format!("#define {name} ")), "{name}");
         assert!(
-            h.contains(&format!("{name}(")) && h.contains(&format!("__asm__(\"ibverbs_sys_dl_{name}\")")),
+            h.contains(&format!("{name}("))
+                && h.contains(&format!("__asm__(\"ibverbs_sys_dl_{name}\")")),
             "{name}"
         );
     }

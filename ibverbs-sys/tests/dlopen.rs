@@ -51,5 +51,8 @@ fn wrappers_call_the_library() {
     let s = unsafe { CStr::from_ptr(ibverbs_sys::ibv_wc_status_str(ibverbs_sys::IBV_WC_SUCCESS)) };
     assert_eq!(s.to_str().unwrap(), "success");
     // SAFETY: a pure conversion.
-    assert_eq!(unsafe { ibverbs_sys::ibv_rate_to_mult(ibverbs_sys::IBV_RATE_10_GBPS) }, 4);
+    assert_eq!(
+        unsafe { ibverbs_sys::ibv_rate_to_mult(ibverbs_sys::IBV_RATE_10_GBPS) },
+        4
+    );
 }
