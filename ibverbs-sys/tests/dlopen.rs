@@ -56,3 +56,28 @@ fn wrappers_call_the_library() {
         4
     );
 }
+
+/// The C shim must name no symbol of rdma-core: each exported function
+/// its inlines call is renamed to a Rust forwarder (build/dlgen.rs). A
+/// binary that does not use the one shim function naming it would still
+/// link (the linker drops unused sections), so this checks the archive.
+#[test]
+fn the_shim_references_no_rdma_core_symbol() {
+    let archive = concat!(env!("OUT_DIR"), "/libibverbs_sys_static_fns.a");
+    let out = std::process::Command::new("nm")
+        .args(["-u", archive])
+        .output()
+        .unwrap_or_else(|e| panic!("nm -u {archive}: {e}"));
+    assert!(out.status.success(), "nm -u {archive}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let named: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| {
+            let s = s.trim_start_matches('_');
+            s.starts_with("ibv_") || s.starts_with("rdma_")
+        })
+        .collect();
+    assert!(named.is_empty(), "the shim references {named:?}");
+    assert!(text.contains("ibverbs_sys_dl_ibv_query_device"), "{text}");
+}
