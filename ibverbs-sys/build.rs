@@ -13,6 +13,9 @@
 //! With `IBVERBS_SYS_UPDATE_SNAPSHOT` set the freshly generated bindings are
 //! also written back into that snapshot (see `regenerate-snapshot.sh`).
 
+#[path = "build/dlgen.rs"]
+mod dlgen;
+
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,10 @@ fn rdmacm_enabled() -> bool {
     std::env::var_os("CARGO_FEATURE_RDMACM").is_some()
 }
 
+fn dlopen_enabled() -> bool {
+    std::env::var_os("CARGO_FEATURE_DLOPEN").is_some()
+}
+
 fn snapshot_name() -> &'static str {
     if rdmacm_enabled() {
         "verbs_rdmacm.rs"
@@ -46,6 +53,7 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build/dlgen.rs");
 
     let snapshot = manifest_dir.join("src/snapshot").join(snapshot_name());
     // Lets this crate's tests compare the generated bindings with the snapshot.
@@ -56,6 +64,9 @@ fn main() {
     if env("DOCS_RS").is_some() {
         fs::copy(&snapshot, out_dir.join("bindings.rs"))
             .unwrap_or_else(|e| panic!("copying the bindings snapshot {snapshot:?}: {e}"));
+        if dlopen_enabled() {
+            generate_dlopen(&out_dir);
+        }
         return;
     }
 
@@ -67,14 +78,21 @@ fn main() {
         fs::copy(&generated, &snapshot)
             .unwrap_or_else(|e| panic!("writing the bindings snapshot {snapshot:?}: {e}"));
     }
-    // The static-inline shim must precede libibverbs on the link line.
-    compile_static_fns(&manifest_dir, &out_dir, &found);
-    for dir in &found.link_paths {
-        println!("cargo:rustc-link-search=native={}", dir.display());
-    }
-    println!("cargo:rustc-link-lib=ibverbs");
-    if rdmacm_enabled() {
-        println!("cargo:rustc-link-lib=rdmacm");
+    if dlopen_enabled() {
+        // Nothing of rdma-core is linked: the shim's calls into the
+        // libraries go to the Rust forwarders (see build/dlgen.rs).
+        let header = generate_dlopen(&out_dir);
+        compile_static_fns(&manifest_dir, &out_dir, &found, Some(&header));
+    } else {
+        // The static-inline shim must precede libibverbs on the link line.
+        compile_static_fns(&manifest_dir, &out_dir, &found, None);
+        for dir in &found.link_paths {
+            println!("cargo:rustc-link-search=native={}", dir.display());
+        }
+        println!("cargo:rustc-link-lib=ibverbs");
+        if rdmacm_enabled() {
+            println!("cargo:rustc-link-lib=rdmacm");
+        }
     }
 
     // Metadata for dependents (`DEP_IBVERBS_INCLUDE`, `DEP_IBVERBS_VERSION`).
@@ -212,8 +230,33 @@ fn generate(manifest_dir: &Path, out_dir: &Path, found: &Found) -> PathBuf {
     path
 }
 
-fn compile_static_fns(manifest_dir: &Path, out_dir: &Path, found: &Found) {
+/// Feature `dlopen`: writes `bindings_dlopen.rs` (the bindings with
+/// `dlsym` wrappers for the exported functions) and the shim's redirect
+/// header next to `bindings.rs`; returns the header's path.
+fn generate_dlopen(out_dir: &Path) -> PathBuf {
+    let bindings = fs::read_to_string(out_dir.join("bindings.rs")).unwrap();
+    let generated = dlgen::transform(&bindings, dlgen::EXTRA_DECLS)
+        .unwrap_or_else(|e| panic!("generating the dlopen wrappers: {e}"));
+    let mut rust = generated.rust;
+    // The wrapped symbols, for the crate's tests.
+    rust.push_str("\n#[doc(hidden)]\npub const DLOPEN_SYMBOLS: &[&str] = &[");
+    for s in &generated.symbols {
+        rust.push_str(&format!("{:?},", s.symbol));
+    }
+    rust.push_str("];\n");
+    fs::write(out_dir.join("bindings_dlopen.rs"), rust).unwrap();
+    let header = out_dir.join("dlopen_redirect.h");
+    fs::write(&header, generated.header).unwrap();
+    header
+}
+
+fn compile_static_fns(manifest_dir: &Path, out_dir: &Path, found: &Found, redirect: Option<&Path>) {
     let mut build = cc::Build::new();
+    if let Some(header) = redirect {
+        build
+            .flag("-include")
+            .flag(header.to_string_lossy().as_ref());
+    }
     build
         .file(out_dir.join("static_fns.c"))
         .include(manifest_dir)

@@ -45,13 +45,98 @@
 //! `regenerate-snapshot.sh` refreshes it, and a test fails when it is stale.
 //! Dependents can read `DEP_IBVERBS_INCLUDE` and `DEP_IBVERBS_VERSION`.
 //!
+//! # Feature `dlopen`: loading rdma-core at run time
+//! Off by default. With it, nothing of rdma-core is linked (no `DT_NEEDED`
+//! on `libibverbs.so.1` or `librdmacm.so.1`): a program starts on a machine
+//! without rdma-core, and [`load`] (and [`load_rdmacm`] with `rdmacm`)
+//! reports the missing library as a [`LoadError`] naming the package to
+//! install. The bindings are the same (the headers are still needed at
+//! build time): the build script rewrites each declaration of an exported
+//! function into a Rust function of the same name and signature that opens
+//! the library on first use (`dlopen("libibverbs.so.1")`) and looks the
+//! symbol up once (`dlsym`, kept in an atomic); the C shim of the static
+//! inlines calls those functions too (its references are renamed to
+//! `ibverbs_sys_dl_<name>` by a force-included header), so it needs no
+//! symbol of rdma-core either. The five data-path inlines are unchanged:
+//! they call the provider through `ibv_context`, never the library.
+//!
+//! When the library or one symbol is missing (a symbol that only a newer
+//! rdma-core exports), a function does not abort: it sets `errno` to
+//! `EOPNOTSUPP` and returns its verb's failure value: NULL for pointers;
+//! for `int` verbs `-1` where the verb reports failure as `-1` with `errno`
+//! (every `rdma_*` verb, `ibv_get_cq_event`, `ibv_get_async_event`,
+//! `ibv_query_gid`, `ibv_query_pkey`, …), else `EOPNOTSUPP` (the verbs that
+//! return an errno value), 0 for `ibv_query_qp_data_in_order`; a static
+//! `"unknown"` for the `*_str` functions; zero otherwise (a GUID,
+//! `ibv_is_fork_initialized`: `IBV_FORK_DISABLED`). Call [`load`] before
+//! the first verb to tell a missing library from a failing verb.
+//!
 //! [rdma-core]: https://github.com/linux-rdma/rdma-core
 #![no_std]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
 #![allow(rustdoc::all)]
 
+#[cfg(test)]
+extern crate std;
+
+#[cfg(not(feature = "dlopen"))]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+#[cfg(feature = "dlopen")]
+include!(concat!(env!("OUT_DIR"), "/bindings_dlopen.rs"));
+
+#[cfg(feature = "dlopen")]
+mod dl;
+
+/// A library of rdma-core could not be loaded (feature `dlopen`): it is
+/// not installed, or not for this architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadError {
+    /// The file `dlopen` was asked for (`libibverbs.so.1`, `librdmacm.so.1`).
+    pub library: &'static str,
+    /// The Debian/Ubuntu package that installs it (`libibverbs1`, `librdmacm1`).
+    pub package: &'static str,
+}
+
+impl core::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "cannot load {}: install rdma-core's userspace library (Debian/Ubuntu package {})",
+            self.library, self.package
+        )
+    }
+}
+
+/// Loads libibverbs (feature `dlopen`); without the feature it is linked,
+/// and this returns `Ok` (inlined to nothing).
+///
+/// Idempotent and thread-safe; after `Ok`, every function of this crate
+/// reaches the library (a symbol the installed rdma-core lacks still
+/// fails alone, see the crate docs).
+///
+/// # Errors
+/// [`LoadError`] naming `libibverbs.so.1` when `dlopen` fails.
+#[inline]
+pub fn load() -> Result<(), LoadError> {
+    #[cfg(feature = "dlopen")]
+    dl::LIBIBVERBS.handle()?;
+    Ok(())
+}
+
+/// Loads librdmacm and the libibverbs it needs (feature `dlopen`); without
+/// the feature it returns `Ok`.
+///
+/// # Errors
+/// [`LoadError`] naming the library that could not be loaded
+/// (`libibverbs.so.1` first).
+#[cfg(feature = "rdmacm")]
+#[inline]
+pub fn load_rdmacm() -> Result<(), LoadError> {
+    #[cfg(feature = "dlopen")]
+    dl::LIBRDMACM.handle()?;
+    Ok(())
+}
 
 // `verbs_api.h` macros that alias kernel ABI enumerators.
 /// Address handles on this port need a GRH (`ibv_port_attr::flags`).

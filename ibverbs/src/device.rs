@@ -28,7 +28,8 @@ unsafe impl Sync for DeviceList {}
 ///
 /// # Errors
 /// [`Error::Verb`] when libibverbs cannot enumerate devices at all (e.g. the
-/// kernel has no RDMA support: `ENOSYS`).
+/// kernel has no RDMA support: `ENOSYS`); [`Error::LibraryNotFound`] (feature
+/// `dlopen`) when libibverbs is not installed.
 ///
 /// # References
 /// `ibv_get_device_list(3)`
@@ -36,6 +37,7 @@ unsafe impl Sync for DeviceList {}
 pub fn devices() -> Result<DeviceList> {
     // Every verbs object of this library starts here: `fork_init` must
     // not call `ibv_fork_init` from now on (see `fork.rs`).
+    crate::library::ensure_loaded()?;
     crate::fork::note_verbs_start();
     let mut num = 0;
     // SAFETY: `num` is a valid out-pointer; the list is freed in Drop.

@@ -701,6 +701,32 @@ pub enum Error {
         /// The verb not called (`ibv_rereg_mr`).
         verb: &'static str,
     },
+    /// A library of rdma-core could not be loaded at run time (feature
+    /// `dlopen`): the first call into it ([`devices`](crate::devices),
+    /// [`open_device`](crate::open_device), [`fork_init`](crate::fork_init),
+    /// `cm::EventChannel::new`) found it missing, so nothing was called.
+    /// Install the package named (rdma-core's userspace library); without
+    /// the feature the library is linked and this error does not occur.
+    #[error(
+        "cannot load {library}: rdma-core's userspace library is not installed \
+         (Debian/Ubuntu: apt-get install {package}; other distributions: rdma-core)"
+    )]
+    LibraryNotFound {
+        /// The file `dlopen` looked for (`libibverbs.so.1`, `librdmacm.so.1`).
+        library: &'static str,
+        /// The Debian/Ubuntu package that installs it (`libibverbs1`,
+        /// `librdmacm1`).
+        package: &'static str,
+    },
+}
+
+impl From<ibverbs_sys::LoadError> for Error {
+    fn from(e: ibverbs_sys::LoadError) -> Error {
+        Error::LibraryNotFound {
+            library: e.library,
+            package: e.package,
+        }
+    }
 }
 
 /// Who refused [`Error::ForkInitTooLate`].
@@ -994,9 +1020,10 @@ impl Error {
             | Error::OpNotAvailable { .. }
             | Error::SendOpsRequired { .. }
             | Error::DeviceLacks { .. } => K::Unsupported,
-            Error::NoDevice { .. } | Error::NoActivePort { .. } | Error::NoMatchingGid { .. } => {
-                K::NotFound
-            }
+            Error::NoDevice { .. }
+            | Error::NoActivePort { .. }
+            | Error::NoMatchingGid { .. }
+            | Error::LibraryNotFound { .. } => K::NotFound,
             Error::NotReadyToSend { .. } => K::NotConnected,
             Error::QueuePairInError { .. } => K::BrokenPipe,
             Error::QueueFull { .. }

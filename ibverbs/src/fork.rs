@@ -140,6 +140,8 @@ pub fn fork_status() -> ForkStatus {
 /// caller's to rule out, as for `ibv_fork_init` itself.
 ///
 /// # Errors
+/// * [`Error::LibraryNotFound`] (feature `dlopen`) when libibverbs is not
+///   installed: nothing was called.
 /// * [`Error::ForkInitTooLate`] naming `ibv_fork_init` when fork support
 ///   is off and it is too late to turn it on: this library already called
 ///   into libibverbs or librdmacm (`ibv_fork_init` would race with its
@@ -169,6 +171,7 @@ pub fn fork_status() -> ForkStatus {
 #[doc(alias = "RDMAV_FORK_SAFE")]
 #[doc(alias = "IBV_FORK_SAFE")]
 pub fn fork_init() -> Result<ForkStatus> {
+    crate::library::ensure_loaded()?;
     let _gate = GATE.lock().unwrap_or_else(|p| p.into_inner());
     let before = fork_status();
     match plan(before, STARTED.load(Ordering::Acquire)) {

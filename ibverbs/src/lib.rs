@@ -130,6 +130,24 @@
 //! completion arrives. `AsyncEvents` is the context's async events as a
 //! stream (`next().await`).
 //!
+//! # Features
+//!
+//! * `rdmacm`: connection management over librdmacm ([`cm`]).
+//! * `tokio`: the async types above.
+//! * `dlopen` (off by default): load libibverbs (and librdmacm) at run
+//!   time instead of linking them (`ibverbs-sys/dlopen`). The program then
+//!   has no `DT_NEEDED` on either library and starts on a machine without
+//!   rdma-core; the first call into the library ([`devices`],
+//!   [`open_device`], [`fork_init`], `cm::EventChannel::new`) returns
+//!   [`Error::LibraryNotFound`] naming the file and the package to install
+//!   instead of the loader refusing to start the program. Every other verb
+//!   is reached through a [`Context`] (so the library is loaded); a verb
+//!   that only a newer rdma-core exports fails alone, with `EOPNOTSUPP`.
+//!   Posting and polling are the same code as without the feature (they
+//!   call the provider through the context, never the library), so the
+//!   data path costs nothing more. [`fork_status`] reports
+//!   [`ForkStatus::Disabled`] while the library is missing.
+//!
 //! # Errors
 //!
 //! One [`Error`] enum: which verb failed and its errno
@@ -163,6 +181,7 @@ mod extended_cq;
 mod flow_counters;
 mod fork;
 mod gid;
+mod library;
 mod memory_region;
 mod memory_window;
 mod message_channel;

@@ -162,6 +162,10 @@ struct TestArgs {
     /// Per test executable limit in seconds for the device tests.
     #[arg(long, default_value_t = 900)]
     exe_timeout: u64,
+    /// Features of the suite for every build of the tests and examples
+    /// (`--features dlopen`: ibverbs loads rdma-core at run time).
+    #[arg(long, value_name = "FEATURES")]
+    features: Option<String>,
     #[command(flatten)]
     opts: VmOpts,
     /// Extra arguments for every libtest executable (after `--`).
@@ -355,6 +359,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 device_only: args.device_only,
                 no_fuzz: args.no_fuzz,
                 exe_timeout: Duration::from_secs(args.exe_timeout),
+                features: args.features,
                 vm: args.opts,
                 extra: args.extra,
             })?;

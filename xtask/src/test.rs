@@ -33,8 +33,28 @@ pub struct TestOptions {
     pub device_only: bool,
     pub no_fuzz: bool,
     pub exe_timeout: Duration,
+    /// `--features` for every cargo build of the tests and examples.
+    pub features: Option<String>,
     pub vm: VmOpts,
     pub extra: Vec<String>,
+}
+
+impl TestOptions {
+    /// The `--features` arguments for cargo (none without `--features`).
+    fn feature_args(&self) -> Vec<String> {
+        match &self.features {
+            Some(f) => vec!["--features".into(), f.clone()],
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether the suite is built with ibverbs' `dlopen` feature.
+    fn dlopen(&self) -> bool {
+        self.features.as_deref().is_some_and(|f| {
+            f.split([',', ' '])
+                .any(|x| x == "dlopen" || x.ends_with("/dlopen"))
+        })
+    }
 }
 
 /// Test counts from libtest's `test result:` lines.
@@ -106,6 +126,7 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
             step!("host: {what}");
             let mut cmd = util::cargo();
             cmd.args(["test", "--workspace", "--no-fail-fast"])
+                .args(o.feature_args())
                 .args(args);
             if !o.extra.is_empty() {
                 cmd.arg("--").args(&o.extra);
@@ -178,10 +199,12 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
 
 /// Builds the suite's test executables and runs them (in a VM unless `--no-vm`).
 fn device_part(o: &TestOptions) -> Result<DeviceResults> {
-    let exes = build_device_tests(o.device_only)?;
+    let exes = build_device_tests(o.device_only, &o.feature_args())?;
+    let env = build_dlopen_contrast(o)?;
     if o.no_vm {
         let plan = Plan {
             exes,
+            env,
             device: std::env::var("IBVERBS_TEST_DEVICE")
                 .ok()
                 .filter(|d| !d.is_empty()),
@@ -200,6 +223,7 @@ fn device_part(o: &TestOptions) -> Result<DeviceResults> {
         .with_context(|| format!("cannot copy {} to {}", me.display(), inner.display()))?;
     let plan = Plan {
         exes,
+        env,
         device: Some(VM_DEVICE.to_string()),
         extra: o.extra.clone(),
         exe_timeout: o.exe_timeout,
@@ -236,8 +260,61 @@ fn device_part(o: &TestOptions) -> Result<DeviceResults> {
     Ok(results)
 }
 
+/// The examples `tests/dlopen.rs` runs in both builds.
+const DLOPEN_CONTRAST: [&str; 2] = ["devinfo", "rping"];
+
+/// `tests/dlopen.rs` runs [`DLOPEN_CONTRAST`] built both with ibverbs'
+/// `dlopen` feature and without: the suite's own copies are one of them,
+/// this builds the other into a target directory of its own (features
+/// differ, so the suite's copies would otherwise be rebuilt over). Returns
+/// the environment that names both (`IBVERBS_TEST_DEVINFO_DLOPEN`,
+/// `IBVERBS_TEST_DEVINFO_LINKED`, same for `RPING`).
+fn build_dlopen_contrast(o: &TestOptions) -> Result<Vec<(String, String)>> {
+    let target = util::target_dir()?;
+    let contrast_dir = target.join("dlopen-contrast");
+    step!(
+        "device: building {} {} ibverbs' dlopen feature into {}",
+        DLOPEN_CONTRAST.join(", "),
+        if o.dlopen() { "without" } else { "with" },
+        contrast_dir.display()
+    );
+    let mut cmd = util::cargo();
+    cmd.args(["build", "-p", SUITE_PACKAGE]);
+    for ex in DLOPEN_CONTRAST {
+        cmd.args(["--example", ex]);
+    }
+    cmd.arg("--target-dir").arg(&contrast_dir);
+    if !o.dlopen() {
+        cmd.args(["--features", "dlopen"]);
+    }
+    let st = cmd
+        .status()
+        .with_context(|| "cannot run cargo build --example".to_string())?;
+    util::check_status(&cmd, st)?;
+    let mut env = Vec::new();
+    for ex in DLOPEN_CONTRAST {
+        let suite = target.join("debug/examples").join(ex);
+        let contrast = contrast_dir.join("debug/examples").join(ex);
+        let (dlopen, linked) = if o.dlopen() {
+            (suite, contrast)
+        } else {
+            (contrast, suite)
+        };
+        let up = ex.to_uppercase();
+        env.push((
+            format!("IBVERBS_TEST_{up}_DLOPEN"),
+            dlopen.to_string_lossy().into_owned(),
+        ));
+        env.push((
+            format!("IBVERBS_TEST_{up}_LINKED"),
+            linked.to_string_lossy().into_owned(),
+        ));
+    }
+    Ok(env)
+}
+
 /// `cargo test --tests --no-run` for the root package; returns the test executables.
-fn build_device_tests(only_suite: bool) -> Result<Vec<PathBuf>> {
+fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathBuf>> {
     let repo = crate::repo_root()?;
     let manifest = repo.join("Cargo.toml");
     step!("device: building the test executables of {SUITE_PACKAGE}");
@@ -253,12 +330,14 @@ fn build_device_tests(only_suite: bool) -> Result<Vec<PathBuf>> {
         "--tests",
         "--no-run",
         "--message-format=json-render-diagnostics",
-    ]);
+    ])
+    .args(features);
     // The device tests run the example programs (ping-pongs, perftest-style
     // tools) as child processes: build them first, same profile.
     step!("device: building the examples of {SUITE_PACKAGE}");
     let mut ex = util::cargo();
-    ex.args(["build", "-p", SUITE_PACKAGE, "--examples"]);
+    ex.args(["build", "-p", SUITE_PACKAGE, "--examples"])
+        .args(features);
     let st = ex
         .status()
         .with_context(|| "cannot run cargo build --examples".to_string())?;
@@ -294,6 +373,8 @@ fn build_device_tests(only_suite: bool) -> Result<Vec<PathBuf>> {
 /// What `device-run` does: which executables, which device, where the results go.
 struct Plan {
     exes: Vec<PathBuf>,
+    /// Extra environment for every test executable.
+    env: Vec<(String, String)>,
     device: Option<String>,
     extra: Vec<String>,
     exe_timeout: Duration,
@@ -307,6 +388,7 @@ impl Plan {
     fn to_json(&self) -> Value {
         json!({
             "exes": self.exes,
+            "env": self.env.iter().cloned().collect::<BTreeMap<_, _>>(),
             "device": self.device,
             "extra": self.extra,
             "exe_timeout_secs": self.exe_timeout.as_secs(),
@@ -330,8 +412,17 @@ impl Plan {
         if exes.is_empty() {
             bail!("the plan lists no executables");
         }
+        let env = v["env"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Plan {
             exes,
+            env,
             device: v["device"].as_str().map(str::to_string),
             extra: strings("extra"),
             exe_timeout: Duration::from_secs(v["exe_timeout_secs"].as_u64().unwrap_or(900)),
@@ -451,7 +542,8 @@ fn run_all(plan: &Plan, r: &mut DeviceResults) {
         let mut cmd = Command::new(exe);
         cmd.args(["--ignored", "--test-threads=1"])
             .args(&plan.extra)
-            .env("IBVERBS_REQUIRE_DEVICE", "1");
+            .env("IBVERBS_REQUIRE_DEVICE", "1")
+            .envs(plan.env.iter().map(|(k, v)| (k, v)));
         if let Some(d) = &plan.device {
             cmd.env("IBVERBS_TEST_DEVICE", d);
         }
@@ -739,6 +831,7 @@ mod tests {
     fn plan_round_trip() {
         let p = Plan {
             exes: vec!["/r/target/debug/deps/a-1".into()],
+            env: vec![("IBVERBS_TEST_DEVINFO_DLOPEN".into(), "/r/x/devinfo".into())],
             device: Some("rxe0".into()),
             extra: vec!["--exact".into()],
             exe_timeout: Duration::from_secs(5),
@@ -752,5 +845,32 @@ mod tests {
         assert_eq!(q.extra, p.extra);
         assert_eq!(q.exe_timeout, p.exe_timeout);
         assert_eq!(q.results, p.results);
+        assert_eq!(q.env, p.env);
+    }
+
+    #[test]
+    fn dlopen_feature_is_recognised() {
+        let o = |f: Option<&str>| TestOptions {
+            no_vm: false,
+            device_only: false,
+            no_fuzz: false,
+            exe_timeout: Duration::from_secs(1),
+            features: f.map(str::to_string),
+            vm: crate::VmOpts {
+                mem: "2G".into(),
+                smp: 2,
+                timeout: None,
+                env: Vec::new(),
+                verbose: false,
+                kernel_args: Vec::new(),
+            },
+            extra: Vec::new(),
+        };
+        assert!(!o(None).dlopen());
+        assert!(o(Some("dlopen")).dlopen());
+        assert!(o(Some("tokio,ibverbs/dlopen")).dlopen());
+        assert!(!o(Some("dlopenx")).dlopen());
+        assert_eq!(o(Some("dlopen")).feature_args(), ["--features", "dlopen"]);
+        assert!(o(None).feature_args().is_empty());
     }
 }

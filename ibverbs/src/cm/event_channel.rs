@@ -200,13 +200,15 @@ impl EventChannel {
     /// # Errors
     /// [`Error::Verb`] naming `rdma_create_event_channel` (`ENODEV`/`ENOENT`
     /// when the rdma_cm kernel modules are not loaded:
-    /// `/dev/infiniband/rdma_cm` is missing).
+    /// `/dev/infiniband/rdma_cm` is missing); [`Error::LibraryNotFound`]
+    /// (feature `dlopen`) when librdmacm or libibverbs is not installed.
     ///
     /// # References
     /// `rdma_create_event_channel(3)`
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
         // librdmacm lists and opens devices itself (see `fork.rs`).
+        crate::library::ensure_rdmacm_loaded()?;
         crate::fork::note_verbs_start();
         // SAFETY: no preconditions; the channel is destroyed in ChannelInner's Drop.
         let ch = unsafe { sys::rdma_create_event_channel() };

@@ -250,6 +250,10 @@ fn every_variant() -> Vec<Error> {
         Error::RegionInUse {
             verb: "ibv_rereg_mr",
         },
+        Error::LibraryNotFound {
+            library: "libibverbs.so.1",
+            package: "libibverbs1",
+        },
     ];
     for e in &all {
         match e {
@@ -319,7 +323,8 @@ fn every_variant() -> Vec<Error> {
             | Error::Sysfs { .. }
             | Error::GrhRequired { .. }
             | Error::MulticastMembership { .. }
-            | Error::RegionInUse { .. } => {}
+            | Error::RegionInUse { .. }
+            | Error::LibraryNotFound { .. } => {}
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => {}
         }

@@ -1,0 +1,83 @@
+//! Feature `dlopen` on the build host (which has rdma-core, the headers'
+//! own): the library loads, every symbol a wrapper was generated for is
+//! exported by it (a misspelt or misattributed symbol would fail alone at
+//! run time, here it fails the build host's tests), and the wrappers call
+//! the library.
+#![cfg(feature = "dlopen")]
+
+use std::ffi::{CStr, CString};
+
+fn handle(file: &CStr) -> *mut libc::c_void {
+    // SAFETY: a NUL-terminated name; loading rdma-core runs its own
+    // initialisers only.
+    let h = unsafe { libc::dlopen(file.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!h.is_null(), "{file:?} is not loaded");
+    h
+}
+
+#[test]
+fn every_wrapped_symbol_is_exported_by_the_installed_library() {
+    ibverbs_sys::load().expect("libibverbs");
+    let verbs = handle(c"libibverbs.so.1");
+    #[cfg(feature = "rdmacm")]
+    ibverbs_sys::load_rdmacm().expect("librdmacm");
+    #[cfg(feature = "rdmacm")]
+    let cm = handle(c"librdmacm.so.1");
+    assert!(ibverbs_sys::DLOPEN_SYMBOLS.len() > 50);
+    let mut missing = Vec::new();
+    for name in ibverbs_sys::DLOPEN_SYMBOLS {
+        let h = if name.starts_with("rdma") {
+            #[cfg(feature = "rdmacm")]
+            {
+                cm
+            }
+            #[cfg(not(feature = "rdmacm"))]
+            panic!("{name} without the rdmacm feature")
+        } else {
+            verbs
+        };
+        let c = CString::new(*name).unwrap();
+        // SAFETY: a live handle and a NUL-terminated name.
+        if unsafe { libc::dlsym(h, c.as_ptr()) }.is_null() {
+            missing.push(*name);
+        }
+    }
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}
+
+#[test]
+fn wrappers_call_the_library() {
+    // SAFETY: any status value; the library returns a static string.
+    let s = unsafe { CStr::from_ptr(ibverbs_sys::ibv_wc_status_str(ibverbs_sys::IBV_WC_SUCCESS)) };
+    assert_eq!(s.to_str().unwrap(), "success");
+    // SAFETY: a pure conversion.
+    assert_eq!(
+        unsafe { ibverbs_sys::ibv_rate_to_mult(ibverbs_sys::IBV_RATE_10_GBPS) },
+        4
+    );
+}
+
+/// The C shim must name no symbol of rdma-core: each exported function
+/// its inlines call is renamed to a Rust forwarder (build/dlgen.rs). A
+/// binary that does not use the one shim function naming it would still
+/// link (the linker drops unused sections), so this checks the archive.
+#[test]
+fn the_shim_references_no_rdma_core_symbol() {
+    let archive = concat!(env!("OUT_DIR"), "/libibverbs_sys_static_fns.a");
+    let out = std::process::Command::new("nm")
+        .args(["-u", archive])
+        .output()
+        .unwrap_or_else(|e| panic!("nm -u {archive}: {e}"));
+    assert!(out.status.success(), "nm -u {archive}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let named: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| {
+            let s = s.trim_start_matches('_');
+            s.starts_with("ibv_") || s.starts_with("rdma_")
+        })
+        .collect();
+    assert!(named.is_empty(), "the shim references {named:?}");
+    assert!(text.contains("ibverbs_sys_dl_ibv_query_device"), "{text}");
+}
