@@ -40,7 +40,8 @@ fn filler(seq: u32, offset: usize) -> u8 {
     if offset % ZERO_STRIDE == 0 {
         return 0;
     }
-    let x = (offset as u32).wrapping_mul(0x9e37_79b1) ^ seq.wrapping_mul(0x85eb_ca77).rotate_left(13);
+    let x =
+        (offset as u32).wrapping_mul(0x9e37_79b1) ^ seq.wrapping_mul(0x85eb_ca77).rotate_left(13);
     let x = x ^ (x >> 15);
     (x ^ (x >> 24)) as u8
 }
@@ -148,7 +149,11 @@ pub struct Mismatch {
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "not the pattern of sequence number {}: {}", self.seq, self.diff)?;
+        write!(
+            f,
+            "not the pattern of sequence number {}: {}",
+            self.seq, self.diff
+        )?;
         if let Some((seq, sum_ok)) = self.carried {
             write!(
                 f,
@@ -236,7 +241,9 @@ impl Corrupt {
         }
         let at = self.offset.unwrap_or(msg.len() / 2).min(msg.len() - 1);
         msg[at] ^= 0xff;
-        eprintln!("{prog}: {CORRUPT_ENV}: flipped byte {at} of message {iter} (test instrumentation)");
+        eprintln!(
+            "{prog}: {CORRUPT_ENV}: flipped byte {at} of message {iter} (test instrumentation)"
+        );
         Some(at)
     }
 }

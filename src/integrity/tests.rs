@@ -110,7 +110,13 @@ fn first_difference_in_counts_lengths() {
 
 #[test]
 fn corrupt_knob_parses_and_flips_one_byte_of_one_message() {
-    assert_eq!(Corrupt::parse("3"), Some(Corrupt { iter: 3, offset: None }));
+    assert_eq!(
+        Corrupt::parse("3"),
+        Some(Corrupt {
+            iter: 3,
+            offset: None
+        })
+    );
     assert_eq!(
         Corrupt::parse("3@17"),
         Some(Corrupt {

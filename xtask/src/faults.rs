@@ -481,7 +481,10 @@ mod tests {
         });
         let both = scenarios::with_peer(list.clone(), Peer::Both);
         let names: Vec<&str> = both.iter().map(|s| s.name.as_str()).collect();
-        let i = names.iter().position(|n| *n == "loss 2% / send #1").unwrap();
+        let i = names
+            .iter()
+            .position(|n| *n == "loss 2% / send #1")
+            .unwrap();
         assert_eq!(
             &names[i..i + 4],
             &[
@@ -491,8 +494,12 @@ mod tests {
                 "loss 2% / send #2 (C twin)"
             ]
         );
-        assert!(!names.iter().any(|n| n.contains("CQ overrun") && n.contains("twin")));
-        assert!(!names.iter().any(|n| n.contains("allreduce") && n.contains("twin")));
+        assert!(!names
+            .iter()
+            .any(|n| n.contains("CQ overrun") && n.contains("twin")));
+        assert!(!names
+            .iter()
+            .any(|n| n.contains("allreduce") && n.contains("twin")));
         let only_c = scenarios::with_peer(list.clone(), Peer::C);
         assert_eq!(only_c.len(), list.len());
         let bins = Bins {
