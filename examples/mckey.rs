@@ -12,8 +12,16 @@
 //! C tool prints, ending with `return status N`, and exits with N.
 //!
 //! Differences from the C tool: the sender's payload is a pattern (the C
-//! tool sends an uninitialised buffer), its sends are signaled and waited
-//! for before leaving, and `-V` (ours) makes a receiver check the pattern.
+//! tool sends an uninitialised buffer): message N of each id is
+//! `ibverbs_suite::integrity`'s pattern for sequence number N (1-based),
+//! with the sequence number and a checksum in its header; its sends are
+//! signaled and waited for before leaving, and `-V` (ours) makes a receiver
+//! check every byte of every message against the pattern for the next
+//! sequence number of its sender (the completion's source QP): a lost,
+//! repeated, reordered or corrupted datagram ends the run (`return status
+//! 1`, the message, sequence number and first differing offset named; no
+//! retry). (`IBVERBS_SUITE_CORRUPT=ITER[@OFFSET]`, test instrumentation,
+//! makes the sender flip one byte of its message ITER.)
 //! `-M` (an unmapped `AF_IB` address) and `-l` (no multicast loopback) are
 //! refused. Needs the `rdmacm` feature and the rdma_cm kernel modules.
 
@@ -24,9 +32,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace};
 use ibverbs::{
-    AccessFlags, AddressHandle, CompletionQueue, Completions, FrozenBuffer, ProtectionDomain,
-    QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    AccessFlags, AddressHandle, CompletionQueue, Completions, ProtectionDomain, QpNumber, QpType,
+    QueuePair, RecvRequest, SendRequest,
 };
+use ibverbs_suite::integrity;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -90,13 +99,6 @@ fn addr_of(host: &str) -> Res<SocketAddr> {
     (host, 0).to_socket_addrs()?.next().ok_or_else(|| {
         format!("getaddrinfo failed - invalid hostname or IP address: {host}").into()
     })
-}
-
-/// The sender's payload.
-fn pattern(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
-        .collect()
 }
 
 /// One id and, once its address resolved, its queue pair.
@@ -195,6 +197,7 @@ fn connect_events(cli: &Cli, ch: &EventChannel, nodes: &mut [Node], dst: SocketA
 
 fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
     let mut batch = Completions::with_capacity(16);
+    let corrupt = integrity::Corrupt::from_env()?;
     for node in nodes {
         let (Some(v), Some((ah, qpn, qkey))) = (&node.verbs, &node.dest) else {
             continue;
@@ -202,12 +205,22 @@ fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
         if cli.count == 0 {
             continue;
         }
-        let mut buf = v.pd.alloc(cli.size, AccessFlags::LOCAL_WRITE)?;
-        buf.copy_from_slice(&pattern(cli.size));
-        let buf: FrozenBuffer = buf.freeze();
+        // One buffer per message (the send queue holds them all anyway).
+        let total = cli
+            .size
+            .checked_mul(cli.count as usize)
+            .ok_or("-C times -S is too large")?;
+        let mut area = v.pd.alloc(total, AccessFlags::LOCAL_WRITE)?;
         for i in 0..cli.count {
+            let (mut buf, rest) = area.split_at(cli.size);
+            area = rest;
+            let seq = i + 1;
+            integrity::fill(&mut buf, seq);
+            if let Some(k) = &corrupt {
+                k.apply("mckey", seq, &mut buf);
+            }
             v.qp.post_send(
-                SendRequest::send(buf.clone())
+                SendRequest::send(buf)
                     .wr_id(i.into())
                     .imm(v.qp.qp_num().0)
                     .ud(ah, *qpn, *qkey),
@@ -232,8 +245,9 @@ fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
 
 fn receive(cli: &Cli, nodes: &[Node]) -> Res<()> {
     let mut batch = Completions::with_capacity(8);
-    let want = pattern(cli.size);
     let mut verified = 0u64;
+    // Per sender (source QP number): the last sequence number received.
+    let mut senders: Vec<(u32, u32)> = Vec::new();
     for node in nodes {
         let (Some(v), Some(_)) = (&node.verbs, &node.dest) else {
             continue;
@@ -249,14 +263,29 @@ fn receive(cli: &Cli, nodes: &[Node]) -> Res<()> {
                 if cli.validate {
                     let buf = c.take_local().ok_or("a receive without its buffer")?;
                     let len = c.byte_len() as usize;
-                    if len != GRH + cli.size || buf[GRH..len] != want[..] {
+                    let src = c.src_qp();
+                    let seq = match senders.iter_mut().find(|(q, _)| *q == src) {
+                        Some((_, last)) => {
+                            *last = last.wrapping_add(1);
+                            *last
+                        }
+                        None => {
+                            senders.push((src, 1));
+                            1
+                        }
+                    };
+                    let what =
+                        format!("-V: message {done} (sequence number {seq} from QPN 0x{src:06x})");
+                    if len != GRH + cli.size {
                         return Err(format!(
-                            "message {done}: {} bytes, not the sender's pattern of {}",
+                            "{what}: {} bytes, not {}; stopping (no retry)",
                             len.saturating_sub(GRH),
                             cli.size
                         )
                         .into());
                     }
+                    integrity::check(&buf[GRH..len], seq)
+                        .map_err(|m| format!("{what}: {m}; stopping (no retry)"))?;
                     verified += 1;
                 }
             }

@@ -8,7 +8,11 @@
 //! rotating alphabet, advertises it (address, rkey, size: 16 bytes, big
 //! endian); the server RDMA-reads it and answers with a go-ahead send; the
 //! client advertises its sink buffer; the server RDMA-writes the data there
-//! and sends another go-ahead; with `-V` the client compares both buffers.
+//! and sends another go-ahead; with `-V` the client compares both buffers,
+//! every byte (the ping number is in the text, so a stale ping differs); the
+//! first difference ends the run naming the ping and the offset, no retry.
+//! (`IBVERBS_SUITE_CORRUPT=ITER[@OFFSET]`, test instrumentation, makes our
+//! server flip one byte of ping ITER's data, 1-based, before writing it back.)
 //! Works against rdma-core's C `rping` in both directions. Needs the
 //! `rdmacm` feature (and the rdma_cm kernel modules).
 
@@ -24,6 +28,7 @@ use ibverbs::{
     ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory, SendRequest,
     SharedBuffer, WcOpcode,
 };
+use ibverbs_suite::integrity;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -367,8 +372,15 @@ fn client(cli: &Cli) -> Res<()> {
         let mut got = vec![0u8; cli.size];
         sink.copy_to_slice(0, &mut got)?;
         let sent = start.as_ref().ok_or("start buffer lost")?;
-        if cli.validate && got[..] != sent[..] {
-            return Err("data mismatch!".into());
+        if cli.validate {
+            if let Some(d) = integrity::first_difference_in(&got, sent) {
+                return Err(format!(
+                    "data mismatch! -V: ping {ping} (iteration {}): the data written back \
+                     is not the ping sent: {d}; stopping (no retry)",
+                    ping + 1
+                )
+                .into());
+            }
         }
         if cli.verbose {
             println!("ping data: {}", c_string(&got));
@@ -399,7 +411,10 @@ fn server(cli: &Cli) -> Res<()> {
     conn.id.accept(&conn.qp, &ConnParam::new())?;
     expect(&ch, CmEventType::Established, cli.debug)?;
 
+    let corrupt = integrity::Corrupt::from_env()?;
+    let mut iteration = 0u32;
     while let Some(src) = conn.recv_info()? {
+        iteration = iteration.wrapping_add(1);
         if src.len as usize > cli.size || src.len == 0 {
             return Err(format!(
                 "the client advertises {} bytes, this server's buffer has {} (-S)",
@@ -411,8 +426,13 @@ fn server(cli: &Cli) -> Res<()> {
         let Some(head) = conn.rdma(SendRequest::read(head, src).wr_id(3))? else {
             break;
         };
-        let buf = head.unsplit(tail).map_err(|_| "cannot rejoin the buffer")?;
+        let mut buf = head.unsplit(tail).map_err(|_| "cannot rejoin the buffer")?;
         let text = c_string(&buf);
+        if let Some(k) = &corrupt {
+            // Within the text (its NUL excluded), which is what goes back.
+            let n = text.len().min(buf.len());
+            k.apply("rping", iteration, &mut buf[..n]);
+        }
         if cli.verbose {
             println!("server ping data: {text}");
         }

@@ -20,12 +20,17 @@
 //!   a watchdog thread, since the safe API has no timed wait for a
 //!   completion event, and it keeps timers out of the data path).
 //!   The client retries its TCP connect while the server is not up yet.
-//! * `-c` checks what v44 checks (the first byte of every page of the
-//!   last message the server received is 0) and, unlike v44, also exits
-//!   non-zero when it is not. Both sides write that pattern into what they
-//!   send (the C server echoes the client's bytes; ours sends its own).
+//! * `-c` checks every byte of every message both sides receive (v44's
+//!   server checks only that the first byte of each page of its last
+//!   message is 0, and exits 0 even when it is not): our messages carry a
+//!   sequence number and a checksum ([`crate::integrity`]) and keep v44's
+//!   zeros; our server echoes what it received, as the C server does. The
+//!   first mismatch ends the run (non-zero exit, the iteration and the
+//!   first differing offset named); nothing is retried. What is accepted
+//!   from which peer: docs/tools.md, "Validation options".
 //! * The peer is untrusted: malformed messages end the run with a message.
 
+mod check;
 pub mod exchange;
 pub mod wire;
 
@@ -36,11 +41,12 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
-    ConnectOptions, Endpoint, FrozenBuffer, Gid, GidIndex, LocalPort, Mtu, PortAttr, PortNumber,
-    PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
+    ConnectOptions, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortAttr,
+    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
     WorkCompletion,
 };
 
+use check::Checker;
 use exchange::Limits;
 use wire::Dest;
 
@@ -109,7 +115,7 @@ pub struct Common {
           display_order = 11)]
     pub gid_idx: Option<u8>,
 
-    /// Validate received buffer (the server checks the last message; exits non-zero on a mismatch)
+    /// Validate every received message, every byte (sequence number and checksum; the first mismatch exits non-zero)
     #[arg(short = 'c', long = "chk", display_order = 12)]
     pub chk: bool,
 
@@ -269,6 +275,15 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     }
 }
 
+/// What rdma-core v44's tool fills its buffer with: 0x7b, 0 for srq.
+fn c_fill(t: Transport) -> u8 {
+    if t == Transport::Srq {
+        0
+    } else {
+        0x7b
+    }
+}
+
 /// The page size (for `-c`), from the aux vector; 4096 if unreadable.
 fn page_size() -> usize {
     const AT_PAGESZ: u64 = 6;
@@ -371,7 +386,10 @@ struct Setup {
     qps: Vec<QueuePair>,
     /// One prepared receive per buffer, posted (the loop takes them).
     recvs: Vec<PreparedRecv>,
-    send_buf: FrozenBuffer,
+    /// Without `-c`: the one send buffer every QP's send shares.
+    send_buf: Option<FrozenBuffer>,
+    /// With `-c`: one send buffer per QP, rewritten before each send.
+    chk_send: Vec<LocalBuffer>,
     inline: bool,
     /// Offset of the payload in a receive buffer (the GRH for UD).
     recv_offset: usize,
@@ -447,18 +465,17 @@ fn open(cfg: &Config) -> Res<Setup> {
     };
     // As the C tools, every receive lands in one buffer: its prepared
     // receive is posted `-r` times, and Rust can read it only once no
-    // posting is outstanding. A queue pair's error flushes them all before
-    // `-c` reads the last message; a shared receive queue's receives are
-    // not flushed, so an SRQ server with `-c` keeps one buffer per receive
-    // and leaves the last one unposted.
-    let recv_bufs = if cfg.transport == Transport::Srq && c.chk && c.servername.is_none() {
-        c.rx_depth as usize
+    // posting is outstanding. `-c` reads every message as its receive
+    // completes, so it keeps one buffer per receive, and one send buffer
+    // per QP (rewritten before each send: not inline).
+    let (recv_bufs, send_bufs) = if c.chk {
+        (c.rx_depth as usize, cfg.num_qp as usize)
     } else {
-        1
+        (1, 1)
     };
     let total = recv_bufs
         .checked_mul(recv_len)
-        .and_then(|n| n.checked_add(size))
+        .and_then(|n| n.checked_add(send_bufs.checked_mul(size)?))
         .ok_or("-r times -s is too large")?;
 
     let cqe = c.rx_depth.saturating_add(cfg.num_qp);
@@ -507,7 +524,7 @@ fn open(cfg: &Config) -> Res<Setup> {
     // As the C tools: inline when the QP can take the whole message inline,
     // as ibv_query_qp reports it (and as the library, which checks inline
     // sends against what ibv_create_qp granted, allows).
-    let mut inline = true;
+    let mut inline = !c.chk;
     for qp in &qps {
         let (_, queried) = qp.query().ctx("Couldn't query QP")?;
         let max = queried.max_inline_data.min(qp.caps().max_inline_data);
@@ -532,27 +549,27 @@ fn open(cfg: &Config) -> Res<Setup> {
     // After the queues, so that a depth the device refuses fails before
     // this (possibly large) registration.
     let mem = pd.alloc(total, AccessFlags::LOCAL_WRITE).ctx(&format!(
-        "Couldn't register MR ({total} bytes: {recv_bufs} receive buffer(s) and a send buffer)"
+        "Couldn't register MR ({total} bytes: {recv_bufs} receive buffer(s) and \
+         {send_bufs} send buffer(s))"
     ))?;
-    let (mut recv_area, mut send_buf) = mem.split_at(recv_bufs * recv_len);
-    // rc/uc/ud fill their buffer with 0x7b, srq with 0.
-    send_buf.fill(if cfg.transport == Transport::Srq {
-        0
-    } else {
-        0x7b
-    });
-    if c.chk {
-        // v44's client sets buf[i] = i / page_size % sizeof(char), i.e. 0, at
-        // every page start; its server checks them in the last message it
-        // received. The C server sends back what it received, so with a C
-        // client our server must send the pattern too: both sides set it.
-        for i in (0..size).step_by(page_size()) {
-            send_buf[i] = 0;
+    let (mut recv_area, mut send_area) = mem.split_at(recv_bufs * recv_len);
+    let (send_buf, chk_send) = if c.chk {
+        // Written before each send (PingPong::post_send).
+        let mut bufs = Vec::with_capacity(send_bufs);
+        for _ in 1..send_bufs {
+            let (b, rest) = send_area.split_at(size);
+            bufs.push(b);
+            send_area = rest;
         }
-    }
-    let send_buf = send_buf.freeze();
-    // Not zero: `-c` checks for zeros at page starts, which a buffer no
-    // message reached must not pass.
+        bufs.push(send_area);
+        (None, bufs)
+    } else {
+        // rc/uc/ud fill their buffer with 0x7b, srq with 0.
+        send_area.fill(c_fill(cfg.transport));
+        (Some(send_area.freeze()), Vec::new())
+    };
+    // Not rdma-core's pattern nor ours: a buffer no message reached must
+    // fail `-c`.
     recv_area.fill(0x7b);
 
     // One prepared receive per buffer, re-posted as its messages are
@@ -615,6 +632,7 @@ fn open(cfg: &Config) -> Res<Setup> {
         qps,
         recvs,
         send_buf,
+        chk_send,
         inline,
         recv_offset,
         local,
@@ -782,14 +800,16 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
 
     // The send is prepared once per QP and posted again each iteration,
     // as the C tools reuse one ibv_send_wr.
+    let mut chk_send = std::mem::take(&mut setup.chk_send).into_iter();
     let sends = setup
         .qps
         .iter()
         .map(|qp| {
-            let mut wr = if setup.inline {
-                SendRequest::send_inline(&setup.send_buf)
-            } else {
-                SendRequest::send(setup.send_buf.clone())
+            let mut wr = match (chk_send.next(), &setup.send_buf) {
+                (Some(own), _) => SendRequest::send(own),
+                (None, Some(shared)) if setup.inline => SendRequest::send_inline(shared),
+                (None, Some(shared)) => SendRequest::send(shared.clone()),
+                (None, None) => return Err(Failure("no send buffer".into())),
             }
             .wr_id(SEND_WRID);
             if let Some(ud) = &ud_dest {
@@ -816,8 +836,16 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         received: 0,
         batch,
         done: Completions::with_capacity(batch),
-        check_last: c.chk && c.servername.is_none(),
-        last: None,
+        chk: if c.chk {
+            Some(Checker::new(
+                prog,
+                cfg,
+                c.servername.is_none(),
+                setup.recv_offset,
+            )?)
+        } else {
+            None
+        },
         routs: c.rx_depth,
         refill_at: cfg.num_qp,
         free: Vec::with_capacity(c.rx_depth as usize),
@@ -840,27 +868,8 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         usec / f64::from(c.iters)
     );
 
-    // The outstanding receives come back first: a buffer they share is
-    // Rust's again only then.
+    // The outstanding receives come back (their buffers with them).
     pp.reclaim_receives();
-    if let Some(i) = pp.last {
-        let buf = pp.recvs[i]
-            .bytes(0)
-            .ok_or("-c: the last receive buffer is still posted")?;
-        let payload = &buf[setup.recv_offset..];
-        let mut bad = 0;
-        for (page, i) in (0..cfg.size as usize).step_by(page_size()).enumerate() {
-            if payload[i] != 0 {
-                println!("invalid data in page {page}");
-                bad += 1;
-            }
-        }
-        if bad > 0 {
-            return Err(
-                format!("-c: {bad} page(s) of the last message hold unexpected data").into(),
-            );
-        }
-    }
     drop(pp);
     drop(setup);
     drop(watchdog);
@@ -884,11 +893,8 @@ struct PingPong<'a> {
     pending: Vec<u64>,
     sent: u32,
     received: u32,
-    /// `-c` on the server: note the buffer of the `iters`-th receive (and,
-    /// when each receive has its own, keep it instead of reposting it).
-    check_last: bool,
-    /// The index of that buffer.
-    last: Option<usize>,
+    /// `-c`: every message checked, every send written.
+    chk: Option<Checker>,
     /// Receives outstanding.
     routs: u32,
     /// As the C tools, receives are reposted in one batch once only this
@@ -963,16 +969,15 @@ impl PingPong<'_> {
                 let buf = (wr_id >> 8) as usize;
                 self.routs = self.routs.saturating_sub(1);
                 self.received += 1;
-                if self.check_last && self.received == self.iters {
-                    self.last = Some(buf);
-                    if self.recvs.len() == 1 {
-                        // Shared by every receive: re-posted as before, read
-                        // once the queue pair's error flushed the rest.
-                        self.free.push(buf);
-                    }
-                } else {
-                    self.free.push(buf);
+                if let Some(k) = &mut self.chk {
+                    // One buffer per receive with `-c`: this one's posting
+                    // just completed, so its bytes are readable.
+                    let bytes = self.recvs[buf]
+                        .bytes(0)
+                        .ok_or("-c: a completed receive's buffer is still posted")?;
+                    k.received(i, c.byte_len() as usize, bytes)?;
                 }
+                self.free.push(buf);
             }
             _ => return Err(format!("Completion for unknown wr_id {wr_id}").into()),
         }
@@ -1031,6 +1036,12 @@ impl PingPong<'_> {
     }
 
     fn post_send(&mut self, i: usize) -> Res<()> {
+        if let Some(k) = &mut self.chk {
+            let buf = self.sends[i]
+                .bytes_mut(0)
+                .ok_or("-c: the send buffer is still posted")?;
+            k.write(i, buf);
+        }
         self.sends[i]
             .post()
             .map_err(|e| Failure(format!("Couldn't post send: {e}")))

@@ -409,3 +409,40 @@ fn mcast_mckey_rust_with_rust_checks_every_byte() {
     assert!(sok && rok, "{show}");
     assert!(rout.contains("20 messages verified"), "{show}");
 }
+
+/// `-V` fails loudly on a corrupted datagram: our sender flips byte 100 of
+/// its message 5 after filling it (`IBVERBS_SUITE_CORRUPT`, test
+/// instrumentation); the receiver stops there with `return status 1`,
+/// naming the message, its sequence number and the offset.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn mcast_mckey_validation_fails_loudly_on_corruption() {
+    let dev = common::device();
+    let bind = device_ipv4(&dev).to_string();
+    let m = group().to_string();
+    let bin = example_bin("mckey");
+    let limit = Duration::from_secs(60);
+    let args = ["-m", &m, "-b", &bind, "-C", "20", "-S", "700"];
+    let recv = run_bounded(&bin, &[&args[..], &["-V"]].concat(), limit);
+    std::thread::sleep(Duration::from_secs(2));
+    let knob = format!("{}=5@100", ibverbs_suite::integrity::CORRUPT_ENV);
+    let prog = bin.to_string_lossy().into_owned();
+    let send = run_bounded(
+        std::path::Path::new("/usr/bin/env"),
+        &[&[&knob[..], &prog][..], &args[..], &["-s"]].concat(),
+        limit,
+    );
+    let (sok, sout, serr) = send.join().unwrap();
+    let (rok, rout, rerr) = recv.join().unwrap();
+    let show = format!("receiver:\n{rout}{rerr}\nsender:\n{sout}{serr}");
+    assert!(sok, "{show}");
+    assert!(serr.contains("flipped byte 100 of message 5"), "{show}");
+    assert!(!rok, "{show}");
+    assert!(rout.contains("return status 1"), "{show}");
+    assert!(
+        rerr.contains("mckey: -V: message 5 (sequence number 5 from QPN 0x")
+            && rerr.contains("first difference at offset 100:")
+            && rerr.contains("no retry"),
+        "{show}"
+    );
+}

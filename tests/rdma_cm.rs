@@ -394,3 +394,47 @@ fn rping_refuses_bad_arguments() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `-V` fails loudly on corrupted ping data: our server flips byte 20 of
+/// ping 3's data before writing it back (`IBVERBS_SUITE_CORRUPT`, test
+/// instrumentation); our client and rdma-core's both stop there with a
+/// non-zero exit, ours naming the ping and the offset.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rping_validation_fails_loudly_on_corrupted_data() {
+    let dev = common::device();
+    let ip = device_ipv4(&dev).to_string();
+    let ours = example_bin("rping");
+    let knob = format!("{}=3@20", ibverbs_suite::integrity::CORRUPT_ENV);
+    for client in [ours.clone(), path_tool("rping")] {
+        let port = next_port().to_string();
+        let server = ours.to_string_lossy().into_owned();
+        let sargs = [&knob[..], &server, "-s", "-a", &ip, "-p", &port];
+        let s = run_bounded(
+            std::path::Path::new("/usr/bin/env"),
+            &sargs,
+            Duration::from_secs(60),
+        );
+        wait_listening(&port);
+        let cargs = ["-c", "-a", &ip, "-p", &port, "-v", "-V", "-C", "10"];
+        let (cok, cout, cerr) = run_bounded(&client, &cargs, Duration::from_secs(60))
+            .join()
+            .unwrap();
+        let (_, sout, serr) = s.join().unwrap();
+        let show = format!("client:\n{cout}{cerr}\nserver:\n{sout}{serr}");
+        assert!(!cok, "the client must fail: {show}");
+        assert!(cerr.contains("data mismatch!"), "{show}");
+        // Pings 0 and 1 went through; ping 2 (the third) did not.
+        assert!(cout.contains("ping data: rdma-ping-1: "), "{show}");
+        assert!(!cout.contains("ping data: rdma-ping-2: "), "{show}");
+        if client == ours {
+            assert!(
+                cerr.contains("rping: data mismatch! -V: ping 2 (iteration 3)")
+                    && cerr.contains("first difference at offset 20:")
+                    && cerr.contains("no retry"),
+                "{show}"
+            );
+        }
+        assert!(serr.contains("flipped byte 20 of message 3"), "{show}");
+    }
+}
