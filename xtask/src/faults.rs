@@ -148,9 +148,13 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool
                         // connection; kept only if the row fails (below).
                         // A 256 MiB buffer: with the default 2 MiB, tcpdump
                         // under emulation dropped half of a row's packets.
+                        // Written to the guest's own /tmp (writing over 9p
+                        // fell behind: three quarters of the packets were
+                        // still in the buffer when it was stopped), drained
+                        // for 3 s, then moved out if the row failed.
                         let _ = writeln!(
                             s,
-                            "tcpdump -i eth1 -s 96 -B 262144 -U -w $D/{i}.pcap udp port 4791 2>$D/{i}.tcpdump.err & cap=$!; \
+                            "tcpdump -i eth1 -s 96 -B 262144 -w /tmp/{i}.pcap udp port 4791 2>$D/{i}.tcpdump.err & cap=$!; \
                              for n in $(seq 50); do grep -q listening $D/{i}.tcpdump.err && break; sleep 0.1; done"
                         );
                     }
@@ -200,7 +204,7 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool
                 if capture && role == 1 {
                     let _ = writeln!(
                         s,
-                        "kill $cap; wait $cap 2>/dev/null; grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f $D/{i}.pcap"
+                        "sleep 3; kill -INT $cap; wait $cap 2>/dev/null; grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f /tmp/{i}.pcap; [ -e /tmp/{i}.pcap ] && mv /tmp/{i}.pcap $D/{i}.pcap"
                     );
                 }
             } else {
@@ -587,10 +591,10 @@ mod tests {
         assert!(s.contains("FC=/r/fpc;"));
         // --capture: a trace of each transfer row, kept only when it failed.
         assert!(s.contains(&format!(
-            "tcpdump -i eth1 -s 96 -B 262144 -U -w $D/{i}.pcap udp port 4791"
+            "tcpdump -i eth1 -s 96 -B 262144 -w /tmp/{i}.pcap udp port 4791"
         )));
         assert!(s.contains(&format!(
-            "grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f $D/{i}.pcap"
+            "grep -q 'RESULT.*status=ok ' $D/{i}.client.out && rm -f /tmp/{i}.pcap"
         )));
     }
 
