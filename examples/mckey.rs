@@ -246,12 +246,13 @@ fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
 fn receive(cli: &Cli, nodes: &[Node]) -> Res<()> {
     let mut batch = Completions::with_capacity(8);
     let mut verified = 0u64;
-    // Per sender (source QP number): the last sequence number received.
-    let mut senders: Vec<(u32, u32)> = Vec::new();
     for node in nodes {
         let (Some(v), Some(_)) = (&node.verbs, &node.dest) else {
             continue;
         };
+        // Per sender (source QP number): the last sequence number this
+        // receiving QP got (each QP in the group gets every datagram).
+        let mut senders: Vec<(u32, u32)> = Vec::new();
         let mut done = 0;
         // No time limit, as mckey: a receiver waits for its sender.
         while done < cli.count {
