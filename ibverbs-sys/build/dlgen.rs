@@ -181,12 +181,12 @@ pub fn missing_value(name: &str, output: &syn::ReturnType) -> String {
                 Some("isize" | "ssize_t" | "__ssize_t" | "c_long") => {
                     "-(::libc::EOPNOTSUPP as isize) as _".into()
                 }
-                // SAFETY (of the generated block): the return types that reach
+                // SAFETY: (of the generated block) the return types that reach
                 // here are integers (GUIDs, fork status), for which all-zero is valid.
                 _ => "unsafe { ::core::mem::zeroed() }".into(),
             }
         }
-        // SAFETY (of the generated block): as above, plain integer returns.
+        // SAFETY: (of the generated block) as above, plain integer returns.
         _ => "unsafe { ::core::mem::zeroed() }".into(),
     }
 }

@@ -236,31 +236,7 @@ impl EventChannel {
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
         if let Some(t) = timeout {
-            let mut pfd = libc::pollfd {
-                fd: self.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = t.as_millis().min(i32::MAX as u128) as i32;
-            loop {
-                // SAFETY: one valid pollfd.
-                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-                if rc > 0 {
-                    break;
-                }
-                if rc == 0 {
-                    return Err(Error::from_errno("poll", libc::ETIMEDOUT).with_hint(Some(
-                        format!("no rdma_cm event within {:.1} s", t.as_secs_f64()),
-                    )));
-                }
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() != Some(libc::EINTR) {
-                    return Err(Error::Verb {
-                        verb: "poll",
-                        io: err,
-                    });
-                }
-            }
+            super::sync_mode::wait_readable(self.as_raw_fd(), t, "rdma_cm event")?;
         }
         let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
         // SAFETY: live channel; `ev` receives an event we acknowledge below.

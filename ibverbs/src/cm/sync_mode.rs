@@ -122,7 +122,7 @@ impl CmId {
             // SAFETY: live synchronous id: librdmacm's own channel stays
             // open until the id is destroyed.
             let fd = unsafe { (*(*self.id()).channel).fd };
-            wait_readable(fd, t)?;
+            wait_readable(fd, t, "connect request")?;
         }
         let mut new = std::ptr::null_mut();
         // SAFETY: live synchronous listener (the lock held: nobody else
@@ -145,8 +145,9 @@ impl CmId {
     }
 }
 
-/// Waits until `fd` is readable, at most `t`.
-fn wait_readable(fd: RawFd, t: Duration) -> Result<()> {
+/// Waits until `fd` is readable, at most `t`; a timeout says what did not
+/// arrive (`what`: "connect request", "rdma_cm event").
+pub(super) fn wait_readable(fd: RawFd, t: Duration, what: &str) -> Result<()> {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -160,12 +161,8 @@ fn wait_readable(fd: RawFd, t: Duration) -> Result<()> {
             return Ok(());
         }
         if rc == 0 {
-            return Err(
-                Error::from_errno("poll", libc::ETIMEDOUT).with_hint(Some(format!(
-                    "no connect request within {:.1} s",
-                    t.as_secs_f64()
-                ))),
-            );
+            return Err(Error::from_errno("poll", libc::ETIMEDOUT)
+                .with_hint(Some(format!("no {what} within {:.1} s", t.as_secs_f64()))));
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
