@@ -13,6 +13,7 @@
 //! `--publish` copies to docs/reliability.md.
 
 mod evaluate;
+mod pcap;
 mod report;
 mod scenarios;
 
@@ -320,7 +321,7 @@ fn wait_connected(s: &mut String, out: &str) {
 /// 6.12.117 ran the whole profile once without a fault of its own, then
 /// panicked in the next run's first row (`net_rx_action`, a NULL pointer,
 /// in the softirq that rxe's ACK transmit let run).
-fn newest_61_kernel() -> Option<String> {
+pub(crate) fn newest_61_kernel() -> Option<String> {
     let out = std::process::Command::new("apt-cache")
         .args([
             "search",
@@ -474,7 +475,24 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
             oops.first().map_or("", String::as_str)
         ));
     }
+    // The packet trace of each failing row that kept one (`--capture`).
+    let mut traces = Vec::new();
+    for (i, row) in rows.iter().enumerate().filter(|(_, r)| !r.pass) {
+        let path = dir.join(format!("{i}.pcap"));
+        if !path.exists() {
+            continue;
+        }
+        let text = pcap::analyze(&path, 12).unwrap_or_else(|e| format!("unreadable: {e}\n"));
+        let _ = fs::write(dir.join(format!("{i}.trace.txt")), &text);
+        step!(
+            "faults: {}: {}",
+            row.name,
+            text.lines().nth(1).unwrap_or("").trim()
+        );
+        traces.push((row.name.clone(), text));
+    }
     let run = report::Run {
+        traces,
         crashes,
         quick: o.quick,
         total_mib: o.total_mib,

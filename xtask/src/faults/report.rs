@@ -11,6 +11,9 @@ use super::evaluate::{table, Row};
 
 /// What the run was: the parameters the report states above its table.
 pub(super) struct Run {
+    /// The packet-trace summary of each failing row that kept one
+    /// (`--capture`): its name and `pcap::describe`'s text.
+    pub(super) traces: Vec<(String, String)>,
     /// Guest kernel crashes, one sentence each (the oops's first line).
     pub(super) crashes: Vec<String>,
     pub(super) quick: bool,
@@ -82,6 +85,17 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
     let _ = writeln!(s, "\n{} passed, {failed} failed.\n", rows.len() - failed);
     if let Some(t) = rates(rows) {
         s.push_str(&t);
+    }
+    if !run.traces.is_empty() {
+        let _ = writeln!(
+            s,
+            "### Packet traces of the failing rows\n\nvm1's eth1 (`--capture`, the first \
+             96 bytes of each packet): the first NAK that failed a queue pair and the \
+             packets before it (`.1` is vm0, the server; `.2` vm1, the client), and any message the requester sent again from another PSN than the first time.\n"
+        );
+        for (name, text) in &run.traces {
+            let _ = writeln!(s, "**{name}**\n\n```text\n{}```\n", text);
+        }
     }
     if failed == 0 && !rows.is_empty() {
         s.push_str(PASSING);
@@ -409,6 +423,7 @@ mod tests {
 
     fn run() -> Run {
         Run {
+            traces: Vec::new(),
             crashes: Vec::new(),
             quick: true,
             total_mib: 8,
@@ -542,6 +557,18 @@ mod tests {
         assert!(markdown(&crashed, &rows).contains(
             "**Guest kernel crash:** vm1's guest kernel crashed during 3: loss 2% / send"
         ));
+        let traced = Run {
+            traces: vec![(
+                "dup / send #2".into(),
+                "first fatal NAK: NAK invalid request\n".into(),
+            )],
+            ..run()
+        };
+        let md = markdown(&traced, &rows);
+        assert!(md.contains("### Packet traces of the failing rows"));
+        assert!(
+            md.contains("**dup / send #2**\n\n```text\nfirst fatal NAK: NAK invalid request\n```")
+        );
     }
 
     /// No commit hash or date in the static text: it must stay true from
