@@ -145,13 +145,13 @@ impl Stats {
     }
 }
 
-struct Setup {
-    ctx: Context,
-    port: PortNumber,
-    gid_index: GidIndex,
+pub(crate) struct Setup {
+    pub(crate) ctx: Context,
+    pub(crate) port: PortNumber,
+    pub(crate) gid_index: GidIndex,
 }
 
-fn open(
+pub(crate) fn open(
     device: &Option<String>,
     ib_port: Option<u8>,
     gid: Option<u8>,
@@ -192,7 +192,7 @@ fn open(
 }
 
 /// The endpoint of `qp` on the setup's port and GID, sending from `psn`.
-fn endpoint(s: &Setup, qp: &QueuePair, psn: u32) -> ibverbs::Result<Endpoint> {
+pub(crate) fn endpoint(s: &Setup, qp: &QueuePair, psn: u32) -> ibverbs::Result<Endpoint> {
     LocalPort::query(&s.ctx, s.port, Some(s.gid_index))?.endpoint(qp, psn)
 }
 

@@ -18,6 +18,7 @@ mod fuzz;
 mod guest;
 mod instr;
 mod kernel;
+mod soak;
 mod test;
 mod util;
 mod vm;
@@ -77,6 +78,12 @@ enum Cmd {
     /// Fault injection between two VMs (loss, reordering, a killed peer, link
     /// down, RNR, CQ overrun); one row per scenario, fails if any fails.
     Faults(FaultsArgs),
+    /// A long randomized run between two VMs: many queue pairs and threads, a random mix of
+    /// sends, writes, reads and atomics (1 B – 1 MiB), faults switching every few seconds (loss,
+    /// duplication, reordering, delay, corruption, link flaps, peer restarts), every byte
+    /// checked and ledgers compared after every session. Writes target/soak/soak.md; fails on
+    /// any lost or corrupted message, counter mismatch or leaked resource.
+    Soak(SoakArgs),
     /// Run every cargo-fuzz target of `fuzz/` for a time budget each (installs cargo-fuzz
     /// when missing; `RUSTC_BOOTSTRAP=1` lets the stable toolchain build them). Fails if a
     /// target crashes (its input is saved under fuzz/artifacts/) or does not build.
@@ -205,7 +212,8 @@ struct FaultsArgs {
     #[arg(long, value_enum, default_value_t = faults::Peer::Rust)]
     peer: faults::Peer,
     /// Also copy the generated report (target/faults/reliability.md) to
-    /// docs/reliability.md.
+    /// docs/reliability.md; with `--only`, to docs/reliability-<selection>.md
+    /// (an experiment never replaces the whole matrix).
     #[arg(long)]
     publish: bool,
     /// Record every transfer row's RoCE packets on vm1's eth1 (`tcpdump`,
@@ -217,6 +225,30 @@ struct FaultsArgs {
     /// same selection options, without building or booting anything.
     #[arg(long)]
     reanalyze: bool,
+    #[command(flatten)]
+    opts: VmOpts,
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// Length of the traffic in minutes (fractions allowed).
+    #[arg(long, default_value_t = 5.0)]
+    minutes: f64,
+    /// RC queue pairs per session.
+    #[arg(long, default_value_t = 16)]
+    qps: usize,
+    /// Client threads (each drives its share of the queue pairs on one CQ).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Seed of the fault timeline and of every random choice of the client.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The same traffic on a clean link (a baseline).
+    #[arg(long)]
+    no_faults: bool,
+    /// Also copy the generated report (target/soak/soak.md) to docs/soak.md.
+    #[arg(long)]
+    publish: bool,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -381,6 +413,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 publish: args.publish,
                 reanalyze: args.reanalyze,
                 capture: args.capture,
+                vm: args.opts,
+            })?;
+            Ok(status(ok))
+        }
+        Cmd::Soak(args) => {
+            deps::ensure()?;
+            let ok = soak::cmd_soak(&soak::SoakOptions {
+                minutes: args.minutes,
+                qps: args.qps,
+                threads: args.threads,
+                seed: args.seed,
+                no_faults: args.no_faults,
+                publish: args.publish,
                 vm: args.opts,
             })?;
             Ok(status(ok))

@@ -1,0 +1,444 @@
+//! Reading the soak's outputs (`target/soak/`) into its verdict and the
+//! generated report (`soak.md`, `--publish` copies it to docs/soak.md).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use super::Event;
+use crate::test::{leaks, parse_resources};
+
+/// What the run was.
+pub(super) struct Run {
+    pub minutes: f64,
+    pub wall_minutes: f64,
+    pub qps: usize,
+    pub threads: usize,
+    pub seed: u64,
+    pub no_faults: bool,
+    pub kernel: Option<String>,
+    pub planned: Vec<Event>,
+    /// VM-level problems (a VM that failed, a kernel crash).
+    pub problems: Vec<String>,
+}
+
+/// What the outputs say.
+#[derive(Default)]
+pub(super) struct Results {
+    /// The client's `SOAK` line, as key → value.
+    pub soak: BTreeMap<String, String>,
+    /// Faults applied, by kind (from both VMs' logs).
+    pub applied: BTreeMap<String, u64>,
+    /// rxe's counters over the run, per VM (the nonzero ones of interest).
+    pub counters: [BTreeMap<String, u64>; 2],
+    /// Server sessions and server restarts seen.
+    pub server_sessions: u64,
+    pub server_exits: u64,
+    /// Every `CORRUPT`/`FINDING` line (either side).
+    pub findings: Vec<String>,
+    pub summary: Vec<String>,
+    pub failures: Vec<String>,
+}
+
+/// `key=value` fields of the last line starting with `tag`.
+fn fields(text: &str, tag: &str) -> Option<BTreeMap<String, String>> {
+    let line = text.lines().rev().find(|l| l.starts_with(tag))?;
+    Some(
+        line.split_whitespace()
+            .skip(1)
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn counters(text: &str) -> BTreeMap<String, u64> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter_map(|w| Some((w[0].to_string(), w[1].parse().ok()?)))
+        .collect()
+}
+
+/// The rxe counters the report shows.
+const COUNTERS: [(&str, &str); 7] = [
+    ("completer_retry_err", "retries"),
+    ("rcvd_seq_err", "sequence NAKs received"),
+    ("rcvd_rnr_err", "RNR NAKs received"),
+    ("duplicate_request", "duplicate requests"),
+    ("out_of_seq_request", "out-of-sequence requests"),
+    ("retry_exceeded_err", "retries exceeded"),
+    ("send_err", "transmit errors"),
+];
+
+pub(super) fn evaluate(run: &Run, dir: &Path) -> Results {
+    let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let mut r = Results::default();
+    let client = read("client.out");
+    let server = read("server.out");
+    r.failures.extend(run.problems.iter().cloned());
+    match fields(&client, "SOAK ") {
+        Some(f) => r.soak = f,
+        None => r.failures.push(format!(
+            "the client did not finish (no SOAK line); its last error: {}",
+            read("client.err").lines().last().unwrap_or("none")
+        )),
+    }
+    let num = |k: &str| {
+        r.soak
+            .get(k)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for k in [
+        "lost",
+        "phantom",
+        "corrupt",
+        "counter_mismatch",
+        "leaks",
+        "stuck",
+    ] {
+        if num(k) > 0 {
+            r.failures.push(format!("client: {k}={}", num(k)));
+        }
+    }
+    if !r.soak.is_empty() && num("ops") == 0 {
+        r.failures.push("no operation completed".into());
+    }
+    if client.lines().last().is_some_and(|l| l != "exit=0") {
+        r.failures.push(format!(
+            "the client exited with {}",
+            client.lines().last().unwrap_or("?")
+        ));
+    }
+    for l in client.lines().chain(server.lines()) {
+        if l.starts_with("CORRUPT") || l.starts_with("FINDING") {
+            r.findings.push(l.to_string());
+        }
+        if let Some(f) = l
+            .starts_with("SERVER ")
+            .then(|| fields(l, "SERVER "))
+            .flatten()
+        {
+            r.server_sessions += 1;
+            if f.get("leak").is_some_and(|v| v != "-") {
+                r.failures.push(format!("server session leaked: {l}"));
+            }
+        }
+        if l.starts_with("EXIT ") {
+            r.server_exits += 1;
+        }
+    }
+    if !r.findings.is_empty() {
+        r.failures
+            .push(format!("{} corrupt or lost findings", r.findings.len()));
+    }
+    for role in 0..2 {
+        for l in read(&format!("faults.{role}")).lines() {
+            let mut w = l.split_whitespace().skip(1);
+            match w.next() {
+                Some("FAILED") => r
+                    .failures
+                    .push(format!("vm{role} could not apply a fault: {l}")),
+                Some(kind) if role == 1 || kind == "peer-restart" => {
+                    *r.applied.entry(kind.to_string()).or_default() += 1
+                }
+                _ => {}
+            }
+        }
+        let base = parse_resources(&read(&format!("base.{role}.res")));
+        let end = parse_resources(&read(&format!("end.{role}.res")));
+        if end.is_empty() {
+            r.failures
+                .push(format!("vm{role}: no resource count at the end"));
+        }
+        for l in leaks(&base, &end, Some("rxe1")) {
+            r.failures.push(format!("vm{role}: {l} after the run"));
+        }
+        let pre = counters(&read(&format!("stat-pre.{role}")));
+        let post = counters(&read(&format!("stat-post.{role}")));
+        r.counters[role] = COUNTERS
+            .iter()
+            .filter_map(|(k, _)| {
+                let d = post.get(*k)?.saturating_sub(*pre.get(*k).unwrap_or(&0));
+                (d > 0).then(|| (k.to_string(), d))
+            })
+            .collect();
+    }
+    let link = read("link.1");
+    if link.contains("timeout") || link.contains("error") {
+        r.failures
+            .push(format!("a link flap was not carried out: {}", link.trim()));
+    }
+    if !run.no_faults {
+        let planned = run
+            .planned
+            .iter()
+            .filter(|e| e.fault.kind() != "clean")
+            .count();
+        let applied: u64 = r
+            .applied
+            .iter()
+            .filter(|(k, _)| k.as_str() != "clean")
+            .map(|(_, v)| v)
+            .sum();
+        // The last events may fall after the traffic's end (skipped).
+        if planned > 0 && applied == 0 {
+            r.failures.push("no fault was applied".into());
+        }
+    }
+    let get = |k: &str| r.soak.get(k).cloned().unwrap_or_else(|| "?".into());
+    r.summary.push(format!(
+        "soak: {} ops, {} bytes, {} sessions (ends {}), errors {}, lost {}, corrupt {}, counter mismatches {}, leaks {}",
+        get("ops"),
+        get("bytes"),
+        get("sessions"),
+        get("ends"),
+        get("errors"),
+        get("lost"),
+        get("corrupt"),
+        get("counter_mismatch"),
+        get("leaks")
+    ));
+    r
+}
+
+fn gib(bytes: &str) -> String {
+    bytes.parse::<f64>().map_or("?".into(), |b| {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    })
+}
+
+/// The generated report.
+pub(super) fn markdown(run: &Run, r: &Results) -> String {
+    let mut s = String::new();
+    let get = |k: &str| r.soak.get(k).cloned().unwrap_or_else(|| "?".into());
+    let _ = writeln!(
+        s,
+        "# Soak: randomized RDMA traffic under switching faults\n"
+    );
+    let _ = writeln!(
+        s,
+        "Generated by `cargo xtask soak --minutes {} --qps {} --threads {} --seed {}{}`. \
+         What the soak does and how each request is checked: the module docs of \
+         `src/soak.rs` (the `soak_peer` program) and `xtask/src/soak.rs`.\n",
+        run.minutes,
+        run.qps,
+        run.threads,
+        run.seed,
+        if run.no_faults { " --no-faults" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "**Verdict: {}.**{}\n",
+        match r.failures.is_empty() {
+            true => "passed — no message lost or corrupted, every atomic as the model says, kernel resources back to their baseline",
+            false => "FAILED",
+        },
+        match r.failures.is_empty() {
+            true => String::new(),
+            false => format!(" {}", r.failures.join("; ")),
+        }
+    );
+    let _ = writeln!(s, "## The run\n");
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let _ = writeln!(
+        s,
+        "| kernel | {} |",
+        run.kernel.as_deref().unwrap_or("the harness's default")
+    );
+    let _ = writeln!(
+        s,
+        "| traffic | {} s planned, {} s run ({:.0} min with boots and teardown), under TCG |",
+        run.minutes * 60.0,
+        get("secs"),
+        run.wall_minutes
+    );
+    let _ = writeln!(
+        s,
+        "| shape | {} RC queue pairs, {} client threads (each with its queue pairs on one CQ); the server's queue pairs on one CQ and one SRQ |",
+        run.qps, run.threads
+    );
+    let _ = writeln!(
+        s,
+        "| sessions | {} (by how they ended: {}); the server saw {} sessions and was restarted {} times |",
+        get("sessions"),
+        get("ends"),
+        r.server_sessions,
+        r.server_exits
+    );
+    let _ = writeln!(s, "\n## Operations (completed successfully and checked)\n");
+    let _ = writeln!(s, "| operation | count |\n|---|---:|");
+    for k in [
+        "send",
+        "write",
+        "write_imm",
+        "read_back",
+        "read",
+        "fetch_add",
+        "compare_swap",
+    ] {
+        let _ = writeln!(s, "| {} | {} |", k.replace('_', " "), get(k));
+    }
+    let _ = writeln!(
+        s,
+        "| **all** | **{}** ({}) |",
+        get("ops"),
+        gib(&get("bytes"))
+    );
+    let _ = writeln!(s, "\n## Findings\n");
+    let _ = writeln!(s, "| check | count |\n|---|---:|");
+    for (k, label) in [
+        (
+            "lost",
+            "messages completed at the client and never received",
+        ),
+        ("phantom", "messages received beyond what was posted"),
+        (
+            "corrupt",
+            "messages or results with a wrong byte, order or immediate",
+        ),
+        (
+            "counter_mismatch",
+            "counters not at a value the model allows",
+        ),
+        (
+            "unconfirmed",
+            "messages of sessions whose server was killed (unverifiable)",
+        ),
+        (
+            "leaks",
+            "sessions after which the kernel's resource counts were not back",
+        ),
+        ("stuck", "sessions whose requests never came back (leaked)"),
+        ("watchdog", "sessions ended by the progress watchdog"),
+    ] {
+        let _ = writeln!(s, "| {label} | {} |", get(k));
+    }
+    for f in r.findings.iter().take(20) {
+        let _ = writeln!(s, "\n    {f}");
+    }
+    let _ = writeln!(s, "\n## Errors by status (the sessions they ended)\n");
+    let _ = writeln!(
+        s,
+        "{} ; flushed requests after them: {}.\n",
+        get("errors"),
+        get("flushed")
+    );
+    let _ = writeln!(s, "## Faults\n");
+    if run.no_faults {
+        let _ = writeln!(s, "None (`--no-faults`).\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "{} events planned (one every 3–8 s, drawn from the seed); applied, by kind:\n",
+            run.planned.len()
+        );
+        let _ = writeln!(s, "| kind | times |\n|---|---:|");
+        for (k, v) in &r.applied {
+            let _ = writeln!(s, "| {k} | {v} |");
+        }
+    }
+    let _ = writeln!(s, "\n## What rxe counted\n");
+    let _ = writeln!(
+        s,
+        "| counter | vm0 (server) | vm1 (client) |\n|---|---:|---:|"
+    );
+    for (k, label) in COUNTERS {
+        let v = |i: usize| r.counters[i].get(k).copied().unwrap_or(0);
+        let _ = writeln!(s, "| {label} (`{k}`) | {} | {} |", v(0), v(1));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> Run {
+        Run {
+            minutes: 0.5,
+            wall_minutes: 2.0,
+            qps: 4,
+            threads: 2,
+            seed: 1,
+            no_faults: false,
+            kernel: None,
+            planned: super::super::timeline(1, 30.0),
+            problems: vec![],
+        }
+    }
+
+    fn write_outputs(dir: &Path, client_tail: &str) {
+        let _ = fs::create_dir_all(dir);
+        let res = "0: rxe0: pd 0 cq 0 qp 0\n1: rxe1: pd 0 cq 0 qp 0 mr 0\n";
+        for role in 0..2 {
+            fs::write(dir.join(format!("base.{role}.res")), res).unwrap();
+            fs::write(dir.join(format!("end.{role}.res")), res).unwrap();
+            fs::write(
+                dir.join(format!("stat-pre.{role}")),
+                "link rxe1/1 completer_retry_err 3",
+            )
+            .unwrap();
+            fs::write(
+                dir.join(format!("stat-post.{role}")),
+                "link rxe1/1 completer_retry_err 10",
+            )
+            .unwrap();
+        }
+        fs::write(dir.join("faults.1"), "12.1 loss loss 2%\n15.0 clean\n").unwrap();
+        fs::write(
+            dir.join("faults.0"),
+            "12.2 loss loss 2%\n19.0 peer-restart\n",
+        )
+        .unwrap();
+        fs::write(
+            dir.join("server.out"),
+            "SERVER session=1 end=ok received=5 bytes=9 corrupt=0 errors=0 leak=- secs=1\nEXIT 137 19.0\n",
+        )
+        .unwrap();
+        fs::write(dir.join("client.out"), client_tail).unwrap();
+    }
+
+    #[test]
+    fn a_clean_run_passes_and_any_finding_fails() {
+        let dir = std::env::temp_dir().join(format!("soak-report-{}", std::process::id()));
+        let good = "SESSION 1 end=ok\nSOAK secs=30 sessions=2 ends=ok:1,peer-gone:1 ops=100 bytes=4096 send=50 errors=RetryExcErr:1 flushed=3 lost=0 phantom=0 corrupt=0 counter_mismatch=0 unconfirmed=7 leaks=0 stuck=0 watchdog=0\nexit=0\n";
+        write_outputs(&dir, good);
+        let r = evaluate(&run(), &dir);
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+        assert_eq!(r.applied.get("loss"), Some(&1));
+        assert_eq!(r.applied.get("peer-restart"), Some(&1));
+        assert_eq!(r.counters[1].get("completer_retry_err"), Some(&7));
+        assert_eq!((r.server_sessions, r.server_exits), (1, 1));
+        let md = markdown(&run(), &r);
+        assert!(md.contains("**Verdict: passed"), "{md}");
+        assert!(md.contains("| send | 50 |"));
+        // Broken on purpose: one lost message, one corrupt line, a leak.
+        write_outputs(&dir, &good.replace("lost=0", "lost=1"));
+        assert!(evaluate(&run(), &dir)
+            .failures
+            .iter()
+            .any(|f| f.contains("lost=1")));
+        write_outputs(
+            &dir,
+            &format!("CORRUPT side=client session=1 qp=0 read of 9 B\n{good}"),
+        );
+        assert!(!evaluate(&run(), &dir).failures.is_empty());
+        write_outputs(&dir, good);
+        fs::write(dir.join("end.0.res"), "1: rxe1: pd 0 cq 0 qp 2 mr 0\n").unwrap();
+        let r = evaluate(&run(), &dir);
+        assert!(
+            r.failures.iter().any(|f| f.contains("qp 0 -> 2")),
+            "{:?}",
+            r.failures
+        );
+        write_outputs(&dir, "SESSION 1 end=ok\n");
+        assert!(evaluate(&run(), &dir)
+            .failures
+            .iter()
+            .any(|f| f.contains("no SOAK line")));
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
