@@ -41,7 +41,8 @@ pub struct FaultsOptions {
     pub repeat: u32,
     /// The data mover of the transfer rows.
     pub peer: Peer,
-    /// Also copy the generated report to docs/reliability.md.
+    /// Also copy the generated report to docs/ (reliability.md, or for a
+    /// selection `reliability-<selection>.md`).
     pub publish: bool,
     /// Evaluate the outputs of the last run again (same selection), without
     /// building or booting anything.
@@ -515,7 +516,9 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     fs::write(&generated, &md)?;
     step!("faults: report in {}", generated.display());
     if o.publish {
-        let docs = repo.join("docs/reliability.md");
+        let docs = repo
+            .join("docs")
+            .join(report::published_name(o.only.as_deref()));
         fs::write(&docs, &md)?;
         step!("faults: published to {}", docs.display());
     }
