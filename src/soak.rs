@@ -231,6 +231,16 @@ fn connect_qp(
     qp.connect(me, remote, &opts)
 }
 
+/// Seconds since the machine booted (`/proc/uptime`): the clock of the
+/// harness's fault log on the same VM, so a finding can be matched with
+/// the fault in force when it was seen.
+fn uptime() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// The kernel's count of RDMA objects on `device` (`rdma resource show`'s
 /// line for it, without the index), or `None` when it cannot be read.
 fn resources(device: &str) -> Option<String> {

@@ -17,8 +17,8 @@ use super::model::{check_qp, end_line, parse_ledger, Atomic, ClientQp, Counter, 
 use super::pattern::{check, fill, mix, seed};
 use super::server::hello_line;
 use super::{
-    back_to_baseline, connect_qp, ep_line, parse_ep, parse_regions, resources, Common, Conn,
-    Regions, KIND_RECV, KIND_WRITE, READ_REGION,
+    back_to_baseline, connect_qp, ep_line, parse_ep, parse_regions, resources, uptime, Common,
+    Conn, Regions, KIND_RECV, KIND_WRITE, READ_REGION,
 };
 use crate::fault::{endpoint, open, Setup};
 
@@ -351,7 +351,7 @@ fn session(
     };
     for (q, ((c, k), srv)) in client_qps.iter().zip(&counters).zip(&ledger).enumerate() {
         for f in check_qp(c, k, srv) {
-            println!("FINDING session={id} qp={q} {f:?}");
+            println!("FINDING at={:.2} session={id} qp={q} {f:?}", uptime());
             match f {
                 Finding::Lost(n) => t.lost += n,
                 Finding::Phantom(n) => t.phantom += n,
@@ -500,8 +500,10 @@ impl Worker {
                 let s = &mut self.qps[i];
                 let Some(p) = s.pending.pop_front() else {
                     println!(
-                        "CORRUPT side=client session={} qp={} a completion with nothing posted",
-                        self.id, s.q
+                        "CORRUPT at={:.2} side=client session={} qp={} a completion with nothing posted",
+                        uptime(),
+                        self.id,
+                        s.q
                     );
                     t.corrupt += 1;
                     continue;
@@ -509,7 +511,8 @@ impl Worker {
                 let head = comp.take_local();
                 if comp.wr_id() != p.wr_id {
                     println!(
-                        "CORRUPT side=client session={} qp={} completion {} out of order (expected {})",
+                        "CORRUPT at={:.2} side=client session={} qp={} completion {} out of order (expected {})",
+                        uptime(),
                         self.id,
                         s.q,
                         comp.wr_id(),
@@ -531,7 +534,12 @@ impl Worker {
                 } else if let Some(h) = &head {
                     let verdict = self_check(s, &p, h, &self.regions, &mut t);
                     if let Err(e) = verdict {
-                        println!("CORRUPT side=client session={} qp={} {e}", self.id, s.q);
+                        println!(
+                            "CORRUPT at={:.2} side=client session={} qp={} {e}",
+                            uptime(),
+                            self.id,
+                            s.q
+                        );
                         t.corrupt += 1;
                     }
                 }
@@ -541,7 +549,8 @@ impl Worker {
                         Ok(b) => self.pool.push(b),
                         Err(_) => {
                             println!(
-                                "CORRUPT side=client session={} a buffer came back in pieces",
+                                "CORRUPT at={:.2} side=client session={} a buffer came back in pieces",
+                                uptime(),
                                 self.id
                             );
                             t.corrupt += 1;
@@ -549,7 +558,8 @@ impl Worker {
                     },
                     None => {
                         println!(
-                            "CORRUPT side=client session={} a completion without its buffer",
+                            "CORRUPT at={:.2} side=client session={} a completion without its buffer",
+                            uptime(),
                             self.id
                         );
                         t.corrupt += 1;

@@ -13,7 +13,7 @@ use ibverbs::{AccessFlags, Completions, Endpoint, QpType, RecvRequest, WcOpcode}
 use super::model::{ledger_line, parse_end, ServerQp};
 use super::pattern::{check, fill, mix, seed};
 use super::{
-    back_to_baseline, connect_qp, ep_line, parse_ep, regions_line, resources, Common, Conn,
+    back_to_baseline, connect_qp, ep_line, parse_ep, regions_line, resources, uptime, Common, Conn,
     Regions, KIND_RECV, READ_REGION,
 };
 use crate::fault::{endpoint, open, Setup};
@@ -210,7 +210,10 @@ fn session(
             match verdict {
                 Ok(()) => l.verified += 1,
                 Err(e) => {
-                    println!("CORRUPT side=server session={id} qp={q} {e}");
+                    println!(
+                        "CORRUPT at={:.2} side=server session={id} qp={q} {e}",
+                        uptime()
+                    );
                     l.corrupt += 1;
                     st.corrupt += 1;
                 }

@@ -37,6 +37,8 @@ pub(super) struct Results {
     pub server_exits: u64,
     /// Every `CORRUPT`/`FINDING` line (either side).
     pub findings: Vec<String>,
+    /// The findings by the fault in force when each was seen.
+    pub by_fault: BTreeMap<String, u64>,
     pub summary: Vec<String>,
     pub failures: Vec<String>,
 }
@@ -129,6 +131,38 @@ pub(super) fn evaluate(run: &Run, dir: &Path) -> Results {
         if l.starts_with("EXIT ") {
             r.server_exits += 1;
         }
+    }
+    // The fault in force at each finding: both VMs' logs merged (their
+    // uptime clocks differ by about a second: boots are simultaneous).
+    let mut timeline: Vec<(f64, String)> = (0..2)
+        .flat_map(|role| {
+            read(&format!("faults.{role}"))
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split_whitespace();
+                    let t: f64 = w.next()?.parse().ok()?;
+                    let kind = w.next()?.to_string();
+                    // Each VM logs a netem change; count it once (vm1's).
+                    (role == 1 || kind == "peer-restart").then_some((t, kind))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    timeline.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for f in &r.findings {
+        let at = f
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("at="))
+            .and_then(|v| v.parse::<f64>().ok());
+        let kind = match at {
+            None => "unknown".to_string(),
+            Some(at) => timeline
+                .iter()
+                .rev()
+                .find(|(t, _)| *t <= at)
+                .map_or("before the first fault".to_string(), |(_, k)| k.clone()),
+        };
+        *r.by_fault.entry(kind).or_default() += 1;
     }
     if !r.findings.is_empty() {
         r.failures
@@ -316,8 +350,21 @@ pub(super) fn markdown(run: &Run, r: &Results) -> String {
     ] {
         let _ = writeln!(s, "| {label} | {} |", get(k));
     }
+    if !r.by_fault.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nEach finding by the fault in force when it was seen (the VMs' fault logs; \
+             a fault's effects can outlast its segment):\n\n| fault in force | findings |\n|---|---:|"
+        );
+        for (k, v) in &r.by_fault {
+            let _ = writeln!(s, "| {k} | {v} |");
+        }
+    }
+    if !r.findings.is_empty() {
+        let _ = writeln!(s, "\nThe first findings, as the programs printed them:\n");
+    }
     for f in r.findings.iter().take(20) {
-        let _ = writeln!(s, "\n    {f}");
+        let _ = writeln!(s, "    {f}");
     }
     let _ = writeln!(s, "\n## Errors by status (the sessions they ended)\n");
     let _ = writeln!(
@@ -423,9 +470,13 @@ mod tests {
             .any(|f| f.contains("lost=1")));
         write_outputs(
             &dir,
-            &format!("CORRUPT side=client session=1 qp=0 read of 9 B\n{good}"),
+            &format!("CORRUPT at=13.00 side=client session=1 qp=0 read of 9 B\n{good}"),
         );
-        assert!(!evaluate(&run(), &dir).failures.is_empty());
+        let r = evaluate(&run(), &dir);
+        assert!(!r.failures.is_empty());
+        // Seen at 13.0 s on vm1, while the loss of 12.1 s was in force.
+        assert_eq!(r.by_fault.get("loss"), Some(&1), "{:?}", r.by_fault);
+        assert!(markdown(&run(), &r).contains("| loss | 1 |"));
         write_outputs(&dir, good);
         fs::write(dir.join("end.0.res"), "1: rxe1: pd 0 cq 0 qp 2 mr 0\n").unwrap();
         let r = evaluate(&run(), &dir);
