@@ -37,6 +37,34 @@ pub enum Op {
     Write,
     /// RDMA read.
     Read,
+    /// Fetch-and-add on one 8-byte counter: request `i` adds `i + 1`, so
+    /// it must find `i (i + 1) / 2` (`--msg-size 8`).
+    Atomic,
+}
+
+/// What fetch-and-add `i` of an atomic run must find: the sum of the
+/// addends before it (`1 + 2 + … + i`, wrapping).
+pub fn atomic_expected(i: u64) -> u64 {
+    // i (i + 1) / 2 without overflowing before the division.
+    match i % 2 {
+        0 => (i / 2).wrapping_mul(i.wrapping_add(1)),
+        _ => i.wrapping_mul(i.wrapping_add(1) / 2),
+    }
+}
+
+/// Says what a wrong fetch-and-add result means: the difference from the
+/// expected value, and the request whose addend it is (executed twice).
+pub fn atomic_explain(i: u64, got: u64) -> String {
+    let want = atomic_expected(i);
+    let diff = got.wrapping_sub(want);
+    let twice = match diff {
+        1..=1_000_000_000 if diff <= i => format!(
+            " = the addend of request {}: it took effect twice",
+            diff - 1
+        ),
+        _ => String::new(),
+    };
+    format!("fetch-and-add {i} found {got}, expected {want} (difference {diff}{twice})")
 }
 
 #[derive(clap::Args, Clone)]
@@ -276,7 +304,10 @@ fn connect_qp(
         .min_rnr_timer(12)
         .rd_atomic(16)
         .remote_access(
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
         );
     qp.connect(me, remote, &opts)
 }
@@ -314,6 +345,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         Some("send") => Op::Send,
         Some("write") => Op::Write,
         Some("read") => Op::Read,
+        Some("atomic") => Op::Atomic,
         other => return Err(format!("unknown op {other:?}")),
     };
     let msg_size: usize = field("size")
@@ -322,7 +354,8 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     let msgs: u64 = field("msgs")
         .and_then(|v| v.parse().ok())
         .ok_or("no msgs")?;
-    if !(16..=(1 << 24)).contains(&msg_size) || msgs == 0 || msgs > (1 << 20) {
+    let min = if op == Op::Atomic { 8 } else { 16 };
+    if !(min..=(1 << 24)).contains(&msg_size) || msgs == 0 || msgs > (1 << 20) {
         return Err(format!("refusing size {msg_size} × {msgs}"));
     }
     let mut st = Stats::new("server", op);
@@ -369,6 +402,14 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             read_src = Some(m);
             r
         }
+        Op::Atomic => {
+            let m = pd
+                .alloc_shared(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
+                .map_err(|e| e.to_string())?;
+            let r = m.remote();
+            shared = Some(m);
+            r
+        }
     };
     connect_qp(&s, &c, &qp, &me, &client.ep).map_err(|e| e.to_string())?;
     // Receive buffers (send op) or zero-length receives (write with imm).
@@ -399,7 +440,8 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     // rc_pingpong and perftest do): a client that starts first meets an
     // empty receive queue (RNR NAKs). The RNR scenario posts them late on
     // purpose (--recv-delay-ms), after the hello.
-    if op != Op::Read && recv_delay_ms == 0 {
+    let one_sided = matches!(op, Op::Read | Op::Atomic);
+    if !one_sided && recv_delay_ms == 0 {
         post_initial(&mut pool, &mut st)?;
     }
     // The harness times its faults from this line.
@@ -408,7 +450,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         .write_all(hello(&me, exposed, "").as_bytes())
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
-    if op == Op::Read {
+    if one_sided {
         // The client verifies; wait for its verdict line.
         let line = read_line(&stream).unwrap_or_default();
         st.msgs = msgs;
@@ -416,7 +458,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         if !line.starts_with("DONE") {
             st.fail(format!("peer:{}", line.trim().replace(' ', "_")));
         }
-        drop(read_src);
+        drop((read_src, shared));
         return Ok(st);
     }
     if recv_delay_ms > 0 {
@@ -539,7 +581,10 @@ pub fn client(
     window: usize,
     stall_timeout: f64,
 ) -> Result<Stats, String> {
-    if msg_size < 16 {
+    if op == Op::Atomic && msg_size != 8 {
+        return Err("--op atomic moves 8 bytes per request: --msg-size 8".into());
+    }
+    if op != Op::Atomic && msg_size < 16 {
         return Err("--msg-size must be at least 16".into());
     }
     let msgs = total.div_ceil(msg_size as u64);
@@ -628,6 +673,7 @@ pub fn client(
                         .ok_or("server region too small")?;
                     SendRequest::read(buf, remote)
                 }
+                Op::Atomic => SendRequest::fetch_and_add(buf, server.mem, next.wrapping_add(1)),
             };
             match qp.post_send(wr.wr_id(next)) {
                 Ok(()) => {
@@ -708,6 +754,17 @@ pub fn client(
                         }
                     }
                 }
+                if op == Op::Atomic {
+                    let b = buf.as_ref().unwrap();
+                    let got = u64::from_ne_bytes(b[..8].try_into().unwrap());
+                    match got == atomic_expected(comp.wr_id()) {
+                        true => st.verified += 1,
+                        false => {
+                            eprintln!("fault_peer client: {}", atomic_explain(comp.wr_id(), got));
+                            st.fail("corrupt".into());
+                        }
+                    }
+                }
                 done += 1;
                 st.msgs += 1;
                 st.bytes += msg_size as u64;
@@ -720,7 +777,7 @@ pub fn client(
     // Tell the server, and (send/write) learn its verdict.
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let _ = (&stream).write_all(format!("DONE {}\n", st.status).as_bytes());
-    if op != Op::Read && st.status == "ok" {
+    if !matches!(op, Op::Read | Op::Atomic) && st.status == "ok" {
         let line = match verdict.contains('\n') {
             true => Ok(verdict),
             false => read_line(&stream).map(|l| verdict + &l),
@@ -826,6 +883,24 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_results_name_a_request_that_took_effect_twice() {
+        assert_eq!(
+            (0..5).map(atomic_expected).collect::<Vec<_>>(),
+            [0, 1, 3, 6, 10]
+        );
+        assert_eq!(atomic_expected(u64::MAX), atomic_expected(u64::MAX));
+        // Request 2 (adding 3) executed twice: request 4 finds 10 + 3.
+        let e = atomic_explain(4, 13);
+        assert!(
+            e.contains(
+                "expected 10 (difference 3 = the addend of request 2: it took effect twice)"
+            ),
+            "{e}"
+        );
+        assert!(!atomic_explain(4, 9).contains("twice"));
+    }
 
     #[test]
     fn a_verdict_counts_once_its_line_is_complete() {

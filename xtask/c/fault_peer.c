@@ -47,9 +47,16 @@
 #define RX_DEPTH 64
 #define BATCH 32
 
-enum op { OP_SEND, OP_WRITE, OP_READ };
-static const char *op_debug[] = {"Send", "Write", "Read"};
-static const char *op_wire[] = {"send", "write", "read"};
+enum op { OP_SEND, OP_WRITE, OP_READ, OP_ATOMIC };
+static const char *op_debug[] = {"Send", "Write", "Read", "Atomic"};
+static const char *op_wire[] = {"send", "write", "read", "atomic"};
+
+/* What fetch-and-add i of an atomic run must find: 1 + 2 + ... + i
+ * (request i adds i + 1), as fault.rs's atomic_expected. */
+static uint64_t atomic_expected(uint64_t i)
+{
+	return i % 2 == 0 ? (i / 2) * (i + 1) : i * ((i + 1) / 2);
+}
 
 struct common {
 	const char *device;
@@ -428,7 +435,8 @@ static void connect_qp(const struct setup *s, const struct common *c, struct ibv
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = 0;
 	a.port_num = s->port;
-	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			    IBV_ACCESS_REMOTE_ATOMIC;
 	if (ibv_modify_qp(qp, &a,
 			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		die("modify QP to INIT: %s", strerror(errno));
@@ -571,11 +579,14 @@ static void server(const struct common *c, long recv_delay_ms)
 		op = OP_WRITE;
 	else if (!strcmp(client.op, "read"))
 		op = OP_READ;
+	else if (!strcmp(client.op, "atomic"))
+		op = OP_ATOMIC;
 	else
 		die("unknown op %s", client.op);
 	size_t msg_size = client.size;
 	uint64_t msgs = client.msgs;
-	if (msg_size < 16 || msg_size > (1 << 24) || msgs == 0 || msgs > (1 << 20))
+	if (msg_size < (op == OP_ATOMIC ? 8u : 16u) || msg_size > (1 << 24) || msgs == 0 ||
+	    msgs > (1 << 20))
 		die("refusing size %zu x %llu", msg_size, (unsigned long long)msgs);
 	struct stats st;
 	stats_init(&st, "server", op);
@@ -594,6 +605,10 @@ static void server(const struct common *c, long recv_delay_ms)
 		region = reg(pd, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 		for (uint64_t i = 0; i < msgs; i++)
 			fill((uint8_t *)region->addr + i * msg_size, msg_size, i);
+	} else if (op == OP_ATOMIC) {
+		/* One zeroed counter (mmap'd memory is zero). */
+		region = reg(pd, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+		total = 8;
 	}
 	struct hello me_remote = client;
 	connect_qp(&s, c, qp, psn, &me_remote);
@@ -612,18 +627,19 @@ static void server(const struct common *c, long recv_delay_ms)
 			die("ibv_post_recv: %s", strerror(errno));                              \
 		st.posted++;                                                                    \
 	}
-	if (op != OP_READ && recv_delay_ms == 0) {
+	int one_sided = op == OP_READ || op == OP_ATOMIC;
+	if (!one_sided && recv_delay_ms == 0) {
 		POST_INITIAL();
 	}
 	fprintf(stderr, "fault_peer server: connected\n");
 	send_hello(fd, qp->qp_num, psn, &s, region ? (uintptr_t)region->addr : 0,
 		   region ? total : 0, region ? region->rkey : 0, "");
 	double deadline = now() + c->deadline;
-	if (op == OP_READ) {
+	if (one_sided) {
 		if (read_line(fd, line, sizeof line))
 			line[0] = 0;
 		st.msgs = msgs;
-		st.bytes = total;
+		st.bytes = msg_size * msgs;
 		if (strncmp(line, "DONE", 4)) {
 			line[strcspn(line, "\n")] = 0;
 			fail(&st, "peer:%s", line);
@@ -742,7 +758,9 @@ static void server(const struct common *c, long recv_delay_ms)
 static void client(const char *host, const struct common *c, enum op op, size_t msg_size,
 		   uint64_t total, uint32_t window, double stall_timeout)
 {
-	if (msg_size < 16)
+	if (op == OP_ATOMIC && msg_size != 8)
+		die("--op atomic moves 8 bytes per request: --msg-size 8");
+	if (op != OP_ATOMIC && msg_size < 16)
 		die("--msg-size must be at least 16");
 	uint64_t msgs = (total + msg_size - 1) / msg_size;
 	struct setup s;
@@ -815,6 +833,11 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 			if (op == OP_SEND) {
 				fill(buf, msg_size, next);
 				wr.opcode = IBV_WR_SEND;
+			} else if (op == OP_ATOMIC) {
+				wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+				wr.wr.atomic.remote_addr = server.addr;
+				wr.wr.atomic.rkey = server.rkey;
+				wr.wr.atomic.compare_add = next + 1;
 			} else {
 				if ((next + 1) * msg_size > server.len)
 					die("server region too small");
@@ -889,6 +912,22 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 						(unsigned long long)id, (unsigned long long)done);
 					fail(&st, "corrupt");
 				}
+				if (op == OP_ATOMIC) {
+					uint64_t got;
+					memcpy(&got, (uint8_t *)mr->addr + (uint64_t)chunk * msg_size, 8);
+					uint64_t want = atomic_expected(id);
+					if (got != want) {
+						uint64_t diff = got - want;
+						fprintf(stderr,
+							"fault_peer client: fetch-and-add %llu found %llu, expected %llu "
+							"(difference %llu)\n",
+							(unsigned long long)id, (unsigned long long)got,
+							(unsigned long long)want, (unsigned long long)diff);
+						fail(&st, "corrupt");
+					} else {
+						st.verified++;
+					}
+				}
 				if (op == OP_READ) {
 					if (check("fault_peer client",
 						  (uint8_t *)mr->addr + (uint64_t)chunk * msg_size, msg_size,
@@ -910,7 +949,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	int mn = snprintf(msg, sizeof msg, "DONE %s\n", st.status);
 	if (write(fd, msg, mn) != mn)
 		fprintf(stderr, "fault_peer client: could not send DONE\n");
-	if (op != OP_READ && ok(&st)) {
+	if (op != OP_READ && op != OP_ATOMIC && ok(&st)) {
 		int got = 0;
 		if (strchr(verdict, '\n')) {
 			snprintf(line, sizeof line, "%s", verdict);
@@ -986,6 +1025,8 @@ int main(int argc, char **argv)
 				op = OP_WRITE;
 			else if (!strcmp(v, "read"))
 				op = OP_READ;
+			else if (!strcmp(v, "atomic"))
+				op = OP_ATOMIC;
 			else
 				usage();
 		} else if (OPT("--msg-size"))

@@ -689,6 +689,41 @@ mod tests {
         );
     }
 
+    /// The atomic rows are an experiment: only when selected, with both
+    /// programs, 20000 fetch-and-adds of 8 bytes.
+    #[test]
+    fn atomic_rows_only_when_selected() {
+        let o = |only: Option<&str>| FaultsOptions {
+            total_mib: 8,
+            quick: false,
+            only: only.map(str::to_string),
+            repeat: 1,
+            peer: Peer::Both,
+            publish: false,
+            reanalyze: false,
+            capture: false,
+            vm: VmOpts {
+                mem: "2G".into(),
+                smp: 1,
+                timeout: None,
+                env: vec![],
+                verbose: false,
+                kernel_args: vec![],
+            },
+        };
+        assert!(!scenarios(&o(None))
+            .iter()
+            .any(|s| s.name.contains("atomic")));
+        let list = scenarios(&o(Some("duplicate / atomic")));
+        let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["duplicate / atomic", "duplicate / atomic (C twin)"]);
+        assert_eq!(
+            list[0].client_args,
+            "--op atomic --msg-size 8 --total 160000"
+        );
+        assert_eq!(list[0].netem.as_deref(), Some("duplicate 3%"));
+    }
+
     /// The workload rows: both VMs meet before starting, each runs its own
     /// processes with the addresses in terms of its own and its peer's
     /// eth1, and waits for every one of them.

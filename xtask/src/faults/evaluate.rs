@@ -245,6 +245,12 @@ pub(super) fn evaluate(i: usize, sc: &Scenario, dir: &Path, baseline: &[Resource
                             if verified != msgs || msgs == 0 {
                                 problems.push(format!("{verified}/{msgs} verified"));
                             }
+                            // What the client found wrong (an atomic's result).
+                            let text = fs::read_to_string(dir.join(format!("{i}.client.out")))
+                                .unwrap_or_default();
+                            for l in text.lines().filter(|l| l.contains("client: fetch-and-add")) {
+                                problems.push(l.trim().to_string());
+                            }
                             if let Some(s) = &server {
                                 let sst = s.get("status").cloned().unwrap_or_default();
                                 if sst != "ok" {

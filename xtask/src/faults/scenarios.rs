@@ -411,6 +411,23 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
         stall_bound: None,
         c_twin: false,
     });
+    // Atomics under duplication, reordering and loss: an experiment (issue
+    // #24: the soak's fetch-and-add and compare-and-swap results went
+    // wrong under these faults), run when selected (`--only atomic`), not
+    // part of the matrix. 20000 fetch-and-adds of 8 bytes each; request i
+    // adds i + 1, so every result is known (`fault.rs`'s
+    // `atomic_expected`).
+    if o.only.as_deref().is_some_and(|x| x.contains("atomic")) {
+        for (label, netem) in [
+            ("duplicate", "duplicate 3%"),
+            ("reorder", "delay 2ms reorder 25% 50%"),
+            ("loss 2%", "loss 2%"),
+        ] {
+            let mut a = Scenario::transfer(&format!("{label} / atomic"), "atomic", 0, Some(netem));
+            a.client_args = format!("--op atomic --msg-size 8 --total {}", 8 * 20000);
+            v.push(a);
+        }
+    }
     if let Some(only) = &o.only {
         v.retain(|s| s.name.contains(only.as_str()));
     }
