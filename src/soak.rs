@@ -52,6 +52,7 @@ mod client;
 mod model;
 mod pattern;
 mod server;
+mod worker;
 
 pub use client::{client, ClientArgs};
 pub use server::server;
