@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::{device_ipv4, wait_ok};
 use ibverbs::cm::{AddrInfo, AddrInfoHints, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use ibverbs::{
-    AccessFlags, CompletionQueue, Error, GidSelector, LocalBuffer, ProtectionDomain, QpState,
-    QueuePair, RecvRequest, RemoteMemory, SendRequest,
+    AccessFlags, Completion, CompletionQueue, Error, GidSelector, LocalBuffer, ProtectionDomain,
+    QpState, QueuePair, RecvRequest, RemoteMemory, SendRequest,
 };
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
@@ -39,7 +39,14 @@ struct Side {
     pd: ProtectionDomain,
     cq: CompletionQueue,
     qp: QueuePair,
+    /// Completions taken while waiting for another kind (a receive that
+    /// landed before the send's own completion, or the reverse): the send
+    /// and the receives share the CQ.
+    stash: std::cell::RefCell<std::collections::VecDeque<Completion>>,
 }
+
+/// The send's `wr_id`; receives carry their index.
+const SEND_ID: u64 = u64::MAX;
 
 impl Side {
     /// PD and CQ on the id's context, and the queue pair by
@@ -56,18 +63,42 @@ impl Side {
             let b = pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
             qp.post_recv(RecvRequest::new(b).wr_id(i as u64)).unwrap();
         }
-        Side { id, pd, cq, qp }
+        Side {
+            id,
+            pd,
+            cq,
+            qp,
+            stash: Default::default(),
+        }
+    }
+
+    /// The next successful completion that is (`send`) or is not the
+    /// send's, keeping the others for later.
+    fn next(&self, send: bool) -> Completion {
+        let mut stash = self.stash.borrow_mut();
+        if let Some(i) = stash.iter().position(|c| (c.wr_id() == SEND_ID) == send) {
+            return stash.remove(i).unwrap();
+        }
+        loop {
+            let c = wait_ok(&self.cq);
+            if (c.wr_id() == SEND_ID) == send {
+                return c;
+            }
+            stash.push_back(c);
+        }
     }
 
     fn send(&self, data: &[u8]) {
         let mut b = self.pd.alloc(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(data);
-        self.qp.post_send(SendRequest::send(b)).unwrap();
-        wait_ok(&self.cq);
+        self.qp
+            .post_send(SendRequest::send(b).wr_id(SEND_ID))
+            .unwrap();
+        self.next(true);
     }
 
     fn recv(&self, skip: usize) -> Vec<u8> {
-        let mut c = wait_ok(&self.cq);
+        let mut c = self.next(false);
         let n = c.byte_len() as usize;
         let b: LocalBuffer = c.take_local().expect("a receive buffer");
         b[skip..n].to_vec()
