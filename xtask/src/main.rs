@@ -249,6 +249,10 @@ struct SoakArgs {
     /// Also copy the generated report (target/soak/soak.md) to docs/soak.md.
     #[arg(long)]
     publish: bool,
+    /// Evaluate the last run's outputs (target/soak/) again, with the same
+    /// options, without building or booting anything.
+    #[arg(long)]
+    reanalyze: bool,
     #[command(flatten)]
     opts: VmOpts,
 }
@@ -418,7 +422,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(status(ok))
         }
         Cmd::Soak(args) => {
-            deps::ensure()?;
+            if !args.reanalyze {
+                deps::ensure()?;
+            }
             let ok = soak::cmd_soak(&soak::SoakOptions {
                 minutes: args.minutes,
                 qps: args.qps,
@@ -426,6 +432,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 seed: args.seed,
                 no_faults: args.no_faults,
                 publish: args.publish,
+                reanalyze: args.reanalyze,
                 vm: args.opts,
             })?;
             Ok(status(ok))

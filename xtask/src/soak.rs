@@ -38,6 +38,9 @@ pub struct SoakOptions {
     pub no_faults: bool,
     /// Copy the generated report to docs/soak.md.
     pub publish: bool,
+    /// Evaluate the last run's outputs (target/soak/) again, with the same
+    /// options, without building or booting anything.
+    pub reanalyze: bool,
     pub vm: VmOpts,
 }
 
@@ -234,7 +237,8 @@ fn script(role: usize, o: &SoakOptions, peer: &Path, dir: &Path, events: &[Event
     s
 }
 
-/// Runs the soak; `Ok(true)` when it found nothing wrong.
+/// Runs the soak (or, `--reanalyze`, evaluates its last outputs again);
+/// `Ok(true)` when it found nothing wrong.
 pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
     let repo = crate::repo_root()?;
     if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
@@ -243,69 +247,24 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
             std::env::set_var("XTASK_KERNEL_PACKAGE", p);
         }
     }
-    step!("soak: building soak_peer (release)");
-    let mut b = util::cargo();
-    b.args([
-        "build",
-        "--release",
-        "-p",
-        "ibverbs-suite",
-        "--bin",
-        "soak_peer",
-    ]);
-    util::run_visible(&mut b)?;
-    let peer = repo.join("target/release/soak_peer");
     let dir: PathBuf = repo.join("target/soak");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let secs = o.minutes * 60.0;
     let events = match o.no_faults {
         true => Vec::new(),
-        false => timeline(o.seed, secs),
+        false => timeline(o.seed, o.minutes * 60.0),
     };
-    step!(
-        "soak: {:.1} min, {} queue pairs, {} threads, seed {}, {} fault events",
-        o.minutes,
-        o.qps,
-        o.threads,
-        o.seed,
-        events.len()
-    );
-    for role in 0..2 {
-        fs::write(
-            dir.join(format!("vm{role}.sh")),
-            script(role, o, &peer, &dir, &events),
-        )?;
-    }
-    let cmd = |i: usize| {
-        format!(
-            "sh {}",
-            quote(&dir.join(format!("vm{i}.sh")).to_string_lossy())
-        )
+    let (wall_minutes, problems) = match o.reanalyze {
+        true => {
+            step!("soak: evaluating the outputs in {} again", dir.display());
+            let m = fs::read_to_string(dir.join("minutes"))
+                .ok()
+                .and_then(|m| m.trim().parse().ok());
+            (m, Vec::new())
+        }
+        false => run_vms(o, &repo, &dir, &events)?,
     };
-    let vms = vm::pair(&cmd(0), &cmd(1), &o.vm)?;
-    let session = vm::Session::new()?;
-    let started = std::time::Instant::now();
-    // The traffic, the last session's drain and ledger, boots and teardown.
-    let limit = (secs as u64) + 900;
-    let outcomes = session.run(&vms, o.vm.timeout_or(limit))?;
-    let mut problems = Vec::new();
-    for out in &outcomes {
-        if !out.success() {
-            step!("soak: {}", out.describe());
-            problems.push(out.describe());
-        }
-        if let Some(oops) = &out.panic {
-            problems.push(format!(
-                "{}'s guest kernel crashed: {}",
-                out.name,
-                oops.first().map_or("", String::as_str)
-            ));
-        }
-    }
     let run = report::Run {
         minutes: o.minutes,
-        wall_minutes: started.elapsed().as_secs_f64() / 60.0,
+        wall_minutes,
         qps: o.qps,
         threads: o.threads,
         seed: o.seed,
@@ -338,6 +297,74 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
         }
     );
     Ok(r.failures.is_empty())
+}
+
+/// Builds `soak_peer`, writes both VMs' scripts into `dir` and runs them
+/// (the outputs land in `dir`); the run's wall-clock minutes and what went
+/// wrong at the VM level (a VM that failed, a kernel crash).
+fn run_vms(
+    o: &SoakOptions,
+    repo: &Path,
+    dir: &Path,
+    events: &[Event],
+) -> Result<(Option<f64>, Vec<String>)> {
+    step!("soak: building soak_peer (release)");
+    let mut b = util::cargo();
+    b.args([
+        "build",
+        "--release",
+        "-p",
+        "ibverbs-suite",
+        "--bin",
+        "soak_peer",
+    ]);
+    util::run_visible(&mut b)?;
+    let peer = repo.join("target/release/soak_peer");
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    step!(
+        "soak: {:.1} min, {} queue pairs, {} threads, seed {}, {} fault events",
+        o.minutes,
+        o.qps,
+        o.threads,
+        o.seed,
+        events.len()
+    );
+    for role in 0..2 {
+        fs::write(
+            dir.join(format!("vm{role}.sh")),
+            script(role, o, &peer, dir, events),
+        )?;
+    }
+    let cmd = |i: usize| {
+        format!(
+            "sh {}",
+            quote(&dir.join(format!("vm{i}.sh")).to_string_lossy())
+        )
+    };
+    let vms = vm::pair(&cmd(0), &cmd(1), &o.vm)?;
+    let session = vm::Session::new()?;
+    let started = std::time::Instant::now();
+    // The traffic, the last session's drain and ledger, boots and teardown.
+    let limit = (o.minutes * 60.0) as u64 + 900;
+    let outcomes = session.run(&vms, o.vm.timeout_or(limit))?;
+    let mut problems = Vec::new();
+    for out in &outcomes {
+        if !out.success() {
+            step!("soak: {}", out.describe());
+            problems.push(out.describe());
+        }
+        if let Some(oops) = &out.panic {
+            problems.push(format!(
+                "{}'s guest kernel crashed: {}",
+                out.name,
+                oops.first().map_or("", String::as_str)
+            ));
+        }
+    }
+    let m = started.elapsed().as_secs_f64() / 60.0;
+    let _ = fs::write(dir.join("minutes"), format!("{m}"));
+    Ok((Some(m), problems))
 }
 
 #[cfg(test)]
@@ -399,6 +426,7 @@ mod tests {
             seed: 3,
             no_faults: false,
             publish: false,
+            reanalyze: false,
             vm: VmOpts {
                 mem: "2G".into(),
                 smp: 2,

@@ -12,7 +12,8 @@ use crate::test::{leaks, parse_resources};
 /// What the run was.
 pub(super) struct Run {
     pub minutes: f64,
-    pub wall_minutes: f64,
+    /// Unknown when re-analysed without the run's record.
+    pub wall_minutes: Option<f64>,
     pub qps: usize,
     pub threads: usize,
     pub seed: u64,
@@ -165,8 +166,10 @@ pub(super) fn evaluate(run: &Run, dir: &Path) -> Results {
         *r.by_fault.entry(kind).or_default() += 1;
     }
     if !r.findings.is_empty() {
-        r.failures
-            .push(format!("{} corrupt or lost findings", r.findings.len()));
+        r.failures.push(format!(
+            "{} findings printed (wrong results, ledger mismatches)",
+            r.findings.len()
+        ));
     }
     for role in 0..2 {
         for l in read(&format!("faults.{role}")).lines() {
@@ -275,6 +278,11 @@ pub(super) fn markdown(run: &Run, r: &Results) -> String {
             false => format!(" {}", r.failures.join("; ")),
         }
     );
+    let _ = writeln!(
+        s,
+        "What SoftRoCE is known to do, and what these findings are taken to mean: \
+         [reliability.md](reliability.md)'s findings.\n"
+    );
     let _ = writeln!(s, "## The run\n");
     let _ = writeln!(s, "| | |\n|---|---|");
     let _ = writeln!(
@@ -284,10 +292,12 @@ pub(super) fn markdown(run: &Run, r: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "| traffic | {} s planned, {} s run ({:.0} min with boots and teardown), under TCG |",
+        "| traffic | {} s planned, {} s run{}, under TCG |",
         run.minutes * 60.0,
         get("secs"),
-        run.wall_minutes
+        run.wall_minutes.map_or(String::new(), |m| format!(
+            " ({m:.0} min with boots and teardown)"
+        ))
     );
     let _ = writeln!(
         s,
@@ -406,7 +416,7 @@ mod tests {
     fn run() -> Run {
         Run {
             minutes: 0.5,
-            wall_minutes: 2.0,
+            wall_minutes: Some(2.0),
             qps: 4,
             threads: 2,
             seed: 1,
