@@ -40,6 +40,11 @@ pub enum Op {
     /// Fetch-and-add on one 8-byte counter: request `i` adds `i + 1`, so
     /// it must find `i (i + 1) / 2` (`--msg-size 8`).
     Atomic,
+    /// RDMA reads and fetch-and-adds in turn on one queue pair: read `k`,
+    /// then fetch-and-add `k` (adding `k + 1`) on a counter after the
+    /// read region, and so on: multi-packet reads and atomics share the
+    /// responder's resources for reads and atomics.
+    Mixed,
 }
 
 /// What fetch-and-add `i` of an atomic run must find: the sum of the
@@ -346,6 +351,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         Some("write") => Op::Write,
         Some("read") => Op::Read,
         Some("atomic") => Op::Atomic,
+        Some("mixed") => Op::Mixed,
         other => return Err(format!("unknown op {other:?}")),
     };
     let msg_size: usize = field("size")
@@ -402,6 +408,26 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             read_src = Some(m);
             r
         }
+        Op::Mixed => {
+            // The messages to read, then the counter.
+            let mut m = pd
+                .alloc_shared(
+                    total as usize + 8,
+                    AccessFlags::LOCAL_WRITE
+                        | AccessFlags::REMOTE_READ
+                        | AccessFlags::REMOTE_ATOMIC,
+                )
+                .map_err(|e| e.to_string())?;
+            let mut msg = vec![0u8; msg_size];
+            for i in 0..msgs {
+                fill(&mut msg, i);
+                m.copy_from_slice(i as usize * msg_size, &msg)
+                    .map_err(|e| e.to_string())?;
+            }
+            let r = m.remote();
+            shared = Some(m);
+            r
+        }
         Op::Atomic => {
             let m = pd
                 .alloc_shared(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
@@ -440,7 +466,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     // rc_pingpong and perftest do): a client that starts first meets an
     // empty receive queue (RNR NAKs). The RNR scenario posts them late on
     // purpose (--recv-delay-ms), after the hello.
-    let one_sided = matches!(op, Op::Read | Op::Atomic);
+    let one_sided = matches!(op, Op::Read | Op::Atomic | Op::Mixed);
     if !one_sided && recv_delay_ms == 0 {
         post_initial(&mut pool, &mut st)?;
     }
@@ -598,7 +624,8 @@ pub fn client(
         .map_err(|e| e.to_string())?;
     let qp = pd
         .create_qp(QpType::Rc, &cq, &cq)
-        .max_send_wr(window as u32)
+        // Mixed has a message and a fetch-and-add in flight per slot.
+        .max_send_wr(if op == Op::Mixed { 2 * window } else { window } as u32)
         .max_recv_wr(4)
         .build()
         .map_err(|e| e.to_string())?;
@@ -638,6 +665,15 @@ pub fn client(
         .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
         .map_err(|e| e.to_string())?
         .chunks_exact(msg_size);
+    // Mixed: the fetch-and-adds' 8-byte results, apart from the messages.
+    let (mut results, _) = pd
+        .alloc(8 * window, AccessFlags::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?
+        .chunks_exact(8);
+    let requests = match op {
+        Op::Mixed => 2 * msgs,
+        _ => msgs,
+    };
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
     let mut last_progress = Instant::now();
     // The server's verdict line can come before the end: a server that found
@@ -650,13 +686,42 @@ pub fn client(
     let mut next = 0u64;
     let mut outstanding = 0u64;
     let mut done = 0u64; // completed in order
-    while (next < msgs && st.status == "ok") || outstanding > 0 {
-        while next < msgs && st.status == "ok" {
+    while (next < requests && st.status == "ok") || outstanding > 0 {
+        while next < requests && st.status == "ok" {
+            if op == Op::Mixed && next % 2 == 1 {
+                let Some(r) = results.pop() else { break };
+                let counter = server
+                    .mem
+                    .slice(msgs * msg_size as u64, 8)
+                    .ok_or("server region too small")?;
+                let wr = SendRequest::fetch_and_add(r, counter, next / 2 + 1);
+                match qp.post_send(wr.wr_id(next)) {
+                    Ok(()) => {
+                        next += 1;
+                        outstanding += 1;
+                        st.posted += 1;
+                    }
+                    Err(e) => {
+                        st.fail(format!("post:{}", e.error).replace(' ', "_"));
+                        if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
+                            results.push(b);
+                        }
+                    }
+                }
+                continue;
+            }
             let Some(mut buf) = pool.pop() else { break };
             let wr = match op {
                 Op::Send => {
                     fill(&mut buf, next);
                     SendRequest::send(buf)
+                }
+                Op::Mixed => {
+                    let remote = server
+                        .mem
+                        .slice(next / 2 * msg_size as u64, msg_size as u64)
+                        .ok_or("server region too small")?;
+                    SendRequest::read(buf, remote)
                 }
                 Op::Write => {
                     fill(&mut buf, next);
@@ -745,8 +810,13 @@ pub fn client(
                     );
                     st.fail("corrupt".into());
                 }
-                if op == Op::Read {
-                    match check(&buf.as_ref().unwrap()[..], comp.wr_id()) {
+                let read = match op {
+                    Op::Read => Some(comp.wr_id()),
+                    Op::Mixed if comp.wr_id() % 2 == 0 => Some(comp.wr_id() / 2),
+                    _ => None,
+                };
+                if let Some(k) = read {
+                    match check(&buf.as_ref().unwrap()[..], k) {
                         Ok(()) => st.verified += 1,
                         Err(e) => {
                             eprintln!("fault_peer client: {e}");
@@ -754,30 +824,42 @@ pub fn client(
                         }
                     }
                 }
-                if op == Op::Atomic {
+                // The fetch-and-adds: request i of Atomic, i / 2 of Mixed.
+                let atomic = match op {
+                    Op::Atomic => Some(comp.wr_id()),
+                    Op::Mixed if comp.wr_id() % 2 == 1 => Some(comp.wr_id() / 2),
+                    _ => None,
+                };
+                if let Some(k) = atomic {
                     let b = buf.as_ref().unwrap();
                     let got = u64::from_ne_bytes(b[..8].try_into().unwrap());
-                    match got == atomic_expected(comp.wr_id()) {
-                        true => st.verified += 1,
+                    match got == atomic_expected(k) {
+                        true if op == Op::Atomic => st.verified += 1,
+                        true => {}
                         false => {
-                            eprintln!("fault_peer client: {}", atomic_explain(comp.wr_id(), got));
+                            eprintln!("fault_peer client: {}", atomic_explain(k, got));
                             st.fail("corrupt".into());
                         }
                     }
                 }
                 done += 1;
-                st.msgs += 1;
-                st.bytes += msg_size as u64;
+                // Mixed counts its messages (the reads, each checked).
+                if !(op == Op::Mixed && comp.wr_id() % 2 == 1) {
+                    st.msgs += 1;
+                    st.bytes += msg_size as u64;
+                }
             }
-            if let Some(b) = buf {
-                pool.push(b);
+            match buf {
+                Some(b) if op == Op::Mixed && b.len() == 8 => results.push(b),
+                Some(b) => pool.push(b),
+                None => {}
             }
         }
     }
     // Tell the server, and (send/write) learn its verdict.
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let _ = (&stream).write_all(format!("DONE {}\n", st.status).as_bytes());
-    if !matches!(op, Op::Read | Op::Atomic) && st.status == "ok" {
+    if !matches!(op, Op::Read | Op::Atomic | Op::Mixed) && st.status == "ok" {
         let line = match verdict.contains('\n') {
             true => Ok(verdict),
             false => read_line(&stream).map(|l| verdict + &l),

@@ -47,9 +47,9 @@
 #define RX_DEPTH 64
 #define BATCH 32
 
-enum op { OP_SEND, OP_WRITE, OP_READ, OP_ATOMIC };
-static const char *op_debug[] = {"Send", "Write", "Read", "Atomic"};
-static const char *op_wire[] = {"send", "write", "read", "atomic"};
+enum op { OP_SEND, OP_WRITE, OP_READ, OP_ATOMIC, OP_MIXED };
+static const char *op_debug[] = {"Send", "Write", "Read", "Atomic", "Mixed"};
+static const char *op_wire[] = {"send", "write", "read", "atomic", "mixed"};
 
 /* What fetch-and-add i of an atomic run must find: 1 + 2 + ... + i
  * (request i adds i + 1), as fault.rs's atomic_expected. */
@@ -581,6 +581,8 @@ static void server(const struct common *c, long recv_delay_ms)
 		op = OP_READ;
 	else if (!strcmp(client.op, "atomic"))
 		op = OP_ATOMIC;
+	else if (!strcmp(client.op, "mixed"))
+		op = OP_MIXED;
 	else
 		die("unknown op %s", client.op);
 	size_t msg_size = client.size;
@@ -605,6 +607,13 @@ static void server(const struct common *c, long recv_delay_ms)
 		region = reg(pd, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 		for (uint64_t i = 0; i < msgs; i++)
 			fill((uint8_t *)region->addr + i * msg_size, msg_size, i);
+	} else if (op == OP_MIXED) {
+		/* The messages to read, then the counter (mmap'd memory is zero). */
+		region = reg(pd, total + 8,
+			     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+		for (uint64_t i = 0; i < msgs; i++)
+			fill((uint8_t *)region->addr + i * msg_size, msg_size, i);
+		total += 8;
 	} else if (op == OP_ATOMIC) {
 		/* One zeroed counter (mmap'd memory is zero). */
 		region = reg(pd, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
@@ -627,7 +636,7 @@ static void server(const struct common *c, long recv_delay_ms)
 			die("ibv_post_recv: %s", strerror(errno));                              \
 		st.posted++;                                                                    \
 	}
-	int one_sided = op == OP_READ || op == OP_ATOMIC;
+	int one_sided = op == OP_READ || op == OP_ATOMIC || op == OP_MIXED;
 	if (!one_sided && recv_delay_ms == 0) {
 		POST_INITIAL();
 	}
@@ -771,7 +780,8 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	struct ibv_cq *cq = ibv_create_cq(s.ctx, window * 2 + 4, NULL, NULL, 0);
 	if (!pd || !cq)
 		die("pd/cq: %s", strerror(errno));
-	struct ibv_qp *qp = create_qp(pd, cq, window, 4);
+	/* Mixed has a message and a fetch-and-add in flight per slot. */
+	struct ibv_qp *qp = create_qp(pd, cq, op == OP_MIXED ? 2 * window : window, 4);
 	uint32_t psn = random_psn();
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
 	char port[16];
@@ -811,26 +821,48 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	uint64_t next = 0, outstanding = 0, done = 0; /* done: completed in order */
 	/* The chunk each posted sequence number carries (the Rust program gets
 	 * it back with the completion). */
-	uint32_t *chunk_of = calloc(msgs, sizeof *chunk_of);
+	uint64_t requests = op == OP_MIXED ? 2 * msgs : msgs;
+	uint32_t *chunk_of = calloc(requests, sizeof *chunk_of);
 	if (!chunk_of)
 		die("out of memory");
+	/* Mixed: the fetch-and-adds' 8-byte results, apart from the messages. */
+	struct ibv_mr *rmr = reg(pd, 8 * window, IBV_ACCESS_LOCAL_WRITE);
+	struct pool rpool;
+	pool_init(&rpool, window);
 	/* The server's verdict line, read as it comes (see fault.rs). */
 	char verdict[512] = "";
 	size_t vlen = 0;
 	double last_check = now();
 	fcntl(fd, F_SETFL, O_NONBLOCK);
-	while ((next < msgs && ok(&st)) || outstanding > 0) {
-		while (next < msgs && ok(&st) && pool.n > 0) {
-			uint32_t chunk = pool.idx[--pool.n];
-			uint8_t *buf = (uint8_t *)mr->addr + (uint64_t)chunk * msg_size;
-			struct ibv_sge sge = {(uintptr_t)buf, msg_size, mr->lkey};
+	while ((next < requests && ok(&st)) || outstanding > 0) {
+		while (next < requests && ok(&st)) {
+			int result = op == OP_MIXED && next % 2 == 1;
+			struct pool *from = result ? &rpool : &pool;
+			if (from->n == 0)
+				break;
+			uint32_t chunk = from->idx[--from->n];
+			uint8_t *buf = result ? (uint8_t *)rmr->addr + (uint64_t)chunk * 8
+					      : (uint8_t *)mr->addr + (uint64_t)chunk * msg_size;
+			struct ibv_sge sge = {(uintptr_t)buf, result ? 8 : msg_size,
+					      result ? rmr->lkey : mr->lkey};
 			struct ibv_send_wr wr, *bad;
 			memset(&wr, 0, sizeof wr);
 			wr.wr_id = next;
 			wr.sg_list = &sge;
 			wr.num_sge = 1;
 			wr.send_flags = IBV_SEND_SIGNALED;
-			if (op == OP_SEND) {
+			if (result) {
+				wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+				wr.wr.atomic.remote_addr = server.addr + msgs * msg_size;
+				wr.wr.atomic.rkey = server.rkey;
+				wr.wr.atomic.compare_add = next / 2 + 1;
+			} else if (op == OP_MIXED) {
+				if ((next / 2 + 1) * msg_size + 8 > server.len)
+					die("server region too small");
+				wr.wr.rdma.remote_addr = server.addr + next / 2 * msg_size;
+				wr.wr.rdma.rkey = server.rkey;
+				wr.opcode = IBV_WR_RDMA_READ;
+			} else if (op == OP_SEND) {
 				fill(buf, msg_size, next);
 				wr.opcode = IBV_WR_SEND;
 			} else if (op == OP_ATOMIC) {
@@ -854,7 +886,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 			int rc = ibv_post_send(qp, &wr, &bad);
 			if (rc) {
 				fail(&st, "post:ibv_post_send:%s", strerror(rc));
-				pool.idx[pool.n++] = chunk;
+				from->idx[from->n++] = chunk;
 			} else {
 				chunk_of[next] = chunk;
 				next++;
@@ -901,7 +933,9 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 			outstanding--;
 			st.returned++;
 			uint64_t id = wc[i].wr_id;
-			uint32_t chunk = id < msgs ? chunk_of[id] : 0;
+			uint32_t chunk = id < requests ? chunk_of[id] : 0;
+			/* The fetch-and-adds: request i of Atomic, i / 2 of Mixed. */
+			int result = op == OP_MIXED && id % 2 == 1;
 			if (wc[i].status != IBV_WC_SUCCESS) {
 				wc_error(&st, wc[i].status);
 			} else if (ok(&st)) {
@@ -912,36 +946,46 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 						(unsigned long long)id, (unsigned long long)done);
 					fail(&st, "corrupt");
 				}
-				if (op == OP_ATOMIC) {
-					uint64_t got;
-					memcpy(&got, (uint8_t *)mr->addr + (uint64_t)chunk * msg_size, 8);
-					uint64_t want = atomic_expected(id);
+				if (op == OP_ATOMIC || result) {
+					uint64_t got, k = result ? id / 2 : id;
+					memcpy(&got,
+					       result ? (uint8_t *)rmr->addr + (uint64_t)chunk * 8
+						      : (uint8_t *)mr->addr + (uint64_t)chunk * msg_size,
+					       8);
+					uint64_t want = atomic_expected(k);
 					if (got != want) {
 						uint64_t diff = got - want;
 						fprintf(stderr,
 							"fault_peer client: fetch-and-add %llu found %llu, expected %llu "
 							"(difference %llu)\n",
-							(unsigned long long)id, (unsigned long long)got,
+							(unsigned long long)k, (unsigned long long)got,
 							(unsigned long long)want, (unsigned long long)diff);
 						fail(&st, "corrupt");
-					} else {
+					} else if (!result) {
 						st.verified++;
 					}
 				}
-				if (op == OP_READ) {
+				if (op == OP_READ || (op == OP_MIXED && !result)) {
 					if (check("fault_peer client",
 						  (uint8_t *)mr->addr + (uint64_t)chunk * msg_size, msg_size,
-						  id))
+						  op == OP_MIXED ? id / 2 : id))
 						fail(&st, "corrupt");
 					else
 						st.verified++;
 				}
 				done++;
-				st.msgs++;
-				st.bytes += msg_size;
+				/* Mixed counts its messages (the sends the server checks). */
+				if (!result) {
+					st.msgs++;
+					st.bytes += msg_size;
+				}
 			}
-			if (id < msgs)
-				pool.idx[pool.n++] = chunk;
+			if (id < requests) {
+				if (result)
+					rpool.idx[rpool.n++] = chunk;
+				else
+					pool.idx[pool.n++] = chunk;
+			}
 		}
 	}
 	fcntl(fd, F_SETFL, 0);
@@ -949,7 +993,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	int mn = snprintf(msg, sizeof msg, "DONE %s\n", st.status);
 	if (write(fd, msg, mn) != mn)
 		fprintf(stderr, "fault_peer client: could not send DONE\n");
-	if (op != OP_READ && op != OP_ATOMIC && ok(&st)) {
+	if (op != OP_READ && op != OP_ATOMIC && op != OP_MIXED && ok(&st)) {
 		int got = 0;
 		if (strchr(verdict, '\n')) {
 			snprintf(line, sizeof line, "%s", verdict);
@@ -1027,6 +1071,8 @@ int main(int argc, char **argv)
 				op = OP_READ;
 			else if (!strcmp(v, "atomic"))
 				op = OP_ATOMIC;
+			else if (!strcmp(v, "mixed"))
+				op = OP_MIXED;
 			else
 				usage();
 		} else if (OPT("--msg-size"))

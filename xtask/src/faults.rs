@@ -722,6 +722,12 @@ mod tests {
             "--op atomic --msg-size 8 --total 160000"
         );
         assert_eq!(list[0].netem.as_deref(), Some("duplicate 3%"));
+        let mixed = scenarios(&o(Some("reorder / mixed")));
+        assert_eq!(mixed.len(), 2);
+        assert_eq!(
+            mixed[1].client_args,
+            format!("--op mixed --total {}", 64u64 << 20)
+        );
     }
 
     /// The workload rows: both VMs meet before starting, each runs its own

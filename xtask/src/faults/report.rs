@@ -421,6 +421,35 @@ const FINDINGS: &str = "
   request's state when a retry rewinds it; 6.12 runs both as one task but
   panics under loss (above). The row stays in the matrix and fails when it
   happens.
+* **The soak** (`cargo xtask soak`, [soak.md](soak.md): 16 queue pairs
+  on shared CQs and an SRQ, sends, writes, reads and atomics of 1 B – 1 MiB,
+  faults switching every 3–8 s) found no lost message, no message received
+  twice, no leaked kernel object and no request that never came back in 30
+  minutes (228761 operations, 8.3 GiB, 56 sessions, 16 peer restarts and 20
+  link flaps), and every send the server received had the right bytes. But
+  the requesting side got wrong results: 284 atomics returned a value the
+  model of the counter does not allow (in the cases read by hand, a value
+  the counter never held, while the next atomic found the value the model
+  predicted); 18 counters were off at a session's end; the read-backs of
+  6 writes found zeros (writes completed successfully that never landed);
+  4 reads got wrong bytes. On a clean
+  link with the same traffic (`--no-faults`, 58622 operations, 0 rxe
+  retries) it found nothing: every finding came with retransmissions (21125
+  requester retries in the faulted run). Atomics on their own (20000
+  fetch-and-adds per run, under duplication and reordering, 10 runs per
+  program each: `cargo xtask faults --only atomic`) and 64 KiB reads
+  alternating with fetch-and-adds on one queue pair (under duplication,
+  reordering and 2 % loss, 6 runs per program each, 1400–3700 requester
+  retries per run under the last two: `--only mixed`) never failed, in
+  `fault_peer` or its C twin: rxe retransmits reads and atomics correctly,
+  so the soak's findings are not reproduced by them on libibverbs alone. The requester's renumbering of
+  retransmitted multi-packet requests (the item above; the runs of reads
+  and atomics send none: a read is one request packet) would shift the atomics,
+  reads and writes that follow a large send or write, as the soak posts
+  them; that is the best explanation, not yet proven (the next experiment:
+  sends or writes alternating with atomics, and a trace of a soak
+  finding). Until it is, the
+  soak fails, as it should.
 ";
 
 const BAD_INPUT: &str = "

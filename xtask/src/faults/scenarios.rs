@@ -417,15 +417,28 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
     // part of the matrix. 20000 fetch-and-adds of 8 bytes each; request i
     // adds i + 1, so every result is known (`fault.rs`'s
     // `atomic_expected`).
-    if o.only.as_deref().is_some_and(|x| x.contains("atomic")) {
-        for (label, netem) in [
-            ("duplicate", "duplicate 3%"),
-            ("reorder", "delay 2ms reorder 25% 50%"),
-            ("loss 2%", "loss 2%"),
-        ] {
+    //
+    // Mixed: 64 KiB reads and fetch-and-adds in turn on one queue pair
+    // (rxe's responder keeps reads and atomics in one resource table), 1024
+    // of each (`--only mixed`).
+    let only = o.only.as_deref().unwrap_or_default();
+    for (label, netem) in [
+        ("duplicate", "duplicate 3%"),
+        ("reorder", "delay 2ms reorder 25% 50%"),
+        ("loss 2%", "loss 2%"),
+    ] {
+        if only.contains("atomic") {
             let mut a = Scenario::transfer(&format!("{label} / atomic"), "atomic", 0, Some(netem));
             a.client_args = format!("--op atomic --msg-size 8 --total {}", 8 * 20000);
             v.push(a);
+        }
+        if only.contains("mixed") {
+            v.push(Scenario::transfer(
+                &format!("{label} / mixed"),
+                "mixed",
+                64,
+                Some(netem),
+            ));
         }
     }
     if let Some(only) = &o.only {
