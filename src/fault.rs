@@ -1,8 +1,11 @@
 //! The data mover of `cargo xtask faults` (the `fault_peer` binary is its
 //! command line): moves data over an RC queue
-//! pair (send/recv, RDMA write with immediate, RDMA read) with a sequence
-//! number and checksum in every message, while the harness injects faults
-//! (loss, reordering, a killed peer, a link down, missing receives).
+//! pair (send/recv, RDMA write with immediate, RDMA read, fetch-and-add,
+//! or reads and fetch-and-adds in turn) with a sequence number and
+//! checksum in every message and a known result for every atomic, while
+//! the harness injects faults (loss, reordering, a killed peer, a link
+//! down, missing receives). `server.rs` and `client.rs` are the two roles;
+//! its C twin, `xtask/c/fault_peer.c`, does the same on libibverbs alone.
 //!
 //! It ends with one line the harness parses:
 //! `RESULT role=client op=send status=ok msgs=1024 bytes=67108864 verified=1024 posted=1024 returned=1024 first_error=- secs=4.2`
