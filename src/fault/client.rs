@@ -104,30 +104,22 @@ pub fn client(
     let mut done = 0u64; // completed in order
     while (next < requests && st.status == "ok") || outstanding > 0 {
         while next < requests && st.status == "ok" {
-            if op == Op::Mixed && next % 2 == 1 {
-                let Some(r) = results.pop() else { break };
-                let counter = server
-                    .mem
-                    .slice(msgs * msg_size as u64, 8)
-                    .ok_or("server region too small")?;
-                let wr = SendRequest::fetch_and_add(r, counter, next / 2 + 1);
-                match qp.post_send(wr.wr_id(next)) {
-                    Ok(()) => {
-                        next += 1;
-                        outstanding += 1;
-                        st.posted += 1;
-                    }
-                    Err(e) => {
-                        st.fail(format!("post:{}", e.error).replace(' ', "_"));
-                        if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
-                            results.push(b);
-                        }
-                    }
-                }
-                continue;
-            }
-            let Some(mut buf) = pool.pop() else { break };
+            // Mixed: odd requests are fetch-and-adds, with their 8-byte
+            // results apart from the messages.
+            let result = op == Op::Mixed && next % 2 == 1;
+            let from = match result {
+                true => &mut results,
+                false => &mut pool,
+            };
+            let Some(mut buf) = from.pop() else { break };
             let wr = match op {
+                Op::Mixed if result => {
+                    let counter = server
+                        .mem
+                        .slice(msgs * msg_size as u64, 8)
+                        .ok_or("server region too small")?;
+                    SendRequest::fetch_and_add(buf, counter, next / 2 + 1)
+                }
                 Op::Send => {
                     fill(&mut buf, next);
                     SendRequest::send(buf)
@@ -165,7 +157,7 @@ pub fn client(
                 Err(e) => {
                     st.fail(format!("post:{}", e.error).replace(' ', "_"));
                     if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
-                        pool.push(b);
+                        from.push(b);
                     }
                 }
             }
