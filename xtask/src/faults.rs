@@ -12,7 +12,7 @@
 //! the generated report `target/faults/reliability.md` (`report.rs`), which
 //! `--publish` copies to docs/reliability.md.
 
-mod evaluate;
+pub(crate) mod evaluate;
 mod pcap;
 mod report;
 mod scenarios;

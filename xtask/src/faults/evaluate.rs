@@ -10,8 +10,13 @@ use crate::test::{leaks, parse_resources, Resources};
 
 /// `key=value` fields of the last RESULT line of a file.
 fn result_fields(path: &Path) -> Option<BTreeMap<String, String>> {
-    let text = fs::read_to_string(path).ok()?;
-    let line = text.lines().rev().find(|l| l.starts_with("RESULT "))?;
+    line_fields(&fs::read_to_string(path).ok()?, "RESULT ")
+}
+
+/// `key=value` fields of the last line of `text` starting with `tag` (the
+/// peers' `RESULT`, the soak's `SOAK`/`SERVER` lines).
+pub(crate) fn line_fields(text: &str, tag: &str) -> Option<BTreeMap<String, String>> {
+    let line = text.lines().rev().find(|l| l.starts_with(tag))?;
     Some(
         line.split_whitespace()
             .skip(1)
@@ -39,7 +44,7 @@ pub(super) struct Row {
 }
 
 /// `rdma statistic show link` output as counter → value.
-fn parse_counters(text: &str) -> BTreeMap<String, u64> {
+pub(crate) fn parse_counters(text: &str) -> BTreeMap<String, u64> {
     let words: Vec<&str> = text.split_whitespace().collect();
     words
         .windows(2)

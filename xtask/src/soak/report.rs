@@ -7,6 +7,7 @@ use std::fs;
 use std::path::Path;
 
 use super::Event;
+use crate::faults::evaluate::{line_fields as fields, parse_counters as counters};
 use crate::test::{leaks, parse_resources};
 
 /// What the run was.
@@ -42,26 +43,6 @@ pub(super) struct Results {
     pub by_fault: BTreeMap<String, u64>,
     pub summary: Vec<String>,
     pub failures: Vec<String>,
-}
-
-/// `key=value` fields of the last line starting with `tag`.
-fn fields(text: &str, tag: &str) -> Option<BTreeMap<String, String>> {
-    let line = text.lines().rev().find(|l| l.starts_with(tag))?;
-    Some(
-        line.split_whitespace()
-            .skip(1)
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
-}
-
-fn counters(text: &str) -> BTreeMap<String, u64> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    words
-        .windows(2)
-        .filter_map(|w| Some((w[0].to_string(), w[1].parse().ok()?)))
-        .collect()
 }
 
 /// The rxe counters the report shows.
