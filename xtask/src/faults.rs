@@ -555,15 +555,13 @@ mod tests {
     use super::*;
     use scenarios::retry_budget;
 
-    /// `--peer both` runs every transfer row with `fault_peer` and then at
-    /// once with the C twin (same boot, same load); other rows once.
-    #[test]
-    fn both_peers_alternate_on_transfer_rows() {
-        let list = scenarios(&FaultsOptions {
+    /// The quick profile, 8 MiB, `fault_peer` only, one run each.
+    fn options() -> FaultsOptions {
+        FaultsOptions {
             total_mib: 8,
             quick: true,
             only: None,
-            repeat: 2,
+            repeat: 1,
             peer: Peer::Rust,
             publish: false,
             reanalyze: false,
@@ -576,6 +574,16 @@ mod tests {
                 verbose: false,
                 kernel_args: vec![],
             },
+        }
+    }
+
+    /// `--peer both` runs every transfer row with `fault_peer` and then at
+    /// once with the C twin (same boot, same load); other rows once.
+    #[test]
+    fn both_peers_alternate_on_transfer_rows() {
+        let list = scenarios(&FaultsOptions {
+            repeat: 2,
+            ..options()
         });
         let both = scenarios::with_peer(list.clone(), Peer::Both);
         let names: Vec<&str> = both.iter().map(|s| s.name.as_str()).collect();
@@ -623,22 +631,11 @@ mod tests {
     fn budget_and_scripts() {
         assert!((retry_budget(14, 7) - 0.537).abs() < 0.01);
         let o = FaultsOptions {
-            total_mib: 8,
-            quick: true,
-            only: None,
-            repeat: 1,
-            peer: Peer::Rust,
-            publish: false,
-            reanalyze: false,
-            capture: false,
             vm: VmOpts {
-                mem: "2G".into(),
-                smp: 1,
                 timeout: Some(10),
-                env: vec![],
-                verbose: false,
-                kernel_args: vec![],
+                ..options().vm
             },
+            ..options()
         };
         let list = scenarios(&o);
         let bins = Bins {
@@ -694,22 +691,10 @@ mod tests {
     #[test]
     fn atomic_rows_only_when_selected() {
         let o = |only: Option<&str>| FaultsOptions {
-            total_mib: 8,
             quick: false,
             only: only.map(str::to_string),
-            repeat: 1,
             peer: Peer::Both,
-            publish: false,
-            reanalyze: false,
-            capture: false,
-            vm: VmOpts {
-                mem: "2G".into(),
-                smp: 1,
-                timeout: None,
-                env: vec![],
-                verbose: false,
-                kernel_args: vec![],
-            },
+            ..options()
         };
         assert!(!scenarios(&o(None))
             .iter()
@@ -736,22 +721,12 @@ mod tests {
     #[test]
     fn workload_scripts() {
         let o = FaultsOptions {
-            total_mib: 8,
-            quick: true,
             only: Some("allreduce / 3".into()),
-            repeat: 1,
-            peer: Peer::Rust,
-            publish: false,
-            reanalyze: false,
-            capture: false,
             vm: VmOpts {
-                mem: "2G".into(),
-                smp: 1,
                 timeout: Some(10),
-                env: vec![],
-                verbose: false,
-                kernel_args: vec![],
+                ..options().vm
             },
+            ..options()
         };
         let list = scenarios(&o);
         assert_eq!(list.len(), 1);
