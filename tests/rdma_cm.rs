@@ -97,6 +97,10 @@ fn resolved_with(addr: SocketAddr, options: &[CmOption]) -> (EventChannel, CmId)
 /// The active side of [`serve_once`]'s exchange on a resolved `id`:
 /// connects, sends its memory and a message, checks the echo, disconnects.
 /// Returns the connected QP's attributes.
+/// The client's receive and send `wr_id`s, told apart on their shared CQ.
+const RECV_ID: u64 = 1;
+const SEND_ID: u64 = 2;
+
 fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAttrView {
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
@@ -106,10 +110,8 @@ fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAtt
         .alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     id.init_qp(&qp).unwrap();
-    qp.post_recv(RecvRequest::new(
-        pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
+    qp.post_recv(RecvRequest::new(pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(RECV_ID))
+        .unwrap();
     id.connect(&qp, &ConnParam::new().private_data(b"hello"))
         .unwrap();
     ch.get_event(T)
@@ -124,9 +126,13 @@ fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAtt
     let mut msg = pd.alloc(n + 11, AccessFlags::LOCAL_WRITE).unwrap();
     msg[..n].copy_from_slice(&sink.remote().unwrap().to_bytes());
     msg[n..].copy_from_slice(b"echo via cm");
-    qp.post_send(SendRequest::send(msg)).unwrap();
-    wait_ok(&cq); // our send
-    let c = wait_ok(&cq); // the server's "done" (after its write)
+    qp.post_send(SendRequest::send(msg).wr_id(SEND_ID)).unwrap();
+    // Our send's completion and the receive of the server's "done" (sent
+    // after its write) share the CQ, in either order: rxe may deliver the
+    // peer's next message before the ACK that completes our send.
+    let (a, b) = (wait_ok(&cq), wait_ok(&cq));
+    let c = if a.wr_id() == RECV_ID { a } else { b };
+    assert_eq!(c.wr_id(), RECV_ID);
     assert_eq!(c.byte_len(), 4);
     let mut got = [0u8; 11];
     sink.copy_to_slice(0, &mut got).unwrap();
