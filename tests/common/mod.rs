@@ -222,16 +222,20 @@ pub fn connect_pair(dev: &TestDevice, a: &QueuePair, b: &QueuePair, access: Acce
     b.connect(&eb, &ea, &opts).unwrap();
 }
 
-/// Polls `cq` until `n` completions arrived (10 s at most: then the test fails).
+/// Polls `cq` until `n` completions arrived (10 s at most: then the test
+/// fails). Takes exactly `n`, one at a time: a batch could take more, and
+/// the ones beyond `n` (a send's completion behind a receive's) would be
+/// lost to the caller's next wait.
 pub fn wait(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
     let mut out = Vec::with_capacity(n);
-    let mut batch = Completions::with_capacity(16);
     let deadline = Instant::now() + Duration::from_secs(10);
     while out.len() < n {
-        cq.poll(&mut batch).unwrap();
-        out.extend(batch.drain());
-        if Instant::now() > deadline {
-            panic!("timed out: {} of {n} completions: {out:?}", out.len());
+        match cq.poll_one().unwrap() {
+            Some(c) => out.push(c),
+            None if Instant::now() > deadline => {
+                panic!("timed out: {} of {n} completions: {out:?}", out.len())
+            }
+            None => {}
         }
     }
     out
