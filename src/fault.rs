@@ -1,7 +1,7 @@
 //! The data mover of `cargo xtask faults` (the `fault_peer` binary is its
 //! command line): moves data over an RC queue
 //! pair (send/recv, RDMA write with immediate, RDMA read, fetch-and-add,
-//! or reads and fetch-and-adds in turn) with a sequence number and
+//! or reads or writes and fetch-and-adds in turn) with a sequence number and
 //! checksum in every message and a known result for every atomic, while
 //! the harness injects faults (loss, reordering, a killed peer, a link
 //! down, missing receives). `server.rs` and `client.rs` are the two roles;
@@ -47,6 +47,20 @@ pub enum Op {
     /// read region, and so on: multi-packet reads and atomics share the
     /// responder's resources for reads and atomics.
     Mixed,
+    /// RDMA writes (without immediate) and fetch-and-adds in turn on one
+    /// queue pair, as `Mixed` with writes for reads: write `k` carries
+    /// message `k` to slot `k`, and the server checks every slot once the
+    /// client is done. Multi-packet writes ahead of atomics on one send
+    /// queue, as in the soak.
+    MixedWrite,
+}
+
+impl Op {
+    /// Whether odd requests are fetch-and-adds (request `2k + 1` adds
+    /// `k + 1` to a counter after the message region).
+    pub fn interleaves_atomics(self) -> bool {
+        matches!(self, Op::Mixed | Op::MixedWrite)
+    }
 }
 
 /// What fetch-and-add `i` of an atomic run must find: the sum of the

@@ -41,7 +41,11 @@ pub fn client(
     let qp = pd
         .create_qp(QpType::Rc, &cq, &cq)
         // Mixed has a message and a fetch-and-add in flight per slot.
-        .max_send_wr(if op == Op::Mixed { 2 * window } else { window } as u32)
+        .max_send_wr(if op.interleaves_atomics() {
+            2 * window
+        } else {
+            window
+        } as u32)
         .max_recv_wr(4)
         .build()
         .map_err(|e| e.to_string())?;
@@ -86,9 +90,9 @@ pub fn client(
         .alloc(8 * window, AccessFlags::LOCAL_WRITE)
         .map_err(|e| e.to_string())?
         .chunks_exact(8);
-    let requests = match op {
-        Op::Mixed => 2 * msgs,
-        _ => msgs,
+    let requests = match op.interleaves_atomics() {
+        true => 2 * msgs,
+        false => msgs,
     };
     let deadline = Instant::now() + Duration::from_secs(c.deadline);
     let mut last_progress = Instant::now();
@@ -106,14 +110,14 @@ pub fn client(
         while next < requests && st.status == "ok" {
             // Mixed: odd requests are fetch-and-adds, with their 8-byte
             // results apart from the messages.
-            let result = op == Op::Mixed && next % 2 == 1;
+            let result = op.interleaves_atomics() && next % 2 == 1;
             let from = match result {
                 true => &mut results,
                 false => &mut pool,
             };
             let Some(mut buf) = from.pop() else { break };
             let wr = match op {
-                Op::Mixed if result => {
+                Op::Mixed | Op::MixedWrite if result => {
                     let counter = server
                         .mem
                         .slice(msgs * msg_size as u64, 8)
@@ -130,6 +134,14 @@ pub fn client(
                         .slice(next / 2 * msg_size as u64, msg_size as u64)
                         .ok_or("server region too small")?;
                     SendRequest::read(buf, remote)
+                }
+                Op::MixedWrite => {
+                    fill(&mut buf, next / 2);
+                    let remote = server
+                        .mem
+                        .slice(next / 2 * msg_size as u64, msg_size as u64)
+                        .ok_or("server region too small")?;
+                    SendRequest::write(buf, remote)
                 }
                 Op::Write => {
                     fill(&mut buf, next);
@@ -232,10 +244,13 @@ pub fn client(
                         }
                     }
                 }
-                // The fetch-and-adds: request i of Atomic, i / 2 of Mixed.
+                // The fetch-and-adds: request i of Atomic, i / 2 of the
+                // interleaved ops.
                 let atomic = match op {
                     Op::Atomic => Some(comp.wr_id()),
-                    Op::Mixed if comp.wr_id() % 2 == 1 => Some(comp.wr_id() / 2),
+                    _ if op.interleaves_atomics() && comp.wr_id() % 2 == 1 => {
+                        Some(comp.wr_id() / 2)
+                    }
                     _ => None,
                 };
                 if let Some(k) = atomic {
@@ -251,14 +266,15 @@ pub fn client(
                     }
                 }
                 done += 1;
-                // Mixed counts its messages (the reads, each checked).
-                if !(op == Op::Mixed && comp.wr_id() % 2 == 1) {
+                // The interleaved ops count their messages (the reads, each
+                // checked here, or the writes the server checks).
+                if !(op.interleaves_atomics() && comp.wr_id() % 2 == 1) {
                     st.msgs += 1;
                     st.bytes += msg_size as u64;
                 }
             }
             match buf {
-                Some(b) if op == Op::Mixed && b.len() == 8 => results.push(b),
+                Some(b) if op.interleaves_atomics() && b.len() == 8 => results.push(b),
                 Some(b) => pool.push(b),
                 None => {}
             }
@@ -267,7 +283,7 @@ pub fn client(
     // Tell the server, and (send/write) learn its verdict.
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let _ = (&stream).write_all(format!("DONE {}\n", st.status).as_bytes());
-    if !matches!(op, Op::Read | Op::Atomic | Op::Mixed) && st.status == "ok" {
+    if matches!(op, Op::Send | Op::Write | Op::MixedWrite) && st.status == "ok" {
         let line = match verdict.contains('\n') {
             true => Ok(verdict),
             false => read_line(&stream).map(|l| verdict + &l),

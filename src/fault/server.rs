@@ -5,7 +5,9 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Completions, Endpoint, LocalBuffer, QpType, QueuePair, RecvRequest};
+use ibverbs::{
+    AccessFlags, Completions, Endpoint, LocalBuffer, QpType, QueuePair, RecvRequest, SharedBuffer,
+};
 
 use super::message::{check, fill};
 use super::{
@@ -47,6 +49,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         Some("read") => Op::Read,
         Some("atomic") => Op::Atomic,
         Some("mixed") => Op::Mixed,
+        Some("mixedwrite") => Op::MixedWrite,
         other => return Err(format!("unknown op {other:?}")),
     };
     let msg_size: usize = field("size")
@@ -123,6 +126,20 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             shared = Some(m);
             r
         }
+        Op::MixedWrite => {
+            // The slots the client writes (zeroed), then the counter.
+            let m = pd
+                .alloc_shared(
+                    total as usize + 8,
+                    AccessFlags::LOCAL_WRITE
+                        | AccessFlags::REMOTE_WRITE
+                        | AccessFlags::REMOTE_ATOMIC,
+                )
+                .map_err(|e| e.to_string())?;
+            let r = m.remote();
+            shared = Some(m);
+            r
+        }
         Op::Atomic => {
             let m = pd
                 .alloc_shared(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)
@@ -161,7 +178,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     // rc_pingpong and perftest do): a client that starts first meets an
     // empty receive queue (RNR NAKs). The RNR scenario posts them late on
     // purpose (--recv-delay-ms), after the hello.
-    let one_sided = matches!(op, Op::Read | Op::Atomic | Op::Mixed);
+    let one_sided = matches!(op, Op::Read | Op::Atomic | Op::Mixed | Op::MixedWrite);
     if !one_sided && recv_delay_ms == 0 {
         post_initial(&mut pool, &mut st)?;
     }
@@ -178,6 +195,14 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         st.bytes = total;
         if !line.starts_with("DONE") {
             st.fail(format!("peer:{}", line.trim().replace(' ', "_")));
+        }
+        if op == Op::MixedWrite {
+            // Every write completed at a client that says ok: each slot
+            // must hold its message. Our verdict goes back as a sender's.
+            if line.starts_with("DONE ok") {
+                check_slots(shared.as_ref(), msg_size, msgs, &mut st)?;
+            }
+            let _ = (&stream).write_all(format!("DONE {} {}\n", st.status, st.verified).as_bytes());
         }
         drop((read_src, shared));
         return Ok(st);
@@ -290,4 +315,36 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
         let _ = read_line(&stream);
     }
     Ok(st)
+}
+
+/// Checks the slots a mixed-write client wrote: slot `i` must hold
+/// message `i` (the first few wrong ones are printed).
+fn check_slots(
+    region: Option<&SharedBuffer>,
+    msg_size: usize,
+    msgs: u64,
+    st: &mut Stats,
+) -> Result<(), String> {
+    let region = region.ok_or("no region for the writes")?;
+    let mut slot = vec![0u8; msg_size];
+    let mut wrong = 0;
+    for i in 0..msgs {
+        region
+            .copy_to_slice(i as usize * msg_size, &mut slot)
+            .map_err(|e| e.to_string())?;
+        match check(&slot, i) {
+            Ok(()) => st.verified += 1,
+            Err(e) => {
+                wrong += 1;
+                if wrong <= 8 {
+                    eprintln!("fault_peer server: slot {i}: {e}");
+                }
+                st.fail("corrupt".into());
+            }
+        }
+    }
+    if wrong > 8 {
+        eprintln!("fault_peer server: {wrong} slots wrong in all");
+    }
+    Ok(())
 }

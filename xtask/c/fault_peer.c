@@ -47,9 +47,11 @@
 #define RX_DEPTH 64
 #define BATCH 32
 
-enum op { OP_SEND, OP_WRITE, OP_READ, OP_ATOMIC, OP_MIXED };
-static const char *op_debug[] = {"Send", "Write", "Read", "Atomic", "Mixed"};
-static const char *op_wire[] = {"send", "write", "read", "atomic", "mixed"};
+enum op { OP_SEND, OP_WRITE, OP_READ, OP_ATOMIC, OP_MIXED, OP_MIXED_WRITE };
+static const char *op_debug[] = {"Send", "Write", "Read", "Atomic", "Mixed", "MixedWrite"};
+static const char *op_wire[] = {"send", "write", "read", "atomic", "mixed", "mixedwrite"};
+/* Odd requests are fetch-and-adds (fault.rs's Op::interleaves_atomics). */
+#define INTERLEAVED(op) ((op) == OP_MIXED || (op) == OP_MIXED_WRITE)
 
 /* What fetch-and-add i of an atomic run must find: 1 + 2 + ... + i
  * (request i adds i + 1), as fault.rs's atomic_expected. */
@@ -177,6 +179,15 @@ static int check(const char *who, const uint8_t *msg, size_t len, uint64_t expec
 		return -1;
 	}
 	return 0;
+}
+
+/* check without the report: for the wrong slots after the first few. */
+static int quiet_check(const uint8_t *msg, size_t len, uint64_t expect)
+{
+	uint64_t seq, h;
+	memcpy(&seq, msg, 8);
+	memcpy(&h, msg + 8, 8);
+	return seq != expect || fnv(msg + 16, len - 16) != h ? -1 : 0;
 }
 
 /* ---- the RESULT line (fault.rs `Stats`) ---- */
@@ -583,6 +594,8 @@ static void server(const struct common *c, long recv_delay_ms)
 		op = OP_ATOMIC;
 	else if (!strcmp(client.op, "mixed"))
 		op = OP_MIXED;
+	else if (!strcmp(client.op, "mixedwrite"))
+		op = OP_MIXED_WRITE;
 	else
 		die("unknown op %s", client.op);
 	size_t msg_size = client.size;
@@ -614,6 +627,11 @@ static void server(const struct common *c, long recv_delay_ms)
 		for (uint64_t i = 0; i < msgs; i++)
 			fill((uint8_t *)region->addr + i * msg_size, msg_size, i);
 		total += 8;
+	} else if (op == OP_MIXED_WRITE) {
+		/* The slots the client writes, then the counter (all zero). */
+		region = reg(pd, total + 8,
+			     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+		total += 8;
 	} else if (op == OP_ATOMIC) {
 		/* One zeroed counter (mmap'd memory is zero). */
 		region = reg(pd, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
@@ -636,7 +654,7 @@ static void server(const struct common *c, long recv_delay_ms)
 			die("ibv_post_recv: %s", strerror(errno));                              \
 		st.posted++;                                                                    \
 	}
-	int one_sided = op == OP_READ || op == OP_ATOMIC || op == OP_MIXED;
+	int one_sided = op == OP_READ || op == OP_ATOMIC || INTERLEAVED(op);
 	if (!one_sided && recv_delay_ms == 0) {
 		POST_INITIAL();
 	}
@@ -652,6 +670,32 @@ static void server(const struct common *c, long recv_delay_ms)
 		if (strncmp(line, "DONE", 4)) {
 			line[strcspn(line, "\n")] = 0;
 			fail(&st, "peer:%s", line);
+		}
+		if (op == OP_MIXED_WRITE) {
+			/* Every write completed at a client that says ok: each
+			 * slot must hold its message. Our verdict goes back as a
+			 * sender's. */
+			if (!strncmp(line, "DONE ok", 7)) {
+				uint64_t wrong = 0;
+				for (uint64_t i = 0; i < msgs; i++) {
+					const uint8_t *slot = (uint8_t *)region->addr + i * msg_size;
+					if (wrong < 8 ? check("fault_peer server", slot, msg_size, i)
+						      : quiet_check(slot, msg_size, i)) {
+						wrong++;
+						fail(&st, "corrupt");
+					} else {
+						st.verified++;
+					}
+				}
+				if (wrong > 8)
+					fprintf(stderr, "fault_peer server: %llu slots wrong in all\n",
+						(unsigned long long)wrong);
+			}
+			char done[160];
+			int dn = snprintf(done, sizeof done, "DONE %s %llu\n", st.status,
+					  (unsigned long long)st.verified);
+			if (write(fd, done, dn) != dn)
+				fprintf(stderr, "fault_peer server: could not send DONE\n");
 		}
 		print_stats(&st);
 		return;
@@ -781,7 +825,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	if (!pd || !cq)
 		die("pd/cq: %s", strerror(errno));
 	/* Mixed has a message and a fetch-and-add in flight per slot. */
-	struct ibv_qp *qp = create_qp(pd, cq, op == OP_MIXED ? 2 * window : window, 4);
+	struct ibv_qp *qp = create_qp(pd, cq, INTERLEAVED(op) ? 2 * window : window, 4);
 	uint32_t psn = random_psn();
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
 	char port[16];
@@ -821,7 +865,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	uint64_t next = 0, outstanding = 0, done = 0; /* done: completed in order */
 	/* The chunk each posted sequence number carries (the Rust program gets
 	 * it back with the completion). */
-	uint64_t requests = op == OP_MIXED ? 2 * msgs : msgs;
+	uint64_t requests = INTERLEAVED(op) ? 2 * msgs : msgs;
 	uint32_t *chunk_of = calloc(requests, sizeof *chunk_of);
 	if (!chunk_of)
 		die("out of memory");
@@ -836,7 +880,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	fcntl(fd, F_SETFL, O_NONBLOCK);
 	while ((next < requests && ok(&st)) || outstanding > 0) {
 		while (next < requests && ok(&st)) {
-			int result = op == OP_MIXED && next % 2 == 1;
+			int result = INTERLEAVED(op) && next % 2 == 1;
 			struct pool *from = result ? &rpool : &pool;
 			if (from->n == 0)
 				break;
@@ -862,6 +906,13 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 				wr.wr.rdma.remote_addr = server.addr + next / 2 * msg_size;
 				wr.wr.rdma.rkey = server.rkey;
 				wr.opcode = IBV_WR_RDMA_READ;
+			} else if (op == OP_MIXED_WRITE) {
+				if ((next / 2 + 1) * msg_size + 8 > server.len)
+					die("server region too small");
+				fill(buf, msg_size, next / 2);
+				wr.wr.rdma.remote_addr = server.addr + next / 2 * msg_size;
+				wr.wr.rdma.rkey = server.rkey;
+				wr.opcode = IBV_WR_RDMA_WRITE;
 			} else if (op == OP_SEND) {
 				fill(buf, msg_size, next);
 				wr.opcode = IBV_WR_SEND;
@@ -934,8 +985,9 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 			st.returned++;
 			uint64_t id = wc[i].wr_id;
 			uint32_t chunk = id < requests ? chunk_of[id] : 0;
-			/* The fetch-and-adds: request i of Atomic, i / 2 of Mixed. */
-			int result = op == OP_MIXED && id % 2 == 1;
+			/* The fetch-and-adds: request i of Atomic, i / 2 of the
+			 * interleaved ops. */
+			int result = INTERLEAVED(op) && id % 2 == 1;
 			if (wc[i].status != IBV_WC_SUCCESS) {
 				wc_error(&st, wc[i].status);
 			} else if (ok(&st)) {
@@ -974,7 +1026,8 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 						st.verified++;
 				}
 				done++;
-				/* Mixed counts its messages (the sends the server checks). */
+				/* The interleaved ops count their messages (the reads,
+				 * each checked here, or the writes the server checks). */
 				if (!result) {
 					st.msgs++;
 					st.bytes += msg_size;
@@ -993,7 +1046,7 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 	int mn = snprintf(msg, sizeof msg, "DONE %s\n", st.status);
 	if (write(fd, msg, mn) != mn)
 		fprintf(stderr, "fault_peer client: could not send DONE\n");
-	if (op != OP_READ && op != OP_ATOMIC && op != OP_MIXED && ok(&st)) {
+	if ((op == OP_SEND || op == OP_WRITE || op == OP_MIXED_WRITE) && ok(&st)) {
 		int got = 0;
 		if (strchr(verdict, '\n')) {
 			snprintf(line, sizeof line, "%s", verdict);
@@ -1073,6 +1126,8 @@ int main(int argc, char **argv)
 				op = OP_ATOMIC;
 			else if (!strcmp(v, "mixed"))
 				op = OP_MIXED;
+			else if (!strcmp(v, "mixed-write"))
+				op = OP_MIXED_WRITE;
 			else
 				usage();
 		} else if (OPT("--msg-size"))

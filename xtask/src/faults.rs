@@ -713,6 +713,16 @@ mod tests {
             mixed[1].client_args,
             format!("--op mixed --total {}", 64u64 << 20)
         );
+        // `--only mixed` keeps to the reads; `mixed-write` is its own.
+        assert!(scenarios(&o(Some("mixed")))
+            .iter()
+            .all(|s| !s.name.contains("mixed-write")));
+        let writes = scenarios(&o(Some("mixed-write")));
+        assert_eq!(writes.len(), 6);
+        assert_eq!(
+            writes[0].client_args,
+            format!("--op mixed-write --total {}", 64u64 << 20)
+        );
     }
 
     /// The workload rows: both VMs meet before starting, each runs its own

@@ -420,7 +420,9 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
     //
     // Mixed: 64 KiB reads and fetch-and-adds in turn on one queue pair
     // (rxe's responder keeps reads and atomics in one resource table), 1024
-    // of each (`--only mixed`).
+    // of each (`--only mixed`). Mixed-write: the same with 64 KiB writes
+    // (the server checks every slot at the end) for the reads, as the soak
+    // puts multi-packet writes ahead of atomics (`--only mixed-write`).
     let only = o.only.as_deref().unwrap_or_default();
     for (label, netem) in [
         ("duplicate", "duplicate 3%"),
@@ -432,10 +434,18 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
             a.client_args = format!("--op atomic --msg-size 8 --total {}", 8 * 20000);
             v.push(a);
         }
-        if only.contains("mixed") {
+        if only.contains("mixed") && !only.contains("mixed-write") {
             v.push(Scenario::transfer(
                 &format!("{label} / mixed"),
                 "mixed",
+                64,
+                Some(netem),
+            ));
+        }
+        if only.contains("mixed-write") {
+            v.push(Scenario::transfer(
+                &format!("{label} / mixed-write"),
+                "mixed-write",
                 64,
                 Some(netem),
             ));
