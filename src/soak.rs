@@ -28,6 +28,11 @@
 //! - atomics: each returned original value against the model, and the
 //!   counter's final value at the session's end.
 //!
+//! The buffers of reads, read-backs and atomics are filled with a poison
+//! byte before they are posted (`pattern::POISON`): a wrong result that is
+//! still poison is one the device completed successfully without writing,
+//! and is reported as such.
+//!
 //! The client prints one `SESSION` line per session, `CORRUPT`/`LOST`
 //! lines for any finding, and a final `SOAK` line with the totals (see
 //! [`client`]); the server prints a `SERVER` line per session. Exit status 0

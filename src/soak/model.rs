@@ -84,6 +84,23 @@ impl Counter {
             "{op:?} returned {got:#x}, the model says {want:#x}{twice}"
         ))
     }
+    /// A successful completion of the oldest posted operation whose result
+    /// buffer the device never wrote (still the client's poison): always an
+    /// error. The model takes the operation as executed, as the success
+    /// says; if it did not execute, the next result shows it.
+    pub(crate) fn complete_unwritten(&mut self) -> Result<(), String> {
+        let op = self
+            .unconfirmed
+            .pop_front()
+            .ok_or("an atomic completion with none posted")?;
+        let want = self.confirmed;
+        self.last = Some((op, want));
+        self.confirmed = op.apply(want);
+        Err(format!(
+            "{op:?} completed successfully with its result never written (the poison from \
+             before posting still there), the model says {want:#x}"
+        ))
+    }
     /// The values the remote counter may hold now: the confirmed one, then
     /// each prefix of the unconfirmed operations applied (a responder
     /// executes in order, so if one ran, all before it did).
@@ -274,6 +291,25 @@ mod tests {
         let e = c.complete(100).unwrap_err();
         assert!(e.contains("(difference"), "{e}");
         assert!(c.complete(100).is_err());
+    }
+
+    #[test]
+    fn a_result_never_written_is_an_error_and_the_model_keeps_its_course() {
+        let mut c = Counter::new(1);
+        c.post(Atomic::CompareSwap {
+            compare: 1,
+            swap: 50,
+        });
+        c.post(Atomic::FetchAdd(2));
+        let e = c.complete_unwritten().unwrap_err();
+        assert!(
+            e.contains("never written") && e.contains("model says 0x1"),
+            "{e}"
+        );
+        // Taken as executed (the swap): the next one must find 50.
+        assert_eq!(c.complete(50), Ok(()));
+        assert_eq!((c.confirmed, c.predicted), (52, 52));
+        assert!(c.complete_unwritten().is_err(), "none posted");
     }
 
     #[test]

@@ -22,6 +22,17 @@ fn block(seed: u64, offset: u64) -> u64 {
     mix(seed ^ (offset / 8))
 }
 
+/// What the client writes into a read's or an atomic's buffer before it
+/// posts it: bytes still equal to it after a successful completion are
+/// bytes the device never wrote. A stream byte equals it one time in 256,
+/// eight in a row one time in 2^64.
+pub(crate) const POISON: u8 = 0xa5;
+
+/// Whether every byte of `buf` (non-empty) is still [`POISON`].
+pub(crate) fn poisoned(buf: &[u8]) -> bool {
+    !buf.is_empty() && buf.iter().all(|&b| b == POISON)
+}
+
 /// Fills `buf` with stream `seed` from `offset` on.
 pub(crate) fn fill(buf: &mut [u8], seed: u64, offset: u64) {
     let mut w = block(seed, offset);
@@ -71,6 +82,16 @@ mod tests {
         fill(&mut whole, 9, 0);
         assert_eq!(check(&whole[13..40], 9, 13), None);
         assert!(check(&whole[13..40], 9, 14).is_some());
+    }
+
+    #[test]
+    fn poison_is_told_from_a_stream() {
+        let mut b = vec![POISON; 64];
+        assert!(poisoned(&b));
+        assert!(!poisoned(&[]));
+        fill(&mut b[8..], 5, 0);
+        assert!(poisoned(&b[..8]) && !poisoned(&b));
+        assert!(!poisoned(&b[8..16]));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use ibverbs::{
 
 use super::client::{merge, Totals, FAILED, RUN, TIME_UP};
 use super::model::{Atomic, ClientQp, Counter};
-use super::pattern::{check, fill, mix, seed};
+use super::pattern::{check, fill, mix, poisoned, seed, POISON};
 use super::{uptime, Regions, KIND_RECV, KIND_WRITE, READ_REGION};
 
 /// What a worker hands back: each queue pair's ledger and counter model.
@@ -401,7 +401,7 @@ impl Worker {
                 }
             }
             (Kind::ReadBack { .. } | Kind::Read { .. }, Some(r)) => {
-                head.fill(0);
+                head.fill(POISON);
                 SendRequest::read(head, r)
             }
             _ => unreachable!("every remote kind has its region"),
@@ -410,7 +410,8 @@ impl Worker {
     }
 
     fn post_atomic(&mut self, i: usize, op: Atomic, remote: RemoteMemory) -> Result<(), String> {
-        let (head, tail) = self.take(8);
+        let (mut head, tail) = self.take(8);
+        head.fill(POISON);
         let wr_id = self.next_wr;
         self.next_wr += 1;
         let wr = match op {
@@ -461,6 +462,10 @@ impl Worker {
     }
 }
 
+/// How a result the device completed without writing is described (the
+/// report counts these apart: `xtask/src/soak/report.rs`).
+const NEVER_WRITTEN: &str = "never written (the poison from before posting still there)";
+
 /// Checks a successful completion's result and counts it.
 fn self_check(
     s: &mut QpState,
@@ -490,9 +495,11 @@ fn self_check(
             match check(&head[..p.len], seed, 0) {
                 None => Ok(()),
                 Some((at, bad)) => {
-                    // The slot's previous write still there, or zeros?
+                    // Our buffer never written, the slot's previous write
+                    // still there, or zeros (the slot never written)?
                     let part = &head[at..p.len.min(at + 1024)];
                     let what = match before {
+                        _ if poisoned(part) => NEVER_WRITTEN,
                         _ if part.iter().all(|&b| b == 0) => "zeros there",
                         Some(b) if check(part, b, at as u64).is_none() => {
                             "from there the slot's previous write"
@@ -508,15 +515,23 @@ fn self_check(
         }
         Kind::Read { offset } => match check(&head[..p.len], r.read_seed, offset) {
             None => Ok(()),
-            Some((at, bad)) => Err(format!(
-                "read of {} B at {offset}: {bad} bytes differ, the first at {at}",
-                p.len
-            )),
+            Some((at, bad)) => {
+                let what = match poisoned(&head[at..p.len.min(at + 1024)]) {
+                    true => NEVER_WRITTEN,
+                    false => "other bytes there",
+                };
+                Err(format!(
+                    "read of {} B at {offset}: {bad} bytes differ, the first at {at}: {what}",
+                    p.len
+                ))
+            }
         },
-        Kind::Atomic { .. } => {
-            let got = u64::from_ne_bytes(head[..8].try_into().expect("8 bytes"));
-            s.counter.complete(got)
-        }
+        Kind::Atomic { .. } => match &head[..8] {
+            h if poisoned(h) => s.counter.complete_unwritten(),
+            h => s
+                .counter
+                .complete(u64::from_ne_bytes(h.try_into().expect("8 bytes"))),
+        },
     };
     *t.ops.entry(name).or_default() += 1;
     t.bytes += p.len as u64;

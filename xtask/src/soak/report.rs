@@ -41,6 +41,8 @@ pub(super) struct Results {
     pub findings: Vec<String>,
     /// The findings by the fault in force when each was seen.
     pub by_fault: BTreeMap<String, u64>,
+    /// The findings by what they show (`finding_kind`).
+    pub by_kind: BTreeMap<&'static str, u64>,
     pub summary: Vec<String>,
     pub failures: Vec<String>,
 }
@@ -55,6 +57,24 @@ const COUNTERS: [(&str, &str); 7] = [
     ("retry_exceeded_err", "retries exceeded"),
     ("send_err", "transmit errors"),
 ];
+
+/// What a `CORRUPT`/`FINDING` line of `soak_peer` shows (its texts are
+/// in `src/soak/worker.rs` and `src/soak/model.rs`).
+fn finding_kind(line: &str) -> &'static str {
+    if line.contains("never written") {
+        "completed successfully, its result never written (the poison still there)"
+    } else if line.contains("zeros there") {
+        "a write read back as zeros (its bytes never reached the server's slot)"
+    } else if line.contains("CounterMismatch") {
+        "a counter at a value the model does not allow (session end)"
+    } else if line.contains(" returned ") {
+        "an atomic returned a value the model does not allow"
+    } else if line.contains("read of ") || line.contains("read-back of ") {
+        "a read or read-back holding other bytes"
+    } else {
+        "other (order, length, immediate, a buffer's return)"
+    }
+}
 
 pub(super) fn evaluate(run: &Run, dir: &Path) -> Results {
     let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
@@ -145,6 +165,7 @@ pub(super) fn evaluate(run: &Run, dir: &Path) -> Results {
                 .map_or("before the first fault".to_string(), |(_, k)| k.clone()),
         };
         *r.by_fault.entry(kind).or_default() += 1;
+        *r.by_kind.entry(finding_kind(f)).or_default() += 1;
     }
     if !r.findings.is_empty() {
         r.failures.push(format!(
@@ -351,6 +372,17 @@ pub(super) fn markdown(run: &Run, r: &Results) -> String {
             let _ = writeln!(s, "| {k} | {v} |");
         }
     }
+    if !r.by_kind.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nEach finding by what it shows (the client poisons every read's and atomic's \
+             buffer before posting it, so bytes the device never wrote are told apart):\n\n\
+             | finding | count |\n|---|---:|"
+        );
+        for (k, v) in &r.by_kind {
+            let _ = writeln!(s, "| {k} | {v} |");
+        }
+    }
     if !r.findings.is_empty() {
         let _ = writeln!(s, "\nThe first findings, as the programs printed them:\n");
     }
@@ -439,6 +471,24 @@ mod tests {
         fs::write(dir.join("client.out"), client_tail).unwrap();
     }
 
+    /// The kinds, from lines as `soak_peer` prints them.
+    #[test]
+    fn findings_are_told_apart_by_what_they_show() {
+        let kind = |l: &str| finding_kind(l).split_whitespace().next().unwrap_or("");
+        for (line, want) in [
+            ("CORRUPT at=1 side=client session=1 qp=6 CompareSwap { compare: 1, swap: 2 } completed successfully with its result never written (the poison from before posting still there), the model says 0x1", "completed"),
+            ("CORRUPT at=1 side=client session=1 qp=5 read of 345 B at 10: 343 bytes differ, the first at 0: never written (the poison from before posting still there)", "completed"),
+            ("CORRUPT at=1 side=client session=1 qp=5 read-back of a 73 B write: 73 bytes differ, the first at 0: zeros there", "a"),
+            ("FINDING at=1 session=1 qp=6 CounterMismatch { got: 1, possible: [2] }", "a"),
+            ("CORRUPT at=1 side=client session=1 qp=0 FetchAdd(8) returned 0x1, the model says 0x2 (difference 0xff)", "an"),
+            ("CORRUPT at=1 side=client session=1 qp=0 completion 4 out of order (expected 3)", "other"),
+        ] {
+            assert_eq!(kind(line), want, "{line}");
+        }
+        assert!(finding_kind("… read-back of a 73 B write: … zeros there").contains("zeros"));
+        assert!(finding_kind("FINDING … CounterMismatch { … }").contains("counter"));
+    }
+
     #[test]
     fn a_clean_run_passes_and_any_finding_fails() {
         let dir = std::env::temp_dir().join(format!("soak-report-{}", std::process::id()));
@@ -468,6 +518,8 @@ mod tests {
         // Seen at 13.0 s on vm1, while the loss of 12.1 s was in force.
         assert_eq!(r.by_fault.get("loss"), Some(&1), "{:?}", r.by_fault);
         assert!(markdown(&run(), &r).contains("| loss | 1 |"));
+        assert_eq!(r.by_kind.values().sum::<u64>(), 1);
+        assert!(markdown(&run(), &r).contains("| a read or read-back holding other bytes | 1 |"));
         write_outputs(&dir, good);
         fs::write(dir.join("end.0.res"), "1: rxe1: pd 0 cq 0 qp 2 mr 0\n").unwrap();
         let r = evaluate(&run(), &dir);
