@@ -264,6 +264,15 @@ fn session(
             theirs.push(parse_ep(&conn.line(Duration::from_secs(60))?)?);
         }
         let regions = parse_regions(&conn.line(Duration::from_secs(60))?)?;
+        // Which queue pair numbers carry which index: a packet trace
+        // (`cargo xtask soak --capture`) names queue pairs by number.
+        let qpns: Vec<String> = mine
+            .iter()
+            .zip(&theirs)
+            .enumerate()
+            .map(|(q, (m, t))| format!("{q}:{}:{}", m.qp_num.0, t.qp_num.0))
+            .collect();
+        println!("QPS session={id} {}", qpns.join(" "));
         let mut i = 0;
         for (_, qps, _) in &workers {
             for (_, qp) in qps {

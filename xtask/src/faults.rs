@@ -13,7 +13,7 @@
 //! `--publish` copies to docs/reliability.md.
 
 pub(crate) mod evaluate;
-mod pcap;
+pub(crate) mod pcap;
 mod report;
 mod scenarios;
 

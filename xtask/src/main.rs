@@ -246,7 +246,12 @@ struct SoakArgs {
     /// The same traffic on a clean link (a baseline).
     #[arg(long)]
     no_faults: bool,
-    /// Also copy the generated report (target/soak/soak.md) to docs/soak.md.
+    /// Keep a trace of the client VM's RoCE packets (headers only) in
+    /// target/soak/soak.pcap and read each finding's queue pair in it.
+    #[arg(long)]
+    capture: bool,
+    /// Also copy the generated report (target/soak/soak.md) to docs/soak.md
+    /// (with --capture, to docs/soak-trace.md).
     #[arg(long)]
     publish: bool,
     /// Evaluate the last run's outputs (target/soak/) again, with the same
@@ -431,6 +436,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 threads: args.threads,
                 seed: args.seed,
                 no_faults: args.no_faults,
+                capture: args.capture,
                 publish: args.publish,
                 reanalyze: args.reanalyze,
                 vm: args.opts,

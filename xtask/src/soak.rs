@@ -15,6 +15,7 @@
 //! says, kernel resources back to their baseline.
 
 mod report;
+mod trace;
 
 use std::fmt::Write as _;
 use std::fs;
@@ -36,7 +37,11 @@ pub struct SoakOptions {
     pub seed: u64,
     /// No faults: the same traffic on a clean link.
     pub no_faults: bool,
-    /// Copy the generated report to docs/soak.md.
+    /// Keep a trace of vm1's RoCE packets (headers only) in
+    /// target/soak/soak.pcap, and read each finding's queue pair in it.
+    pub capture: bool,
+    /// Copy the generated report to docs/soak.md (with `capture`, to
+    /// docs/soak-trace.md).
     pub publish: bool,
     /// Evaluate the last run's outputs (target/soak/) again, with the same
     /// options, without building or booting anything.
@@ -214,6 +219,15 @@ fn script(role: usize, o: &SoakOptions, peer: &Path, dir: &Path, events: &[Event
              pkill -f 'soak_peer server'; wait $loop"
         );
     } else {
+        if o.capture {
+            // Headers only (BTH, AETH: 58 bytes), to the guest's own /tmp
+            // with a 256 MiB buffer, as `cargo xtask faults --capture`.
+            let _ = writeln!(
+                s,
+                "tcpdump -i eth1 -s 64 -B 262144 -w /tmp/soak.pcap udp port 4791 2>$D/tcpdump.err & cap=$!; \
+                 for n in $(seq 50); do grep -q listening $D/tcpdump.err && break; sleep 0.1; done"
+            );
+        }
         let _ = writeln!(
             s,
             "$S client \"$PEER\" -d rxe1 -p 7000 {QP_TIMERS} --seconds {secs} --qps {} --threads {} --seed {} > $D/client.out 2> $D/client.err & pid=$!",
@@ -228,6 +242,12 @@ fn script(role: usize, o: &SoakOptions, peer: &Path, dir: &Path, events: &[Event
             s,
             "wait $pid; echo \"exit=$?\" >> $D/client.out; touch $D/done; wait $tl; tc qdisc del dev eth1 root 2>/dev/null"
         );
+        if o.capture {
+            let _ = writeln!(
+                s,
+                "sleep 3; kill -INT $cap; wait $cap; mv /tmp/soak.pcap $D/soak.pcap"
+            );
+        }
     }
     // The kernel releases a dead process's objects asynchronously.
     let _ = writeln!(
@@ -269,6 +289,7 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
         threads: o.threads,
         seed: o.seed,
         no_faults: o.no_faults,
+        capture: o.capture,
         kernel: std::env::var("XTASK_KERNEL_PACKAGE").ok(),
         planned: events,
         problems,
@@ -279,7 +300,11 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
     fs::write(&generated, &md)?;
     step!("soak: report in {}", generated.display());
     if o.publish {
-        let docs = repo.join("docs/soak.md");
+        // A traced run is an experiment beside the soak's own report.
+        let docs = repo.join(match o.capture {
+            true => "docs/soak-trace.md",
+            false => "docs/soak.md",
+        });
         fs::write(&docs, &md)?;
         step!("soak: published to {}", docs.display());
     }
@@ -425,6 +450,7 @@ mod tests {
             threads: 2,
             seed: 3,
             no_faults: false,
+            capture: false,
             publish: false,
             reanalyze: false,
             vm: VmOpts {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// One RoCE v2 packet.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Packet {
+pub(crate) struct Packet {
     /// Seconds since the trace's first packet.
     pub t: f64,
     /// Source IPv4 address's last byte (which side sent it).
@@ -81,7 +81,7 @@ fn fatal(s: u8) -> bool {
 
 /// The packets of a pcap file (Ethernet, IPv4, UDP port 4791; anything
 /// else is skipped).
-pub(super) fn parse(bytes: &[u8]) -> Result<Vec<Packet>, String> {
+pub(crate) fn parse(bytes: &[u8]) -> Result<Vec<Packet>, String> {
     if bytes.len() < 24 {
         return Err("not a pcap file (too short)".into());
     }
