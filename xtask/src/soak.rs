@@ -13,6 +13,11 @@
 //! faults applied, rxe's retries, errors by status, sessions, and the
 //! verdict: zero lost, phantom or corrupt messages, counters as the model
 //! says, kernel resources back to their baseline.
+//!
+//! `--capture` also keeps vm1's RoCE headers (`soak.pcap`) and reads, for
+//! every queue pair, the plain ACKs the client received at the PSN of one
+//! of its atomics or reads (`trace.rs`), beside that queue pair's findings.
+//! Headers only, to the guest's RAM: a few minutes' run, not thirty.
 
 mod report;
 mod trace;
