@@ -73,10 +73,23 @@ pub fn atomic_expected(i: u64) -> u64 {
     }
 }
 
-/// Says what a wrong fetch-and-add result means: the difference from the
-/// expected value, and the request whose addend it is (executed twice).
+/// What the client writes into a fetch-and-add's 8-byte result before
+/// posting it (as the C twin): a result still equal to it was never
+/// written by the device. No fetch-and-add of a run finds it (the counter
+/// would have to reach 0xa5a5… by sums of 1 + 2 + …).
+pub const POISON: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+
+/// Says what a wrong fetch-and-add result means: never written (still
+/// [`POISON`]), or the difference from the expected value and the request
+/// whose addend it is (executed twice).
 pub fn atomic_explain(i: u64, got: u64) -> String {
     let want = atomic_expected(i);
+    if got == POISON {
+        return format!(
+            "fetch-and-add {i} completed successfully with its result never written \
+             (still the poison from before posting), expected {want}"
+        );
+    }
     let diff = got.wrapping_sub(want);
     let twice = match diff {
         1..=1_000_000_000 if diff <= i => format!(
@@ -430,6 +443,10 @@ mod tests {
             "{e}"
         );
         assert!(!atomic_explain(4, 9).contains("twice"));
+        assert!(atomic_explain(4, POISON).contains("never written"));
+        // No result of a run is the poison (checked over a long run's
+        // requests, and at the far end of u64 ones).
+        assert!((0..1 << 20).all(|i| atomic_expected(i) != POISON));
     }
 
     #[test]

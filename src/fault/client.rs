@@ -10,7 +10,7 @@ use ibverbs::{AccessFlags, Buf, Completions, Endpoint, QpType, SendRequest, SgLi
 use super::message::{check, fill};
 use super::{
     atomic_expected, atomic_explain, connect_qp, endpoint, hello, open, parse_hello, read_line,
-    Common, Op, Stats,
+    Common, Op, Stats, POISON,
 };
 
 /// See the module docs.
@@ -116,6 +116,9 @@ pub fn client(
                 false => &mut pool,
             };
             let Some(mut buf) = from.pop() else { break };
+            if result || op == Op::Atomic {
+                buf.copy_from_slice(&POISON.to_ne_bytes());
+            }
             let wr = match op {
                 Op::Mixed | Op::MixedWrite if result => {
                     let counter = server

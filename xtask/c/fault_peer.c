@@ -895,6 +895,9 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 			wr.sg_list = &sge;
 			wr.num_sge = 1;
 			wr.send_flags = IBV_SEND_SIGNALED;
+			/* A result still all 0xa5 was never written (fault.rs POISON). */
+			if (result || op == OP_ATOMIC)
+				memset(buf, 0xa5, 8);
 			if (result) {
 				wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
 				wr.wr.atomic.remote_addr = server.addr + msgs * msg_size;
@@ -1005,7 +1008,14 @@ static void client(const char *host, const struct common *c, enum op op, size_t 
 						      : (uint8_t *)mr->addr + (uint64_t)chunk * msg_size,
 					       8);
 					uint64_t want = atomic_expected(k);
-					if (got != want) {
+					if (got == 0xa5a5a5a5a5a5a5a5ull) {
+						fprintf(stderr,
+							"fault_peer client: fetch-and-add %llu completed successfully with its "
+							"result never written (still the poison from before posting), "
+							"expected %llu\n",
+							(unsigned long long)k, (unsigned long long)want);
+						fail(&st, "corrupt");
+					} else if (got != want) {
 						uint64_t diff = got - want;
 						fprintf(stderr,
 							"fault_peer client: fetch-and-add %llu found %llu, expected %llu "

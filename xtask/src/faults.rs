@@ -718,7 +718,7 @@ mod tests {
             .iter()
             .all(|s| !s.name.contains("mixed-write")));
         let writes = scenarios(&o(Some("mixed-write")));
-        assert_eq!(writes.len(), 6);
+        assert_eq!(writes.len(), 8);
         assert_eq!(
             writes[0].client_args,
             format!("--op mixed-write --total {}", 64u64 << 20)

@@ -451,6 +451,24 @@ pub(super) fn scenarios(o: &FaultsOptions) -> Vec<Scenario> {
             ));
         }
     }
+    // The soak's atomics that completed without their result: the
+    // responder answers a duplicate write with a plain ACK at its newest
+    // PSN, an atomic's when the atomic came last. One 512 B write and one
+    // fetch-and-add at a time, so the atomic is always the newest, and 10 %
+    // loss both ways, so acknowledgements are lost and requests retried.
+    if only.contains("mixed-write") {
+        let mut a = Scenario::transfer(
+            "loss 10% / mixed-write, 512 B pairs one at a time",
+            "mixed-write",
+            0,
+            Some("loss 10%"),
+        );
+        a.client_args = format!(
+            "--op mixed-write --msg-size 512 --window 1 --total {}",
+            512 * 2000
+        );
+        v.push(a);
+    }
     if let Some(only) = &o.only {
         v.retain(|s| s.name.contains(only.as_str()));
     }
