@@ -100,7 +100,13 @@ impl Proc {
     }
 
     /// Waits up to `within`; kills it and fails the test on timeout.
-    fn wait(mut self, within: Duration) -> Output {
+    fn wait(self, within: Duration) -> Output {
+        self.try_wait(within).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits up to `within`; kills it on timeout and says so, with what it
+    /// printed.
+    fn try_wait(mut self, within: Duration) -> Result<Output, String> {
         let deadline = Instant::now() + within;
         let mut child = self.child.take().unwrap();
         let status = loop {
@@ -117,15 +123,15 @@ impl Proc {
         let stdout = String::from_utf8_lossy(&self.out.take().unwrap().join().unwrap()).into();
         let stderr = String::from_utf8_lossy(&self.err.take().unwrap().join().unwrap()).into();
         match status {
-            Some(status) => Output {
+            Some(status) => Ok(Output {
                 status,
                 stdout,
                 stderr,
-            },
-            None => panic!(
+            }),
+            None => Err(format!(
                 "`{}` did not finish within {within:?}; killed.\nstdout:\n{stdout}\nstderr:\n{stderr}",
                 self.what
-            ),
+            )),
         }
     }
 }
@@ -333,7 +339,13 @@ fn pingpong(server: Side, client: Side) -> (Report, Report) {
     let c = Proc::spawn(&client.prog, &cargs);
     let (cwhat, swhat) = (c.what.clone(), s.what.clone());
     let co = c.wait(Duration::from_secs(180));
-    let so = s.wait(Duration::from_secs(60));
+    // A server that hangs after its client ended: say what the client said.
+    let so = s.try_wait(Duration::from_secs(60)).unwrap_or_else(|e| {
+        panic!(
+            "{e}\nits client `{cwhat}` ended with {}:\nstdout:\n{}\nstderr:\n{}",
+            co.status, co.stdout, co.stderr
+        )
+    });
     let dump = format!(
         "server `{swhat}`: {}\n{}{}\nclient `{cwhat}`: {}\n{}{}",
         so.status, so.stdout, so.stderr, co.status, co.stdout, co.stderr
