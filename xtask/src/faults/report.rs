@@ -423,33 +423,58 @@ const FINDINGS: &str = "
   happens.
 * **The soak** (`cargo xtask soak`, [soak.md](soak.md): 16 queue pairs
   on shared CQs and an SRQ, sends, writes, reads and atomics of 1 B – 1 MiB,
-  faults switching every 3–8 s) found no lost message, no message received
-  twice, no leaked kernel object and no request that never came back in 30
-  minutes (228761 operations, 8.3 GiB, 56 sessions, 16 peer restarts and 20
-  link flaps), and every send the server received had the right bytes. But
-  the requesting side got wrong results: 284 atomics returned a value the
-  model of the counter does not allow (in the cases read by hand, a value
-  the counter never held, while the next atomic found the value the model
-  predicted); 18 counters were off at a session's end; the read-backs of
-  6 writes found zeros (writes completed successfully that never landed);
-  4 reads got wrong bytes. On a clean
-  link with the same traffic (`--no-faults`, 58622 operations, 0 rxe
-  retries) it found nothing: every finding came with retransmissions (21125
-  requester retries in the faulted run). Atomics on their own (20000
-  fetch-and-adds per run, under duplication and reordering, 10 runs per
-  program each: `cargo xtask faults --only atomic`) and 64 KiB reads
-  alternating with fetch-and-adds on one queue pair (under duplication,
-  reordering and 2 % loss, 6 runs per program each, 1400–3700 requester
-  retries per run under the last two: `--only mixed`) never failed, in
-  `fault_peer` or its C twin: rxe retransmits reads and atomics correctly,
-  so the soak's findings are not reproduced by them on libibverbs alone. The requester's renumbering of
-  retransmitted multi-packet requests (the item above; the runs of reads
-  and atomics send none: a read is one request packet) would shift the atomics,
-  reads and writes that follow a large send or write, as the soak posts
-  them; that is the best explanation, not yet proven (the next experiment:
-  sends or writes alternating with atomics, and a trace of a soak
-  finding). Until it is, the
-  soak fails, as it should.
+  faults switching every 3–8 s) found in 30 minutes (201534 operations,
+  7.3 GiB, 61 sessions, 19 peer restarts, link flaps) no lost message, no
+  message received twice, no leaked kernel object, no request that never
+  came back, every send the server received right, and every counter at a
+  value the model allows. It found 142 results that were never written:
+  137 atomics and 5 reads or read-backs **completed successfully while
+  their buffer still held the poison the client wrote before posting**
+  (the soak poisons every read's and atomic's buffer to tell bytes never
+  written from bytes written wrong; every finding was the former). The
+  atomics had executed: the model, taking each as executed, found every
+  later result and the final counters right. On a clean link the same
+  traffic finds nothing (`--no-faults`, 0 retries). **For the atomics it
+  is rxe's requester**, shown by a packet trace of a 4-minute run
+  (`cargo xtask soak --minutes 4 --capture`,
+  [soak-trace.md](soak-trace.md)): its 23 findings, all atomics, fell on
+  20 queue pairs, and on every one of them the client received a plain
+  ACK carrying the PSN of one of its atomics (32 of the run's 128 queue
+  pairs received one; an atomic completes on such an ACK only when it
+  overtakes the atomic acknowledgement). One read by hand: the requester
+  retried a read, a fetch-and-add, a send and a second fetch-and-add; the
+  responder, which had executed all four, answered the duplicate send with
+  a plain ACK at its newest PSN, the second fetch-and-add's, just before
+  replaying that atomic's acknowledgement. The requester took the ACK as
+  completing the send and the fetch-and-add, without its result, and
+  dropped the atomic acknowledgement that followed as stale. Both halves
+  are in rxe's code as we read it (6.1; mainline unchanged in these
+  places): the responder answers a duplicate send or write with an ACK at
+  the PSN before its next expected one, whatever request that was; the
+  completer completes the work request whose last PSN an ACK carries
+  without asking whether it is a read or an atomic, which InfiniBand
+  completes only with their responses. Our library posts each request once
+  and hands back the buffer the completion names; it sees no packet. The
+  5 reads show the same symptom but were not caught in a trace (rxe's
+  completer also posts a successful completion for a read whose response
+  is interrupted by an unexpected packet before failing the queue pair;
+  not verified). Traffic that isolates parts of the soak's passes in both
+  programs: atomics alone (`--only atomic`), 64 KiB reads or writes
+  alternating with atomics (`--only mixed`, `--only mixed-write`, 3–10
+  runs per program under each of duplication, reordering and 2 % loss, up
+  to 3700 retries per run). **The minimal pattern fails in both, every
+  time**: one 512 B write and one fetch-and-add at a time, under 10 % loss
+  both ways, so the atomic is always the responder's newest request when a
+  retried write comes in (`cargo xtask faults --only \"mixed-write, 512\"
+  --peer both --repeat 50`,
+  [reliability-mixed-write-512.md](reliability-mixed-write-512.md)):
+  `fault_peer` failed 50 of 50 runs, its C twin on libibverbs alone 50 of
+  50, each with a fetch-and-add completed successfully and its result never
+  written, within seconds (median 34 and 28 retries per run). That row is
+  the regression fixture (outside the matrix, which it would always fail);
+  a fixed rxe should pass it. An application on rxe cannot trust a read's or an
+  atomic's result after retransmissions. The soak fails, as it should: its
+  acceptance (nothing corrupted) cannot hold on this provider.
 ";
 
 const BAD_INPUT: &str = "
