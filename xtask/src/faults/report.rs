@@ -472,7 +472,9 @@ const FINDINGS: &str = "
   50, each with a fetch-and-add completed successfully and its result never
   written, within seconds (median 34 and 28 retries per run); on Debian's
   6.12.117 alike (`XTASK_KERNEL_PACKAGE`, 5 runs per program, 5 and 5
-  failed the same way, no panic). That row is
+  failed the same way, no panic), and a 5-minute soak there (same seed:
+  56041 operations, 3332 retries) found 85 results never written and
+  nothing else (nothing lost, no leak, no panic). That row is
   the regression fixture (outside the matrix, which it would always fail);
   a fixed rxe should pass it. An application on rxe cannot trust a read's or an
   atomic's result after retransmissions. The soak fails, as it should: its
