@@ -103,6 +103,13 @@ pub fn client(
     let mut verdict = String::new();
     let mut last_check = Instant::now();
     let mut batch = Completions::with_capacity(32);
+    // Message k's place in the server's region.
+    let slot = |k: u64| {
+        server
+            .mem
+            .slice(k * msg_size as u64, msg_size as u64)
+            .ok_or("server region too small")
+    };
     let mut next = 0u64;
     let mut outstanding = 0u64;
     let mut done = 0u64; // completed in order
@@ -131,36 +138,16 @@ pub fn client(
                     fill(&mut buf, next);
                     SendRequest::send(buf)
                 }
-                Op::Mixed => {
-                    let remote = server
-                        .mem
-                        .slice(next / 2 * msg_size as u64, msg_size as u64)
-                        .ok_or("server region too small")?;
-                    SendRequest::read(buf, remote)
-                }
+                Op::Mixed => SendRequest::read(buf, slot(next / 2)?),
                 Op::MixedWrite => {
                     fill(&mut buf, next / 2);
-                    let remote = server
-                        .mem
-                        .slice(next / 2 * msg_size as u64, msg_size as u64)
-                        .ok_or("server region too small")?;
-                    SendRequest::write(buf, remote)
+                    SendRequest::write(buf, slot(next / 2)?)
                 }
                 Op::Write => {
                     fill(&mut buf, next);
-                    let remote = server
-                        .mem
-                        .slice(next * msg_size as u64, msg_size as u64)
-                        .ok_or("server region too small")?;
-                    SendRequest::write(buf, remote).imm(next as u32)
+                    SendRequest::write(buf, slot(next)?).imm(next as u32)
                 }
-                Op::Read => {
-                    let remote = server
-                        .mem
-                        .slice(next * msg_size as u64, msg_size as u64)
-                        .ok_or("server region too small")?;
-                    SendRequest::read(buf, remote)
-                }
+                Op::Read => SendRequest::read(buf, slot(next)?),
                 Op::Atomic => SendRequest::fetch_and_add(buf, server.mem, next.wrapping_add(1)),
             };
             match qp.post_send(wr.wr_id(next)) {
