@@ -94,13 +94,13 @@ fn resolved_with(addr: SocketAddr, options: &[CmOption]) -> (EventChannel, CmId)
     (ch, id)
 }
 
-/// The active side of [`serve_once`]'s exchange on a resolved `id`:
-/// connects, sends its memory and a message, checks the echo, disconnects.
-/// Returns the connected QP's attributes.
 /// The client's receive and send `wr_id`s, told apart on their shared CQ.
 const RECV_ID: u64 = 1;
 const SEND_ID: u64 = 2;
 
+/// The active side of [`serve_once`]'s exchange on a resolved `id`:
+/// connects, sends its memory and a message, checks the echo, disconnects.
+/// Returns the connected QP's attributes.
 fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAttrView {
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();

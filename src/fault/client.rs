@@ -127,7 +127,7 @@ pub fn client(
                 buf.copy_from_slice(&POISON.to_ne_bytes());
             }
             let wr = match op {
-                Op::Mixed | Op::MixedWrite if result => {
+                _ if result => {
                     let counter = server
                         .mem
                         .slice(msgs * msg_size as u64, 8)

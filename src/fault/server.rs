@@ -106,36 +106,26 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             read_src = Some(m);
             r
         }
-        Op::Mixed => {
-            // The messages to read, then the counter.
+        Op::Mixed | Op::MixedWrite => {
+            // The messages (to read, or zeroed slots the client writes),
+            // then the counter.
             let mut m = pd
                 .alloc_shared(
                     total as usize + 8,
                     AccessFlags::LOCAL_WRITE
                         | AccessFlags::REMOTE_READ
-                        | AccessFlags::REMOTE_ATOMIC,
-                )
-                .map_err(|e| e.to_string())?;
-            let mut msg = vec![0u8; msg_size];
-            for i in 0..msgs {
-                fill(&mut msg, i);
-                m.copy_from_slice(i as usize * msg_size, &msg)
-                    .map_err(|e| e.to_string())?;
-            }
-            let r = m.remote();
-            shared = Some(m);
-            r
-        }
-        Op::MixedWrite => {
-            // The slots the client writes (zeroed), then the counter.
-            let m = pd
-                .alloc_shared(
-                    total as usize + 8,
-                    AccessFlags::LOCAL_WRITE
                         | AccessFlags::REMOTE_WRITE
                         | AccessFlags::REMOTE_ATOMIC,
                 )
                 .map_err(|e| e.to_string())?;
+            if op == Op::Mixed {
+                let mut msg = vec![0u8; msg_size];
+                for i in 0..msgs {
+                    fill(&mut msg, i);
+                    m.copy_from_slice(i as usize * msg_size, &msg)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
             let r = m.remote();
             shared = Some(m);
             r

@@ -719,6 +719,9 @@ mod tests {
             .all(|s| !s.name.contains("mixed-write")));
         let writes = scenarios(&o(Some("mixed-write")));
         assert_eq!(writes.len(), 8);
+        // The reproducer: one single-packet write and one atomic at a time.
+        assert!(writes[6].client_args.contains("--msg-size 512 --window 1"));
+        assert_eq!(writes[6].netem.as_deref(), Some("loss 10%"));
         assert_eq!(
             writes[0].client_args,
             format!("--op mixed-write --total {}", 64u64 << 20)

@@ -474,6 +474,20 @@ mod tests {
         assert!(s1.contains("touch $D/start") && s1.contains("touch $D/done"));
         let s0 = script(0, &o, Path::new("/r/sp"), Path::new("/r/out"), &events);
         assert!(s0.contains("while [ ! -e $D/done ]; do $S server -d rxe1 -p 7000"));
+        assert!(!s1.contains("tcpdump"));
+        let traced = SoakOptions {
+            capture: true,
+            vm: o.vm.clone(),
+            ..o
+        };
+        let s1 = script(1, &traced, Path::new("/r/sp"), Path::new("/r/out"), &events);
+        let (start, client, stop) = (
+            s1.find("tcpdump -i eth1 -s 64").expect("a capture"),
+            s1.find("$S client").unwrap(),
+            s1.find("mv /tmp/soak.pcap $D/soak.pcap")
+                .expect("the trace kept"),
+        );
+        assert!(start < client && client < stop, "{s1}");
         let quiet = SoakOptions {
             no_faults: true,
             ..o
