@@ -425,6 +425,8 @@ fn run_vms(
 /// Runs the fault-injection scenarios; `Ok(true)` when all pass.
 pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     let repo = crate::repo_root()?;
+    // A kernel the user chose names its own published report.
+    let chosen = std::env::var("XTASK_KERNEL_PACKAGE").ok();
     if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
         match newest_61_kernel() {
             Some(p) => {
@@ -516,9 +518,10 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     fs::write(&generated, &md)?;
     step!("faults: report in {}", generated.display());
     if o.publish {
-        let docs = repo
-            .join("docs")
-            .join(report::published_name(o.only.as_deref()));
+        let docs = repo.join("docs").join(report::published_name(
+            o.only.as_deref(),
+            chosen.as_deref().and_then(crate::kernel::package_version),
+        ));
         fs::write(&docs, &md)?;
         step!("faults: published to {}", docs.display());
     }

@@ -46,6 +46,20 @@ pub const OPTIONAL_MODULES: &[&str] = &["virtio_pci"];
 /// Which kernel package to use when `XTASK_KERNEL_PACKAGE` is not set.
 const KERNEL_SEARCH: &str = r"^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64(-unsigned)?$";
 
+/// The version in a Debian kernel package's name
+/// (`linux-image-6.12.117+deb12-amd64` → `6.12.117`, `linux-image-6.1.0-56-amd64`
+/// → `6.1.0-56`), to tell apart the reports of runs on different kernels.
+pub fn package_version(package: &str) -> Option<&str> {
+    let v = package.trim().strip_prefix("linux-image-")?;
+    let v = v.strip_suffix("-unsigned").unwrap_or(v);
+    let v = v.strip_suffix("-amd64").unwrap_or(v);
+    let v = &v[..v.find('+').unwrap_or(v.len())];
+    let numeric = v.starts_with(|c: char| c.is_ascii_digit())
+        && v.bytes()
+            .all(|b| b.is_ascii_digit() || b == b'.' || b == b'-');
+    numeric.then_some(v)
+}
+
 pub struct KernelImage {
     pub version: String,
     pub vmlinuz: PathBuf,
@@ -570,6 +584,19 @@ impl Cpio {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn package_versions() {
+        let v = package_version;
+        assert_eq!(v("linux-image-6.12.117+deb12-amd64"), Some("6.12.117"));
+        assert_eq!(v("linux-image-6.1.0-56-amd64"), Some("6.1.0-56"));
+        assert_eq!(
+            v("linux-image-6.12.117+deb12-amd64-unsigned"),
+            Some("6.12.117")
+        );
+        assert_eq!(v("linux-image-amd64"), None);
+        assert_eq!(v("vmlinuz"), None);
+    }
 
     #[test]
     fn newest_kernel_package() {

@@ -266,6 +266,8 @@ fn script(role: usize, o: &SoakOptions, peer: &Path, dir: &Path, events: &[Event
 /// `Ok(true)` when it found nothing wrong.
 pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
     let repo = crate::repo_root()?;
+    // A kernel the user chose names its own published report.
+    let chosen = std::env::var("XTASK_KERNEL_PACKAGE").ok();
     if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
         if let Some(p) = crate::faults::newest_61_kernel() {
             step!("soak: using {p} (as `faults`: rxe in 6.12 is unstable under netem)");
@@ -306,10 +308,14 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
     step!("soak: report in {}", generated.display());
     if o.publish {
         // A traced run is an experiment beside the soak's own report.
-        let docs = repo.join(match o.capture {
-            true => "docs/soak-trace.md",
-            false => "docs/soak.md",
+        let mut name = String::from(match o.capture {
+            true => "soak-trace",
+            false => "soak",
         });
+        if let Some(v) = chosen.as_deref().and_then(crate::kernel::package_version) {
+            name = format!("{name}-{v}");
+        }
+        let docs = repo.join("docs").join(name + ".md");
         fs::write(&docs, &md)?;
         step!("soak: published to {}", docs.display());
     }

@@ -132,19 +132,23 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
 /// Where `--publish` writes the report: docs/reliability.md for the whole
 /// matrix, `docs/reliability-<selection>.md` for a selection (`--only
 /// "duplicate / send"` → `reliability-duplicate-send.md`), so an
-/// experiment never replaces the matrix.
-pub(super) fn published_name(only: Option<&str>) -> String {
-    match only {
-        None => "reliability.md".into(),
-        Some(o) => {
-            let slug: Vec<String> = o
-                .split(|c: char| !c.is_ascii_alphanumeric())
-                .filter(|w| !w.is_empty())
-                .map(str::to_lowercase)
-                .collect();
-            format!("reliability-{}.md", slug.join("-"))
-        }
+/// experiment never replaces the matrix; a run on a kernel chosen with
+/// `XTASK_KERNEL_PACKAGE` adds its version (`reliability-6.12.117.md`), so
+/// it never replaces the default kernel's.
+pub(super) fn published_name(only: Option<&str>, kernel: Option<&str>) -> String {
+    let mut name = String::from("reliability");
+    if let Some(o) = only {
+        let slug: Vec<String> = o
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect();
+        name = format!("{name}-{}", slug.join("-"));
     }
+    if let Some(v) = kernel {
+        name = format!("{name}-{v}");
+    }
+    name + ".md"
 }
 
 /// A row's scenario without its repetition number and program
@@ -641,10 +645,18 @@ mod tests {
         assert!(markdown(&crashed, &rows).contains(
             "**Guest kernel crash:** vm1's guest kernel crashed during 3: loss 2% / send"
         ));
-        assert_eq!(published_name(None), "reliability.md");
+        assert_eq!(published_name(None, None), "reliability.md");
         assert_eq!(
-            published_name(Some("duplicate / send")),
+            published_name(Some("duplicate / send"), None),
             "reliability-duplicate-send.md"
+        );
+        assert_eq!(
+            published_name(None, Some("6.12.117")),
+            "reliability-6.12.117.md"
+        );
+        assert_eq!(
+            published_name(Some("mixed-write, 512"), Some("6.12.117")),
+            "reliability-mixed-write-512-6.12.117.md"
         );
         let selection = markdown(
             &Run {
