@@ -63,8 +63,15 @@ pub enum Peer {
     Both,
 }
 
-/// The shell script one VM runs: every scenario in order.
-fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool) -> String {
+/// The shell script one VM runs: every scenario from row `from` on, in order.
+fn script(
+    role: usize,
+    list: &[Scenario],
+    from: usize,
+    bins: &Bins,
+    out: &Path,
+    capture: bool,
+) -> String {
     let f = quote(&bins.peer.to_string_lossy());
     let fc = quote(&bins.c_twin.to_string_lossy());
     let x = quote(&bins.examples.to_string_lossy());
@@ -84,7 +91,7 @@ fn script(role: usize, list: &[Scenario], bins: &Bins, out: &Path, capture: bool
          for n in $(seq 100); do grep -q \"^$L \" \"$XTASK_LINK_REQUEST.done\" 2>/dev/null && break; sleep 0.1; done; \
          grep \"^$L \" \"$XTASK_LINK_REQUEST.done\" 2>/dev/null || echo \"$L timeout (no answer from the host)\"; }}"
     );
-    for (i, sc) in list.iter().enumerate() {
+    for (i, sc) in list.iter().enumerate().skip(from) {
         let port = 7000 + i;
         let f = if sc.c_twin { "$FC" } else { "$F" };
         let side = if role == 0 { "server" } else { "client" };
@@ -346,14 +353,30 @@ pub(crate) fn newest_61_kernel() -> Option<String> {
         .map(|(_, n)| n)
 }
 
+/// What the VM runs of a `faults` command ended with.
+#[derive(Default)]
+struct VmRuns {
+    /// Every VM ended its script with status 0.
+    all_succeeded: bool,
+    /// Each guest kernel crash, a sentence naming the row it was in.
+    crashes: Vec<String>,
+}
+
+/// The row a guest was in when its console log ends (the script's last
+/// `[faults] N: name` line), or `None` if it crashed before the first.
+fn crashed_row(console: &str) -> Option<(usize, String)> {
+    console.lines().rev().find_map(|l| {
+        let (_, rest) = l.split_once("[faults] ")?;
+        let (n, _) = rest.split_once(": ")?;
+        Some((n.trim().parse().ok()?, rest.trim().to_string()))
+    })
+}
+
 /// Builds the programs of `list`, writes both VMs' scripts into `dir` and
-/// runs them: the outputs land in `dir`.
-fn run_vms(
-    o: &FaultsOptions,
-    list: &[Scenario],
-    repo: &Path,
-    dir: &Path,
-) -> Result<Vec<vm::VmOutcome>> {
+/// runs them: the outputs land in `dir`. A guest kernel crash is reported
+/// with its oops, and both VMs boot again to go on from the row after it,
+/// so one crash does not cost the rest of the matrix.
+fn run_vms(o: &FaultsOptions, list: &[Scenario], repo: &Path, dir: &Path) -> Result<VmRuns> {
     // fault_peer, and the examples the selected workload rows run.
     let mut programs: Vec<&str> = list
         .iter()
@@ -399,10 +422,6 @@ fn run_vms(
         o.total_mib,
         if o.quick { " (quick profile)" } else { "" }
     );
-    let s0 = script(0, list, &bins, dir, o.capture);
-    let s1 = script(1, list, &bins, dir, o.capture);
-    fs::write(dir.join("vm0.sh"), &s0)?;
-    fs::write(dir.join("vm1.sh"), &s1)?;
     let cmd = |i: usize| {
         format!(
             "sh {}",
@@ -411,15 +430,64 @@ fn run_vms(
     };
     let vms = vm::pair(&cmd(0), &cmd(1), &o.vm)?;
     let session = vm::Session::new()?;
-    // The full profile takes ~30 min under TCG on an idle host, and CI's host was
-    // slower (1800 s was reached in scenario 30 of 31): twice the expected time.
-    let outcomes = session.run(&vms, o.vm.timeout_or(3600))?;
-    for out in &outcomes {
-        if !out.success() {
-            step!("faults: {}", out.describe());
+    let mut runs = VmRuns {
+        all_succeeded: true,
+        ..VmRuns::default()
+    };
+    let mut from = 0;
+    loop {
+        for role in [0, 1] {
+            let s = script(role, list, from, &bins, dir, o.capture);
+            fs::write(dir.join(format!("vm{role}.sh")), s)?;
+        }
+        // The full profile takes ~30 min under TCG on an idle host, and CI's host
+        // was slower (1800 s was reached in scenario 30 of 31): twice the expected
+        // time, per boot.
+        let outcomes = session.run(&vms, o.vm.timeout_or(3600))?;
+        // The row after the last one a crashed guest reached.
+        let mut next = None;
+        for out in &outcomes {
+            if !out.success() {
+                runs.all_succeeded = false;
+                step!("faults: {}", out.describe());
+            }
+            let Some(oops) = &out.panic else { continue };
+            let log = fs::read_to_string(&out.console_log).unwrap_or_default();
+            let row = crashed_row(&log);
+            let at = row.as_ref().map_or("start-up", |(_, name)| name.as_str());
+            // The next boot writes the same console log: keep this one.
+            let kept = dir.join(format!(
+                "{}.crash-{}.console.log",
+                out.name,
+                row.as_ref().map_or("start".into(), |(i, _)| i.to_string())
+            ));
+            let _ = fs::copy(&out.console_log, &kept);
+            step!("faults: {}'s guest kernel crashed during {at}:", out.name);
+            for l in oops {
+                println!("    {l}");
+            }
+            let went_on = match &row {
+                Some((i, _)) if i + 1 < list.len() => {
+                    next = next.max(Some(i + 1));
+                    "both VMs booted again to go on from the next row"
+                }
+                _ => "the rows after it did not run",
+            };
+            runs.crashes.push(format!(
+                "{}'s guest kernel crashed during {at} (`{}`; console log {}); {went_on}",
+                out.name,
+                oops.first().map_or("", String::as_str),
+                kept.file_name().unwrap_or_default().to_string_lossy()
+            ));
+        }
+        match next {
+            Some(i) => {
+                step!("faults: booting both VMs again, from row {i}");
+                from = i;
+            }
+            None => return Ok(runs),
         }
     }
-    Ok(outcomes)
 }
 
 /// Runs the fault-injection scenarios; `Ok(true)` when all pass.
@@ -439,10 +507,13 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     let list = scenarios(o);
     let dir: PathBuf = repo.join("target/faults");
     let started = std::time::Instant::now();
-    let outcomes = match o.reanalyze {
+    let runs = match o.reanalyze {
         true => {
             step!("faults: evaluating the outputs in {} again", dir.display());
-            Vec::new()
+            VmRuns {
+                all_succeeded: true,
+                ..VmRuns::default()
+            }
         }
         false => run_vms(o, &list, &repo, &dir)?,
     };
@@ -458,26 +529,6 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
         .collect();
     let t = table(&rows);
     let failed = rows.iter().filter(|r| !r.pass).count();
-    // A guest kernel that crashed: its oops, and where the run stood.
-    let mut crashes = Vec::new();
-    for out in &outcomes {
-        let Some(oops) = &out.panic else { continue };
-        let log = fs::read_to_string(&out.console_log).unwrap_or_default();
-        let at = log
-            .lines()
-            .rev()
-            .find_map(|l| l.split_once("[faults] ").map(|(_, s)| s.trim().to_string()))
-            .unwrap_or_else(|| "start-up".into());
-        step!("faults: {}'s guest kernel crashed during {at}:", out.name);
-        for l in oops {
-            println!("    {l}");
-        }
-        crashes.push(format!(
-            "{}'s guest kernel crashed during {at} (`{}`); the rows after it did not run",
-            out.name,
-            oops.first().map_or("", String::as_str)
-        ));
-    }
     // The packet trace of each failing row that kept one (`--capture`).
     let mut traces = Vec::new();
     for (i, row) in rows.iter().enumerate().filter(|(_, r)| !r.pass) {
@@ -496,7 +547,7 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     }
     let run = report::Run {
         traces,
-        crashes,
+        crashes: runs.crashes,
         quick: o.quick,
         total_mib: o.total_mib,
         only: o.only.clone(),
@@ -550,7 +601,7 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     }
     println!("\n{t}");
     println!("faults: {} passed, {failed} failed", rows.len() - failed);
-    Ok(failed == 0 && outcomes.iter().all(|o| o.success()))
+    Ok(failed == 0 && runs.all_succeeded)
 }
 
 #[cfg(test)]
@@ -616,7 +667,7 @@ mod tests {
             c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
-        let s = script(1, &both, &bins, Path::new("/r/out"), true);
+        let s = script(1, &both, 0, &bins, Path::new("/r/out"), true);
         let client = |k: usize| format!("timeout 600 $FC client \"$PEER\" -d rxe1 -p {}", 7000 + k);
         assert!(s.contains(&client(i + 1)), "{s}");
         assert!(!s.contains(&client(i)));
@@ -647,12 +698,22 @@ mod tests {
             examples: "/r/ex".into(),
         };
         assert!(list.iter().any(|s| s.name.starts_with("peer killed")));
-        let s = script(1, &list, &bins, Path::new("/r/out"), false);
+        let s = script(1, &list, 0, &bins, Path::new("/r/out"), false);
         assert!(s.contains("ip link set eth1 down"));
         assert!(s.contains("link down >>") && s.contains("link up >>"));
         assert!(s.contains("$X/asyncwatch -d rxe1 > $D/") && s.contains("grep -q PORT_ACTIVE"));
         assert!(s.contains("tc qdisc add dev eth1 root netem loss 2%"));
         assert!(s.contains("rdma statistic show link rxe1/1 > $D/0.1.stat-pre"));
+        // After a guest kernel crash in row 3, the next boot's script goes on
+        // from row 4, with the rows' own numbers, ports and files.
+        let rest = script(1, &list, 4, &bins, Path::new("/r/out"), false);
+        assert!(!rest.contains("[faults] 3: ") && rest.contains("[faults] 4: "));
+        assert!(rest.contains("$D/4.1.stat-pre") && !rest.contains("$D/0.1.stat-pre"));
+        assert!(rest.contains("-p 7004 ") && rest.contains("[faults] done"));
+        let console = "[vm0] [faults] 2: loss 1% / read\n[vm0] [faults] 3: loss 2% / send\n\
+                       [  175.1] Kernel panic - not syncing: Fatal exception in interrupt\n";
+        assert_eq!(crashed_row(console), Some((3, "3: loss 2% / send".into())));
+        assert_eq!(crashed_row("[    1.0] Kernel panic\n"), None);
         // A path outage changes a netem the client installed before its
         // transfer (never adds a root qdisc mid-transfer) and removes it
         // after; the server side touches no qdisc for it.
@@ -662,7 +723,7 @@ mod tests {
             .cloned()
             .collect();
         assert!(!outage.is_empty());
-        let c = script(1, &outage, &bins, Path::new("/r/out"), false);
+        let c = script(1, &outage, 0, &bins, Path::new("/r/out"), false);
         let add = c.find("tc qdisc add dev eth1 root netem loss 0%").unwrap();
         let start = c.find("$F client").unwrap();
         let cut = c
@@ -671,7 +732,7 @@ mod tests {
         let del = c.find("tc qdisc del dev eth1 root").unwrap();
         assert!(add < start && start < cut && cut < del);
         assert!(!c.contains("tc qdisc add dev eth1 root netem loss 100%"));
-        let srv = script(0, &outage, &bins, Path::new("/r/out"), false);
+        let srv = script(0, &outage, 0, &bins, Path::new("/r/out"), false);
         assert!(!srv.contains("tc qdisc"));
         let o = FaultsOptions {
             only: Some("loss 2% / send".into()),
@@ -751,8 +812,8 @@ mod tests {
             c_twin: "/r/fpc".into(),
             examples: "/r/ex".into(),
         };
-        let vm0 = script(0, &list, &bins, Path::new("/r/out"), false);
-        let vm1 = script(1, &list, &bins, Path::new("/r/out"), false);
+        let vm0 = script(0, &list, 0, &bins, Path::new("/r/out"), false);
+        let vm1 = script(1, &list, 0, &bins, Path::new("/r/out"), false);
         for (role, s) in [(0, &vm0), (1, &vm1)] {
             assert!(s.contains(&format!("touch $D/0.{role}.ready;")));
             assert!(s.contains(&format!("[ -e $D/0.{}.ready ]", 1 - role)));
@@ -778,8 +839,8 @@ mod tests {
             ..o
         };
         let list = scenarios(&o);
-        let vm0 = script(0, &list, &bins, Path::new("/r/out"), false);
-        let vm1 = script(1, &list, &bins, Path::new("/r/out"), false);
+        let vm0 = script(0, &list, 0, &bins, Path::new("/r/out"), false);
+        let vm1 = script(1, &list, 0, &bins, Path::new("/r/out"), false);
         assert!(vm0.contains("$X/blockstore server -d rxe1") && !vm0.contains("blockstore client"));
         assert_eq!(
             vm1.matches("$X/blockstore client \"$PEER\" -d rxe1")
