@@ -211,7 +211,7 @@ fn workloads(quick: bool) -> Vec<Scenario> {
 /// receivers on vm1, joined through rdma_cm on rxe1 with each VM's eth1
 /// address. Ours to ours (one receiving process with two queue pairs in
 /// the group, each checking every byte with `-V`), then ours against
-/// rdma-core's C `mckey` both ways. A sender starts 2 s after the
+/// rdma-core's C `mckey` both ways, and C to C as the control. A sender starts 2 s after the
 /// receivers (it sends 3 s after its own join, as mckey), so the
 /// receivers are in the group before the first datagram. The C sender
 /// posts unsignaled sends and destroys its queue pairs without waiting,
@@ -251,6 +251,14 @@ fn multicast() -> Vec<Scenario> {
             "multicast / C sender",
             "239.2.0.3",
             ("receiver", "mckey", "-C 10"),
+            ("C sender", C_MCKEY, "-s -C 40"),
+        ),
+        // The control of the row above: rdma-core on both sides, so a
+        // failure of that row can be told ours or the kernel's.
+        row(
+            "multicast / C to C",
+            "239.2.0.4",
+            ("C receiver", C_MCKEY, "-C 10"),
             ("C sender", C_MCKEY, "-s -C 40"),
         ),
     ]
