@@ -319,6 +319,24 @@ fn wait_connected(s: &mut String, out: &str) {
     );
 }
 
+/// The kernel `faults` and `soak` boot: the one `XTASK_KERNEL_PACKAGE`
+/// chose, else Debian's newest 6.1 (see [`newest_61_kernel`] for why). Returns
+/// the chosen kernel's version (`6.12.117`), which names the published
+/// reports so that they never replace the default kernel's.
+pub(crate) fn choose_kernel(cmd: &str) -> Option<String> {
+    if let Some(p) = std::env::var_os("XTASK_KERNEL_PACKAGE") {
+        return crate::kernel::package_version(&p.to_string_lossy()).map(String::from);
+    }
+    match newest_61_kernel() {
+        Some(p) => {
+            step!("{cmd}: using {p} (rxe in 6.12 is unstable under netem; see faults.rs)");
+            std::env::set_var("XTASK_KERNEL_PACKAGE", p);
+        }
+        None => step!("{cmd}: no Debian 6.1 kernel package found; using the default kernel"),
+    }
+    None
+}
+
 /// The newest Debian 6.1 kernel package (`linux-image-6.1.0-N-amd64`).
 ///
 /// The fault suite boots 6.1, not 6.12: rdma_rxe in Debian's 6.12 kernel
@@ -329,7 +347,7 @@ fn wait_connected(s: &mut String, out: &str) {
 /// 6.12.117 ran the whole profile once without a fault of its own, then
 /// panicked in the next run's first row (`net_rx_action`, a NULL pointer,
 /// in the softirq that rxe's ACK transmit let run).
-pub(crate) fn newest_61_kernel() -> Option<String> {
+fn newest_61_kernel() -> Option<String> {
     let out = std::process::Command::new("apt-cache")
         .args([
             "search",
@@ -490,17 +508,7 @@ fn run_vms(o: &FaultsOptions, list: &[Scenario], repo: &Path, dir: &Path) -> Res
 /// Runs the fault-injection scenarios; `Ok(true)` when all pass.
 pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     let repo = crate::repo_root()?;
-    // A kernel the user chose names its own published report.
-    let chosen = std::env::var("XTASK_KERNEL_PACKAGE").ok();
-    if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
-        match newest_61_kernel() {
-            Some(p) => {
-                step!("faults: using {p} (rxe in 6.12 is unstable under netem; see faults.rs)");
-                std::env::set_var("XTASK_KERNEL_PACKAGE", p);
-            }
-            None => step!("faults: no Debian 6.1 kernel package found; using the default kernel"),
-        }
-    }
+    let chosen = choose_kernel("faults");
     let list = scenarios(o);
     let dir: PathBuf = repo.join("target/faults");
     let started = std::time::Instant::now();
@@ -563,10 +571,9 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     fs::write(&generated, &md)?;
     step!("faults: report in {}", generated.display());
     if o.publish {
-        let docs = repo.join("docs").join(report::published_name(
-            o.only.as_deref(),
-            chosen.as_deref().and_then(crate::kernel::package_version),
-        ));
+        let docs = repo
+            .join("docs")
+            .join(report::published_name(o.only.as_deref(), chosen.as_deref()));
         fs::write(&docs, &md)?;
         step!("faults: published to {}", docs.display());
     }

@@ -266,14 +266,7 @@ fn script(role: usize, o: &SoakOptions, peer: &Path, dir: &Path, events: &[Event
 /// `Ok(true)` when it found nothing wrong.
 pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
     let repo = crate::repo_root()?;
-    // A kernel the user chose names its own published report.
-    let chosen = std::env::var("XTASK_KERNEL_PACKAGE").ok();
-    if std::env::var_os("XTASK_KERNEL_PACKAGE").is_none() {
-        if let Some(p) = crate::faults::newest_61_kernel() {
-            step!("soak: using {p} (as `faults`: rxe in 6.12 is unstable under netem)");
-            std::env::set_var("XTASK_KERNEL_PACKAGE", p);
-        }
-    }
+    let chosen = crate::faults::choose_kernel("soak");
     let dir: PathBuf = repo.join("target/soak");
     let events = match o.no_faults {
         true => Vec::new(),
@@ -312,7 +305,7 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
             true => "soak-trace",
             false => "soak",
         });
-        if let Some(v) = chosen.as_deref().and_then(crate::kernel::package_version) {
+        if let Some(v) = &chosen {
             name = format!("{name}-{v}");
         }
         let docs = repo.join("docs").join(name + ".md");

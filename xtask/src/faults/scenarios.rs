@@ -211,9 +211,9 @@ fn workloads(quick: bool) -> Vec<Scenario> {
 /// receivers on vm1, joined through rdma_cm on rxe1 with each VM's eth1
 /// address. Ours to ours (one receiving process with two queue pairs in
 /// the group, each checking every byte with `-V`), then ours against
-/// rdma-core's C `mckey` both ways, and C to C as the control. A sender starts 2 s after the
-/// receivers (it sends 3 s after its own join, as mckey), so the
-/// receivers are in the group before the first datagram. The C sender
+/// rdma-core's C `mckey` both ways, and C to C as the control. A sender
+/// starts 2 s after the receivers (it sends 3 s after its own join, as
+/// mckey), so the receivers are in the group before the first datagram. The C sender
 /// posts unsignaled sends and destroys its queue pairs without waiting,
 /// so rxe may drop its last ones: it sends 40 per id for the receiver's
 /// 10 (as tests/multicast.rs).
