@@ -116,14 +116,9 @@ fn run(cli: Cli) -> Result<()> {
                 left.as_millis().clamp(1, i32::MAX as u128) as i32
             }
         };
-        let mut fds = [rustix::event::PollFd::new(
-            &ctx,
-            rustix::event::PollFlags::IN,
-        )];
-        match rustix::event::poll(&mut fds, ms) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
+        match ibverbs_suite::wait_readable(ctx.as_raw_fd(), ms) {
+            Ok(false) => continue,
+            Ok(true) => {}
             Err(e) => return Err(format!("poll on the async event fd: {e}").into()),
         }
         // Acknowledged inside get_async_event: `ev` is plain data.

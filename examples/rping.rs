@@ -17,7 +17,7 @@
 //! `rdmacm` feature (and the rdma_cm kernel modules).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -165,7 +165,7 @@ impl Conn {
             }
             let mut fds = [
                 libc::pollfd {
-                    fd: self.cq_ch.as_fd().as_raw_fd(),
+                    fd: self.cq_ch.as_raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },

@@ -258,7 +258,7 @@ fn wait_event(
     done: &mut Completions,
     what: &str,
 ) -> Result<usize> {
-    use rustix::event::{poll, PollFd, PollFlags};
+    use std::os::fd::AsRawFd;
     let deadline = Instant::now() + timeout;
     loop {
         let n = cq.poll(done)?;
@@ -277,14 +277,12 @@ fn wait_event(
             return Err(timed_out(timeout, what));
         }
         let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-        let mut fds = [PollFd::new(ch, PollFlags::IN)];
-        match poll(&mut fds, ms) {
-            Ok(0) => continue,
-            Ok(_) => {
+        match crate::wait_readable(ch.as_raw_fd(), ms) {
+            Ok(false) => continue,
+            Ok(true) => {
                 ch.get_event()?;
                 *armed = false;
             }
-            Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(format!("poll on the completion channel: {e}").into()),
         }
     }

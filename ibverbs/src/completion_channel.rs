@@ -1,6 +1,6 @@
 //! Completion channels: sleep until a CQ has a completion.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,8 +46,8 @@ impl Drop for ChannelInner {
 /// A completion event channel (`struct ibv_comp_channel`): a file
 /// descriptor that becomes readable when an armed CQ gets a completion.
 ///
-/// Use it with `poll(2)`/epoll/an async runtime through [`AsFd`], then
-/// [`CompletionChannel::get_event`], re-arm with
+/// Watch its descriptor ([`AsRawFd`]) with `poll(2)`/epoll/an async
+/// runtime, then [`CompletionChannel::get_event`], re-arm with
 /// [`CompletionQueue::req_notify`] and poll the CQ. Events are acknowledged
 /// for you (in batches, and all of them before the CQ is destroyed).
 ///
@@ -228,17 +228,16 @@ impl CompletionChannel {
     }
 }
 
+/// The descriptor, lent for readiness only (`poll(2)`, epoll, Tokio's
+/// `AsyncFd`). There is deliberately no `AsFd`: a `BorrowedFd` would let
+/// safe code `read(2)` an event past libibverbs, which then never
+/// acknowledges it, and `ibv_destroy_cq` waits for that acknowledgement
+/// forever. Reading, writing or closing the raw descriptor is the
+/// caller's `unsafe` (DESIGN.md, threat model: descriptors lent out).
 impl AsRawFd for CompletionChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: `fd` is an immutable field of the live channel.
         unsafe { (*self.as_ptr()).fd }
-    }
-}
-
-impl AsFd for CompletionChannel {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd stays open while the channel lives.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }
 

@@ -2,7 +2,7 @@
 //! factory for every other verbs object.
 
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -435,19 +435,19 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<()> {
     Ok(())
 }
 
+/// The async event descriptor, lent for readiness only (poll it for
+/// readability before [`Context::get_async_event`]; `poll(2)`, epoll,
+/// Tokio's `AsyncFd`). There is deliberately no `AsFd`: a `BorrowedFd`
+/// would let safe code `read(2)` an async event past libibverbs, which
+/// then never acknowledges it, and `ibv_destroy_qp`/`_srq`/`_cq` wait for
+/// that acknowledgement forever. Reading, writing or closing the raw
+/// descriptor is the caller's `unsafe` (DESIGN.md, threat model:
+/// descriptors lent out).
 impl AsRawFd for Context {
-    /// The async event fd (poll it for readability before
-    /// [`Context::get_async_event`]).
+    /// The async event fd.
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: `async_fd` is an immutable field of the live context.
         unsafe { (*self.as_ptr()).async_fd }
-    }
-}
-
-impl AsFd for Context {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd is open while the context is.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The rdma_cm event channel and its events.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,17 +47,17 @@ impl std::fmt::Debug for EventChannel {
     }
 }
 
+/// The descriptor, lent for readiness only (`poll(2)`, epoll, Tokio's
+/// `AsyncFd`). There is deliberately no `AsFd`: rdma_ucm's `write(2)`
+/// commands carry user pointers the kernel writes responses to, so a
+/// `BorrowedFd` would let safe code make the kernel write anywhere, and
+/// a `read(2)` would take an event librdmacm never acknowledges. Any I/O
+/// on the raw descriptor is the caller's `unsafe` (DESIGN.md, threat
+/// model: descriptors lent out).
 impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: live channel; `fd` is immutable.
         unsafe { (*self.inner.ch.as_ptr()).fd }
-    }
-}
-
-impl AsFd for EventChannel {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the fd stays open while the channel (borrowed) lives.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
     }
 }
 
