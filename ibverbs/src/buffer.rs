@@ -144,8 +144,11 @@ impl Region {
     }
 
     /// Whether `next` starts where `self` ends, in the same region.
+    /// (Registration keeps `iova + len` within a u64, so the end exists;
+    /// checked all the same, since a wrong `true` would join two handles.)
     fn precedes(&self, next: &Region) -> bool {
-        Arc::ptr_eq(&self.mr, &next.mr) && self.addr() + self.len as u64 == next.addr()
+        Arc::ptr_eq(&self.mr, &next.mr)
+            && self.addr().checked_add(self.len as u64) == Some(next.addr())
     }
 
     /// `[0, size)`, `[size, 2 size)`, … and the remainder (shorter than

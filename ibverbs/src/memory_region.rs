@@ -115,8 +115,8 @@ impl RegisterOptions {
     /// page (page-aligned storage, such as [`AnonymousMemory`] or
     /// [`ProtectionDomain::alloc`], with a page-aligned IOVA): otherwise
     /// the registration fails with [`Error::Verb`] naming
-    /// `ibv_reg_mr_iova2` (`EINVAL`). `iova + len` must not pass the end of
-    /// the address space ([`Error::OutOfRange`]).
+    /// `ibv_reg_mr_iova2` (`EINVAL`). `iova + len` must be at most
+    /// `u64::MAX` ([`Error::OutOfRange`]), so the region's end exists.
     #[doc(alias = "ibv_reg_mr_iova2")]
     pub fn iova(mut self, iova: u64) -> Self {
         self.iova = Some(iova);
@@ -217,9 +217,19 @@ impl AnonymousMemory {
     /// normal pages. [`AnonymousMemory::is_huge`] says which happened.
     ///
     /// # Errors
-    /// [`Error::Verb`] naming `mmap` when even the fallback fails.
+    /// [`Error::OutOfRange`] when `len` rounded up to whole 2 MiB pages
+    /// does not fit a `usize`; [`Error::Verb`] naming `mmap` when even the
+    /// fallback fails.
     pub fn huge_or_normal(len: usize) -> Result<Self> {
-        let huge_len = len.max(1).next_multiple_of(2 << 20);
+        const HUGE: usize = 2 << 20;
+        let huge_len = len
+            .max(1)
+            .checked_next_multiple_of(HUGE)
+            .ok_or(Error::OutOfRange {
+                what: "huge-page memory length (rounded up to 2 MiB pages)",
+                value: len as u64,
+                max: (usize::MAX - usize::MAX % HUGE) as u64,
+            })?;
         match memmap2::MmapOptions::new()
             .len(huge_len)
             .huge(None)
@@ -437,12 +447,13 @@ impl ProtectionDomain {
             return Err(Error::EmptyRegistration);
         }
         if let Some(iova) = iova {
-            // Device addresses of the region must not wrap: RemoteMemory
-            // and the SGEs built from it assume `addr + len` exists.
-            let max = u64::MAX - (len as u64 - 1);
+            // `iova + len` must be a u64: the region's end is computed
+            // (`RemoteMemory::from_bytes` checks it, joining pieces adds
+            // it), so its last byte may be at most `u64::MAX - 1`.
+            let max = u64::MAX - len as u64;
             if iova > max {
                 return Err(Error::OutOfRange {
-                    what: "iova (iova + length would wrap the address space)",
+                    what: "iova (iova + length must not pass 2^64 - 1)",
                     value: iova,
                     max,
                 });
@@ -637,7 +648,8 @@ impl ProtectionDomain {
     /// pages; see [`MemoryRegion::is_huge`]) and registers them.
     ///
     /// # Errors
-    /// As [`ProtectionDomain::register`].
+    /// As [`AnonymousMemory::huge_or_normal`] and
+    /// [`ProtectionDomain::register`].
     pub fn alloc_huge(
         &self,
         len: usize,
