@@ -367,7 +367,9 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         .max_inline_data(16)
         .build()
     {
-        Err(ibverbs::Error::CqTooSmall { capacity, needed }) => {
+        Err(ibverbs::Error::CqTooSmall {
+            capacity, needed, ..
+        }) => {
             eprintln!("fault_peer: CQ of {capacity} for queues asked {needed} deep: refused");
             st.status = "refused:CqTooSmall".into();
             return Ok(st);

@@ -265,7 +265,9 @@ fn many_queue_pairs_share_one_cq() {
     let free = cq.capacity() as usize - 3 * live;
     let more: Vec<QueuePair> = (0..free / 3).map(|_| new_qp().unwrap()).collect();
     match new_qp() {
-        Err(Error::CqTooSmall { capacity, needed }) => {
+        Err(Error::CqTooSmall {
+            capacity, needed, ..
+        }) => {
             assert_eq!(capacity, cq.capacity());
             // The send queue's 2 fit when 2 entries were left over, then
             // the receive queue's 1 did not.

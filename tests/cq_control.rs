@@ -153,7 +153,8 @@ fn cq_resize_below_registered_depth_is_refused() {
             Error::CqResizeTooSmall {
                 verb: "ibv_resize_cq",
                 requested: 15,
-                registered: 16
+                registered: 16,
+                owed: 0,
             }
         ),
         "{e:?}"
@@ -183,6 +184,7 @@ fn cq_resize_below_registered_depth_is_refused() {
         Err(Error::CqTooSmall {
             capacity,
             needed: n,
+            owed: 0,
         }) => {
             assert_eq!((capacity, n), (got, needed))
         }

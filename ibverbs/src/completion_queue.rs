@@ -1,7 +1,7 @@
 //! Completion queues and polling.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
@@ -48,8 +48,14 @@ pub(crate) struct CqInner {
     /// their depths, whose sum never exceeds `cqe` (checked when a queue
     /// pair is created), so the CQ cannot overrun. Polling reads it (a
     /// shared lock: pollers of one CQ do not wait for each other here);
-    /// only creating and destroying queues, and `resize`, write-lock it.
+    /// only creating, resetting and destroying queues, `resize`, and
+    /// paying debts write-lock it.
     tables: RwLock<Registry>,
+    /// The generation of the newest debt in `tables` (completions a reset
+    /// or destroyed queue may have left queued), 0 when none is unpaid:
+    /// an empty poll looks here before returning (see `repoll_owed`).
+    /// Written under `tables`' write lock.
+    unpaid: AtomicU64,
     unacked: AtomicU32,
     /// With a channel: the `cq_context` of the C CQ, a `Weak` to this
     /// value leaked by [`Weak::into_raw`], which
@@ -288,6 +294,7 @@ impl<'a> CompletionQueueBuilder<'a> {
                 ctx: self.ctx.clone(),
                 channel: self.channel.map(CompletionChannel::attach_cq),
                 tables: RwLock::new(Registry::new()),
+                unpaid: AtomicU64::new(0),
                 unacked: AtomicU32::new(0),
                 event_ctx,
                 cqe: AtomicU32::new(cqe),
@@ -360,23 +367,97 @@ impl CompletionQueue {
         if tables.contains(table.id()) {
             return Ok(());
         }
-        let needed = cq_needed(tables.depth_sum(), depth);
+        let owed = tables.owed();
+        let needed = cq_needed(tables.depth_sum() + owed, depth);
         // Under the write lock: `resize` cannot change it meanwhile.
         let capacity = self.inner.cqe.load(Ordering::Relaxed);
         if needed > u64::from(capacity) {
-            return Err(crate::Error::CqTooSmall { capacity, needed });
+            return Err(crate::Error::CqTooSmall {
+                capacity,
+                needed,
+                owed,
+            });
         }
         tables.insert(table, depth);
         Ok(())
     }
 
     /// Stops the queue of table `id` from reporting here: its completions
-    /// still in the CQ become orphans.
-    pub(crate) fn unregister(&self, id: u32) {
-        let table = self.inner.tables.write().remove(id);
-        // The lock is released (the guard was a temporary): the table goes
-        // here if this was its last reference.
+    /// still in the CQ become orphans, and up to `queued` of them (what
+    /// [`TableState::take_all`](crate::wq_table::TableState::take_all)
+    /// counted) are charged to the CQ until a poll finds it empty.
+    pub(crate) fn unregister(&self, id: u32, queued: u32) {
+        let mut tables = self.inner.tables.write();
+        let table = tables.remove(id);
+        if let Some(gen) = tables.owe(id, queued, true) {
+            self.inner.unpaid.store(gen, Ordering::Release);
+        }
+        drop(tables);
+        // After the lock: the table goes here if this was its last reference.
         drop(table);
+    }
+
+    /// Records that queue `id`, reset, holds `held` slots of its ring for
+    /// completions the reset may have left here, until a poll finds the
+    /// CQ empty (then [`TableState::release_held`](crate::wq_table::TableState::release_held)).
+    pub(crate) fn owe_after_reset(&self, id: u32, held: u32) {
+        let mut tables = self.inner.tables.write();
+        if let Some(gen) = tables.owe(id, held, false) {
+            self.inner.unpaid.store(gen, Ordering::Release);
+        }
+    }
+
+    /// Whether debts are unpaid: an empty poll then polls once more
+    /// ([`repoll_owed`](Self::repoll_owed)). One load, on empty polls only.
+    #[inline(always)]
+    pub(crate) fn owes(&self) -> bool {
+        self.inner.unpaid.load(Ordering::Relaxed) != 0
+    }
+
+    /// The debts a poll may pay if it finds the CQ empty: those recorded
+    /// before it began (the `Acquire` pairs with the recording's
+    /// `Release`, which follows the reset or destroy that returned).
+    /// `None` when none is unpaid.
+    #[cold]
+    pub(crate) fn debts_before_poll(&self) -> Option<u64> {
+        match self.inner.unpaid.load(Ordering::Acquire) {
+            0 => None,
+            gen => Some(gen),
+        }
+    }
+
+    /// A poll that began after debt `gen` was recorded found the CQ empty:
+    /// the completions every debt up to `gen` stood for (queued before it
+    /// was recorded) have been polled, so they are paid. Reset queues get
+    /// their held slots back.
+    #[cold]
+    pub(crate) fn pay(&self, gen: u64) {
+        let mut tables = self.inner.tables.write();
+        let more = tables.pay(gen, |table, n| match table {
+            TableRef::Send(t) => t.lock().release_held(t, n),
+            TableRef::Recv(t) => t.lock().release_held(t, n),
+        });
+        if !more {
+            self.inner.unpaid.store(0, Ordering::Release);
+        }
+    }
+
+    /// The tail of an empty [`poll`](Self::poll) while debts are unpaid:
+    /// polls once more, and pays them if that finds the CQ empty too.
+    #[cold]
+    #[inline(never)]
+    fn repoll_owed(&self, out: &mut Completions, start: usize) -> Result<usize> {
+        let Some(gen) = self.debts_before_poll() else {
+            return Ok(0);
+        };
+        let raw = &mut out.raw[start..];
+        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
+        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
+        if n == 0 {
+            self.pay(gen);
+            return Ok(0);
+        }
+        self.polled(out, start, n)
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -427,6 +508,9 @@ impl CompletionQueue {
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
         let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
         if n == 0 {
+            if self.owes() {
+                return self.repoll_owed(out, start);
+            }
             return Ok(0);
         }
         self.polled(out, start, n)
@@ -472,14 +556,36 @@ impl CompletionQueue {
         }
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
-        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
+        let mut n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
         if n == 0 {
-            return Ok(None);
+            if !self.owes() {
+                return Ok(None);
+            }
+            n = self.repoll_one_owed(&mut wc);
+            if n == 0 {
+                return Ok(None);
+            }
         }
         ret_count("ibv_poll_cq", n)?;
         // SAFETY: the provider reported one entry, so it wrote `wc` whole.
         let wc = unsafe { wc.assume_init() };
         Ok(Some(self.complete_one(wc, None)))
+    }
+
+    /// [`repoll_owed`](Self::repoll_owed) for [`poll_one`](Self::poll_one):
+    /// the provider's answer for one entry.
+    #[cold]
+    #[inline(never)]
+    fn repoll_one_owed(&self, wc: &mut std::mem::MaybeUninit<sys::ibv_wc>) -> i32 {
+        let Some(gen) = self.debts_before_poll() else {
+            return 0;
+        };
+        // SAFETY: live CQ; `wc` has room for the one entry asked for.
+        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
+        if n == 0 {
+            self.pay(gen);
+        }
+        n
     }
 
     /// The [`Completion`] of one raw entry polled by `poll_one`.
@@ -561,7 +667,9 @@ impl CompletionQueue {
     ///   queue until the queue is destroyed (a prepared request's for
     ///   good), its queue's in-flight slots stay taken (the queue fills
     ///   up), and its `wr_id` is the library's tag (a prepared posting's
-    ///   carries a heap address);
+    ///   carries a heap address); and an empty poll here pays no debt of
+    ///   a reset or destroyed queue (DESIGN.md, "A CQ holds a completion
+    ///   of every request"): their entries stay held, the capacity charged;
     /// * every completion returned is treated as the completion of the raw
     ///   request its `wr_id` names (the buffers of that request are the
     ///   caller's again only from here, per the raw posting contract).

@@ -154,16 +154,41 @@ pub enum Error {
     /// pair is not created. Providers may grant deeper queues than asked
     /// ([`QueuePair::caps`](crate::QueuePair::caps)): keeping more than the
     /// asked depth outstanding can still overrun a CQ sized to the request.
+    ///
+    /// Completions that destroyed queues may have left queued (`owed`)
+    /// count too until a poll finds the CQ empty: poll it empty first.
     #[error(
         "the completion queue holds {capacity} completions, but the queues reporting to it \
-         were asked for {needed}: create it with at least {needed} entries"
+         were asked for {needed}{}: create it with at least {needed} entries",
+        owed_text(*.owed)
     )]
     CqTooSmall {
         /// The CQ's capacity.
         capacity: u32,
         /// The sum of the depths asked for the queues that would report
-        /// to it.
+        /// to it, and of `owed`.
         needed: u64,
+        /// Of `needed`: completions that destroyed queues may have left
+        /// queued, charged until a poll finds the CQ empty.
+        owed: u64,
+    },
+    /// A queue pair's work queue, moved to RESET with requests
+    /// outstanding, holds one entry per such request until its completion
+    /// queue is polled empty: the completions of those that had finished
+    /// may still be queued there, and new requests beside them could
+    /// overrun the CQ, losing completions and their buffers. Poll the CQ
+    /// until a poll returns nothing, then post again. Nothing was posted.
+    #[error(
+        "{queue}: {held} of its {depth} entries are held until its completion queue is polled \
+         empty (a move to RESET discarded requests whose completions may still be queued)"
+    )]
+    QueueHeldAfterReset {
+        /// Which queue (`send queue`, `receive queue`).
+        queue: &'static str,
+        /// The entries held.
+        held: u32,
+        /// Its capacity.
+        depth: u32,
     },
     /// A completion channel (or a context's async-event descriptor) is
     /// already driven by an `AsyncQueuePair` (an
@@ -632,15 +657,20 @@ pub enum Error {
     /// the CQ is unchanged.
     #[error(
         "{verb}: {requested} entries asked, but the queues reporting to the completion queue \
-         were asked for {registered}"
+         were asked for {registered}{}",
+        owed_text(*.owed)
     )]
     CqResizeTooSmall {
         /// The verb not called (`ibv_resize_cq`).
         verb: &'static str,
         /// The size asked for.
         requested: u32,
-        /// The sum of the depths asked for the queues reporting to it.
+        /// The sum of the depths asked for the queues reporting to it,
+        /// and of `owed`.
         registered: u64,
+        /// Of `registered`: completions that destroyed queues may have left
+        /// queued, charged until a poll finds the CQ empty.
+        owed: u64,
     },
     /// The device does not report the capability a verb needs (its
     /// attributes say so), so the verb was not called.
@@ -863,6 +893,19 @@ impl std::fmt::Display for WireProblem {
 }
 
 /// `named "x"` or `found`, for [`Error::NoDevice`].
+/// The part of a CQ-size message about completions destroyed queues may
+/// have left queued.
+fn owed_text(owed: u64) -> String {
+    if owed == 0 {
+        String::new()
+    } else {
+        format!(
+            " (including {owed} that destroyed queues may have left queued, until a poll finds \
+             it empty)"
+        )
+    }
+}
+
 fn device_named(name: &Option<String>) -> String {
     match name {
         Some(n) => format!("named {n:?}"),
@@ -1027,6 +1070,7 @@ impl Error {
             Error::NotReadyToSend { .. } => K::NotConnected,
             Error::QueuePairInError { .. } => K::BrokenPipe,
             Error::QueueFull { .. }
+            | Error::QueueHeldAfterReset { .. }
             | Error::WindowBusy
             | Error::RegionInUse { .. }
             | Error::AlreadyDriven { .. }

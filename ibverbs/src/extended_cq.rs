@@ -270,6 +270,22 @@ impl CompletionQueue {
     /// `ibv_next_poll`, `ibv_end_poll`, reading the fields it was created
     /// with into `out`, buffers handed back as for a classic CQ.
     pub(crate) fn poll_extended(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
+        let n = self.poll_extended_cycles(ex, out)?;
+        if n == 0 && self.owes() {
+            // As `poll`'s `repoll_owed`: once more, paying if still empty.
+            if let Some(gen) = self.debts_before_poll() {
+                let n = self.poll_extended_cycles(ex, out)?;
+                if n == 0 {
+                    self.pay(gen);
+                }
+                return Ok(n);
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`poll_extended`](Self::poll_extended) without the debts.
+    fn poll_extended_cycles(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
         let start = out.free_start();
         let room = out.raw.len() - start;
         let c = ex.cq.as_ptr();
@@ -320,6 +336,22 @@ impl CompletionQueue {
     /// [`CompletionQueue::poll_one`] of an extended CQ: one poll cycle,
     /// one completion.
     pub(crate) fn poll_one_extended(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
+        let got = self.poll_one_extended_cycle(ex)?;
+        if got.is_none() && self.owes() {
+            // As `poll`'s `repoll_owed`: once more, paying if still empty.
+            if let Some(gen) = self.debts_before_poll() {
+                let got = self.poll_one_extended_cycle(ex)?;
+                if got.is_none() {
+                    self.pay(gen);
+                }
+                return Ok(got);
+            }
+        }
+        Ok(got)
+    }
+
+    /// [`poll_one_extended`](Self::poll_one_extended) without the debts.
+    fn poll_one_extended_cycle(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
         let c = ex.cq.as_ptr();
         let mut attr = sys::ibv_poll_cq_attr::default();
         // SAFETY: live extended CQ; `start` checked non-NULL at creation.

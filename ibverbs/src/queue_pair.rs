@@ -247,11 +247,16 @@ impl QpInner {
         // SAFETY: live QP, destroyed exactly once (callers guarantee it).
         let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         let result = crate::error::ret_errno("ibv_destroy_qp", rc);
-        self.send_cq.unregister(self.send.id);
-        release_after_destroy(rc == 0, self.send.lock().take_all());
+        // What the queues held may still be queued in the CQs, each charged
+        // until a poll finds its CQ empty (DESIGN.md, "A CQ holds a
+        // completion of every request").
+        let (send, queued) = self.send.lock().take_all(&self.send);
+        self.send_cq.unregister(self.send.id, queued);
+        release_after_destroy(rc == 0, send);
         if let Some(recv) = &self.recv {
-            self.recv_cq.unregister(recv.id);
-            release_after_destroy(rc == 0, recv.lock().take_all());
+            let (payloads, queued) = recv.lock().take_all(recv);
+            self.recv_cq.unregister(recv.id, queued);
+            release_after_destroy(rc == 0, payloads);
         }
         result
     }

@@ -45,12 +45,15 @@ impl Drop for SrqInner {
         // so all of them are destroyed. Errors cannot be reported from Drop.
         let rc = unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
         let cqs = std::mem::take(&mut *self.cqs.lock().unwrap_or_else(|p| p.into_inner()));
+        let (payloads, queued) = self.table.lock().take_all(&self.table);
+        // Any of the outstanding receives may have completed into any of
+        // the CQs: each is charged all of them until polled empty.
         for cq in cqs {
-            cq.unregister(self.table.id);
+            cq.unregister(self.table.id, queued);
         }
         // Only once the SRQ is gone does the device no longer write its
         // buffers; if the destroy failed they are leaked, never freed.
-        release_after_destroy(rc == 0, self.table.lock().take_all());
+        release_after_destroy(rc == 0, payloads);
     }
 }
 

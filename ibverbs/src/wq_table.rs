@@ -123,8 +123,12 @@ pub(crate) struct TableState<S> {
     slots: Vec<Slot>,
     head: u32,
     tail: u32,
+    /// Ring: how many requests may be outstanding, the capacity less the
+    /// entries held for completions a reset may have left in the CQ
+    /// ([`reset`](Self::reset)); one field, so that checking room costs
+    /// no more with them.
+    limit: u32,
     free: Vec<u32>,
-    gens: Vec<u8>,
     /// Per-queue scratch space for building C work requests (no allocation
     /// on the data path).
     pub(crate) scratch: S,
@@ -175,9 +179,9 @@ impl<S> WqTable<S> {
         };
         let mut slots = Vec::with_capacity(count as usize);
         slots.resize_with(count as usize, Slot::default);
-        let (free, gens) = match mode {
-            Mode::Ring => (Vec::new(), Vec::new()),
-            Mode::Slab => ((0..capacity).rev().collect(), vec![0; capacity as usize]),
+        let free = match mode {
+            Mode::Ring => Vec::new(),
+            Mode::Slab => (0..capacity).rev().collect(),
         };
         Arc::new(WqTable {
             id,
@@ -189,8 +193,8 @@ impl<S> WqTable<S> {
                 slots,
                 head: 0,
                 tail: 0,
+                limit: capacity,
                 free,
-                gens,
                 scratch,
             }),
         })
@@ -222,10 +226,10 @@ impl<S> WqTable<S> {
 }
 
 impl<S: Kind> TableState<S> {
-    /// Free slots.
-    pub(crate) fn available(&self, mode: Mode, capacity: u32) -> u32 {
+    /// Free slots (a ring's less those [held](Self::reset)).
+    pub(crate) fn available(&self, mode: Mode) -> u32 {
         match mode {
-            Mode::Ring => capacity - self.head.wrapping_sub(self.tail),
+            Mode::Ring => self.limit - self.head.wrapping_sub(self.tail),
             Mode::Slab => self.free.len() as u32,
         }
     }
@@ -239,7 +243,10 @@ impl<S: Kind> TableState<S> {
             Mode::Ring => self.head,
             Mode::Slab => {
                 let idx = *self.free.last().expect("caller checked available()");
-                (u32::from(self.gens[idx as usize].wrapping_add(1)) << 24) | idx
+                // A slab slot's last tag carries its generation (bits
+                // 31..24): the next one is one more.
+                let generation = (self.slots[idx as usize].tag >> 24).wrapping_add(1) & 0xff;
+                (generation << 24) | idx
             }
         }
     }
@@ -285,7 +292,6 @@ impl<S: Kind> TableState<S> {
             }
             Mode::Slab => {
                 let idx = self.free.pop().expect("caller checked available()");
-                self.gens[idx as usize] = (tag >> 24) as u8;
                 idx as usize
             }
         };
@@ -443,13 +449,18 @@ impl<S: Kind> TableState<S> {
         }
     }
 
-    /// Number of outstanding requests.
+    /// Number of outstanding requests (held entries are none).
     pub(crate) fn outstanding(&self, mode: Mode, capacity: u32) -> u32 {
-        capacity - self.available(mode, capacity)
+        match mode {
+            Mode::Ring => self.head.wrapping_sub(self.tail),
+            Mode::Slab => capacity - self.free.len() as u32,
+        }
     }
 
-    /// Takes every outstanding payload (after the queue was destroyed).
-    pub(crate) fn take_all(&mut self) -> Vec<(u64, Payload)> {
+    /// Takes every outstanding payload (after the queue was destroyed),
+    /// and how many completions the CQ may still hold for the queue: one
+    /// per outstanding request, and one per entry [held](Self::reset).
+    pub(crate) fn take_all(&mut self, table: &WqTable<S>) -> (Vec<(u64, Payload)>, u32) {
         let mut out = Vec::new();
         for slot in &mut self.slots {
             if slot.occupied {
@@ -458,7 +469,38 @@ impl<S: Kind> TableState<S> {
             }
         }
         self.tail = self.head;
-        out
+        let queued = out.len() as u32 + self.held(table);
+        self.limit = table.capacity;
+        (out, queued)
+    }
+
+    /// Ring entries held by [`reset`](Self::reset).
+    pub(crate) fn held(&self, table: &WqTable<S>) -> u32 {
+        match table.mode {
+            Mode::Ring => table.capacity - self.limit,
+            Mode::Slab => 0,
+        }
+    }
+
+    /// After a move to RESET (ring only): takes every outstanding payload,
+    /// as [`take_all`](Self::take_all), but holds one entry of the ring per
+    /// request it took until the CQ was found empty
+    /// ([`release_held`](Self::release_held)). The device forgot the
+    /// requests, but the completions of those that had finished may still
+    /// be queued; more requests beside them could overrun the CQ. Their
+    /// tags stay behind the tail, so those completions claim nothing.
+    /// Returns the payloads and how many entries it newly holds.
+    pub(crate) fn reset(&mut self, table: &WqTable<S>) -> (Vec<(u64, Payload)>, u32) {
+        let before = self.held(table);
+        let (out, queued) = self.take_all(table);
+        self.limit = table.capacity - queued;
+        (out, queued - before)
+    }
+
+    /// Gives back up to `n` [held](Self::reset) entries: the CQ was found
+    /// empty, so the completions they stood for are gone.
+    pub(crate) fn release_held(&mut self, table: &WqTable<S>, n: u32) {
+        self.limit = self.limit.saturating_add(n).min(table.capacity);
     }
 }
 
@@ -467,9 +509,7 @@ impl<S: Kind> TableState<S> {
     /// Heap bytes of the slots and the slab's free list (footprint tests).
     pub(crate) fn slot_heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        self.slots.capacity() * size_of::<Slot>()
-            + self.free.capacity() * size_of::<u32>()
-            + self.gens.capacity()
+        self.slots.capacity() * size_of::<Slot>() + self.free.capacity() * size_of::<u32>()
     }
 }
 
@@ -486,13 +526,29 @@ impl<S: Kind> WqTable<S> {
     }
 
     pub(crate) fn check_room(&self, st: &TableState<S>, n: usize) -> Result<()> {
-        if (st.available(self.mode(), self.capacity) as usize) < n {
-            return Err(Error::QueueFull {
-                queue: self.queue,
-                depth: self.capacity,
-            });
+        if (st.available(self.mode()) as usize) < n {
+            return Err(self.no_room(st));
         }
         Ok(())
+    }
+
+    /// Why [`check_room`](Self::check_room) refused: slots held after a
+    /// reset, or a full queue.
+    #[cold]
+    fn no_room(&self, st: &TableState<S>) -> Error {
+        let held = st.held(self);
+        if held > 0 {
+            Error::QueueHeldAfterReset {
+                queue: self.queue,
+                held,
+                depth: self.capacity,
+            }
+        } else {
+            Error::QueueFull {
+                queue: self.queue,
+                depth: self.capacity,
+            }
+        }
     }
 }
 
@@ -647,7 +703,7 @@ mod tests {
         let b = st.reserve_as(&table, 11, Payload::default(), false);
         let c = st.reserve_as(&table, 12, Payload::default(), false);
         assert_eq!((a, b, c), (u32::MAX - 1, u32::MAX, 0));
-        assert_eq!(st.available(Mode::Ring, table.capacity()), 0);
+        assert_eq!(st.available(Mode::Ring), 0);
         assert_eq!(
             [a, b, c].map(|t| tagged(&st, &table, t)),
             [10, 11, 12],
@@ -847,5 +903,78 @@ mod tests {
             }
             assert_eq!(st.outstanding(Mode::Ring, table.capacity()), 0);
         }
+    }
+
+    #[test]
+    fn a_reset_holds_a_slot_per_outstanding_request_until_released() {
+        // Capacity 4, three outstanding (one claimed out of order): the
+        // reset takes the payloads of the three and holds three slots.
+        let table = WqTable::new(Mode::Ring, 4, "send queue", ());
+        let mut st = table.lock();
+        let old: Vec<u32> = (0..4).map(|i| st.reserve(&table, i, marked(1))).collect();
+        assert!(st.retire(&table, old[1]).is_some());
+        let (taken, held) = st.reset(&table);
+        assert_eq!((taken.len(), held), (3, 3));
+        assert_eq!(st.available(Mode::Ring), 1, "three slots held");
+        let e = table.check_room(&st, 2).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::QueueHeldAfterReset {
+                    held: 3,
+                    depth: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // The stale completions of the reset requests claim nothing.
+        for &t in &old {
+            assert!(st.retire(&table, t).is_none(), "stale tag {t} claimed");
+        }
+        // A new request goes behind the held slots and completes normally.
+        let new = st.reserve(&table, 9, marked(9));
+        assert_eq!(mark(st.retire(&table, new)), Some((9, 9)));
+        assert_eq!(st.available(Mode::Ring), 1, "still held");
+        // A second reset with one more outstanding holds it too.
+        let more = st.reserve(&table, 10, marked(10));
+        let (taken, newly) = st.reset(&table);
+        assert_eq!((taken.len(), newly), (1, 1));
+        assert!(st.retire(&table, more).is_none());
+        assert_eq!(st.available(Mode::Ring), 0);
+        assert!(table.check_room(&st, 1).is_err());
+        // Paid in two debts (the CQ found empty): all slots back.
+        st.release_held(&table, 3);
+        assert_eq!(st.available(Mode::Ring), 3);
+        st.release_held(&table, 1);
+        assert_eq!(st.available(Mode::Ring), 4);
+        assert_eq!(st.outstanding(Mode::Ring, 4), 0);
+        // Past the ring's end, as usual.
+        for round in 0..10u64 {
+            let t = st.reserve(&table, round, marked(1));
+            assert_eq!(mark(st.retire(&table, t)), Some((round, 1)));
+        }
+        // Held slots count in take_all (a destroy charges them to the CQ).
+        let _ = st.reserve(&table, 1, marked(1));
+        let (_, held) = st.reset(&table);
+        assert_eq!(held, 1);
+        let _ = st.reserve(&table, 2, marked(1));
+        let (taken, queued) = st.take_all(&table);
+        assert_eq!((taken.len(), queued), (1, 2), "one held, one outstanding");
+        assert_eq!(st.available(Mode::Ring), 4);
+    }
+
+    #[test]
+    fn releasing_more_than_held_releases_what_is_held() {
+        let table = WqTable::new(Mode::Ring, 2, "receive queue", ());
+        let mut st = table.lock();
+        let _ = st.reserve(&table, 1, marked(1));
+        let (_, held) = st.reset(&table);
+        assert_eq!(held, 1);
+        let t = st.reserve(&table, 2, marked(2));
+        st.release_held(&table, 5);
+        assert_eq!(st.available(Mode::Ring), 1, "the new request stays");
+        assert_eq!(mark(st.retire(&table, t)), Some((2, 2)));
+        assert_eq!(st.available(Mode::Ring), 2);
     }
 }

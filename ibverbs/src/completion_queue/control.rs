@@ -65,7 +65,7 @@ impl CompletionQueue {
         // Held until the new capacity is recorded: no queue registers
         // against the old one meanwhile.
         let tables = self.inner.tables.write();
-        check_resize(cqe, tables.depth_sum())?;
+        check_resize(cqe, tables.depth_sum(), tables.owed())?;
         let old = self.inner.cqe.load(Ordering::Relaxed);
         // SAFETY: live CQ; the provider serialises this with polling.
         let rc = unsafe { sys::ibv_resize_cq(self.as_ptr(), asked) };
@@ -125,12 +125,14 @@ impl CompletionQueue {
 }
 
 /// Refuses a resize to `cqe` entries below the `registered` depths.
-fn check_resize(cqe: u32, registered: u64) -> Result<()> {
+fn check_resize(cqe: u32, depths: u64, owed: u64) -> Result<()> {
+    let registered = depths + owed;
     if u64::from(cqe) < registered {
         return Err(Error::CqResizeTooSmall {
             verb: "ibv_resize_cq",
             requested: cqe,
             registered,
+            owed,
         });
     }
     Ok(())
@@ -191,20 +193,36 @@ mod tests {
 
     #[test]
     fn resize_keeps_room_for_every_registered_depth() {
-        check_resize(16, 16).unwrap();
-        check_resize(u32::MAX, 16).unwrap();
-        check_resize(0, 0).unwrap();
-        let e = check_resize(15, 16).unwrap_err();
+        check_resize(16, 16, 0).unwrap();
+        check_resize(u32::MAX, 16, 0).unwrap();
+        check_resize(0, 0, 0).unwrap();
+        let e = check_resize(15, 16, 0).unwrap_err();
         assert!(matches!(
             e,
             Error::CqResizeTooSmall {
                 verb: "ibv_resize_cq",
                 requested: 15,
-                registered: 16
+                registered: 16,
+                owed: 0,
             }
         ));
         // Registered depths beyond u32 (many queues) never wrap.
-        assert!(check_resize(u32::MAX, u64::from(u32::MAX) + 1).is_err());
+        assert!(check_resize(u32::MAX, u64::from(u32::MAX) + 1, 0).is_err());
+        // What destroyed queues may have left queued counts until paid.
+        check_resize(16, 10, 6).unwrap();
+        let e = check_resize(15, 10, 6).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::CqResizeTooSmall {
+                registered: 16,
+                owed: 6,
+                ..
+            }
+        ));
+        assert!(
+            e.to_string().contains("including 6 that destroyed queues"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //! entries of its probe run back: no tombstones, so lookups of absent ids
 //! stop at the first empty slot however many queues came and went).
 //!
+//! It also keeps what the CQ is owed: completions that a queue moved to
+//! RESET, or destroyed, may have left queued (DESIGN.md, "A CQ holds a
+//! completion of every request"), charged until a poll finds the CQ empty.
+//!
 //! Why not `std::collections::HashMap` with a cheap hasher: its SIMD group
 //! probe and control bytes cost more instructions per hit than one
 //! multiply and a compare, and ids here are small integers handed out in
@@ -41,9 +45,22 @@ impl<T> Entry<T> {
     };
 }
 
+/// Completions a queue may have left in the CQ when it was reset or
+/// destroyed: at most `n`, all queued before debt `gen` was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Debt {
+    gen: u64,
+    /// `Some(id)`: a reset of the registered queue `id`, whose ring holds
+    /// `n` slots until paid (its depth still covers them). `None`: a
+    /// destroyed queue, charged to the CQ (`Registry::owed`).
+    queue: Option<u32>,
+    n: u32,
+}
+
 /// The tables of the queues reporting to one CQ (see the module docs),
-/// and the sum of their depths. Generic over the table type for the
-/// tests; a CQ's holds [`TableRef`]s (static dispatch).
+/// the sum of their depths, and what reset or destroyed queues may have
+/// left queued. Generic over the table type for the tests; a CQ's holds
+/// [`TableRef`]s (static dispatch).
 pub(crate) struct Registry<T = TableRef> {
     /// Empty, or a power of two of at least [`MIN_SLOTS`] slots, at most
     /// half of them taken: every probe run ends at an empty slot.
@@ -54,6 +71,14 @@ pub(crate) struct Registry<T = TableRef> {
     /// The sum of the depths registered: `CqTooSmall` compares it with
     /// the CQ's capacity without walking the entries.
     depth_sum: u64,
+    /// Unpaid debts, oldest first (a handful at most: each is paid by
+    /// the next poll that finds the CQ empty).
+    debts: Vec<Debt>,
+    /// The sum of the destroyed queues' debts: charged beside
+    /// `depth_sum` until paid.
+    owed: u64,
+    /// The last debt's generation.
+    gen: u64,
 }
 
 impl<T: Retire> Registry<T> {
@@ -65,6 +90,9 @@ impl<T: Retire> Registry<T> {
             shift: 63,
             len: 0,
             depth_sum: 0,
+            debts: Vec::new(),
+            owed: 0,
+            gen: 0,
         }
     }
 
@@ -113,6 +141,60 @@ impl<T: Retire> Registry<T> {
     /// The sum of the registered depths.
     pub(crate) fn depth_sum(&self) -> u64 {
         self.depth_sum
+    }
+
+    /// The completions destroyed queues may have left queued (charged
+    /// beside [`depth_sum`](Self::depth_sum) until paid).
+    pub(crate) fn owed(&self) -> u64 {
+        self.owed
+    }
+
+    /// Records that up to `n` completions of queue `id` may be queued
+    /// although its slots were released: by a reset (`destroyed` false:
+    /// the queue's ring holds `n` slots meanwhile) or a destruction (the
+    /// CQ is charged `n`). Returns the debt's generation, which
+    /// [`pay`](Self::pay) takes once a poll that began after this call
+    /// found the CQ empty; `None` when `n` is 0 (nothing owed).
+    pub(crate) fn owe(&mut self, id: u32, n: u32, destroyed: bool) -> Option<u64> {
+        if n == 0 {
+            return None;
+        }
+        self.gen += 1;
+        let queue = if destroyed {
+            self.owed += u64::from(n);
+            None
+        } else {
+            Some(id)
+        };
+        self.debts.push(Debt {
+            gen: self.gen,
+            queue,
+            n,
+        });
+        Some(self.gen)
+    }
+
+    /// Pays every debt of generation `gen` or older: what they stood for
+    /// is no longer queued. Calls `release(table, n)` for each reset
+    /// queue still registered (its ring gives `n` slots back; call order:
+    /// oldest first). Returns whether debts remain.
+    pub(crate) fn pay(&mut self, gen: u64, mut release: impl FnMut(&T, u32)) -> bool {
+        let paid = self.debts.iter().take_while(|d| d.gen <= gen).count();
+        for i in 0..paid {
+            let d = self.debts[i];
+            match d.queue {
+                None => self.owed -= u64::from(d.n),
+                Some(id) => {
+                    // A queue destroyed since carried its held slots into
+                    // a debt of its own (later, so unpaid here).
+                    if let Some((_, t)) = self.probe(id) {
+                        release(t, d.n);
+                    }
+                }
+            }
+        }
+        self.debts.drain(..paid);
+        !self.debts.is_empty()
     }
 
     /// Registers `table` under its id with `depth`; `false` (and nothing
@@ -349,5 +431,32 @@ mod tests {
             }
             assert_eq!((r.len, r.depth_sum(), r.slots.len()), (0, 0, MIN_SLOTS));
         }
+    }
+
+    #[test]
+    fn debts_are_paid_in_order_and_destroyed_ones_charge_the_cq() {
+        let mut r = Registry::new();
+        assert!(r.insert(fake(1), 8));
+        assert!(r.insert(fake(2), 8));
+        assert_eq!(r.owe(1, 0, false), None, "nothing owed, no debt");
+        let g1 = r.owe(1, 3, false).unwrap();
+        let g2 = r.owe(2, 5, true).unwrap();
+        r.remove(2);
+        let g3 = r.owe(1, 2, false).unwrap();
+        assert!(g1 < g2 && g2 < g3);
+        // Only the destroyed queue's debt is charged beside the depths.
+        assert_eq!((r.depth_sum(), r.owed()), (8, 5));
+        let mut released = Vec::new();
+        assert!(r.pay(g2, |t, n| released.push((t.id(), n))), "g3 unpaid");
+        assert_eq!(released, vec![(1, 3)]);
+        assert_eq!(r.owed(), 0);
+        released.clear();
+        assert!(!r.pay(g3, |t, n| released.push((t.id(), n))));
+        assert_eq!(released, vec![(1, 2)]);
+        // Paying again, or a reset queue gone since, releases nothing.
+        let g4 = r.owe(1, 1, false).unwrap();
+        r.remove(1);
+        assert!(!r.pay(g4, |_, _| panic!("queue 1 is gone")));
+        assert!(!r.pay(g4, |_, _| panic!("paid twice")));
     }
 }

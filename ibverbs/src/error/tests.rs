@@ -73,6 +73,12 @@ fn every_variant() -> Vec<Error> {
         Error::CqTooSmall {
             capacity: 8,
             needed: 32,
+            owed: 4,
+        },
+        Error::QueueHeldAfterReset {
+            queue: "send queue",
+            held: 3,
+            depth: 16,
         },
         Error::AlreadyDriven {
             by: "AsyncQueuePair",
@@ -229,6 +235,7 @@ fn every_variant() -> Vec<Error> {
             verb: "ibv_resize_cq",
             requested: 15,
             registered: 16,
+            owed: 0,
         },
         Error::DeviceLacks {
             verb: "ibv_modify_cq",
@@ -262,6 +269,7 @@ fn every_variant() -> Vec<Error> {
             | Error::InvalidTransition { .. }
             | Error::Unsupported(_)
             | Error::QueueFull { .. }
+            | Error::QueueHeldAfterReset { .. }
             | Error::NoDevice { .. }
             | Error::OpNotAvailable { .. }
             | Error::OptionNotAllowed { .. }

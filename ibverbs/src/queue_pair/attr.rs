@@ -682,12 +682,23 @@ impl QueuePair {
         self.note_state((rc == 0).then_some(sys::IBV_QPS_RESET));
         ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))?;
         if leaving_other_state {
-            let dropped_send = send_st.take_all();
-            let dropped_recv = recv_st.as_mut().map(|st| st.take_all());
+            // The completions of requests that had finished may still be
+            // queued in the CQs: each queue holds a slot per request until
+            // its CQ is found empty (DESIGN.md, "A CQ holds a completion of
+            // every request"), so new requests cannot overrun it.
+            let (dropped_send, send_held) = send_st.reset(send);
+            let dropped_recv = match (&self.inner.recv, recv_st.as_mut()) {
+                (Some(t), Some(st)) => Some(st.reset(t)),
+                _ => None,
+            };
             // Release the buffers (which may deregister memory or destroy
             // address handles) after the locks.
             drop(send_st);
             drop(recv_st);
+            self.inner.send_cq.owe_after_reset(send.id, send_held);
+            if let (Some(t), Some((_, held))) = (&self.inner.recv, &dropped_recv) {
+                self.inner.recv_cq.owe_after_reset(t.id, *held);
+            }
             drop(dropped_send);
             drop(dropped_recv);
         }

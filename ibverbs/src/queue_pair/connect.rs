@@ -403,6 +403,11 @@ impl QueuePair {
     /// discarded this way cannot know its binding any more: it keeps its
     /// regions and refuses further requests
     /// ([`Error::WindowIndeterminate`](crate::Error::WindowIndeterminate)).
+    /// Completions of discarded requests that had finished may still be
+    /// queued in the CQs: each queue holds an entry per discarded request
+    /// until a poll finds its CQ empty
+    /// ([`Error::QueueHeldAfterReset`](crate::Error::QueueHeldAfterReset)
+    /// meanwhile), so new requests cannot overrun the CQ.
     ///
     /// # Errors
     /// As [`QueuePair::modify`].

@@ -397,7 +397,8 @@ impl QueuePair {
     /// [`Error::UnsignaledExclusive`], [`Error::UdMessageTooLong`], an
     /// operation the queue pair was not created for
     /// ([`Error::SendOpsRequired`]), a buffer longer than an SGE describes
-    /// ([`Error::OutOfRange`]), [`Error::QueueFull`], a queue pair in
+    /// ([`Error::OutOfRange`]), [`Error::QueueFull`] (or
+    /// [`Error::QueueHeldAfterReset`] after a reset), a queue pair in
     /// RESET, INIT or RTR ([`Error::NotReadyToSend`], refused before
     /// reaching the provider). The provider's refusal is
     /// [`Error::Verb`] naming `ibv_post_send` or `ibv_wr_complete`.

@@ -26,7 +26,8 @@ impl QueuePair {
     /// [`Error::FrozenBuffer`], [`Error::MissingAccess`] (a buffer without
     /// `LOCAL_WRITE`), [`Error::OutOfRange`] (a buffer longer than an SGE
     /// describes);
-    /// [`Error::QueuePairInError`], [`Error::QueueFull`], or
+    /// [`Error::QueuePairInError`], [`Error::QueueFull`] (or
+    /// [`Error::QueueHeldAfterReset`] after a reset), or
     /// [`Error::Verb`] naming `ibv_post_recv`.
     ///
     /// # References

@@ -572,7 +572,7 @@ mod tests {
             assert!(matches!(wrs[0].sg(), SgList::Empty));
             let mut st = table.lock();
             assert_eq!(st.outstanding(Mode::Ring, 4), n as u32);
-            drop(st.take_all());
+            drop(st.take_all(&table).0);
         }
     }
 }
