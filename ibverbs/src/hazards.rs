@@ -1,22 +1,23 @@
 //! Proofs that the safe API closes RDMA's memory hazards at compile time.
 //!
-//! Each section shows code the compiler **rejects** (a `compile_fail`
-//! doctest pinned to the expected error code, so it cannot pass for an
-//! unrelated reason) and its compiling twin: the right way to do the same
-//! thing. The run-time half of the story (stale completions, flushes, queue
-//! limits, `mem::forget`) is covered by the device tests; see `DESIGN.md`.
+//! Each section shows code the compiler **rejects** and its compiling twin:
+//! the right way to do the same thing. The rejected code is a UI test,
+//! `ibverbs/tests/ui/NN_*.rs`, shown here from that file (so rustdoc marks
+//! it untested). `ibverbs/tests/hazards.rs` (trybuild) compiles each one and
+//! compares the compiler's whole output with the `.stderr` file beside it:
+//! error code, message and line. A proof that starts failing for another
+//! reason (a typo, a renamed method, another error) no longer matches, and
+//! the suite fails; stable rustdoc's `compile_fail,EXXXX` never checked the
+//! code. The compiling twins are `no_run` doctests. The run-time half of the
+//! story (stale completions, flushes, queue limits, `mem::forget`) is
+//! covered by the device tests; see `DESIGN.md`.
 //!
 //! # 1. Using a buffer after posting it
 //!
 //! Posting moves the buffer into the work request; it is unreachable until the completion hands it back.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! qp.post_recv(RecvRequest::new(buf))?;
-//! buf[0] = 1; // the device may be writing it
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/01_use_buffer_after_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -37,13 +38,8 @@
 //!
 //! Dropping needs ownership, which the posted request has.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::send(buf))?;
-//! drop(buf);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/02_free_buffer_while_posted.rs")]
 //! ```
 //!
 //! ```no_run
@@ -58,14 +54,8 @@
 //!
 //! A borrow of the buffer cannot outlive its move into the request.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! let view: &[u8] = &buf;
-//! qp.post_recv(RecvRequest::new(buf))?;
-//! println!("{}", view[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/03_slice_across_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -82,13 +72,8 @@
 //!
 //! Registration consumes the storage; only the returned buffer reaches it.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut v = vec![0u8; 64];
-//! let buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
-//! v.push(1); // would reallocate memory the device knows
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/04_reuse_storage_after_registration.rs")]
 //! ```
 //!
 //! ```no_run
@@ -104,14 +89,8 @@
 //!
 //! No reference into the storage survives its registration.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let v = vec![0u8; 64];
-//! let early = &v[..];
-//! let buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
-//! println!("{}", early[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/05_borrow_storage_across_registration.rs")]
 //! ```
 //!
 //! ```no_run
@@ -128,13 +107,8 @@
 //!
 //! A `SharedBuffer` (remote write or atomic rights) has no `Deref`: a peer could change the bytes behind the reference.
 //!
-//! ```compile_fail,E0308
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let shared = pd.register_shared(vec![0u8; 64],
-//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-//! let bytes: &[u8] = &shared;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/06_shared_buffer_as_slice.rs")]
 //! ```
 //!
 //! ```no_run
@@ -151,13 +125,8 @@
 //!
 //! Neither reads nor writes through `[]` exist for a `SharedBuffer`.
 //!
-//! ```compile_fail,E0608
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut shared = pd.register_shared(vec![0u8; 64],
-//!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
-//! shared[0] = 1;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/07_index_shared_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -175,12 +144,8 @@
 //!
 //! A `FrozenBuffer` may be read through clones while posted, so the device must never write it: it is not `DeviceWritable`.
 //!
-//! ```compile_fail,E0277
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
-//! qp.post_recv(RecvRequest::new(frozen))?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/08_recv_into_frozen_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -196,12 +161,8 @@
 //!
 //! RDMA read results are device writes.
 //!
-//! ```compile_fail,E0277
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
-//! qp.post_send(SendRequest::read(frozen, remote))?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/09_rdma_read_into_frozen_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -216,12 +177,8 @@
 //!
 //! The original value of an atomic lands in the local buffer.
 //!
-//! ```compile_fail,E0277
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let frozen = pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?.freeze();
-//! qp.post_send(SendRequest::fetch_and_add(frozen, remote, 1))?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/10_atomic_result_into_frozen_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -236,12 +193,8 @@
 //!
 //! Frozen means read-only: no `DerefMut`. Unfreeze once no clone (and so no posted request) holds it.
 //!
-//! ```compile_fail,E0596
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
-//! frozen[0] = 1;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/11_write_frozen_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -258,15 +211,8 @@
 //!
 //! Inline requests borrow their bytes until `post_send` copies them.
 //!
-//! ```compile_fail,E0597
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let wr = {
-//!     let data = vec![1u8; 16];
-//!     SendRequest::send_inline(&data)
-//! };
-//! qp.post_send(wr)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/12_inline_data_dies_before_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -282,14 +228,8 @@
 //!
 //! `split_at` consumes the buffer; each half owns a disjoint range.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! let (a, b) = buf.split_at(32);
-//! qp.post_recv(RecvRequest::new(a))?;
-//! println!("{}", buf[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/13_use_parent_after_split.rs")]
 //! ```
 //!
 //! ```no_run
@@ -308,12 +248,8 @@
 //! request's completion consumed there would never hand its buffers back
 //! (and its `wr_id` is the library's tag). It is `unsafe`, with a contract.
 //!
-//! ```compile_fail,E0133
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut raw = vec![WorkCompletion::default(); 16];
-//! cq.poll_raw(&mut raw)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/14_poll_raw_in_safe_code.rs")]
 //! ```
 //!
 //! ```no_run
@@ -329,24 +265,12 @@
 //! `as_slice_of`/`as_mut_slice_of` borrow the buffer: the view cannot
 //! outlive its move into a request.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! let floats: &[f32] = buf.as_slice_of()?;
-//! qp.post_recv(RecvRequest::new(buf))?;
-//! println!("{}", floats[0]); // the device may be writing it
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/15a_typed_view_across_recv.rs")]
 //! ```
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! let words: &mut [u32] = buf.as_mut_slice_of()?;
-//! qp.post_send(SendRequest::send(buf))?;
-//! words[0] = 1; // the device may be reading it
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/15b_mut_typed_view_across_send.rs")]
 //! ```
 //!
 //! ```no_run
@@ -365,14 +289,8 @@
 //! The views follow the borrow rules of the buffer: no `&[T]` aliases a
 //! `&mut [U]`.
 //!
-//! ```compile_fail,E0502
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! let words: &[u32] = buf.as_slice_of()?;
-//! let floats: &mut [f32] = buf.as_mut_slice_of()?;
-//! floats[0] = words[0] as f32;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/16_two_typed_views_one_mutable.rs")]
 //! ```
 //!
 //! ```no_run
@@ -389,12 +307,8 @@
 //! A peer may write a [`SharedBuffer`](crate::SharedBuffer) at any time:
 //! it has no typed view, only typed copies (`read_into`, `write_from`).
 //!
-//! ```compile_fail,E0599
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let shared = pd.alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-//! let words: &[u32] = shared.as_slice_of()?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/17_typed_view_of_shared_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -410,14 +324,8 @@
 //!
 //! `join` consumes the pieces; only the joined buffer reaches their bytes.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let (chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
-//! let whole = LocalBuffer::join(chunks).unwrap();
-//! qp.post_recv(RecvRequest::new(whole))?;
-//! println!("{}", chunks[0][0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/18_use_chunks_after_join.rs")]
 //! ```
 //!
 //! ```no_run
@@ -436,15 +344,8 @@
 //! request as a single request does; the posted requests leave the `Vec`,
 //! so nothing in it reaches a posted buffer either.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! let view: &[u8] = &buf;
-//! let mut chain = vec![SendRequest::write(buf, remote)];
-//! qp.post_send(&mut chain)?;
-//! println!("{}", view[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/19_view_across_chain_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -465,14 +366,8 @@
 //! does: the buffer moves into it and comes back only in the completion
 //! handed out with the request's value.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut table = RequestTable::new(cq, 16);
-//! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
-//! buf[0] = 1; // the device may be writing it
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/20_use_buffer_after_table_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -498,17 +393,8 @@
 //! cannot hold a borrow of the request's buffer: that would be a view of
 //! bytes the device writes.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut table = RequestTable::new(cq, 16);
-//! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! let view: &[u8] = &buf;
-//! table.post_send(qp, SendRequest::read(buf, remote), view)?;
-//! if let Some(Polled::Done(view, _)) = table.poll()? {
-//!     println!("{}", view[0]);
-//! }
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/21_table_value_borrows_its_buffer.rs")]
 //! ```
 //!
 //! ```no_run
@@ -530,13 +416,8 @@
 //! request (as the plain buffer it wraps): the queue pair owns it, not
 //! the pool and not the caller, until the completion hands it back.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut buf = pool.get().unwrap();
-//! qp.post_recv(RecvRequest::new(buf))?;
-//! buf[0] = 1; // the device may be writing it
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/22_touch_pooled_buffer_while_posted.rs")]
 //! ```
 //!
 //! ```no_run
@@ -558,22 +439,12 @@
 //! [`PooledBuffer`](crate::PooledBuffer) consume it: the next `get`, on
 //! any thread, may hand the same bytes to someone else.
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pool.get().unwrap().into_local();
-//! pool.put(buf)?;
-//! println!("{}", buf[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/23a_use_buffer_after_put.rs")]
 //! ```
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let mut buf = pool.get().unwrap();
-//! drop(buf);
-//! buf[0] = 1;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/23b_use_pooled_buffer_after_drop.rs")]
 //! ```
 //!
 //! ```no_run
@@ -592,24 +463,12 @@
 //! so it cannot outlive the drop that returns the bytes to the pool (or
 //! the post that hands them to the device).
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pool.get().unwrap();
-//! let words: &[u32] = buf.as_slice_of()?;
-//! drop(buf);
-//! println!("{}", words[0]); // another thread may have the bytes now
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/24a_typed_view_after_pooled_drop.rs")]
 //! ```
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
-//! let buf = pool.get().unwrap();
-//! let view: &[u8] = &buf;
-//! qp.post_send(SendRequest::write(buf, remote))?;
-//! println!("{}", view[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/24b_view_across_pooled_post.rs")]
 //! ```
 //!
 //! ```no_run
@@ -629,14 +488,8 @@
 //! next message may land there. Its bytes borrow it, so they cannot
 //! outlive it.
 //!
-//! ```compile_fail,E0505
-//! # use ibverbs::*;
-//! # fn f(ch: &mut MessageChannel) -> Result<()> {
-//! let msg = ch.recv(None)?.unwrap();
-//! let bytes: &[u8] = &msg;
-//! drop(msg); // posted again: the device may be writing it
-//! println!("{}", bytes[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/25_read_message_after_release.rs")]
 //! ```
 //!
 //! ```no_run
@@ -654,13 +507,8 @@
 //! A message borrows its channel: the next `recv` (which may post
 //! buffers again and process what arrives) waits until it is released.
 //!
-//! ```compile_fail,E0499
-//! # use ibverbs::*;
-//! # fn f(ch: &mut MessageChannel) -> Result<()> {
-//! let first = ch.recv(None)?.unwrap();
-//! let second = ch.recv(None)?.unwrap();
-//! println!("{} {}", first.len(), second.len());
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/26_hold_message_across_recv.rs")]
 //! ```
 //!
 //! ```no_run
@@ -679,12 +527,8 @@
 //! source while it borrows the channel. Copy it out, release it, then
 //! send: the receive buffer goes back before the send takes a credit.
 //!
-//! ```compile_fail,E0499
-//! # use ibverbs::*;
-//! # fn f(ch: &mut MessageChannel) -> Result<()> {
-//! let msg = ch.recv(None)?.unwrap();
-//! ch.send(&msg, None)?; // echo from the receive buffer
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/27_send_from_received_message.rs")]
 //! ```
 //!
 //! ```no_run
@@ -707,14 +551,8 @@
 //! one thread's at a time, without a lock: `send` and `recv` take `&mut`,
 //! so two threads cannot use it at once.
 //!
-//! ```compile_fail,E0499
-//! # use ibverbs::*;
-//! # fn f(ch: &mut MessageChannel) -> Result<()> {
-//! std::thread::scope(|s| {
-//!     s.spawn(|| ch.send(b"one", None));
-//!     s.spawn(|| ch.send(b"two", None));
-//! });
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/28_two_threads_one_channel_end.rs")]
 //! ```
 //!
 //! ```no_run
@@ -733,13 +571,8 @@
 //! ([`Received`](crate::Received)) has no `Deref` and no index: its bytes
 //! come out only through volatile copies.
 //!
-//! ```compile_fail,E0608
-//! # use ibverbs::*;
-//! # fn f(ch: &mut WriteChannel) -> Result<()> {
-//! let w = ch.recv(None)?.unwrap();
-//! let bytes: &[u8] = &w[..]; // the peer may write these bytes
-//! println!("{}", bytes[0]);
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/29_reference_into_write_inbox.rs")]
 //! ```
 //!
 //! ```no_run
@@ -758,14 +591,8 @@
 //! channel, so it cannot be kept (and read) across the next `recv` or
 //! `send`, which process credits and completions.
 //!
-//! ```compile_fail,E0499
-//! # use ibverbs::*;
-//! # fn f(ch: &mut WriteChannel) -> Result<()> {
-//! let w = ch.recv(None)?.unwrap();
-//! ch.send(b"next", None)?; // may take the credit the guard still owes
-//! let mut b = [0u8; 4];
-//! w.copy_to_slice(0, &mut b)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/30_read_write_after_credit_returned.rs")]
 //! ```
 //!
 //! ```no_run
@@ -785,18 +612,12 @@
 //! is `unsafe`, and the region it returns has no bytes to hand out
 //! (DESIGN.md, "dmabuf regions and chosen IOVAs").
 //!
-//! ```compile_fail,E0133
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, fd: std::os::fd::OwnedFd) -> Result<()> {
-//! let _r = pd.register_dmabuf(fd, 0, 4096, AccessFlags::LOCAL_WRITE)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/31a_register_dmabuf_in_safe_code.rs")]
 //! ```
 //!
-//! ```compile_fail,E0608
-//! # use ibverbs::*;
-//! # fn f(r: &DmabufRegion) {
-//! let _b: u8 = r[0]; // no Deref to the exporter's bytes
-//! # }
+//! ```ignore
+#![doc = include_str!("../tests/ui/31b_index_dmabuf_region.rs")]
 //! ```
 //!
 //! ```no_run
@@ -814,11 +635,8 @@
 //! [`ProtectionDomain::register_implicit_odp`](crate::ProtectionDomain::register_implicit_odp)
 //! is `unsafe` (DESIGN.md, "On-demand paging, XRC, re-registration").
 //!
-//! ```compile_fail,E0133
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain) -> Result<()> {
-//! let _all = pd.register_implicit_odp(AccessFlags::LOCAL_WRITE)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/32_register_implicit_odp_in_safe_code.rs")]
 //! ```
 //!
 //! ```no_run
@@ -838,13 +656,8 @@
 //! holds (a split piece, a `MemoryRegion`, a window, a prepared request) is
 //! refused at run time (`Error::RegionInUse`).
 //!
-//! ```compile_fail,E0382
-//! # use ibverbs::*;
-//! # fn f(pd: &ProtectionDomain, qp: &QueuePair) -> Result<()> {
-//! let mut buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::send(buf))?;
-//! buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-//! # Ok(()) }
+//! ```ignore
+#![doc = include_str!("../tests/ui/33_rereg_posted_buffer.rs")]
 //! ```
 //!
 //! ```no_run

@@ -16,8 +16,8 @@
 //!
 //! Objects are `Arc` handles that keep their parents alive, so they can be
 //! dropped in any order. [`hazards`] proves the type-level guarantees with
-//! `compile_fail` tests; `DESIGN.md` in the repository explains the model in
-//! a page. The `unsafe` raw path ([`QueuePair::post_send_raw`],
+//! UI tests whose compiler output is checked (`ibverbs/tests/ui/`);
+//! `DESIGN.md` in the repository explains the model in a page. The `unsafe` raw path ([`QueuePair::post_send_raw`],
 //! [`CompletionQueue::poll_raw`]) skips all bookkeeping.
 //!
 //! # Every verb, by example

@@ -94,15 +94,10 @@ impl Target {
 /// ```
 ///
 /// A prepared receive's buffers cannot be read while the device may be
-/// writing them:
-/// ```compile_fail
-/// # use ibverbs::*;
-/// # fn demo(qp: &QueuePair, buf: LocalBuffer) -> Result<()> {
-/// let mut recv = qp.prepare_recv(RecvRequest::new(buf))?;
-/// let bytes = recv.bytes(0).unwrap();
-/// recv.post()?;          // a peer's message may land under `bytes`
-/// println!("{}", bytes[0]);
-/// # Ok(()) }
+/// writing them (a UI test, its compiler output checked by
+/// `ibverbs/tests/hazards.rs`):
+/// ```ignore
+#[doc = include_str!("../../tests/ui/prepared_recv_bytes_across_post.rs")]
 /// ```
 ///
 /// # References

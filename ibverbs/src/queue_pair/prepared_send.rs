@@ -346,25 +346,14 @@ pub(crate) unsafe fn claim_prepared(wr_id: u64) -> u64 {
 /// ```
 ///
 /// A prepared request's buffers cannot be reached while a posting may be
-/// outstanding:
-/// ```compile_fail
-/// # use ibverbs::*;
-/// # fn demo(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-/// let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
-/// let bytes = read.bytes_mut(0).unwrap();
-/// read.post()?;          // the device may write what `bytes` borrows
-/// bytes[0] = 1;
-/// # Ok(()) }
+/// outstanding (UI tests, their compiler output checked by
+/// `ibverbs/tests/hazards.rs`):
+/// ```ignore
+#[doc = include_str!("../../tests/ui/prepared_send_bytes_mut_across_post.rs")]
 /// ```
 /// nor read while the device may be writing them:
-/// ```compile_fail
-/// # use ibverbs::*;
-/// # fn demo(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-/// let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
-/// let bytes = read.bytes(0).unwrap();
-/// read.post()?;          // a read Rust sees change under it
-/// println!("{}", bytes[0]);
-/// # Ok(()) }
+/// ```ignore
+#[doc = include_str!("../../tests/ui/prepared_send_bytes_across_post.rs")]
 /// ```
 ///
 /// # References

@@ -1,0 +1,19 @@
+// Hazard 2, "Freeing a buffer while it is posted": dropping needs ownership,
+// and the posted request has it.
+// Expected: E0382.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+    qp.post_send(SendRequest::send(buf))?;
+    drop(buf);
+    Ok(())
+}

@@ -1,0 +1,20 @@
+// Hazard 9, "RDMA read into a frozen buffer": an RDMA read's result is a
+// device write, so it needs a `DeviceWritable` buffer.
+// Expected: E0277.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let frozen = pd
+        .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?
+        .freeze();
+    qp.post_send(SendRequest::read(frozen, remote))?;
+    Ok(())
+}

@@ -1,0 +1,20 @@
+// Hazard 10, "Atomic result into a frozen buffer": an atomic's original value
+// lands in the local buffer, a device write.
+// Expected: E0277.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let frozen = pd
+        .register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?
+        .freeze();
+    qp.post_send(SendRequest::fetch_and_add(frozen, remote, 1))?;
+    Ok(())
+}

@@ -1,0 +1,20 @@
+// Hazard 13, "Using the halves' parent after a split": `split_at` consumes the
+// buffer; each half owns a disjoint range.
+// Expected: E0382.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+    let (a, b) = buf.split_at(32);
+    qp.post_recv(RecvRequest::new(a))?;
+    println!("{}", buf[0]);
+    Ok(())
+}

@@ -1,0 +1,20 @@
+// Hazard 15, "A typed view across the post": a typed view borrows the buffer,
+// so it cannot outlive its move into a request.
+// Expected: E0505.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+    let floats: &[f32] = buf.as_slice_of()?;
+    qp.post_recv(RecvRequest::new(buf))?;
+    println!("{}", floats[0]); // the device may be writing it
+    Ok(())
+}

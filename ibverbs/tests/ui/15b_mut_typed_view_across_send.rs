@@ -1,0 +1,20 @@
+// Hazard 15, "A typed view across the post": a mutable typed view borrows the
+// buffer, so it cannot outlive its move into a request.
+// Expected: E0505.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+    let words: &mut [u32] = buf.as_mut_slice_of()?;
+    qp.post_send(SendRequest::send(buf))?;
+    words[0] = 1; // the device may be reading it
+    Ok(())
+}

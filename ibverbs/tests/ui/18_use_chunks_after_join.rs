@@ -1,0 +1,20 @@
+// Hazard 18, "Using chunks after joining them": `join` consumes the pieces;
+// only the joined buffer reaches their bytes.
+// Expected: E0382.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let (chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
+    let whole = LocalBuffer::join(chunks).unwrap();
+    qp.post_recv(RecvRequest::new(whole))?;
+    println!("{}", chunks[0][0]);
+    Ok(())
+}

@@ -1,0 +1,21 @@
+// Hazard 19, "Keeping a buffer across posting it in a chain": a chain moves
+// each buffer into its request as a single post does.
+// Expected: E0505.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
+    let view: &[u8] = &buf;
+    let mut chain = vec![SendRequest::write(buf, remote)];
+    qp.post_send(&mut chain)?;
+    println!("{}", view[0]);
+    Ok(())
+}

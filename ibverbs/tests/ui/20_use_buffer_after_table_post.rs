@@ -1,0 +1,20 @@
+// Hazard 20, "Using a buffer after posting it through a request table": a
+// request table's post moves the buffer as `post_send` does.
+// Expected: E0382.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pd: &ProtectionDomain,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let mut table = RequestTable::new(cq, 16);
+    let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
+    table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+    buf[0] = 1; // the device may be writing it
+    Ok(())
+}

@@ -1,0 +1,20 @@
+// Hazard 22, "Touching a pooled buffer while it is posted": posting a
+// `PooledBuffer` moves it to the queue pair until the completion hands it
+// back.
+// Expected: E0382.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pool: &BufferPool,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let mut buf = pool.get().unwrap();
+    qp.post_recv(RecvRequest::new(buf))?;
+    buf[0] = 1; // the device may be writing it
+    Ok(())
+}

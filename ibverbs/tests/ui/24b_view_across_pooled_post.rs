@@ -1,0 +1,21 @@
+// Hazard 24, "Keeping a view of a pooled buffer after giving it back": a view
+// borrows the `PooledBuffer`, so it cannot outlive the post that hands it to
+// the device.
+// Expected: E0505.
+#![allow(unused)]
+use ibverbs::*;
+
+fn main() {}
+
+fn proof(
+    pool: &BufferPool,
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    remote: RemoteMemory,
+) -> Result<()> {
+    let buf = pool.get().unwrap();
+    let view: &[u8] = &buf;
+    qp.post_send(SendRequest::write(buf, remote))?;
+    println!("{}", view[0]);
+    Ok(())
+}
