@@ -217,3 +217,32 @@ fn regions_larger_than_4_gib() {
         e.error
     );
 }
+
+/// A length that overflows when rounded up to whole huge pages (issue #35,
+/// finding 5): `alloc_huge` panicked in `AnonymousMemory::huge_or_normal`
+/// (an unchecked round-up); now it is refused with `OutOfRange`, and so is
+/// `huge_or_normal` itself. A length that fits but cannot be mapped is the
+/// `mmap` error, as before.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn alloc_huge_of_an_overflowing_length_is_refused() {
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    for len in [usize::MAX, usize::MAX - (1 << 20)] {
+        match pd.alloc_huge(len, AccessFlags::LOCAL_WRITE) {
+            Err(Error::OutOfRange { value, .. }) => assert_eq!(value, len as u64),
+            other => panic!("{len}: expected OutOfRange, got {:?}", other.map(|_| ())),
+        }
+        assert!(matches!(
+            AnonymousMemory::huge_or_normal(len),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+    let e = pd
+        .alloc_huge(usize::MAX / 2, AccessFlags::LOCAL_WRITE)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::Verb { verb: "mmap", .. }), "{e}");
+    // The pd still registers.
+    pd.alloc_huge(4096, AccessFlags::LOCAL_WRITE).unwrap();
+}

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait_ok};
-use ibverbs::{AccessFlags, QpType, RegisterOptions, SendRequest};
+use ibverbs::{AccessFlags, Error, QpType, RegisterOptions, RemoteMemory, SendRequest};
 
 const TARGET_IOVA: u64 = 0x7_0000_0000;
 const SOURCE_IOVA: u64 = 0x10_0000_0000;
@@ -68,6 +68,61 @@ fn iova_addresses_the_right_bytes() {
     let mut c = wait_ok(&p.cq_a);
     let dst = c.take_local().unwrap();
     assert_eq!(&dst[..], &second[..], "read from iova + 5000");
+}
+
+/// The top of the IOVA space (issue #35, finding 4): a region may end at
+/// `2^64 - 1` at most (`iova + len` must be a u64). Before, a region
+/// ending at `2^64` was admitted; joining its pieces computed that end (a
+/// panic in debug builds) and `RemoteMemory::from_bytes` refused the
+/// region's own range. Now it is refused with `OutOfRange`, and the
+/// highest page-aligned region accepted splits, joins, round-trips its
+/// `RemoteMemory` and takes a write and a read of its last bytes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn iova_at_the_top_of_the_address_space() {
+    const LEN: u64 = 8192;
+    let p = pair(QpType::Rc, remote_all(), |b| b);
+    let ending_at_2_64 = 0u64.wrapping_sub(LEN);
+    match p.pd.alloc_shared(
+        LEN as usize,
+        RegisterOptions::new(remote_all()).iova(ending_at_2_64),
+    ) {
+        Err(Error::OutOfRange { value, max, .. }) => {
+            assert_eq!((value, max), (ending_at_2_64, u64::MAX - LEN));
+        }
+        other => panic!("expected OutOfRange, got {:?}", other.map(|b| b.addr())),
+    }
+    // The highest page-aligned start: the region ends at 2^64 - 4096.
+    let top = ending_at_2_64 - 4096;
+    let target =
+        p.pd.alloc_shared(LEN as usize, RegisterOptions::new(remote_all()).iova(top))
+            .unwrap();
+    let remote = target.remote().unwrap();
+    assert_eq!((remote.addr, remote.len), (top, LEN));
+    assert_eq!(
+        RemoteMemory::from_bytes(&remote.to_bytes()).unwrap(),
+        remote
+    );
+    let (low, high) = target.split_at(4096);
+    assert_eq!(high.addr(), top + 4096);
+    let mut target = low.unsplit(high).map_err(|_| "not joined").unwrap();
+
+    let last = remote.slice(LEN - 8, 8).unwrap();
+    let mut src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
+    src.copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+    p.a.post_send(SendRequest::write(src, last)).unwrap();
+    wait_ok(&p.cq_a);
+    let mut word = [0u64];
+    target.read_into(LEN as usize - 8, &mut word).unwrap();
+    assert_eq!(word[0], 0x1122_3344_5566_7788, "written at the last bytes");
+
+    target
+        .write_from(LEN as usize - 8, &[0x99aa_bbcc_ddee_ff00u64])
+        .unwrap();
+    let dst = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
+    p.a.post_send(SendRequest::read(dst, last)).unwrap();
+    let dst = wait_ok(&p.cq_a).take_local().unwrap();
+    assert_eq!(&dst[..], &0x99aa_bbcc_ddee_ff00u64.to_le_bytes());
 }
 
 /// `RELAXED_ORDERING` is accepted (stripped by libibverbs where the device

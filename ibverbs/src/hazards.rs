@@ -671,3 +671,37 @@
 //! buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?; // ours again
 //! # Ok(()) }
 //! ```
+//!
+//! # 34. Reading the library's event descriptors from safe code
+//!
+//! An event read from a descriptor past the library is never acknowledged,
+//! and the destroy verbs wait for every acknowledgement; rdma_ucm's
+//! `write(2)` commands carry pointers the kernel writes through. So
+//! `Context`, `CompletionChannel` and `cm::EventChannel` lend their
+//! descriptors only through `AsRawFd` (any I/O on a raw fd is `unsafe`),
+//! never as a `BorrowedFd` (DESIGN.md, threat model: descriptors lent out).
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui/34a_read_context_async_fd.rs")]
+//! ```
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui/34b_read_completion_channel_fd.rs")]
+//! ```
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui-rdmacm/34c_write_cm_event_channel_fd.rs")]
+//! ```
+//!
+//! Readiness needs no I/O: register the raw fd with epoll or Tokio.
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(ctx: &Context) -> Result<()> {
+//! use std::os::fd::AsRawFd;
+//! let fd = ctx.as_raw_fd(); // for epoll / tokio::io::unix::AsyncFd
+//! # let _ = fd;
+//! ctx.set_async_nonblocking(true)?;
+//! let _event = ctx.get_async_event(); // read through libibverbs, acknowledged
+//! # Ok(()) }
+//! ```

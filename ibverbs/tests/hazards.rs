@@ -11,3 +11,10 @@
 fn hazards_do_not_compile() {
     trybuild::TestCases::new().compile_fail("tests/ui/*.rs");
 }
+
+/// The proofs about rdma_cm objects (the `rdmacm` feature).
+#[cfg(feature = "rdmacm")]
+#[test]
+fn rdmacm_hazards_do_not_compile() {
+    trybuild::TestCases::new().compile_fail("tests/ui-rdmacm/*.rs");
+}
