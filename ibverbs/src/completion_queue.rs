@@ -457,7 +457,9 @@ impl CompletionQueue {
             self.pay(gen);
             return Ok(0);
         }
-        self.polled(out, start, n)
+        let n = ret_count("ibv_poll_cq", n)?;
+        self.deliver(out, start, n, false);
+        Ok(n)
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -507,19 +509,20 @@ impl CompletionQueue {
         }
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
         let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        if n == 0 {
-            if self.owes() {
-                return self.repoll_owed(out, start);
-            }
+        if n == 0 && !self.owes() {
             return Ok(0);
         }
         self.polled(out, start, n)
     }
 
     /// The rest of [`poll`](Self::poll) once the provider returned `n`
-    /// entries (or a negative error) at `start`.
+    /// entries (or a negative error) at `start`, or none while debts are
+    /// unpaid.
     #[inline(never)]
     fn polled(&self, out: &mut Completions, start: usize, n: i32) -> Result<usize> {
+        if n == 0 {
+            return self.repoll_owed(out, start);
+        }
         let n = ret_count("ibv_poll_cq", n)?;
         self.deliver(out, start, n, false);
         Ok(n)
