@@ -1,7 +1,7 @@
 //! Completion queues and polling.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
@@ -29,6 +29,30 @@ const ACK_BATCH: u32 = 64;
 /// The provider's `poll_cq` (`ibv_context_ops::poll_cq`).
 type PollCqFn = unsafe extern "C" fn(*mut sys::ibv_cq, i32, *mut sys::ibv_wc) -> i32;
 
+/// A CQ's `poll_cq` while debts are unpaid (DESIGN.md, "A CQ holds a
+/// completion of every request"): the provider's, and when it finds the CQ
+/// empty, the debts recorded before it began are paid. Installed instead
+/// of the provider's, so polls without debts pay nothing for them.
+///
+/// # Safety
+/// As the provider's `poll_cq`, and `cq` must be a [`CqInner`]'s, polled
+/// through a handle of it (its `cq_context` is that `CqInner`, alive).
+unsafe extern "C" fn poll_cq_paying(cq: *mut sys::ibv_cq, n: i32, wc: *mut sys::ibv_wc) -> i32 {
+    // SAFETY: the caller's contract: `cq_context` was set to the CqInner
+    // (`finish`), which the polling handle keeps alive.
+    let inner = unsafe { &*((*cq).cq_context as *const CqInner) };
+    // Before the provider's poll (the Acquire pairs with the recording's
+    // Release, after the reset or destroy returned): every completion these
+    // debts stand for was queued before this poll began.
+    let gen = inner.unpaid.load(Ordering::Acquire);
+    // SAFETY: the caller's contract.
+    let rc = unsafe { (inner.provider_poll_cq)(cq, n, wc) };
+    if rc == 0 && gen != 0 {
+        inner.pay(gen);
+    }
+    rc
+}
+
 /// What a context without a `poll_cq` gives (as `ibv_poll_cq` does).
 unsafe extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: i32, _: *mut sys::ibv_wc) -> i32 {
     -libc::EOPNOTSUPP
@@ -36,12 +60,17 @@ unsafe extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: i32, _: *mut sys::i
 
 pub(crate) struct CqInner {
     pub(crate) cq: NonNull<sys::ibv_cq>,
+    /// The function every poll calls: the provider's `poll_cq`, or, while
+    /// debts are unpaid, [`poll_cq_paying`] around it (a `PollCqFn`; the
+    /// swap costs the polls nothing: one load either way). Written under
+    /// `tables`' write lock.
+    poll_cq_fn: AtomicPtr<()>,
     /// The provider's `poll_cq`, read once from the context's ops at
     /// creation: the function the `ibv_poll_cq` inline of `verbs.h` calls
     /// on every poll (libibverbs sets a context's ops, a stub for every op
     /// the provider lacks, before `ibv_open_device` returns and never
     /// changes them).
-    poll_cq_fn: PollCqFn,
+    provider_poll_cq: PollCqFn,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
     /// The in-flight tables of the queues reporting here, by table id, and
@@ -52,15 +81,14 @@ pub(crate) struct CqInner {
     /// paying debts write-lock it.
     tables: RwLock<Registry>,
     /// The generation of the newest debt in `tables` (completions a reset
-    /// or destroyed queue may have left queued), 0 when none is unpaid:
-    /// an empty poll looks here before returning (see `repoll_owed`).
-    /// Written under `tables`' write lock.
+    /// or destroyed queue may have left queued), 0 when none is unpaid
+    /// (see [`poll_cq_paying`]). Written under `tables`' write lock.
     unpaid: AtomicU64,
     unacked: AtomicU32,
-    /// With a channel: the `cq_context` of the C CQ, a `Weak` to this
-    /// value leaked by [`Weak::into_raw`], which
-    /// [`CompletionChannel::get_event`] upgrades. Reclaimed once
-    /// `ibv_destroy_cq` succeeded (leaked for good if it failed); see
+    /// The `cq_context` of the C CQ, a `Weak` to this value leaked by
+    /// [`Weak::into_raw`], which [`CompletionChannel::get_event`] upgrades
+    /// (and [`poll_cq_paying`] reads). Reclaimed once `ibv_destroy_cq`
+    /// succeeded (leaked for good if it failed); see
     /// [`CqInner::from_event`].
     event_ctx: *const CqInner,
     /// The capacity (`ibv_cq::cqe`), which the depths in `tables` never
@@ -156,6 +184,34 @@ impl CqInner {
         weak.upgrade()
     }
 
+    /// Debt `gen` was recorded (call with `tables` write-locked): polls
+    /// go through [`poll_cq_paying`] until it is paid.
+    fn owe(&self, gen: u64) {
+        self.unpaid.store(gen, Ordering::Release);
+        self.poll_cq_fn
+            .store(poll_cq_paying as PollCqFn as *mut (), Ordering::Release);
+    }
+
+    /// A poll that began after debt `gen` was recorded found the CQ empty:
+    /// the completions every debt up to `gen` stood for (queued before it
+    /// was recorded) have been polled, so they are paid. Reset queues get
+    /// their held slots back; with no debt left, polls call the provider
+    /// directly again.
+    #[cold]
+    #[inline(never)]
+    fn pay(&self, gen: u64) {
+        let mut tables = self.tables.write();
+        let more = tables.pay(gen, |table, n| match table {
+            TableRef::Send(t) => t.lock().release_held(t, n),
+            TableRef::Recv(t) => t.lock().release_held(t, n),
+        });
+        if !more {
+            self.unpaid.store(0, Ordering::Release);
+            self.poll_cq_fn
+                .store(self.provider_poll_cq as *mut (), Ordering::Release);
+        }
+    }
+
     pub(crate) fn add_unacked(&self) {
         let n = self.unacked.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= ACK_BATCH {
@@ -184,7 +240,7 @@ impl Drop for CqInner {
         if let (0, Some(ch)) = (rc, &self.channel) {
             ch.detach_cq();
         }
-        if rc == 0 && !self.event_ctx.is_null() {
+        if rc == 0 {
             // The CQ is gone and with it every event that could name it
             // (see `from_event`): the count leaked into `cq_context` comes
             // back. If the destroy failed, the CQ and its `cq_context`
@@ -273,24 +329,19 @@ impl<'a> CompletionQueueBuilder<'a> {
         // SAFETY: valid CQ; `cqe` is the actual size the provider chose.
         let cqe = unsafe { (*cq.as_ptr()).cqe } as u32;
         // SAFETY: a live CQ points at its live context.
-        let poll_cq_fn =
+        let provider_poll_cq =
             unsafe { (*(*cq.as_ptr()).context).ops.poll_cq }.unwrap_or(missing_poll_cq);
         let inner = Arc::new_cyclic(|weak| {
-            let event_ctx = match self.channel {
-                Some(_) => {
-                    let ctx = Weak::into_raw(weak.clone());
-                    // Written before the handle exists: no event can name
-                    // the CQ before it is armed through a handle.
-                    // SAFETY: valid CQ, not yet shared; libibverbs only
-                    // hands `cq_context` back from ibv_get_cq_event.
-                    unsafe { (*cq.as_ptr()).cq_context = ctx as *mut std::ffi::c_void };
-                    ctx
-                }
-                None => std::ptr::null(),
-            };
+            let event_ctx = Weak::into_raw(weak.clone());
+            // Written before the handle exists: no event or poll can name
+            // the CQ before.
+            // SAFETY: valid CQ, not yet shared; libibverbs only hands
+            // `cq_context` back from ibv_get_cq_event.
+            unsafe { (*cq.as_ptr()).cq_context = event_ctx as *mut std::ffi::c_void };
             CqInner {
                 cq,
-                poll_cq_fn,
+                poll_cq_fn: AtomicPtr::new(provider_poll_cq as *mut ()),
+                provider_poll_cq,
                 ctx: self.ctx.clone(),
                 channel: self.channel.map(CompletionChannel::attach_cq),
                 tables: RwLock::new(Registry::new()),
@@ -344,8 +395,12 @@ impl CompletionQueue {
     /// `n` writes.
     #[inline(always)]
     unsafe fn provider_poll(&self, n: i32, wc: *mut sys::ibv_wc) -> i32 {
-        // SAFETY: live CQ; the rest is the caller's contract.
-        unsafe { (self.inner.poll_cq_fn)(self.as_ptr(), n, wc) }
+        let f = self.inner.poll_cq_fn.load(Ordering::Relaxed);
+        // SAFETY: `poll_cq_fn` only ever holds a `PollCqFn`.
+        let f: PollCqFn = unsafe { std::mem::transmute::<*mut (), PollCqFn>(f) };
+        // SAFETY: live CQ; the rest is the caller's contract (and
+        // `poll_cq_paying`'s: called here, with a handle held).
+        unsafe { f(self.as_ptr(), n, wc) }
     }
 
     /// The channel it reports events to.
@@ -390,7 +445,7 @@ impl CompletionQueue {
         let mut tables = self.inner.tables.write();
         let table = tables.remove(id);
         if let Some(gen) = tables.owe(id, queued, true) {
-            self.inner.unpaid.store(gen, Ordering::Release);
+            self.inner.owe(gen);
         }
         drop(tables);
         // After the lock: the table goes here if this was its last reference.
@@ -403,63 +458,25 @@ impl CompletionQueue {
     pub(crate) fn owe_after_reset(&self, id: u32, held: u32) {
         let mut tables = self.inner.tables.write();
         if let Some(gen) = tables.owe(id, held, false) {
-            self.inner.unpaid.store(gen, Ordering::Release);
+            self.inner.owe(gen);
         }
-    }
-
-    /// Whether debts are unpaid: an empty poll then polls once more
-    /// ([`repoll_owed`](Self::repoll_owed)). One load, on empty polls only.
-    #[inline(always)]
-    pub(crate) fn owes(&self) -> bool {
-        self.inner.unpaid.load(Ordering::Relaxed) != 0
     }
 
     /// The debts a poll may pay if it finds the CQ empty: those recorded
     /// before it began (the `Acquire` pairs with the recording's
-    /// `Release`, which follows the reset or destroy that returned).
-    /// `None` when none is unpaid.
-    #[cold]
-    pub(crate) fn debts_before_poll(&self) -> Option<u64> {
-        match self.inner.unpaid.load(Ordering::Acquire) {
-            0 => None,
-            gen => Some(gen),
-        }
+    /// `Release`, which follows the reset or destroy that returned); 0 for
+    /// none.
+    #[inline(always)]
+    pub(crate) fn debts_before_poll(&self) -> u64 {
+        self.inner.unpaid.load(Ordering::Acquire)
     }
 
-    /// A poll that began after debt `gen` was recorded found the CQ empty:
-    /// the completions every debt up to `gen` stood for (queued before it
-    /// was recorded) have been polled, so they are paid. Reset queues get
-    /// their held slots back.
+    /// See [`CqInner::pay`].
     #[cold]
     pub(crate) fn pay(&self, gen: u64) {
-        let mut tables = self.inner.tables.write();
-        let more = tables.pay(gen, |table, n| match table {
-            TableRef::Send(t) => t.lock().release_held(t, n),
-            TableRef::Recv(t) => t.lock().release_held(t, n),
-        });
-        if !more {
-            self.inner.unpaid.store(0, Ordering::Release);
+        if gen != 0 {
+            self.inner.pay(gen);
         }
-    }
-
-    /// The tail of an empty [`poll`](Self::poll) while debts are unpaid:
-    /// polls once more, and pays them if that finds the CQ empty too.
-    #[cold]
-    #[inline(never)]
-    fn repoll_owed(&self, out: &mut Completions, start: usize) -> Result<usize> {
-        let Some(gen) = self.debts_before_poll() else {
-            return Ok(0);
-        };
-        let raw = &mut out.raw[start..];
-        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
-        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        if n == 0 {
-            self.pay(gen);
-            return Ok(0);
-        }
-        let n = ret_count("ibv_poll_cq", n)?;
-        self.deliver(out, start, n, false);
-        Ok(n)
     }
 
     /// Polls up to `out`'s free capacity of completions into `out`, handing
@@ -509,20 +526,16 @@ impl CompletionQueue {
         }
         // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
         let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        if n == 0 && !self.owes() {
+        if n == 0 {
             return Ok(0);
         }
         self.polled(out, start, n)
     }
 
     /// The rest of [`poll`](Self::poll) once the provider returned `n`
-    /// entries (or a negative error) at `start`, or none while debts are
-    /// unpaid.
+    /// entries (or a negative error) at `start`.
     #[inline(never)]
     fn polled(&self, out: &mut Completions, start: usize, n: i32) -> Result<usize> {
-        if n == 0 {
-            return self.repoll_owed(out, start);
-        }
         let n = ret_count("ibv_poll_cq", n)?;
         self.deliver(out, start, n, false);
         Ok(n)
@@ -559,36 +572,14 @@ impl CompletionQueue {
         }
         let mut wc = std::mem::MaybeUninit::<sys::ibv_wc>::uninit();
         // SAFETY: live CQ; `wc` has room for the one entry asked for.
-        let mut n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
+        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
         if n == 0 {
-            if !self.owes() {
-                return Ok(None);
-            }
-            n = self.repoll_one_owed(&mut wc);
-            if n == 0 {
-                return Ok(None);
-            }
+            return Ok(None);
         }
         ret_count("ibv_poll_cq", n)?;
         // SAFETY: the provider reported one entry, so it wrote `wc` whole.
         let wc = unsafe { wc.assume_init() };
         Ok(Some(self.complete_one(wc, None)))
-    }
-
-    /// [`repoll_owed`](Self::repoll_owed) for [`poll_one`](Self::poll_one):
-    /// the provider's answer for one entry.
-    #[cold]
-    #[inline(never)]
-    fn repoll_one_owed(&self, wc: &mut std::mem::MaybeUninit<sys::ibv_wc>) -> i32 {
-        let Some(gen) = self.debts_before_poll() else {
-            return 0;
-        };
-        // SAFETY: live CQ; `wc` has room for the one entry asked for.
-        let n = unsafe { self.provider_poll(1, wc.as_mut_ptr()) };
-        if n == 0 {
-            self.pay(gen);
-        }
-        n
     }
 
     /// The [`Completion`] of one raw entry polled by `poll_one`.
@@ -670,9 +661,7 @@ impl CompletionQueue {
     ///   queue until the queue is destroyed (a prepared request's for
     ///   good), its queue's in-flight slots stay taken (the queue fills
     ///   up), and its `wr_id` is the library's tag (a prepared posting's
-    ///   carries a heap address); and an empty poll here pays no debt of
-    ///   a reset or destroyed queue (DESIGN.md, "A CQ holds a completion
-    ///   of every request"): their entries stay held, the capacity charged;
+    ///   carries a heap address);
     /// * every completion returned is treated as the completion of the raw
     ///   request its `wr_id` names (the buffers of that request are the
     ///   caller's again only from here, per the raw posting contract).

@@ -270,16 +270,12 @@ impl CompletionQueue {
     /// `ibv_next_poll`, `ibv_end_poll`, reading the fields it was created
     /// with into `out`, buffers handed back as for a classic CQ.
     pub(crate) fn poll_extended(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
+        // As `poll_cq_paying`: the debts recorded before this poll began
+        // are paid if it finds the CQ empty.
+        let gen = self.debts_before_poll();
         let n = self.poll_extended_cycles(ex, out)?;
-        if n == 0 && self.owes() {
-            // As `poll`'s `repoll_owed`: once more, paying if still empty.
-            if let Some(gen) = self.debts_before_poll() {
-                let n = self.poll_extended_cycles(ex, out)?;
-                if n == 0 {
-                    self.pay(gen);
-                }
-                return Ok(n);
-            }
+        if n == 0 {
+            self.pay(gen);
         }
         Ok(n)
     }
@@ -336,16 +332,11 @@ impl CompletionQueue {
     /// [`CompletionQueue::poll_one`] of an extended CQ: one poll cycle,
     /// one completion.
     pub(crate) fn poll_one_extended(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
+        // As in `poll_extended`.
+        let gen = self.debts_before_poll();
         let got = self.poll_one_extended_cycle(ex)?;
-        if got.is_none() && self.owes() {
-            // As `poll`'s `repoll_owed`: once more, paying if still empty.
-            if let Some(gen) = self.debts_before_poll() {
-                let got = self.poll_one_extended_cycle(ex)?;
-                if got.is_none() {
-                    self.pay(gen);
-                }
-                return Ok(got);
-            }
+        if got.is_none() {
+            self.pay(gen);
         }
         Ok(got)
     }
