@@ -150,7 +150,7 @@ struct Lane {
 
 /// A request of the request path: a new `SendRequest` of `buf` per post.
 struct Owned {
-    qp: QueuePair,
+    sq: ibverbs::SendQueue,
     /// `None` while posted.
     buf: Option<LocalBuffer>,
     remote: RemoteMemory,
@@ -232,13 +232,13 @@ path!(
     reqs(lane) -> Owned { &mut lane.owned },
     post(r) {
         let buf = r.buf.take().ok_or("buffer not back")?;
-        r.qp
-            .post_send(SendRequest::write(buf, r.remote).wr_id(r.wr_id))?;
+        r.sq.write(buf, r.remote, ibverbs::Wr::id(r.wr_id))?;
         Ok(())
     },
     poll(lane) {
-        let n = lane.cq.poll(&mut lane.comps)?;
-        for mut c in lane.comps.drain() {
+        let batch = lane.cq.poll2(&mut lane.comps)?;
+        let n = batch.len();
+        for mut c in batch {
             c.result()?;
             let r = lane.owned.get_mut(c.wr_id() as usize).ok_or("unknown wr_id")?;
             r.buf = c.take_local();
@@ -414,7 +414,7 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
         let qp = &lane.qps[i / a.depth];
         match a.path {
             Path::Request => lane.owned.push(Owned {
-                qp: qp.clone(),
+                sq: qp.send_queue()?,
                 buf: Some(buf),
                 remote: lane.remote,
                 wr_id: i as u64,

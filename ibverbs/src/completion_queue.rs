@@ -18,8 +18,10 @@ use crate::{CompletionChannel, Context};
 
 mod completion;
 mod control;
+mod polled;
 mod registry;
 pub use completion::{Completion, Completions, CompletionsDrain};
+pub use polled::{Batch, Entry};
 use registry::Registry;
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
@@ -530,6 +532,31 @@ impl CompletionQueue {
             return Ok(0);
         }
         self.polled(out, start, n)
+    }
+
+    /// Polls up to `out`'s capacity of completions and returns them,
+    /// borrowed: each is claimed as the walk reaches it (prototype of the
+    /// one-walk poll).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
+    #[inline]
+    pub fn poll2<'a>(&self, out: &'a mut Completions) -> Result<Batch<'a>> {
+        let raw = &mut out.raw[..];
+        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
+        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
+        if n > 0 {
+            return Ok(Batch::new(&mut raw[..n as usize], self.inner.rxe_inv_quirk));
+        }
+        self.poll2_none(n)?;
+        Ok(Batch::new(&mut [], false))
+    }
+
+    /// [`poll2`](Self::poll2) when the provider returned nothing or an
+    /// error (prototype: no debts paid).
+    #[inline(never)]
+    fn poll2_none(&self, n: i32) -> Result<usize> {
+        ret_count("ibv_poll_cq", n)
     }
 
     /// The rest of [`poll`](Self::poll) once the provider returned `n`

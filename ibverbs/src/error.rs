@@ -172,6 +172,13 @@ pub enum Error {
         /// queued, charged until a poll finds the CQ empty.
         owed: u64,
     },
+    /// A work queue's posting handle exists already (or a state change is
+    /// using the queue): one at a time.
+    #[error("{queue}: its posting handle is taken")]
+    QueueTaken {
+        /// Which queue.
+        queue: &'static str,
+    },
     /// A queue pair's work queue, moved to RESET with requests
     /// outstanding, holds one entry per such request until its completion
     /// queue is polled empty: the completions of those that had finished
@@ -1071,6 +1078,7 @@ impl Error {
             Error::QueuePairInError { .. } => K::BrokenPipe,
             Error::QueueFull { .. }
             | Error::QueueHeldAfterReset { .. }
+            | Error::QueueTaken { .. }
             | Error::WindowBusy
             | Error::RegionInUse { .. }
             | Error::AlreadyDriven { .. }

@@ -181,6 +181,7 @@ mod extended_cq;
 mod flow_counters;
 mod fork;
 mod gid;
+mod inflight;
 mod library;
 mod memory_region;
 mod memory_window;
@@ -220,7 +221,7 @@ pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{
-    Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain,
+    Batch, Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain, Entry,
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
@@ -244,7 +245,8 @@ pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
     ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
     QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder,
-    RecvRequest, RecvWork, SendOp, SendOps, SendOption, SendRequest, SendWork,
+    RecvRequest, RecvWork, Refused, SendOp, SendOps, SendOption, SendQueue, SendRequest, SendWork,
+    Wr,
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};

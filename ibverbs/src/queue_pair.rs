@@ -28,6 +28,7 @@ mod prepared_send;
 mod raw;
 mod recv;
 mod request;
+mod send_queue;
 mod transition;
 mod work;
 pub(crate) use post::{check_bufs, RecvScratch, SendScratch};
@@ -46,6 +47,8 @@ pub use prepared_recv::PreparedRecv;
 pub use prepared_send::PreparedSend;
 pub(crate) use prepared_send::{claim_prepared, is_prepared};
 pub use request::{PostError, RecvRequest, SendOp, SendOption, SendRequest};
+pub(crate) use send_queue::RingCell;
+pub use send_queue::{Refused, SendQueue, Wr};
 pub(crate) use transition::mask_names;
 pub(crate) use work::Token;
 pub use work::{RecvWork, SendWork};
@@ -151,6 +154,8 @@ pub(crate) struct QpInner {
     pub(crate) sq_sig_all: bool,
     pub(crate) send: Arc<WqTable<post::SendScratch>>,
     pub(crate) recv: Option<Arc<WqTable<post::RecvScratch>>>,
+    /// The send queue's slots in the in-flight store (its posting handle's).
+    pub(crate) send_ring: RingCell,
     /// The extended QP and its `send_ops_flags` when created with
     /// `ibv_create_qp_ex` (the same object as `qp`).
     pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
@@ -251,8 +256,10 @@ impl QpInner {
         // until a poll finds its CQ empty (DESIGN.md, "A CQ holds a
         // completion of every request").
         let (send, queued) = self.send.lock().take_all(&self.send);
-        self.send_cq.unregister(self.send.id, queued);
+        let (ring_payloads, ring_queued) = self.send_ring.get_mut().teardown(false);
+        self.send_cq.unregister(self.send.id, queued + ring_queued);
         release_after_destroy(rc == 0, send);
+        release_after_destroy(rc == 0, ring_payloads);
         if let Some(recv) = &self.recv {
             let (payloads, queued) = recv.lock().take_all(recv);
             self.recv_cq.unregister(recv.id, queued);
@@ -322,6 +329,14 @@ impl QueuePair {
         // (`ReceivesThroughSrq`: they go to the receiver's XRC SRQ).
         let own_recv = srq.is_none() && qp_type != QpType::XrcSend;
         let (send, recv) = new_tables(caps, asked, own_recv);
+        let send_ring = match crate::inflight::Ring::new(send.capacity()) {
+            Ok(r) => RingCell::new(r),
+            Err(e) => {
+                // SAFETY: just created, never shared: destroyed once, here.
+                unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+                return Err(e);
+            }
+        };
         // SAFETY: a live QP (just created) points at its live context.
         let ops = unsafe { &(*(*qp.as_ptr()).context).ops };
         let post_send_fn = ops.post_send.unwrap_or(missing_post_send);
@@ -344,6 +359,7 @@ impl QueuePair {
                 qpx,
                 send,
                 recv,
+                send_ring,
                 // A new queue pair is in RESET.
                 send_epoch: epoch::SendEpoch::default(),
                 state: AtomicU32::new(sys::IBV_QPS_RESET),

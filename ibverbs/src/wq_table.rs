@@ -58,6 +58,12 @@ pub(crate) struct Payload {
 }
 
 impl Payload {
+    /// Nothing held (the common case after a claim took the buffers).
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self.held, Held::Sg(SgList::Empty)) && self.ah.is_none()
+    }
+
     /// A request's buffers and, for a UD send, its address handle.
     #[inline]
     pub(crate) fn bufs(sg: SgList, ah: Option<AddressHandle>) -> Payload {

@@ -270,6 +270,7 @@ fn every_variant() -> Vec<Error> {
             | Error::Unsupported(_)
             | Error::QueueFull { .. }
             | Error::QueueHeldAfterReset { .. }
+            | Error::QueueTaken { .. }
             | Error::NoDevice { .. }
             | Error::OpNotAvailable { .. }
             | Error::OptionNotAllowed { .. }
