@@ -29,8 +29,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-pub(crate) use crate::wq_table::{Held, Payload};
 use crate::error::{Error, Result};
+use crate::wq_table::SgList;
+pub(crate) use crate::wq_table::{Held, Payload};
 use wr_id::{CLAIMING, FREE};
 
 /// The slots of segment 0; segment `k` has `FIRST << k`.
@@ -44,6 +45,8 @@ pub(crate) const UNSIGNALED: u8 = 1;
 /// Flag: the request posted just before this one on its ring was
 /// unsignaled; this one's claim releases it (the device finished it first).
 pub(crate) const AFTER_UNSIGNALED: u8 = 2;
+/// Flag: the payload keeps an address handle alive.
+const HAS_AH: u8 = 4;
 
 /// One request's place (one cache line; see the module docs for who owns
 /// the fields behind `state`).
@@ -178,13 +181,12 @@ fn free_span(span: Span) {
 pub(crate) struct Ring {
     /// The slot of position 0.
     base: NonNull<Slot>,
-    /// The `wr_id` of position 0 in generation 0.
-    first: u64,
+    /// The `wr_id` of position 0 in the ring's current generation (its
+    /// lap, bits 62..32): position `p`'s is `lap + p`.
+    lap: u64,
     span: Span,
     /// The next position to post into.
     head: u32,
-    /// The ring's generation (its lap), in bits 62..32 of a `wr_id`.
-    gen: u32,
     /// Whether the last request posted was unsignaled.
     after_unsignaled: bool,
 }
@@ -207,12 +209,22 @@ impl Ring {
         let base = Slot::at(span.segment, span.start).expect("allocated above");
         Ok(Ring {
             base: NonNull::from(base),
-            first: wr_id::encode(0, span.segment, span.start),
+            lap: wr_id::encode(span.gen, span.segment, span.start),
             span,
             head: 0,
-            gen: span.gen,
             after_unsignaled: false,
         })
+    }
+
+    /// The ring's generation.
+    fn gen(&self) -> u32 {
+        wr_id::generation(self.lap)
+    }
+
+    /// `lap` one generation on (wrapping within the generation's bits).
+    #[inline(always)]
+    fn next_lap(lap: u64) -> u64 {
+        lap.wrapping_add(1 << 32) | wr_id::OURS
     }
 
     /// Entries.
@@ -227,16 +239,29 @@ impl Ring {
         unsafe { &*self.base.as_ptr().add(pos as usize) }
     }
 
-    /// The slot `ahead` positions after the head, if free: the caller
-    /// fills it ([`fill`](Self::fill)) and publishes it before the
-    /// doorbell.
+    /// The head's slot, if free: the caller fills it
+    /// ([`fill`](Self::fill)) and publishes it before the doorbell.
     #[inline(always)]
+    pub(crate) fn reserve_head(&self) -> Option<Reserved> {
+        let slot = self.slot(self.head);
+        if slot.state.load(Ordering::Acquire) != FREE {
+            return None;
+        }
+        Some(Reserved {
+            slot,
+            wr_id: self.lap + u64::from(self.head),
+        })
+    }
+
+    /// The slot `ahead` positions after the head, if free (a chain's
+    /// later requests; an SRQ's scan for a free slot).
+    #[inline]
     pub(crate) fn reserve(&self, ahead: u32) -> Option<Reserved> {
         let mut pos = self.head + ahead;
-        let mut gen = self.gen;
+        let mut lap = self.lap;
         if pos >= self.span.len {
             pos -= self.span.len;
-            gen = gen.wrapping_add(1);
+            lap = Self::next_lap(lap);
         }
         let slot = self.slot(pos);
         if slot.state.load(Ordering::Acquire) != FREE {
@@ -244,7 +269,7 @@ impl Ring {
         }
         Some(Reserved {
             slot,
-            wr_id: (self.first + u64::from(pos)) | u64::from(gen & wr_id::GEN_MASK) << 32,
+            wr_id: lap + u64::from(pos),
         })
     }
 
@@ -259,12 +284,14 @@ impl Ring {
     /// for a completion.
     #[inline(always)]
     pub(crate) fn fill(&mut self, r: &Reserved, user: u64, payload: Payload, signaled: bool) {
-        let prev_pos = match (r.wr_id & wr_id::OFFSET_MASK) as u32 - self.span.start {
-            0 => self.span.len - 1,
-            p => p - 1,
-        };
-        let flags = if signaled { 0 } else { UNSIGNALED }
-            | if self.after_unsignaled { AFTER_UNSIGNALED } else { 0 };
+        let mut flags = if signaled { 0 } else { UNSIGNALED };
+        if payload.ah.is_some() {
+            flags |= HAS_AH;
+        }
+        if self.after_unsignaled {
+            flags |= AFTER_UNSIGNALED;
+            self.note_prev(r);
+        }
         self.after_unsignaled = !signaled;
         // SAFETY: the slot is FREE and this ring its only producer: the
         // fields are ours until the state is published.
@@ -272,10 +299,23 @@ impl Ring {
             *r.slot.user.get() = user;
             // A free slot's payload is empty: overwrite without a drop.
             std::ptr::write(r.slot.payload.get(), payload);
-            *r.slot.prev.get() = self.span.start + prev_pos;
             *r.slot.flags.get() = flags;
             *r.slot.owner.get() = 0;
         }
+    }
+
+    /// Writes where the request before `r` on the ring is, for the claim
+    /// that releases it (only after an unsignaled request).
+    #[cold]
+    fn note_prev(&self, r: &Reserved) {
+        let offset = (r.wr_id & wr_id::OFFSET_MASK) as u32;
+        let prev = if offset == self.span.start {
+            self.span.start + self.span.len - 1
+        } else {
+            offset - 1
+        };
+        // SAFETY: as in `fill`.
+        unsafe { *r.slot.prev.get() = prev };
     }
 
     /// Marks a filled slot as posted by a runtime (`owner` ≠ 0).
@@ -297,7 +337,17 @@ impl Ring {
         self.head += n;
         if self.head >= self.span.len {
             self.head -= self.span.len;
-            self.gen = self.gen.wrapping_add(1);
+            self.lap = Self::next_lap(self.lap);
+        }
+    }
+
+    /// [`advance`](Self::advance) by one.
+    #[inline(always)]
+    pub(crate) fn advance_one(&mut self) {
+        self.head += 1;
+        if self.head == self.span.len {
+            self.head = 0;
+            self.lap = Self::next_lap(self.lap);
         }
     }
 
@@ -319,7 +369,7 @@ impl Ring {
     /// held ([`wr_id::held`]) until [`release_held`](Self::release_held),
     /// and the ring starts a new generation at position 0.
     pub(crate) fn teardown(&mut self, hold: bool) -> (Vec<(u64, Payload)>, u32) {
-        let held = wr_id::held(self.gen);
+        let held = wr_id::held(self.gen());
         let mut out = Vec::new();
         let mut queued = 0;
         for pos in 0..self.span.len {
@@ -351,7 +401,7 @@ impl Ring {
             }
         }
         self.head = 0;
-        self.gen = self.gen.wrapping_add(1);
+        self.lap = Self::next_lap(self.lap);
         self.after_unsignaled = false;
         (out, queued)
     }
@@ -362,7 +412,7 @@ impl Ring {
         HeldMark {
             base: self.base,
             len: self.span.len,
-            state: wr_id::held(self.gen.wrapping_sub(1)),
+            state: wr_id::held(self.gen().wrapping_sub(1)),
         }
     }
 }
@@ -374,7 +424,7 @@ impl Drop for Ring {
         // still claims are free again once it is done; the next owner
         // waits for FREE.
         free_span(Span {
-            gen: self.gen.wrapping_add(1),
+            gen: self.gen().wrapping_add(1),
             ..self.span
         });
     }
@@ -400,12 +450,9 @@ impl HeldMark {
         for pos in 0..self.len {
             // SAFETY: inside the ring's span, 'static.
             let slot = unsafe { &*self.base.as_ptr().add(pos as usize) };
-            let _ = slot.state.compare_exchange(
-                self.state,
-                FREE,
-                Ordering::Release,
-                Ordering::Relaxed,
-            );
+            let _ =
+                slot.state
+                    .compare_exchange(self.state, FREE, Ordering::Release, Ordering::Relaxed);
         }
     }
 }
@@ -458,16 +505,26 @@ impl Drop for Claim {
     fn drop(&mut self) {
         // SAFETY: claimed: ours until the FREE store below.
         let flags = unsafe { *self.slot.flags.get() };
+        // SAFETY: as above.
+        let held = unsafe { &(*self.slot.payload.get()).held };
+        if flags & (AFTER_UNSIGNALED | HAS_AH) != 0 || !matches!(held, Held::Sg(SgList::Empty)) {
+            return self.release_rest(flags);
+        }
+        self.slot.state.store(FREE, Ordering::Release);
+    }
+}
+
+impl Claim {
+    /// [`Drop`] of a claim that still holds something, or releases the
+    /// unsignaled requests before it.
+    #[cold]
+    #[inline(never)]
+    fn release_rest(&mut self, flags: u8) {
         if flags & AFTER_UNSIGNALED != 0 {
             release_unsignaled_before(self.slot, self.wr_id);
         }
-        // SAFETY: as above.
-        let payload = unsafe { &mut *self.slot.payload.get() };
-        let left = if payload.is_empty() {
-            None
-        } else {
-            Some(std::mem::take(payload))
-        };
+        // SAFETY: claimed: ours until the FREE store below.
+        let left = std::mem::take(unsafe { &mut *self.slot.payload.get() });
         self.slot.state.store(FREE, Ordering::Release);
         drop(left);
     }
@@ -522,7 +579,6 @@ fn release_unsignaled_before(slot: &'static Slot, wr_id: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wq_table::SgList;
 
     /// A payload told apart by its (empty) list's capacity.
     fn marked(n: usize) -> Payload {
@@ -539,10 +595,10 @@ mod tests {
     /// Posts `mark` as `user` into the ring's next slot (signaled or not)
     /// and returns its `wr_id`.
     fn post(ring: &mut Ring, user: u64, mark: usize, signaled: bool) -> Option<u64> {
-        let r = ring.reserve(0)?;
+        let r = ring.reserve_head()?;
         ring.fill(&r, user, marked(mark), signaled);
         ring.publish(&r);
-        ring.advance(1);
+        ring.advance_one();
         Some(r.wr_id)
     }
 
@@ -565,8 +621,13 @@ mod tests {
     #[test]
     fn each_completion_claims_its_own_slot_once() {
         let mut ring = Ring::new(4).unwrap();
-        let ids: Vec<u64> = (0..4).map(|i| post(&mut ring, i, 10 + i as usize, true).unwrap()).collect();
-        assert!(ring.reserve(0).is_none(), "four outstanding fill four slots");
+        let ids: Vec<u64> = (0..4)
+            .map(|i| post(&mut ring, i, 10 + i as usize, true).unwrap())
+            .collect();
+        assert!(
+            ring.reserve(0).is_none(),
+            "four outstanding fill four slots"
+        );
         // Out of order, as threads sharing a CQ claim.
         for &i in &[2usize, 0, 3, 1] {
             assert_eq!(take(ids[i]), Some((i as u64, 10 + i)));
@@ -583,7 +644,13 @@ mod tests {
     fn foreign_ids_claim_nothing() {
         let mut ring = Ring::new(2).unwrap();
         let id = post(&mut ring, 1, 1, true).unwrap();
-        for bogus in [0, 42, id & !wr_id::OURS, id ^ (1 << 40), wr_id::encode(0, 21, 5)] {
+        for bogus in [
+            0,
+            42,
+            id & !wr_id::OURS,
+            id ^ (1 << 40),
+            wr_id::encode(0, 21, 5),
+        ] {
             assert!(claim(bogus).is_none(), "{bogus:#x}");
         }
         assert_eq!(take(id), Some((1, 1)));
@@ -595,12 +662,17 @@ mod tests {
         // not u0 either: s1's claim does).
         let mut ring = Ring::new(8).unwrap();
         let sig = [false, true, false, false, true];
-        let ids: Vec<u64> = (0..5).map(|i| post(&mut ring, i as u64, i, sig[i]).unwrap()).collect();
+        let ids: Vec<u64> = (0..5)
+            .map(|i| post(&mut ring, i as u64, i, sig[i]).unwrap())
+            .collect();
         assert_eq!(take(ids[4]), Some((4, 4)));
         for u in [2, 3] {
             assert!(claim(ids[u]).is_none(), "u{u} not released");
         }
-        assert!(ring.slot(1).state.load(Ordering::Relaxed) == ids[1], "s1 untouched");
+        assert!(
+            ring.slot(1).state.load(Ordering::Relaxed) == ids[1],
+            "s1 untouched"
+        );
         assert_eq!(take(ids[1]), Some((1, 1)));
         assert!(claim(ids[0]).is_none(), "u0 released by s1");
         // Its own (error) completion claimed first, an unsignaled request
@@ -648,7 +720,9 @@ mod tests {
     #[test]
     fn teardown_takes_what_is_outstanding_and_holds_after_a_reset() {
         let mut ring = Ring::new(4).unwrap();
-        let ids: Vec<u64> = (0..3).map(|i| post(&mut ring, i, i as usize, true).unwrap()).collect();
+        let ids: Vec<u64> = (0..3)
+            .map(|i| post(&mut ring, i, i as usize, true).unwrap())
+            .collect();
         take(ids[1]).unwrap();
         let (out, queued) = ring.teardown(true);
         assert_eq!((out.len(), queued), (2, 2));
@@ -684,7 +758,10 @@ mod tests {
         drop(ring);
         // Best fit hands the same span back first.
         let mut again = Ring::new(37).unwrap();
-        assert_eq!((again.span.segment, again.span.start), (span.segment, span.start));
+        assert_eq!(
+            (again.span.segment, again.span.start),
+            (span.segment, span.start)
+        );
         let first = post(&mut again, 0, 0, true).unwrap();
         assert!(wr_id::generation(first) > wr_id::generation(last));
         assert!(claim(last).is_none());

@@ -221,7 +221,8 @@ pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{
-    Batch, Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain, Entry,
+    Batch, Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain,
+    Entry,
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};

@@ -124,12 +124,15 @@ impl Entry<'_> {
     #[inline(always)]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
         let sg = self.sg()?;
-        if !matches!(sg, SgList::One(Buf::Local(_))) {
+        let SgList::One(Buf::Local(b)) = sg else {
             return None;
-        }
-        match std::mem::take(sg) {
-            SgList::One(Buf::Local(b)) => Some(b),
-            _ => None,
+        };
+        // SAFETY: `b` is read out once and its place overwritten at once
+        // with a value that owns nothing (no drop of either).
+        unsafe {
+            let b = std::ptr::read(b);
+            std::ptr::write(sg, SgList::Empty);
+            Some(b)
         }
     }
 }

@@ -235,7 +235,11 @@ impl SendQueue {
 
     /// A send of `buf`.
     #[inline]
-    pub fn send(&mut self, buf: impl DeviceReadable, o: Wr) -> std::result::Result<(), Refused<Buf>> {
+    pub fn send(
+        &mut self,
+        buf: impl DeviceReadable,
+        o: Wr,
+    ) -> std::result::Result<(), Refused<Buf>> {
         let opcode = if o.bits & HAS_IMM != 0 {
             sys::IBV_WR_SEND_WITH_IMM
         } else {
@@ -281,7 +285,7 @@ impl SendQueue {
         }
         // SAFETY: the handle has the ring (RingCell::take).
         let ring = unsafe { self.ring.as_mut() };
-        let Some(slot) = ring.reserve(0) else {
+        let Some(slot) = ring.reserve_head() else {
             let error = no_room(ring);
             return Err(Refused { error, buf });
         };
@@ -316,7 +320,7 @@ impl SendQueue {
                 buf,
             });
         }
-        ring.advance(1);
+        ring.advance_one();
         Ok(())
     }
 }
