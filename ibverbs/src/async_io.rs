@@ -26,18 +26,24 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::buffer::SgList;
 use crate::completion_channel::CompletionChannel;
 use crate::completion_queue::{Completion, CompletionQueue, Completions};
 use crate::context::{AsyncEvent, Context};
 use crate::error::{Error, Result};
-use crate::queue_pair::{PostError, QueuePair, RecvRequest, SendRequest};
+use crate::queue_pair::{QueuePair, RecvQueue, RecvRequest, Refused, SendQueue, SendRequest};
+
+/// The owner mark the dispatcher puts on its requests' slots: no public
+/// API sets it, so a request posted any other way is never taken for one
+/// of the dispatcher's, whatever its `wr_id`.
+pub(crate) const DISPATCHER: u8 = 1;
 
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
 /// The `wr_id`s the dispatchers give, unique in the process. A completion
 /// is matched to a future only when its slot says the dispatcher posted it
-/// ([`Completion::is_dispatched`]): a request posted directly on the queue
+/// (its owner mark, [`DISPATCHER`]): a request posted directly on the queue
 /// pair with the same `wr_id` never resolves a future.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -213,6 +219,10 @@ struct Shared {
     /// registered.
     channels: Vec<Registered<CompletionChannel>>,
     state: Mutex<State>,
+    /// The queue pair's posting handles, taken at the first post (the
+    /// queue pair is connected by then); posts take them in turn.
+    sq: Mutex<Option<SendQueue>>,
+    rq: Mutex<Option<RecvQueue>>,
     waiters: Arc<Waiters>,
     /// Given to the reactor: wakes every waiting future.
     reactor_waker: Waker,
@@ -259,9 +269,11 @@ impl Shared {
         // poll raises an event.
         for cq in &self.cqs {
             loop {
-                let n = cq.poll(&mut st.batch)?;
-                for c in st.batch.drain() {
-                    if !c.is_dispatched() {
+                let polled = cq.poll(&mut st.batch)?;
+                let n = polled.len();
+                for c in polled {
+                    let c = c.into_owned();
+                    if c.owner() != Some(DISPATCHER) {
                         // Not posted through an AsyncQueuePair, whatever
                         // its wr_id: never handed to a future.
                         drop_later.push(c);
@@ -398,6 +410,8 @@ impl AsyncQueuePair {
                     batch: Completions::with_capacity(POLL_BATCH),
                     armed: false,
                 }),
+                sq: Mutex::new(None),
+                rq: Mutex::new(None),
                 reactor_waker: Waker::from(Arc::clone(&waiters)),
                 waiters,
             }),
@@ -437,54 +451,85 @@ impl AsyncQueuePair {
 
     /// Posts a send-queue request now and returns the future of its
     /// completion. The request gets a unique `wr_id` (replacing its own) and
-    /// is made signaled.
+    /// is made signaled. The first post takes the queue pair's send queue
+    /// handle ([`QueuePair::send_queue`]) for the wrapper's life.
     ///
     /// # Errors
-    /// As [`QueuePair::post_send`]: the request is handed back in the
-    /// [`PostError`]. The future resolves to an error as described on
+    /// As [`SendQueue::post_chain`]: the request's buffers are handed back
+    /// in the [`Refused`]. The future resolves to an error as described on
     /// [`CompletionFuture`].
     ///
     /// # References
     /// `ibv_post_send(3)`
     #[doc(alias = "ibv_post_send")]
-    pub fn post_send<'a>(
-        &self,
-        wr: SendRequest<'a>,
-    ) -> Result<CompletionFuture, PostError<SendRequest<'a>>> {
+    pub fn post_send(&self, wr: SendRequest<'_>) -> Result<CompletionFuture, Refused<SgList>> {
+        let mut sq = lock(&self.shared.sq);
+        if sq.is_none() {
+            match self.shared.qp.send_queue() {
+                Ok(h) => *sq = Some(h),
+                Err(error) => {
+                    return Err(Refused {
+                        error,
+                        buf: wr.into_buffers(),
+                    })
+                }
+            }
+        }
+        let sq = sq.as_mut().expect("taken above");
         let id = self.track();
         let mut wr = wr.wr_id(id).signaled(true);
-        wr.dispatched = true;
-        match self.shared.qp.post_send(wr) {
-            Ok(()) => Ok(self.future(id)),
-            Err(mut e) => {
+        wr.owner = DISPATCHER;
+        let mut one = [wr];
+        match sq.post_requests(&mut one) {
+            (1, _) => Ok(self.future(id)),
+            (_, result) => {
                 self.untrack(id);
-                // The caller may post it again another way.
-                e.request.dispatched = false;
-                Err(e)
+                let [wr] = one;
+                Err(Refused {
+                    error: result.err().unwrap_or(Error::Unsupported("refused")),
+                    buf: wr.into_buffers(),
+                })
             }
         }
     }
 
     /// Posts a receive request now and returns the future of its
-    /// completion (the request's `wr_id` is replaced by a unique one).
+    /// completion (the request's `wr_id` is replaced by a unique one). The
+    /// first post takes the receive queue's handle
+    /// ([`QueuePair::recv_queue`]) for the wrapper's life.
     ///
     /// # Errors
-    /// As [`QueuePair::post_recv`], with the request handed back.
+    /// As [`RecvQueue::post_chain`], with the buffers handed back.
     ///
     /// # References
     /// `ibv_post_recv(3)`
     #[doc(alias = "ibv_post_recv")]
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<CompletionFuture, PostError<RecvRequest>> {
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<CompletionFuture, Refused<SgList>> {
+        let mut rq = lock(&self.shared.rq);
+        if rq.is_none() {
+            match self.shared.qp.recv_queue() {
+                Ok(h) => *rq = Some(h),
+                Err(error) => {
+                    return Err(Refused {
+                        error,
+                        buf: wr.into_buffers(),
+                    })
+                }
+            }
+        }
+        let rq = rq.as_mut().expect("taken above");
         let id = self.track();
         let mut wr = wr.wr_id(id);
-        wr.dispatched = true;
-        match self.shared.qp.post_recv(wr) {
+        wr.owner = DISPATCHER;
+        let mut one = vec![wr];
+        match rq.post_chain(&mut one) {
             Ok(()) => Ok(self.future(id)),
-            Err(mut e) => {
+            Err(error) => {
                 self.untrack(id);
-                // The caller may post it again another way.
-                e.request.dispatched = false;
-                Err(e)
+                Err(Refused {
+                    error,
+                    buf: one.pop().map(RecvRequest::into_buffers).unwrap_or_default(),
+                })
             }
         }
     }

@@ -4,25 +4,24 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 
 use ibverbs_sys as sys;
 
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::event_routing::{Kind, Registration};
 use crate::extended_cq::ExCq;
-use crate::queue_pair::{claim_prepared, is_prepared};
+use crate::inflight::HeldMark;
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::{Claimed, Retire, SgList, TableRef, WqTable};
 use crate::{CompletionChannel, Context};
 
+mod accounting;
 mod completion;
 mod control;
 mod polled;
-mod registry;
-pub use completion::{Completion, Completions, CompletionsDrain};
-pub use polled::{Batch, Entry};
-use registry::Registry;
+use accounting::Accounting;
+pub use completion::{Completion, Completions};
+pub use polled::{CompletionRef, Polled};
 
 /// CQ events are acknowledged in batches of this size (acking takes a lock
 /// in libibverbs); the rest are acknowledged before the CQ is destroyed.
@@ -65,7 +64,7 @@ pub(crate) struct CqInner {
     /// The function every poll calls: the provider's `poll_cq`, or, while
     /// debts are unpaid, [`poll_cq_paying`] around it (a `PollCqFn`; the
     /// swap costs the polls nothing: one load either way). Written under
-    /// `tables`' write lock.
+    /// `accounting`'s lock.
     poll_cq_fn: AtomicPtr<()>,
     /// The provider's `poll_cq`, read once from the context's ops at
     /// creation: the function the `ibv_poll_cq` inline of `verbs.h` calls
@@ -75,16 +74,14 @@ pub(crate) struct CqInner {
     provider_poll_cq: PollCqFn,
     ctx: Context,
     pub(crate) channel: Option<CompletionChannel>,
-    /// The in-flight tables of the queues reporting here, by table id, and
-    /// their depths, whose sum never exceeds `cqe` (checked when a queue
-    /// pair is created), so the CQ cannot overrun. Polling reads it (a
-    /// shared lock: pollers of one CQ do not wait for each other here);
-    /// only creating, resetting and destroying queues, `resize`, and
-    /// paying debts write-lock it.
-    tables: RwLock<Registry>,
+    /// The depths of the queues reporting here, whose sum (with what
+    /// destroyed queues may have left queued) never exceeds `cqe`, so the
+    /// CQ cannot overrun. Polls never take it: only creating, resetting
+    /// and destroying queues, `resize`, and paying debts.
+    accounting: Mutex<Accounting>,
     /// The generation of the newest debt in `tables` (completions a reset
     /// or destroyed queue may have left queued), 0 when none is unpaid
-    /// (see [`poll_cq_paying`]). Written under `tables`' write lock.
+    /// (see [`poll_cq_paying`]). Written under `accounting`'s lock.
     unpaid: AtomicU64,
     unacked: AtomicU32,
     /// The `cq_context` of the C CQ, a `Weak` to this value leaked by
@@ -93,8 +90,8 @@ pub(crate) struct CqInner {
     /// succeeded (leaked for good if it failed); see
     /// [`CqInner::from_event`].
     event_ctx: *const CqInner,
-    /// The capacity (`ibv_cq::cqe`), which the depths in `tables` never
-    /// exceed. Written only with `tables` write-locked (creation aside),
+    /// The capacity (`ibv_cq::cqe`), which the depths in `accounting` never
+    /// exceed. Written only with `accounting` locked (creation aside),
     /// by [`CompletionQueue::resize`] once the verb succeeded; read under
     /// that lock by `register`, and without it by `capacity`.
     cqe: AtomicU32,
@@ -140,7 +137,7 @@ fn fix_rxe_inv_flags_found(wcs: &mut [sys::ibv_wc]) {
 }
 
 // SAFETY: CQ verbs are thread-safe in libibverbs (polling is serialised by
-// the provider's CQ lock); the table registry is behind a lock;
+// the provider's CQ lock); the accounting is behind a lock;
 // `event_ctx` is only passed to `Weak::from_raw` (an atomic count).
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
@@ -186,7 +183,7 @@ impl CqInner {
         weak.upgrade()
     }
 
-    /// Debt `gen` was recorded (call with `tables` write-locked): polls
+    /// Debt `gen` was recorded (call with `accounting` locked): polls
     /// go through [`poll_cq_paying`] until it is paid.
     fn owe(&self, gen: u64) {
         self.unpaid.store(gen, Ordering::Release);
@@ -202,12 +199,8 @@ impl CqInner {
     #[cold]
     #[inline(never)]
     fn pay(&self, gen: u64) {
-        let mut tables = self.tables.write();
-        let more = tables.pay(gen, |table, n| match table {
-            TableRef::Send(t) => t.lock().release_held(t, n),
-            TableRef::Recv(t) => t.lock().release_held(t, n),
-        });
-        if !more {
+        let mut accounting = self.accounting.lock();
+        if !accounting.pay(gen) {
             self.unpaid.store(0, Ordering::Release);
             self.poll_cq_fn
                 .store(self.provider_poll_cq as *mut (), Ordering::Release);
@@ -346,7 +339,7 @@ impl<'a> CompletionQueueBuilder<'a> {
                 provider_poll_cq,
                 ctx: self.ctx.clone(),
                 channel: self.channel.map(CompletionChannel::attach_cq),
-                tables: RwLock::new(Registry::new()),
+                accounting: Mutex::new(Accounting::default()),
                 unpaid: AtomicU64::new(0),
                 unacked: AtomicU32::new(0),
                 event_ctx,
@@ -410,23 +403,22 @@ impl CompletionQueue {
         self.inner.channel.as_ref()
     }
 
-    /// Lets the queue of `table`, `depth` requests deep, report here: its
-    /// completions find their buffers. An overrun CQ loses completions, and
-    /// with them buffers (an SRQ's slot for the SRQ's whole life), so the
-    /// depths of the queues reporting here may not add up to more than the
-    /// capacity. A queue already reporting here (an SRQ shared by several
-    /// queue pairs) counts once.
+    /// Lets queue `id`, `depth` requests deep, report here. An overrun CQ
+    /// loses completions, and with them buffers, so the depths of the
+    /// queues reporting here (and what destroyed ones may have left
+    /// queued) may not add up to more than the capacity. A queue already
+    /// reporting here (an SRQ shared by several queue pairs) counts once.
     ///
     /// # Errors
     /// [`Error::CqTooSmall`](crate::Error::CqTooSmall); nothing registered.
-    pub(crate) fn register(&self, table: TableRef, depth: u32) -> Result<()> {
-        let mut tables = self.inner.tables.write();
-        if tables.contains(table.id()) {
+    pub(crate) fn register(&self, id: u32, depth: u32) -> Result<()> {
+        let mut accounting = self.inner.accounting.lock();
+        if accounting.contains(id) {
             return Ok(());
         }
-        let owed = tables.owed();
-        let needed = cq_needed(tables.depth_sum() + owed, depth);
-        // Under the write lock: `resize` cannot change it meanwhile.
+        let owed = accounting.owed();
+        let needed = cq_needed(accounting.depth_sum() + owed, depth);
+        // Under the lock: `resize` cannot change it meanwhile.
         let capacity = self.inner.cqe.load(Ordering::Relaxed);
         if needed > u64::from(capacity) {
             return Err(crate::Error::CqTooSmall {
@@ -435,31 +427,27 @@ impl CompletionQueue {
                 owed,
             });
         }
-        tables.insert(table, depth);
+        accounting.insert(id, depth);
         Ok(())
     }
 
-    /// Stops the queue of table `id` from reporting here: its completions
-    /// still in the CQ become orphans, and up to `queued` of them (what
-    /// [`TableState::take_all`](crate::wq_table::TableState::take_all)
-    /// counted) are charged to the CQ until a poll finds it empty.
+    /// Stops queue `id` from reporting here: its completions still in the
+    /// CQ become orphans, and up to `queued` of them are charged to the CQ
+    /// until a poll finds it empty.
     pub(crate) fn unregister(&self, id: u32, queued: u32) {
-        let mut tables = self.inner.tables.write();
-        let table = tables.remove(id);
-        if let Some(gen) = tables.owe(id, queued, true) {
+        let mut accounting = self.inner.accounting.lock();
+        accounting.remove(id);
+        if let Some(gen) = accounting.owe(None, queued) {
             self.inner.owe(gen);
         }
-        drop(tables);
-        // After the lock: the table goes here if this was its last reference.
-        drop(table);
     }
 
-    /// Records that queue `id`, reset, holds `held` slots of its ring for
-    /// completions the reset may have left here, until a poll finds the
-    /// CQ empty (then [`TableState::release_held`](crate::wq_table::TableState::release_held)).
-    pub(crate) fn owe_after_reset(&self, id: u32, held: u32) {
-        let mut tables = self.inner.tables.write();
-        if let Some(gen) = tables.owe(id, held, false) {
+    /// Records that a reset ring holds `held` slots (`mark`) for
+    /// completions the reset may have left here, until a poll finds the CQ
+    /// empty.
+    pub(crate) fn owe_after_reset(&self, mark: HeldMark, held: u32) {
+        let mut accounting = self.inner.accounting.lock();
+        if let Some(gen) = accounting.owe(Some(mark), held) {
             self.inner.owe(gen);
         }
     }
@@ -481,16 +469,19 @@ impl CompletionQueue {
         }
     }
 
-    /// Polls up to `out`'s free capacity of completions into `out`, handing
-    /// back each completed request's buffers. Returns how many were added.
-    /// Does not allocate.
+    /// Polls up to `out`'s capacity of completions and lends them out: a
+    /// [`Polled`] batch, walked in order, each [`CompletionRef`] claimed
+    /// from the in-flight store as the walk reaches it, its request's
+    /// buffers taken straight out of the request's slot. Does not allocate.
     ///
-    /// A CQ created with [`wc_fields`](crate::CompletionQueueBuilder::wc_fields)
-    /// is polled through `ibv_start_poll` … `ibv_end_poll`, reading only
-    /// the fields it was created with (the others read as 0) and the
-    /// completion timestamp when asked for; any other through
-    /// `ibv_poll_cq`. On rxe an extended CQ yields one completion per poll
-    /// cycle (see the provider quirk in `extended_cq`'s module docs).
+    /// Several threads may poll one CQ at once, each into its own
+    /// `Completions`. A CQ created with
+    /// [`wc_fields`](crate::CompletionQueueBuilder::wc_fields) is polled
+    /// through `ibv_start_poll` … `ibv_end_poll`, reading only the fields it
+    /// was created with (the others read as 0) and the completion timestamp
+    /// when asked for; any other through `ibv_poll_cq`. On rxe an extended
+    /// CQ yields one completion per poll cycle (see the provider quirk in
+    /// `extended_cq`'s module docs).
     ///
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`,
@@ -503,8 +494,7 @@ impl CompletionQueue {
     /// ```no_run
     /// # fn demo(cq: &ibverbs::CompletionQueue) -> ibverbs::Result<()> {
     /// let mut done = ibverbs::Completions::with_capacity(16);
-    /// cq.poll(&mut done)?;
-    /// for mut c in done.drain() {
+    /// for mut c in cq.poll(&mut done)? {
     ///     c.result()?;
     ///     let _buf = c.take_local();
     /// }
@@ -515,64 +505,40 @@ impl CompletionQueue {
     #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
     #[inline]
-    pub fn poll(&self, out: &mut Completions) -> Result<usize> {
+    pub fn poll<'a>(&self, out: &'a mut Completions) -> Result<Polled<'a>> {
+        let n = self.fill(out)?;
+        Ok(self.lend(out, n))
+    }
+
+    /// The provider's entries written into `out` (none claimed yet): how
+    /// many.
+    #[inline(always)]
+    fn fill(&self, out: &mut Completions) -> Result<usize> {
         if let Some(ex) = &self.inner.ex {
             return self.poll_extended(ex, out);
         }
-        // Inlined up to the provider's answer: an empty poll (what a
-        // busy-polling loop mostly does) costs the call and two tests.
-        let start = out.free_start();
-        let raw = &mut out.raw[start..];
-        if raw.is_empty() {
-            return Ok(0);
+        let len = out.raw.len().min(i32::MAX as usize);
+        // SAFETY: live CQ; `out.raw` has at least `len` writable entries.
+        let n = unsafe { self.provider_poll(len as i32, out.raw.as_mut_ptr()) };
+        if n >= 0 {
+            return Ok(n as usize);
         }
-        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
-        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        if n == 0 {
-            return Ok(0);
-        }
-        self.polled(out, start, n)
-    }
-
-    /// Polls up to `out`'s capacity of completions and returns them,
-    /// borrowed: each is claimed as the walk reaches it (prototype of the
-    /// one-walk poll).
-    ///
-    /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_poll_cq`.
-    #[inline]
-    pub fn poll2<'a>(&self, out: &'a mut Completions) -> Result<Batch<'a>> {
-        let raw = &mut out.raw[..];
-        // SAFETY: live CQ; `raw` has `raw.len()` writable entries.
-        let n = unsafe { self.provider_poll(raw.len() as i32, raw.as_mut_ptr()) };
-        if n > 0 {
-            return Ok(Batch::new(&mut raw[..n as usize], self.inner.rxe_inv_quirk));
-        }
-        self.poll2_none(n)?;
-        Ok(Batch::new(&mut [], false))
-    }
-
-    /// [`poll2`](Self::poll2) when the provider returned nothing or an
-    /// error (prototype: no debts paid).
-    #[inline(never)]
-    fn poll2_none(&self, n: i32) -> Result<usize> {
         ret_count("ibv_poll_cq", n)
     }
 
-    /// The rest of [`poll`](Self::poll) once the provider returned `n`
-    /// entries (or a negative error) at `start`.
-    #[inline(never)]
-    fn polled(&self, out: &mut Completions, start: usize, n: i32) -> Result<usize> {
-        let n = ret_count("ibv_poll_cq", n)?;
-        self.deliver(out, start, n, false);
-        Ok(n)
+    /// The first `n` entries of `out`, lent out to be claimed.
+    #[inline(always)]
+    fn lend<'a>(&self, out: &'a mut Completions, n: usize) -> Polled<'a> {
+        let stamps = match &self.inner.ex {
+            Some(ex) if ex.ts.is_some() => Some(&out.stamps[..n]),
+            _ => None,
+        };
+        Polled::new(&mut out.raw[..n], stamps, self.inner.rxe_inv_quirk)
     }
 
-    /// Polls at most one completion and returns it: the lean form of
-    /// [`poll`](Self::poll) for loops that wait for one request at a time.
-    /// No [`Completions`] batch is involved, and an empty classic CQ costs
-    /// one `ibv_poll_cq` call. Buffers come back as with `poll`; an
-    /// extended CQ is polled as there.
+    /// Polls at most one completion and returns it, owned: the lean form
+    /// of [`poll`](Self::poll) for loops that wait for one request at a
+    /// time. An empty classic CQ costs one `ibv_poll_cq` call.
     ///
     /// # Errors
     /// As [`poll`](Self::poll).
@@ -592,7 +558,7 @@ impl CompletionQueue {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_poll_cq")]
-    #[inline(always)]
+    #[inline]
     pub fn poll_one(&self) -> Result<Option<Completion>> {
         if let Some(ex) = &self.inner.ex {
             return self.poll_one_extended(ex);
@@ -605,69 +571,22 @@ impl CompletionQueue {
         }
         ret_count("ibv_poll_cq", n)?;
         // SAFETY: the provider reported one entry, so it wrote `wc` whole.
-        let wc = unsafe { wc.assume_init() };
-        Ok(Some(self.complete_one(wc, None)))
+        let mut wc = unsafe { wc.assume_init() };
+        Ok(Some(self.complete_one(&mut wc, None)))
     }
 
-    /// The [`Completion`] of one raw entry polled by `poll_one`.
-    #[inline(always)]
-    pub(crate) fn complete_one(&self, mut raw: sys::ibv_wc, timestamp: Option<u64>) -> Completion {
-        let claimed = self.claim_entry(&mut raw);
-        Completion::new(raw, timestamp, claimed)
-    }
-
-    /// Fixes a polled entry (the rxe quirk) and claims its request: the
-    /// caller's `wr_id` and the buffers; `None` when not safely posted.
-    #[inline(always)]
-    fn claim_entry(&self, raw: &mut sys::ibv_wc) -> Option<Claimed> {
-        if self.inner.rxe_inv_quirk {
-            fix_rxe_inv_flag(raw);
-        }
-        if is_prepared(raw.wr_id) {
-            Some(claim_prepared_entry(raw.wr_id))
-        } else {
-            self.claim_table(raw.wr_id, raw.status)
-        }
-    }
-
-    /// Claims a table slot (no lock for other `wr_id`s); `status` is the
-    /// completion's.
-    fn claim_table(&self, wr_id: u64, status: u32) -> Option<Claimed> {
-        let (id, tag) = WqTable::<()>::decode(wr_id)?;
-        self.inner.tables.read().get(id)?.claim(tag, status)
-    }
-
-    /// Claims the `n` entries the provider just wrote into `out` at
-    /// `start` (its free tail, [`Completions::free_start`]): each gets the
-    /// caller's `wr_id` and its request's buffers, in place, and is held.
+    /// The owned [`Completion`] of one raw entry just polled.
     #[inline]
-    pub(crate) fn deliver(&self, out: &mut Completions, start: usize, n: usize, stamped: bool) {
-        if n == 0 {
-            return;
+    pub(crate) fn complete_one(&self, wc: &mut sys::ibv_wc, stamp: Option<u64>) -> Completion {
+        let one = std::slice::from_mut(wc);
+        let c = Polled::new(one, None, self.inner.rxe_inv_quirk)
+            .next()
+            .expect("one entry");
+        let mut c = c.into_owned();
+        if let Some(t) = stamp {
+            c.set_timestamp(t);
         }
-        // Read-locked at the first table entry, once per batch (a batch of
-        // prepared postings takes no lock).
-        let mut tables = None;
-        let (raw, claims) = out.fresh(start, n);
-        if self.inner.rxe_inv_quirk {
-            fix_rxe_inv_flags(raw);
-        }
-        for (wc, claim) in raw.iter_mut().zip(claims) {
-            if is_prepared(wc.wr_id) {
-                // SAFETY: a prepared posting's wr_id from an entry just
-                // polled; each entry is claimed once.
-                wc.wr_id = unsafe { claim_prepared(wc.wr_id) };
-                claim.hold_prepared(stamped);
-                continue;
-            }
-            let ids = WqTable::<()>::decode(wc.wr_id).and_then(|(id, tag)| {
-                let tables = tables.get_or_insert_with(|| self.inner.tables.read());
-                // The buffers go straight into the (free) claim.
-                tables.get(id)?.claim_into(tag, wc.status, claim.sg_mut())
-            });
-            claim.hold(wc, ids, stamped);
-        }
-        out.held(n);
+        c
     }
 
     /// Polls raw work completions, bypassing the buffer bookkeeping: the
@@ -679,16 +598,13 @@ impl CompletionQueue {
     ///
     /// # Safety
     /// The caller must ensure that:
-    /// * no request posted through the safe API (`post_send`, `post_recv`,
-    ///   prepared requests, memory-window binds, SRQ
-    ///   receives, async futures) can complete on this CQ while it is
-    ///   polled here — in practice, every queue reporting to it is posted
-    ///   to only through the raw path — since a safe request's completion
-    ///   consumed here is never claimed: its buffers stay owned by its
-    ///   queue until the queue is destroyed (a prepared request's for
-    ///   good), its queue's in-flight slots stay taken (the queue fills
-    ///   up), and its `wr_id` is the library's tag (a prepared posting's
-    ///   carries a heap address);
+    /// * no request posted through the safe API (a posting handle, a
+    ///   prepared request, a memory-window bind, an async future) can
+    ///   complete on this CQ while it is polled here — in practice, every
+    ///   queue reporting to it is posted to only through the raw path —
+    ///   since a safe request's completion consumed here is never claimed:
+    ///   its buffers stay in its slot until its queue is destroyed or
+    ///   reset, and the slot stays taken (the queue fills up);
     /// * every completion returned is treated as the completion of the raw
     ///   request its `wr_id` names (the buffers of that request are the
     ///   caller's again only from here, per the raw posting contract).
@@ -732,10 +648,9 @@ impl CompletionQueue {
         ret_errno("ibv_req_notify_cq", rc)
     }
 
-    /// Waits until the CQ has completions and polls them into `out` (as
-    /// [`poll`](Self::poll) does: up to its free capacity, buffers handed
-    /// back). Returns how many were added; `Ok(0)` when `timeout` passed
-    /// first (`None`: no limit) or `out` has no free entry.
+    /// Waits until the CQ has completions and polls them (as
+    /// [`poll`](Self::poll) does); an empty batch when `timeout` passed
+    /// first (`None`: no limit).
     ///
     /// With completions waiting this is one poll. Otherwise the CQ is
     /// armed (`ibv_req_notify_cq`) and polled again — a completion that
@@ -785,22 +700,23 @@ impl CompletionQueue {
     /// let cq = ctx.create_cq(64).channel(&channel).build()?;
     /// let mut completions = ibverbs::Completions::with_capacity(16);
     /// // ... post work requests on queue pairs reporting to `cq` ...
-    /// if cq.wait(&mut completions, Some(Duration::from_secs(1)))? == 0 {
+    /// let done = cq.wait(&mut completions, Some(Duration::from_secs(1)))?;
+    /// if done.is_empty() {
     ///     println!("nothing completed within a second");
     /// }
-    /// for c in completions.drain() {
+    /// for c in done {
     ///     c.result()?;
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn wait(
+    pub fn wait<'a>(
         &self,
-        out: &mut Completions,
+        out: &'a mut Completions,
         timeout: Option<std::time::Duration>,
-    ) -> Result<usize> {
-        let n = self.poll(out)?;
-        if n > 0 || out.len() >= out.raw.len() {
-            return Ok(n);
+    ) -> Result<Polled<'a>> {
+        let n = self.fill(out)?;
+        if n > 0 {
+            return Ok(self.lend(out, n));
         }
         let ch = self.channel().ok_or(crate::Error::NoCompletionChannel {
             which: "CQ waited on",
@@ -825,15 +741,15 @@ impl CompletionQueue {
             self.req_notify(false)?;
             // After arming: whatever completes from here on raises an
             // event, whatever completed before is found now.
-            let n = self.poll(out)?;
+            let n = self.fill(out)?;
             if n > 0 {
-                return Ok(n);
+                return Ok(self.lend(out, n));
             }
             let left = match deadline {
                 None => None,
                 Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
                     Some(left) if !left.is_zero() => Some(left),
-                    _ => return Ok(0),
+                    _ => return Ok(Polled::none()),
                 },
             };
             if !ch.sleep(left)? {
@@ -899,22 +815,6 @@ impl std::fmt::Debug for CompletionQueue {
 /// `registered` and one more of `depth`.
 fn cq_needed(registered: u64, depth: u32) -> u64 {
     registered + u64::from(depth)
-}
-
-/// Claims the entry of a prepared posting (`is_prepared(wr_id)`, checked
-/// by the caller): its request's `wr_id`, no buffers. Called once per
-/// polled entry.
-#[inline]
-fn claim_prepared_entry(wr_id: u64) -> Claimed {
-    debug_assert!(is_prepared(wr_id));
-    Claimed {
-        // SAFETY: a prepared posting's wr_id (the caller checked
-        // is_prepared) from an entry just polled; each entry is claimed
-        // once (by claim_entry or deliver).
-        wr_id: unsafe { claim_prepared(wr_id) },
-        dispatched: false,
-        sg: SgList::Empty,
-    }
 }
 
 #[cfg(test)]

@@ -172,6 +172,24 @@ pub enum Error {
         /// queued, charged until a poll finds the CQ empty.
         owed: u64,
     },
+    /// A state change refused while a posting handle of the queue pair
+    /// lives: out of the states that send (to INIT or RTR) while the send
+    /// queue's handle lives (it could post there), to RESET while either
+    /// queue's does. Drop the handle first; nothing changed.
+    #[error("moving the queue pair to {to:?} needs its {queue}'s posting handle dropped first")]
+    HandleLive {
+        /// The queue whose handle lives.
+        queue: &'static str,
+        /// The state asked for.
+        to: QpState,
+    },
+    /// A prepared request posted through another queue's handle than the
+    /// one it was prepared for. Nothing was posted.
+    #[error("a {what} of another queue")]
+    NotThisQueue {
+        /// What was posted.
+        what: &'static str,
+    },
     /// A work queue's posting handle exists already (or a state change is
     /// using the queue): one at a time.
     #[error("{queue}: its posting handle is taken")]
@@ -1079,6 +1097,7 @@ impl Error {
             Error::QueueFull { .. }
             | Error::QueueHeldAfterReset { .. }
             | Error::QueueTaken { .. }
+            | Error::HandleLive { .. }
             | Error::WindowBusy
             | Error::RegionInUse { .. }
             | Error::AlreadyDriven { .. }
@@ -1121,6 +1140,7 @@ impl Error {
             | Error::NoCompletionChannel { .. }
             | Error::CompletionChannelShared { .. }
             | Error::NotThisQueuePair { .. }
+            | Error::NotThisQueue { .. }
             | Error::LengthNotMultiple { .. }
             | Error::CompletionQueueMismatch { .. }
             | Error::StreamOfAnotherTable

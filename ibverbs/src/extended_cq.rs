@@ -92,7 +92,7 @@ pub(crate) struct ExCq {
     slid: Option<Read32>,
     sl: Option<Read8>,
     dlid_path_bits: Option<Read8>,
-    ts: Option<Read64>,
+    pub(crate) ts: Option<Read64>,
 }
 
 /// Creates an extended CQ and resolves its polling functions.
@@ -268,7 +268,10 @@ impl CompletionQueue {
 
     /// [`CompletionQueue::poll`] of an extended CQ: `ibv_start_poll`,
     /// `ibv_next_poll`, `ibv_end_poll`, reading the fields it was created
-    /// with into `out`, buffers handed back as for a classic CQ.
+    /// with into `out` (and the timestamps into `out.stamps`): how many.
+    /// An error after some entries were read returns those (they were
+    /// taken from the CQ: their requests' buffers must come back); the
+    /// next poll meets the error again.
     pub(crate) fn poll_extended(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
         // As `poll_cq_paying`: the debts recorded before this poll began
         // are paid if it finds the CQ empty.
@@ -282,8 +285,10 @@ impl CompletionQueue {
 
     /// [`poll_extended`](Self::poll_extended) without the debts.
     fn poll_extended_cycles(&self, ex: &ExCq, out: &mut Completions) -> Result<usize> {
-        let start = out.free_start();
-        let room = out.raw.len() - start;
+        let room = out.raw.len();
+        if ex.ts.is_some() && out.stamps.len() < room {
+            out.stamps.resize(room, 0);
+        }
         let c = ex.cq.as_ptr();
         let mut n = 0;
         while n < room {
@@ -294,14 +299,20 @@ impl CompletionQueue {
                 break;
             }
             if rc != 0 {
-                self.deliver(out, start, n, ex.ts.is_some());
-                return Err(Error::from_errno("ibv_start_poll", rc));
+                return if n > 0 {
+                    Ok(n)
+                } else {
+                    Err(Error::from_errno("ibv_start_poll", rc))
+                };
             }
             let mut failed = 0;
             loop {
-                let (wc, stamp) = out.entry_mut(start + n);
+                let mut stamp = 0;
                 // SAFETY: a completion is current (start/next returned 0).
-                unsafe { ex.read(wc, stamp) };
+                unsafe { ex.read(&mut out.raw[n], &mut stamp) };
+                if let Some(s) = out.stamps.get_mut(n) {
+                    *s = stamp;
+                }
                 n += 1;
                 if n == room || ex.one_per_cycle {
                     break;
@@ -318,14 +329,13 @@ impl CompletionQueue {
             // SAFETY: closes the cycle opened by a successful start_poll.
             unsafe { (ex.end)(c) };
             if failed != 0 {
-                self.deliver(out, start, n, ex.ts.is_some());
-                return Err(Error::from_errno("ibv_next_poll", failed));
+                // `n` > 0: the cycle read at least one.
+                return Ok(n);
             }
             if !ex.one_per_cycle {
                 break;
             }
         }
-        self.deliver(out, start, n, ex.ts.is_some());
         Ok(n)
     }
 
@@ -359,6 +369,8 @@ impl CompletionQueue {
         unsafe { ex.read(&mut wc, &mut ts) };
         // SAFETY: closes the cycle opened by the successful start_poll.
         unsafe { (ex.end)(c) };
-        Ok(Some(self.complete_one(wc, ex.ts.is_some().then_some(ts))))
+        Ok(Some(
+            self.complete_one(&mut wc, ex.ts.is_some().then_some(ts)),
+        ))
     }
 }

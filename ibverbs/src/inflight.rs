@@ -29,10 +29,63 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::buffer::SgList;
 use crate::error::{Error, Result};
-use crate::wq_table::SgList;
-pub(crate) use crate::wq_table::{Held, Payload};
+use crate::memory_window::WindowOp;
+use crate::AddressHandle;
 use wr_id::{CLAIMING, FREE};
+
+/// What a slot holds while its request is outstanding (40 bytes: a slot
+/// stays one cache line, pinned by a test). Nothing here is boxed: posting
+/// must not allocate, and the rare memory-window request shares the space
+/// of the buffers it never has.
+#[derive(Debug, Default)]
+pub(crate) struct Payload {
+    /// The request's buffers, or its memory window.
+    pub(crate) held: Held,
+    /// Held, never read: keeps a UD request's address handle alive until
+    /// the request completed (an `Arc`: cloning it does not allocate).
+    pub(crate) ah: Option<AddressHandle>,
+}
+
+impl Payload {
+    /// A request's buffers and, for a UD send, its address handle.
+    #[inline(always)]
+    pub(crate) fn bufs(sg: SgList, ah: Option<AddressHandle>) -> Payload {
+        Payload {
+            held: Held::Sg(sg),
+            ah,
+        }
+    }
+
+    /// The buffers, taken out (none for a window).
+    pub(crate) fn into_sg(self) -> SgList {
+        match self.held {
+            Held::Sg(sg) => sg,
+            Held::Window(_) => SgList::Empty,
+        }
+    }
+}
+
+/// The buffers of a request, or what a request without buffers keeps
+/// alive instead, told how it ended: released with the completion's
+/// status, or dropped without one (which the object must treat as "it
+/// may or may not have run"). One enum, so the window shares the buffers'
+/// 32 bytes (it fits in the niche of [`SgList`]'s tag).
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// A request's buffers.
+    Sg(SgList),
+    /// A memory-window bind or invalidate (no buffers): the window, which
+    /// the status settles (its regions are released only on success).
+    Window(WindowOp),
+}
+
+impl Default for Held {
+    fn default() -> Held {
+        Held::Sg(SgList::Empty)
+    }
+}
 
 /// The slots of segment 0; segment `k` has `FIRST << k`.
 const FIRST: u32 = 64;
@@ -47,6 +100,10 @@ pub(crate) const UNSIGNALED: u8 = 1;
 pub(crate) const AFTER_UNSIGNALED: u8 = 2;
 /// Flag: the payload keeps an address handle alive.
 const HAS_AH: u8 = 4;
+/// Flag: the payload is a memory window's bind or invalidate.
+const WINDOW: u8 = 8;
+/// What a claim must settle before the buffers (see [`Claim::has_extras`]).
+const EXTRAS: u8 = HAS_AH | WINDOW;
 
 /// One request's place (one cache line; see the module docs for who owns
 /// the fields behind `state`).
@@ -202,6 +259,27 @@ pub(crate) struct Reserved {
     pub(crate) wr_id: u64,
 }
 
+impl Reserved {
+    /// The slot's state word (a prepared request watches it).
+    pub(crate) fn state(&self) -> &'static AtomicU64 {
+        &self.slot.state
+    }
+
+    /// The buffers [`Ring::fill`] wrote, for building the request's SGEs
+    /// before the doorbell.
+    ///
+    /// # Safety
+    /// The caller must ensure that the slot was filled and its `wr_id` has
+    /// not reached the device yet (no poller can claim it meanwhile).
+    pub(crate) unsafe fn sg(&self) -> &SgList {
+        // SAFETY: the caller's contract: the slot is still the producer's.
+        match unsafe { &(*self.slot.payload.get()).held } {
+            Held::Sg(sg) => sg,
+            Held::Window(_) => &SgList::Empty,
+        }
+    }
+}
+
 impl Ring {
     /// A ring of `depth` slots (at least 1).
     pub(crate) fn new(depth: u32) -> Result<Ring> {
@@ -230,6 +308,19 @@ impl Ring {
     /// Entries.
     pub(crate) fn depth(&self) -> u32 {
         self.span.len
+    }
+
+    /// The queue's id in its CQs' accounting (unique among live rings).
+    pub(crate) fn id(&self) -> u32 {
+        self.geometry().id()
+    }
+
+    /// What never changes of the ring.
+    pub(crate) fn geometry(&self) -> Geometry {
+        Geometry {
+            base: self.base,
+            span: self.span,
+        }
     }
 
     #[inline(always)]
@@ -276,8 +367,14 @@ impl Ring {
     /// Whether the head's slot is held after a reset (why a post found no
     /// room).
     pub(crate) fn head_held(&self) -> bool {
-        let s = self.slot(self.head).state.load(Ordering::Relaxed);
-        s != FREE && s != CLAIMING && !wr_id::is_outstanding(s)
+        is_held(self.slot(self.head).state.load(Ordering::Relaxed))
+    }
+
+    /// Slots held after resets (a snapshot, for errors).
+    pub(crate) fn held(&self) -> u32 {
+        (0..self.span.len)
+            .filter(|&pos| is_held(self.slot(pos).state.load(Ordering::Relaxed)))
+            .count() as u32
     }
 
     /// Writes a reserved slot's request; `signaled` says whether it asked
@@ -287,6 +384,9 @@ impl Ring {
         let mut flags = if signaled { 0 } else { UNSIGNALED };
         if payload.ah.is_some() {
             flags |= HAS_AH;
+        }
+        if let Held::Window(_) = payload.held {
+            flags |= WINDOW;
         }
         if self.after_unsignaled {
             flags |= AFTER_UNSIGNALED;
@@ -341,6 +441,12 @@ impl Ring {
         }
     }
 
+    /// How far past the head the slot of `wr_id` (one of this ring's) is.
+    pub(crate) fn ahead_of(&self, wr_id: u64) -> u32 {
+        let pos = (wr_id & wr_id::OFFSET_MASK) as u32 - self.span.start;
+        (pos + self.span.len - self.head) % self.span.len
+    }
+
     /// [`advance`](Self::advance) by one.
     #[inline(always)]
     pub(crate) fn advance_one(&mut self) {
@@ -392,7 +498,7 @@ impl Ring {
                     }
                     queued += 1;
                 }
-            } else if s != FREE && s != CLAIMING {
+            } else if is_held(s) {
                 // Held by an earlier reset: still owed.
                 queued += 1;
                 if !hold {
@@ -430,6 +536,42 @@ impl Drop for Ring {
     }
 }
 
+/// Where a ring's slots are: what never changes of it, readable without
+/// its claim.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    base: NonNull<Slot>,
+    span: Span,
+}
+
+// SAFETY: points at 'static slots, read only through their state words.
+unsafe impl Send for Geometry {}
+// SAFETY: as above.
+unsafe impl Sync for Geometry {}
+
+impl Geometry {
+    /// Unique among live rings: the span's place in the store.
+    pub(crate) fn id(&self) -> u32 {
+        self.span.segment << wr_id::OFFSET_BITS | self.span.start
+    }
+
+    /// Entries.
+    pub(crate) fn depth(&self) -> u32 {
+        self.span.len
+    }
+
+    /// Slots holding an outstanding request (a snapshot).
+    pub(crate) fn outstanding(&self) -> u32 {
+        (0..self.span.len)
+            .filter(|&pos| {
+                // SAFETY: inside the span, 'static.
+                let slot = unsafe { &*self.base.as_ptr().add(pos as usize) };
+                wr_id::is_outstanding(slot.state.load(Ordering::Acquire))
+            })
+            .count() as u32
+    }
+}
+
 /// The slots a reset held, for the CQ to release once paid.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeldMark {
@@ -455,6 +597,11 @@ impl HeldMark {
                     .compare_exchange(self.state, FREE, Ordering::Release, Ordering::Relaxed);
         }
     }
+}
+
+/// Whether a slot state is one a reset held.
+fn is_held(state: u64) -> bool {
+    state != FREE && state != CLAIMING && !wr_id::is_outstanding(state)
 }
 
 /// A slot claimed by its completion: the claimer owns its payload until
@@ -498,6 +645,20 @@ impl Claim {
         // SAFETY: as in `user`; `&mut self` keeps it unique.
         unsafe { &mut *self.slot.payload.get() }
     }
+
+    /// Whether the payload keeps an address handle or is a window's: what
+    /// the claimer settles before the buffers are taken.
+    #[inline(always)]
+    pub(crate) fn has_extras(&self) -> bool {
+        // SAFETY: as in `user`.
+        unsafe { *self.slot.flags.get() & EXTRAS != 0 }
+    }
+
+    /// The address handle and window are settled (taken out).
+    pub(crate) fn extras_settled(&mut self) {
+        // SAFETY: as in `user`.
+        unsafe { *self.slot.flags.get() &= !EXTRAS };
+    }
 }
 
 impl Drop for Claim {
@@ -507,7 +668,7 @@ impl Drop for Claim {
         let flags = unsafe { *self.slot.flags.get() };
         // SAFETY: as above.
         let held = unsafe { &(*self.slot.payload.get()).held };
-        if flags & (AFTER_UNSIGNALED | HAS_AH) != 0 || !matches!(held, Held::Sg(SgList::Empty)) {
+        if flags & (AFTER_UNSIGNALED | EXTRAS) != 0 || !matches!(held, Held::Sg(SgList::Empty)) {
             return self.release_rest(flags);
         }
         self.slot.state.store(FREE, Ordering::Release);

@@ -194,7 +194,6 @@ mod request_table;
 mod shared_receive_queue;
 mod thread_domain;
 mod work_completion;
-mod wq_table;
 mod write_channel;
 mod xrc_domain;
 
@@ -221,8 +220,7 @@ pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
 pub use capabilities::{DeviceAttrEx, Feature};
 pub use completion_channel::CompletionChannel;
 pub use completion_queue::{
-    Batch, Completion, CompletionQueue, CompletionQueueBuilder, Completions, CompletionsDrain,
-    Entry,
+    Completion, CompletionQueue, CompletionQueueBuilder, CompletionRef, Completions, Polled,
 };
 pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
@@ -244,14 +242,13 @@ pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
-    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, PostError, PreparedRecv, PreparedSend,
-    QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder,
-    RecvRequest, RecvWork, Refused, SendOp, SendOps, SendOption, SendQueue, SendRequest, SendWork,
-    Wr,
+    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, PreparedRecv, PreparedSend, QpAttr,
+    QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder, RecvQueue,
+    RecvRequest, Refused, SendOp, SendOps, SendOption, SendQueue, SendRequest, UdDest, Wr,
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
-pub use request_table::{Polled, RequestTable, SendStream, TablePostError};
+pub use request_table::{Reaped, RequestTable, SendStream};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};

@@ -31,10 +31,10 @@ use ibverbs_sys as sys;
 
 use crate::buffer::{FrozenBuffer, LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
 use crate::error::{ret_ptr, Error, Result};
+use crate::inflight::{Held, Payload};
 use crate::memory_region::{AccessFlags, MrInner};
 use crate::queue_pair::WindowWr;
-use crate::wq_table::{Held, Payload};
-use crate::{ProtectionDomain, QpState, QpType, QueuePair};
+use crate::{ProtectionDomain, QpType, QueuePair, SendQueue};
 
 use binding::{Binding, Bound, Outcome};
 
@@ -352,7 +352,9 @@ impl QueuePair {
         }
         Ok(())
     }
+}
 
+impl SendQueue {
     /// Binds `mw` over `target`'s memory, granting `access`
     /// (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, `ZERO_BASED`), and
     /// returns what to give the peer. Type 1 windows go through
@@ -404,16 +406,17 @@ impl QueuePair {
     /// use ibverbs::{AccessFlags, MwType};
     /// let mem = pd.alloc_shared(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     /// let mw = pd.alloc_mw(MwType::Type2)?;
-    /// let grant = qp.bind_mw(&mw, &mem, AccessFlags::REMOTE_WRITE, 1)?;
+    /// let mut sq = qp.send_queue()?;
+    /// let grant = sq.bind_mw(&mw, &mem, AccessFlags::REMOTE_WRITE, 1)?;
     /// // … poll the bind's completion, send `grant` to the peer; later:
-    /// qp.invalidate_mw(&mw, 2)?; // the peer's writes fail once it completed
+    /// sq.invalidate_mw(&mw, 2)?; // the peer's writes fail once it completed
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_bind_mw")]
     #[doc(alias = "IBV_WR_BIND_MW")]
     #[doc(alias = "ibv_wr_bind_mw")]
     pub fn bind_mw<'a>(
-        &self,
+        &mut self,
         mw: &MemoryWindow,
         target: impl Into<BindTarget<'a>>,
         access: AccessFlags,
@@ -422,7 +425,7 @@ impl QueuePair {
         let target = target.into();
         let (region, peer_writes) = target.region();
         let flags = mw_access(access)?;
-        self.check_bind(mw, region, peer_writes, access)?;
+        self.qp().check_bind(mw, region, peer_writes, access)?;
         let len = region.len() as u64;
         let info = sys::ibv_mw_bind_info {
             mr: region.mr.mr.as_ptr(),
@@ -439,9 +442,9 @@ impl QueuePair {
             len,
             rkey: RemoteKey(rkey),
         };
-        self.post_window(mw, wr_id, |wr_id, mws| {
+        self.post_window(mw, wr_id, |sq, wr_id, mws| {
             let rkey = match mw.inner.kind {
-                MwType::Type1 => self.bind_type1(mw, mws, wr_id, info)?,
+                MwType::Type1 => sq.bind_type1(mw, mws, wr_id, info)?,
                 MwType::Type2 => {
                     // SAFETY: pure function of its argument.
                     let rkey = unsafe { sys::ibv_inc_rkey(mws.rkey()) };
@@ -450,7 +453,7 @@ impl QueuePair {
                         rkey,
                         info: &info,
                     };
-                    if let Some(posted) = self.post_window_ex(wr_id, ex) {
+                    if let Some(posted) = sq.qp().post_window_ex(wr_id, ex) {
                         posted?;
                         let granted = remote(rkey);
                         return Ok((granted, Some((region.mr.clone(), granted)), rkey));
@@ -468,7 +471,7 @@ impl QueuePair {
                         rkey,
                         bind_info: info,
                     };
-                    self.post_one(&mut wr)?;
+                    sq.post_one(&mut wr)?;
                     rkey
                 }
             };
@@ -488,7 +491,7 @@ impl QueuePair {
     /// window keeps its binding, its key and its regions.
     ///
     /// # Errors
-    /// As [`QueuePair::bind_mw`] ([`Error::WindowBusy`],
+    /// As [`SendQueue::bind_mw`] ([`Error::WindowBusy`],
     /// [`Error::WindowIndeterminate`], …); [`Error::WindowNotBound`] for a
     /// type 1 window that is not bound.
     ///
@@ -496,13 +499,13 @@ impl QueuePair {
     /// `ibv_post_send(3)`, `ibv_bind_mw(3)`, `ibv_wr_post(3)`
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     #[doc(alias = "ibv_wr_local_inv")]
-    pub fn invalidate_mw(&self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
-        if !Arc::ptr_eq(&mw.inner.pd.inner, &self.inner.pd.inner) {
+    pub fn invalidate_mw(&mut self, mw: &MemoryWindow, wr_id: u64) -> Result<()> {
+        if !Arc::ptr_eq(&mw.inner.pd.inner, &self.qp().inner.pd.inner) {
             return Err(Error::ForeignProtectionDomain {
                 what: "memory window",
             });
         }
-        self.post_window(mw, wr_id, |wr_id, mws| match mw.inner.kind {
+        self.post_window(mw, wr_id, |sq, wr_id, mws| match mw.inner.kind {
             // IBA does not let LOCAL_INV touch a type 1 window: a
             // zero-length bind unbinds it. Providers read the lkey of the
             // bind's region even then, so it names a region the window
@@ -517,12 +520,12 @@ impl QueuePair {
                     length: 0,
                     mw_access_flags: 0,
                 };
-                let rkey = self.bind_type1(mw, mws, wr_id, info)?;
+                let rkey = sq.bind_type1(mw, mws, wr_id, info)?;
                 Ok(((), None, rkey))
             }
             MwType::Type2 => {
                 let ex = WindowWr::LocalInv { rkey: mws.rkey() };
-                if let Some(posted) = self.post_window_ex(wr_id, ex) {
+                if let Some(posted) = sq.qp().post_window_ex(wr_id, ex) {
                     posted?;
                     return Ok(((), None, mws.rkey()));
                 }
@@ -533,59 +536,54 @@ impl QueuePair {
                     ..Default::default()
                 };
                 wr.__bindgen_anon_1.invalidate_rkey = mws.rkey();
-                self.post_one(&mut wr)?;
+                sq.post_one(&mut wr)?;
                 Ok(((), None, mws.rkey()))
             }
         })
     }
 
-    /// Posts one memory-window request. With the send table locked, the QP
-    /// ready and the window idle (no request of it outstanding on any QP,
-    /// no unknown outcome), reserves a slot holding a [`WindowOp`] (which
-    /// keeps the window alive and reports the request's outcome), and calls
-    /// `post` with the encoded `wr_id` and the window's state. `post` gives
-    /// the result, the binding the window gets if the request succeeds and
-    /// the key it then has; the window records them as outstanding. If
-    /// `post` fails, nothing was queued: the slot is released and the
-    /// window is as it was.
+    /// Posts one memory-window request. With the window idle (no request
+    /// of it outstanding on any QP, no unknown outcome) and its lock held,
+    /// publishes a slot holding a [`WindowOp`] (which keeps the window
+    /// alive and reports the request's outcome), and calls `post` with the
+    /// slot's `wr_id` and the window's state. `post` gives the result, the
+    /// binding the window gets if the request succeeds and the key it
+    /// then has; the window records them as outstanding before its lock is
+    /// released, so a completion (whose claim takes that lock to report
+    /// the outcome) always finds them. If `post` fails, nothing was
+    /// queued: the slot is released and the window is as it was.
     fn post_window<T>(
-        &self,
+        &mut self,
         mw: &MemoryWindow,
         wr_id: u64,
-        post: impl FnOnce(u64, &MwState) -> Result<(T, Option<Bound<MrInner>>, u32)>,
+        post: impl FnOnce(&mut Self, u64, &MwState) -> Result<(T, Option<Bound<MrInner>>, u32)>,
     ) -> Result<T> {
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        self.check_sendable()?;
-        table.check_room(&st, 1)?;
-        // Lock order: send table, then window (as a completion retiring a
-        // slot under its table's lock).
+        let ring = self.ring();
+        let slot = ring
+            .reserve_head()
+            .ok_or_else(|| crate::queue_pair::no_room_of(ring, "send queue"))?;
         let mut mws = mw.inner.lock();
         mws.check_idle()?;
         let op = WindowOp {
             mw: Some(mw.clone()),
         };
-        let tag = st.reserve(
-            table,
-            wr_id,
-            Payload {
-                held: Held::Window(op),
-                ah: None,
-            },
-        );
-        match post(table.encode(tag), &mws) {
+        let payload = Payload {
+            held: Held::Window(op),
+            ah: None,
+        };
+        let ring = self.ring();
+        ring.fill(&slot, wr_id, payload, true);
+        ring.publish(&slot);
+        let slot_wr_id = slot.wr_id;
+        match post(self, slot_wr_id, &mws) {
             Ok((out, target, rkey)) => {
-                // No completion can be claimed before this: claiming takes
-                // the table's lock, held here.
                 mws.begin(target, rkey);
+                drop(mws);
+                self.ring().advance_one();
                 Ok(out)
             }
             Err(e) => {
-                if let Some(Payload {
-                    held: Held::Window(op),
-                    ..
-                }) = st.unreserve(table, tag)
-                {
+                if let Held::Window(op) = self.ring().unpublish(slot).held {
                     op.cancel();
                 }
                 Err(e)
@@ -599,7 +597,7 @@ impl QueuePair {
     /// once (the window's lock, held by the caller while `mws` lives, guards
     /// it) and advanced only by a successful completion.
     fn bind_type1(
-        &self,
+        &mut self,
         mw: &MemoryWindow,
         mws: &MwState,
         wr_id: u64,
@@ -612,7 +610,7 @@ impl QueuePair {
         };
         // SAFETY: live QP and window; the region is registered and held by
         // the window (committed, doubtful, or the caller's target it records).
-        let rc = unsafe { sys::ibv_bind_mw(self.as_ptr(), mw.as_ptr(), &mut bind) };
+        let rc = unsafe { sys::ibv_bind_mw(self.qp().as_ptr(), mw.as_ptr(), &mut bind) };
         let raw = mw.as_ptr();
         // SAFETY: live window; read after the provider's update, reset
         // under the window's lock.
@@ -621,32 +619,10 @@ impl QueuePair {
         Ok(new)
     }
 
-    /// Posts one request that carries no buffer.
-    fn post_one(&self, wr: &mut sys::ibv_send_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: live QP; one NULL-terminated request without SGEs whose
-        // window and region are held by its slot.
-        let rc = unsafe { self.provider_post_send(wr, &mut bad) };
+    /// Posts one request that carries no buffer (its window and region
+    /// held by its slot).
+    fn post_one(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
+        let rc = self.post_raw_one(wr);
         crate::error::ret_errno("ibv_post_send", rc)
     }
-
-    /// Refuses data-path requests on a QP that is not ready to send (see
-    /// [`QueuePair::post_send`]). Call with the send table locked.
-    #[inline]
-    pub(crate) fn check_sendable(&self) -> Result<()> {
-        // SAFETY: live QP; libibverbs records the state of every successful
-        // modify, and this crate's modifies hold the send lock the caller holds.
-        let state = unsafe { (*self.as_ptr()).state };
-        if !crate::queue_pair::state_sends(state) {
-            return Err(not_sendable(QpState::from_raw(state)));
-        }
-        Ok(())
-    }
-}
-
-/// The error of a send posted before RTS (out of line: the data path only
-/// compares the state).
-#[cold]
-fn not_sendable(state: QpState) -> crate::Error {
-    crate::Error::NotReadyToSend { state }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::{
     AccessFlags, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest,
+    ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, Wr,
 };
 
 mod credits;
@@ -164,6 +164,11 @@ pub struct MessageChannel {
     /// Data messages polled, not yet handed out (at most `slots`).
     stash: VecDeque<(LocalBuffer, usize)>,
     done: Completions,
+    /// Completions polled, not yet handled (room for a whole poll).
+    polled: VecDeque<crate::Completion>,
+    /// The queue pair's posting handles, taken once it is connected.
+    sq: Option<SendQueue>,
+    rq: Option<RecvQueue>,
     /// Receives posted again since the last return of credits.
     owed: u32,
     sq_used: u32,
@@ -249,6 +254,9 @@ impl MessageChannel {
             unposted,
             stash: VecDeque::with_capacity(slots as usize),
             done: Completions::with_capacity((sq_depth + rq_depth) as usize),
+            polled: VecDeque::with_capacity((sq_depth + rq_depth) as usize),
+            sq: None,
+            rq: None,
             owed: 0,
             sq_used: 0,
             sq_depth,
@@ -300,9 +308,11 @@ impl MessageChannel {
         opts: &ConnectOptions,
     ) -> Result<()> {
         self.qp.connect(local, remote, opts)?;
+        self.sq = Some(self.qp.send_queue()?);
+        self.rq = Some(self.qp.recv_queue()?);
         while let Some(buf) = self.unposted.pop() {
-            if let Err(e) = self.qp.post_recv(RecvRequest::new(buf).wr_id(RECV)) {
-                return Err(self.fail(e.error));
+            if let Err(e) = self.repost(buf) {
+                return Err(self.fail(e));
             }
         }
         self.connected = true;
@@ -434,10 +444,13 @@ impl MessageChannel {
     fn post(&mut self, data: &[u8], is_data: bool) -> Result<()> {
         let owed = std::mem::take(&mut self.owed);
         let imm = self.credits.stamp(is_data, owed);
+        let Some(sq) = self.sq.as_mut() else {
+            return Err(Error::NotReadyToSend {
+                state: crate::QpState::Reset,
+            });
+        };
         let posted = if data.len() <= self.inline_max {
-            self.qp
-                .post_send(SendRequest::send_inline(data).imm(imm).wr_id(SEND_INLINE))
-                .map_err(Error::from)
+            sq.send_inline(data, Wr::id(SEND_INLINE).imm(imm))
         } else {
             // Never empty here: a data send checked it; the hello is the
             // first send and a slot holds it.
@@ -451,8 +464,8 @@ impl MessageChannel {
             let (mut head, tail) = slot.split_at(data.len());
             head.copy_from_slice(data);
             self.send_tails[i] = Some(tail);
-            let req = SendRequest::send(head).imm(imm).wr_id(SEND_SLOT | i as u64);
-            self.qp.post_send(req).map_err(Error::from)
+            sq.send(head, Wr::id(SEND_SLOT | i as u64).imm(imm))
+                .map_err(Error::from)
         };
         match posted {
             Ok(()) => {
@@ -480,7 +493,7 @@ impl MessageChannel {
     /// came. `Ok(false)`: nothing came in time.
     fn turn(&mut self, deadline: Option<Instant>) -> Result<bool> {
         self.return_credits()?;
-        let n = match self.cq.poll(&mut self.done) {
+        let n = match self.poll_in(None) {
             Ok(0) => {
                 let left = match deadline {
                     None => None,
@@ -489,7 +502,7 @@ impl MessageChannel {
                         _ => return Ok(false),
                     },
                 };
-                self.cq.wait(&mut self.done, left)
+                self.poll_in(Some(left))
             }
             other => other,
         };
@@ -500,6 +513,19 @@ impl MessageChannel {
         }
     }
 
+    /// Polls (`wait`: sleeping up to that long, `None` inside: no limit)
+    /// into `polled`: how many came.
+    fn poll_in(&mut self, wait: Option<Option<Duration>>) -> Result<usize> {
+        let before = self.polled.len();
+        let polled = match wait {
+            None => self.cq.poll(&mut self.done)?,
+            Some(left) => self.cq.wait(&mut self.done, left)?,
+        };
+        self.polled
+            .extend(polled.map(crate::CompletionRef::into_owned));
+        Ok(self.polled.len() - before)
+    }
+
     /// Handles every polled completion: counts sends back, checks and
     /// counts messages, posts control messages' receives again. On the
     /// first error the channel fails (its queue pair moves to ERR) and
@@ -507,7 +533,7 @@ impl MessageChannel {
     /// landed are still handed out, in order.
     fn process(&mut self) -> Result<()> {
         let mut first_error = None;
-        while let Some(c) = self.done.pop() {
+        while let Some(c) = self.polled.pop_front() {
             if let Some(e) = self.handle(c) {
                 first_error.get_or_insert(e);
             }
@@ -521,8 +547,8 @@ impl MessageChannel {
         let e = self.fail(e);
         // After the move to ERR nothing more succeeds: the successful
         // completions still queued came before it.
-        while matches!(self.cq.poll(&mut self.done), Ok(n) if n > 0) {
-            while let Some(c) = self.done.pop() {
+        while matches!(self.poll_in(None), Ok(n) if n > 0) {
+            while let Some(c) = self.polled.pop_front() {
                 let _ = self.handle(c);
             }
         }
@@ -597,9 +623,12 @@ impl MessageChannel {
 
     /// Posts a receive again (a control message's, at once).
     fn repost(&mut self, buf: LocalBuffer) -> Result<()> {
-        self.qp
-            .post_recv(RecvRequest::new(buf).wr_id(RECV))
-            .map_err(Error::from)
+        let Some(rq) = self.rq.as_mut() else {
+            return Err(Error::NotReadyToSend {
+                state: crate::QpState::Reset,
+            });
+        };
+        rq.recv(buf, RECV).map_err(Error::from)
     }
 
     /// A released message's buffer: posted again, its credit owed (and

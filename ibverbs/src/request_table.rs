@@ -20,14 +20,19 @@
 //! not reused before 2^24 - 1 more tables were created, so a completion
 //! that is not the table's (posted elsewhere, an orphan, a copied `wr_id`
 //! of a retired request) never matches a live slot by accident: it is
-//! handed back as [`Polled::Foreign`], never attributed to a value.
+//! handed back as [`Reaped::Foreign`], never attributed to a value.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use crate::error::{Error, Result};
-use crate::{Completion, CompletionQueue, Completions, QueuePair, RecvRequest, SendRequest};
+use crate::{
+    Completion, CompletionQueue, Completions, QueuePair, RecvQueue, RecvRequest, SendQueue,
+    SendRequest,
+};
 
 const IDX_BITS: u32 = 24;
 const IDX_MASK: u64 = (1 << IDX_BITS) - 1;
@@ -77,7 +82,7 @@ enum State {
     /// A request with a completion of its own: its value goes back with it.
     Signaled,
     /// An unsignaled stream request: its value goes back when the signaled
-    /// request after it completes ([`Polled::Covered`]), or with its own
+    /// request after it completes ([`Reaped::Covered`]), or with its own
     /// (error) completion.
     Unsignaled,
     /// An unsignaled request whose own error completion already gave its
@@ -283,7 +288,7 @@ impl<T, C> Core<T, C> {
 
 /// What [`RequestTable::poll`] hands back.
 #[derive(Debug)]
-pub enum Polled<T> {
+pub enum Reaped<T> {
     /// A request posted through the table completed, successfully or not
     /// (check [`Completion::result`]; flushes included): its value and
     /// its completion, which holds the request's buffers.
@@ -301,47 +306,40 @@ pub enum Polled<T> {
     Foreign(Completion),
 }
 
-/// A refused post: the reason, the request (buffers included; its
-/// `wr_id` and signaling set by the table) and the caller's value.
-pub struct TablePostError<R, T> {
+/// A refused post: the reason, the request's buffers and the caller's
+/// value; nothing was posted.
+#[derive(Debug)]
+pub struct TableRefused<T> {
     /// Why.
     pub error: Error,
-    /// The request, buffers included.
-    pub request: R,
+    /// The request's buffers.
+    pub buffers: crate::SgList,
     /// The value it was posted with.
     pub value: T,
 }
 
-impl<R, T> std::fmt::Debug for TablePostError<R, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TablePostError")
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<R, T> std::fmt::Display for TablePostError<R, T> {
+impl<T> std::fmt::Display for TableRefused<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.error, f)
     }
 }
 
-impl<R, T> std::error::Error for TablePostError<R, T> {
+impl<T: std::fmt::Debug> std::error::Error for TableRefused<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         std::error::Error::source(&self.error)
     }
 }
 
-impl<R, T> From<TablePostError<R, T>> for Error {
-    fn from(e: TablePostError<R, T>) -> Error {
+impl<T> From<TableRefused<T>> for Error {
+    fn from(e: TableRefused<T>) -> Error {
         e.error
     }
 }
 
-impl<R, T> From<TablePostError<R, T>> for std::io::Error {
-    /// As `From<Error> for io::Error`; the request and the value are
+impl<T> From<TableRefused<T>> for std::io::Error {
+    /// As `From<Error> for io::Error`; the buffers and the value are
     /// dropped.
-    fn from(e: TablePostError<R, T>) -> std::io::Error {
+    fn from(e: TableRefused<T>) -> std::io::Error {
         e.error.into()
     }
 }
@@ -370,21 +368,22 @@ impl<R, T> From<TablePostError<R, T>> for std::io::Error {
 ///
 /// # Example
 /// ```no_run
-/// # fn demo(pd: &ibverbs::ProtectionDomain, qps: &[ibverbs::QueuePair],
+/// # fn demo(pd: &ibverbs::ProtectionDomain, sqs: &mut [ibverbs::SendQueue],
 /// #         cq: &ibverbs::CompletionQueue, remote: ibverbs::RemoteMemory) -> ibverbs::Result<()> {
-/// use ibverbs::{AccessFlags, Polled, RequestTable, SendRequest};
+/// use ibverbs::{AccessFlags, Reaped, RequestTable, SendRequest};
 ///
-/// // Read block `i` through queue pair `i % qps.len()`, 16 at a time.
+/// // Read block `i` through queue pair `i % sqs.len()`, 16 at a time.
 /// let mut table = RequestTable::<usize>::new(cq, 16);
 /// let (mut next, mut done) = (0, 0);
 /// while done < 64 {
 ///     while next < 64 && !table.is_full() {
 ///         let buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
 ///         let block = remote.slice(next as u64 * 4096, 4096).unwrap();
-///         table.post_send(&qps[next % qps.len()], SendRequest::read(buf, block), next)?;
+///         let n = sqs.len();
+///         table.post_send(&mut sqs[next % n], SendRequest::read(buf, block), next)?;
 ///         next += 1;
 ///     }
-///     if let Some(Polled::Done(block, mut c)) = table.poll()? {
+///     if let Some(Reaped::Done(block, mut c)) = table.poll()? {
 ///         c.result()?;
 ///         let bytes = c.take_local().unwrap();
 ///         println!("block {block}: {:?}", &bytes[..8]);
@@ -399,9 +398,12 @@ impl<R, T> From<TablePostError<R, T>> for std::io::Error {
 pub struct RequestTable<T> {
     core: Core<T, Completion>,
     cq: CompletionQueue,
-    /// Polled completions not handed out yet (a stream's room-making poll
-    /// leaves them here).
+    /// The storage polls write into.
     batch: Completions,
+    /// Polled completions not handed out yet (room for twice the table's
+    /// capacity, allocated once: a poll takes at most its capacity, and
+    /// polls only while at most that many wait).
+    polled: VecDeque<Completion>,
 }
 
 impl<T> RequestTable<T> {
@@ -411,11 +413,12 @@ impl<T> RequestTable<T> {
     /// Allocates the slots and a completion batch of `capacity` entries.
     pub fn new(cq: &CompletionQueue, capacity: u32) -> RequestTable<T> {
         let core = Core::new(capacity);
-        let batch = Completions::with_capacity(core.capacity() as usize);
+        let n = core.capacity() as usize;
         RequestTable {
             core,
             cq: cq.clone(),
-            batch,
+            batch: Completions::with_capacity(n),
+            polled: VecDeque::with_capacity(2 * n),
         }
     }
 
@@ -463,204 +466,171 @@ impl<T> RequestTable<T> {
         }
     }
 
-    /// Posts `request` (signaled, its `wr_id` set by the table) on `qp`'s
-    /// send queue with `value`, handed back with its completion.
+    /// Posts `request` (signaled, its `wr_id` set by the table) through
+    /// `sq` with `value`, handed back with its completion.
     ///
     /// # Errors
-    /// Every error comes with the request (buffers included) and the
-    /// value, in a [`TablePostError`]; nothing was posted.
-    /// [`Error::RequestTableFull`] (poll first);
-    /// [`Error::CompletionQueueMismatch`] when `qp`'s send queue reports
-    /// to another CQ than the table's; every refusal of
-    /// [`QueuePair::post_send`] (its [`Error::QueueFull`] when the send
+    /// Every error comes with the request's buffers and the value, in a
+    /// [`TableRefused`]; nothing was posted. [`Error::RequestTableFull`]
+    /// (poll first); [`Error::CompletionQueueMismatch`] when the send queue
+    /// reports to another CQ than the table's; every refusal of
+    /// [`SendQueue::post_chain`] (its [`Error::QueueFull`] when the send
     /// queue is full).
     ///
     /// # References
     /// `ibv_post_send(3)`
-    // The refusal hands the request back by value, as `PostError` does
-    // (a refusal is the cold path; the success path returns `Ok(())`).
-    #[allow(clippy::result_large_err)]
-    pub fn post_send<'a>(
+    pub fn post_send(
         &mut self,
-        qp: &QueuePair,
-        request: SendRequest<'a>,
+        sq: &mut SendQueue,
+        request: SendRequest<'_>,
         value: T,
-    ) -> Result<(), TablePostError<SendRequest<'a>, T>> {
+    ) -> Result<(), TableRefused<T>> {
         let mut chain = Chain::EMPTY;
-        self.post_send_as(qp, request, value, true, &mut chain)
+        self.post_send_as(sq, request, value, true, &mut chain)
     }
 
     /// Posts a send signaled or not; a signaled one covers `chain`.
-    // The refusal hands the request back by value, as `PostError` does
-    // (a refusal is the cold path; the success path returns `Ok(())`).
-    #[allow(clippy::result_large_err)]
-    fn post_send_as<'a>(
+    fn post_send_as(
         &mut self,
-        qp: &QueuePair,
-        request: SendRequest<'a>,
+        sq: &mut SendQueue,
+        request: SendRequest<'_>,
         value: T,
         signaled: bool,
         chain: &mut Chain,
-    ) -> Result<(), TablePostError<SendRequest<'a>, T>> {
+    ) -> Result<(), TableRefused<T>> {
         let (idx, wr_id) = match self
-            .check_cq(qp.send_cq(), "send queue")
+            .check_cq(sq.qp().send_cq(), "send queue")
             .and_then(|()| self.slot())
         {
             Ok(s) => s,
             Err(error) => {
-                return Err(TablePostError {
+                return Err(TableRefused {
                     error,
-                    request,
+                    buffers: request.into_buffers(),
                     value,
                 })
             }
         };
-        match qp.post_send(request.wr_id(wr_id).signaled(signaled)) {
-            Ok(()) => {
+        let mut one = [request.wr_id(wr_id).signaled(signaled)];
+        match sq.post_requests(&mut one) {
+            (1, _) => {
                 self.core.fill(idx, value, signaled, chain);
                 Ok(())
             }
-            Err(e) => Err(TablePostError {
-                error: e.error,
-                request: e.request,
-                value,
-            }),
+            (_, result) => {
+                let [r] = one;
+                Err(TableRefused {
+                    error: result.err().unwrap_or(Error::Unsupported("refused")),
+                    buffers: r.into_buffers(),
+                    value,
+                })
+            }
         }
     }
 
-    /// Posts `request` (its `wr_id` set by the table) on `qp`'s receive
-    /// queue with `value`, handed back with its completion.
+    /// Posts a receive (its `wr_id` set by the table) through `rq` with
+    /// `value`, handed back with its completion.
     ///
     /// # Errors
-    /// As [`post_send`](Self::post_send), with the refusals of
-    /// [`QueuePair::post_recv`] (a queue pair with an SRQ:
-    /// [`Error::ReceivesThroughSrq`]) and the receive CQ checked.
+    /// As [`post_send`](Self::post_send), for [`RecvQueue::post_chain`];
+    /// [`Error::CompletionQueueMismatch`] for a queue pair's receive queue
+    /// reporting elsewhere.
     ///
     /// # References
     /// `ibv_post_recv(3)`
     pub fn post_recv(
         &mut self,
-        qp: &QueuePair,
+        rq: &mut RecvQueue,
         request: RecvRequest,
         value: T,
-    ) -> Result<(), TablePostError<RecvRequest, T>> {
-        let (idx, wr_id) = match self
-            .check_cq(qp.recv_cq(), "receive queue")
-            .and_then(|()| self.slot())
-        {
+    ) -> Result<(), TableRefused<T>> {
+        let checked = match rq.qp() {
+            Some(qp) => self.check_cq(qp.recv_cq(), "receive queue"),
+            None => Ok(()),
+        };
+        let (idx, wr_id) = match checked.and_then(|()| self.slot()) {
             Ok(s) => s,
             Err(error) => {
-                return Err(TablePostError {
+                return Err(TableRefused {
                     error,
-                    request,
+                    buffers: request.into_buffers(),
                     value,
                 })
             }
         };
-        match qp.post_recv(request.wr_id(wr_id)) {
+        let mut one = vec![request.wr_id(wr_id)];
+        match rq.post_chain(&mut one) {
             Ok(()) => {
                 let mut none = Chain::EMPTY;
                 self.core.fill(idx, value, true, &mut none);
                 Ok(())
             }
-            Err(e) => Err(TablePostError {
-                error: e.error,
-                request: e.request,
+            Err(error) => Err(TableRefused {
+                error,
+                buffers: one.pop().map(RecvRequest::into_buffers).unwrap_or_default(),
                 value,
             }),
         }
     }
 
-    /// A stream of sends on `qp` that asks for a completion every
-    /// `every`th request (clamped to 1..=the send queue's capacity), posted
-    /// with [`post_stream`](Self::post_stream).
+    /// A stream of sends through `sq` that asks for a completion only
+    /// every `every`th one (clamped to the send queue's depth).
     ///
     /// # Errors
-    /// [`Error::CompletionQueueMismatch`] when `qp`'s send queue reports
-    /// to another CQ than the table's (the stream makes room by polling
-    /// the table's).
-    pub fn send_stream(&self, qp: &QueuePair, every: u32) -> Result<SendStream> {
-        self.check_cq(qp.send_cq(), "send queue")?;
+    /// [`Error::CompletionQueueMismatch`] when the send queue reports to
+    /// another CQ than the table's.
+    pub fn send_stream(&self, sq: SendQueue, every: u32) -> Result<SendStream> {
+        self.check_cq(sq.qp().send_cq(), "send queue")?;
+        let depth = sq.qp().send_capacity().max(1);
         Ok(SendStream {
-            qp: qp.clone(),
+            sq,
             table: self.core.serial,
-            every: every.clamp(1, qp.send_capacity().max(1)),
+            every: every.clamp(1, depth),
             run: 0,
             signal_next: false,
             chain: Chain::EMPTY,
         })
     }
 
-    /// Posts `request` on `stream`'s queue pair with `value`: signaled
-    /// when it is the stream's `every`th since the last signaled one, when
-    /// it must be (its buffers are not all
-    /// [`FrozenBuffer`](crate::FrozenBuffer)s, or it is a read or an
-    /// atomic), when [`SendStream::signal_next`] asked for it, or when it
-    /// takes the send queue's last free entry (so a full queue always has
-    /// a completion coming). An unsignaled request's value comes back as
-    /// [`Polled::Covered`] once the signaled request after it completed,
-    /// or with its own completion if it fails ([`Polled::Done`]).
-    ///
-    /// Reading the send queue's room takes its lock once more (uncontended
-    /// when the stream is its only poster) before `post_send` takes it.
-    ///
-    /// When the send queue is full, this first polls the table's CQ
-    /// (spinning) until the signaled request that covers the oldest
-    /// entries completed; what that poll finds is handed out by the next
-    /// [`poll`](Self::poll)s. So a stream never sees the send queue's
-    /// [`Error::QueueFull`] as long as it is the only one posting
-    /// unsignaled requests on its queue pair.
+    /// Posts `request` on `stream` with `value`: signaled every `every`th,
+    /// when the queue would otherwise fill up with requests no completion
+    /// covers, when the request may not go unsignaled (it carries a buffer
+    /// the device writes or the caller owns exclusively), and after
+    /// [`SendStream::signal_next`]. When the send queue is full it polls the
+    /// table's CQ (claiming a covering completion frees the entries before
+    /// it) and keeps what it polled for [`poll`](Self::poll).
     ///
     /// # Errors
-    /// As [`post_send`](Self::post_send); also
-    /// [`Error::StreamOfAnotherTable`] for a stream made by another table,
-    /// [`Error::QueueFull`] when the send queue is full and the table has
-    /// no room left to poll into (completions polled and not handed out
-    /// fill it: poll them), and the poll's [`Error::Verb`].
-    ///
-    /// # References
-    /// `ibv_post_send(3)` (`IBV_SEND_SIGNALED`), `ibv_poll_cq(3)`
-    // The refusal hands the request back by value, as `PostError` does
-    // (a refusal is the cold path; the success path returns `Ok(())`).
-    #[allow(clippy::result_large_err)]
-    pub fn post_stream<'a>(
+    /// As [`post_send`](Self::post_send); [`Error::StreamOfAnotherTable`].
+    pub fn post_stream(
         &mut self,
         stream: &mut SendStream,
-        request: SendRequest<'a>,
+        request: SendRequest<'_>,
         value: T,
-    ) -> Result<(), TablePostError<SendRequest<'a>, T>> {
-        if stream.table != self.core.serial {
-            return Err(TablePostError {
-                error: Error::StreamOfAnotherTable,
-                request,
+    ) -> Result<(), TableRefused<T>> {
+        let refuse = |error, request: SendRequest<'_>, value| {
+            Err(TableRefused {
+                error,
+                buffers: request.into_buffers(),
                 value,
-            });
+            })
+        };
+        if stream.table != self.core.serial {
+            return refuse(Error::StreamOfAnotherTable, request, value);
         }
         if self.is_full() {
-            return Err(TablePostError {
-                error: Error::RequestTableFull {
-                    capacity: self.capacity(),
-                },
-                request,
-                value,
-            });
+            let capacity = self.capacity();
+            return refuse(Error::RequestTableFull { capacity }, request, value);
         }
-        let room = match self.make_room(&stream.qp) {
-            Ok(room) => room,
-            Err(error) => {
-                return Err(TablePostError {
-                    error,
-                    request,
-                    value,
-                })
-            }
+        let last_free = match self.make_room(&mut stream.sq) {
+            Ok(last) => last,
+            Err(error) => return refuse(error, request, value),
         };
         let signaled = stream.signal_next
             || stream.run + 1 >= stream.every
-            || room <= 1
+            || last_free
             || !request.may_be_unsignaled();
-        let qp = stream.qp.clone();
-        self.post_send_as(&qp, request, value, signaled, &mut stream.chain)?;
+        self.post_send_as(&mut stream.sq, request, value, signaled, &mut stream.chain)?;
         if signaled {
             stream.run = 0;
             stream.signal_next = false;
@@ -670,81 +640,83 @@ impl<T> RequestTable<T> {
         Ok(())
     }
 
-    /// Free entries of `qp`'s send queue, polling the table's CQ into the
-    /// batch until there is one.
-    fn make_room(&mut self, qp: &QueuePair) -> Result<u32> {
+    /// Polls until the stream's send queue has a free entry; whether it is
+    /// the last one (a request taking it must be signaled, or the queue
+    /// could fill up with requests nothing covers).
+    fn make_room(&mut self, sq: &mut SendQueue) -> Result<bool> {
         loop {
-            let room = qp.send_capacity().saturating_sub(qp.send_outstanding());
-            if room > 0 {
-                return Ok(room);
+            if sq.has_room(0) {
+                return Ok(!sq.has_room(1));
             }
-            if self.batch.len() >= self.batch.raw.len() {
+            if self.polled.len() > self.batch.capacity() {
                 return Err(Error::QueueFull {
                     queue: "send queue",
-                    depth: qp.send_capacity(),
+                    depth: sq.qp().send_capacity(),
                 });
             }
-            // Claiming the covering completion (inside `poll`) retires the
-            // unsignaled requests before it in the queue pair's table.
-            if self.cq.poll(&mut self.batch)? == 0 {
+            // Claiming the covering completion (inside `poll`) frees the
+            // unsignaled requests before it.
+            if self.poll_more()? == 0 {
                 std::hint::spin_loop();
             }
         }
     }
 
-    /// The next value whose completion was polled: polls the CQ once when
-    /// nothing polled earlier is left. `None` when nothing completed.
+    /// Polls the CQ once into `polled` (which has room: see its field):
+    /// how many.
+    fn poll_more(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for c in self.cq.poll(&mut self.batch)? {
+            self.polled.push_back(c.into_owned());
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The next event: a value with its completion, a covered value, or a
+    /// foreign completion; `None` when the CQ had nothing.
     ///
     /// # Errors
-    /// The poll's [`Error::Verb`] (naming `ibv_poll_cq`); nothing is lost
-    /// (completions stay in the CQ).
-    ///
-    /// # References
-    /// `ibv_poll_cq(3)`
+    /// As [`CompletionQueue::poll`].
     #[inline]
-    pub fn poll(&mut self) -> Result<Option<Polled<T>>> {
+    pub fn poll(&mut self) -> Result<Option<Reaped<T>>> {
         if let Some(p) = self.ready() {
             return Ok(Some(p));
         }
-        if self.cq.poll(&mut self.batch)? == 0 {
+        if self.poll_more()? == 0 {
             return Ok(None);
         }
         Ok(self.ready())
     }
 
-    /// As [`poll`](Self::poll), sleeping on the CQ's completion channel
-    /// ([`CompletionQueue::wait`]) when nothing completed; `None` when
-    /// `timeout` passed first (`None`: no limit).
+    /// As [`poll`](Self::poll), sleeping until the CQ has completions or
+    /// `timeout` passed (see [`CompletionQueue::wait`]).
     ///
     /// # Errors
-    /// Those of [`CompletionQueue::wait`] (a CQ without a channel of its
-    /// own: [`Error::NoCompletionChannel`],
-    /// [`Error::CompletionChannelShared`]).
-    ///
-    /// # References
-    /// `ibv_req_notify_cq(3)`, `ibv_get_cq_event(3)`
-    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Option<Polled<T>>> {
+    /// As [`CompletionQueue::wait`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Option<Reaped<T>>> {
         if let Some(p) = self.ready() {
             return Ok(Some(p));
         }
-        self.cq.wait(&mut self.batch, timeout)?;
+        for c in self.cq.wait(&mut self.batch, timeout)? {
+            self.polled.push_back(c.into_owned());
+        }
         Ok(self.ready())
     }
 
-    /// The next value from what was polled already.
     #[inline]
-    fn ready(&mut self) -> Option<Polled<T>> {
+    fn ready(&mut self) -> Option<Reaped<T>> {
         let event = if self.core.busy() {
             self.core.advance()?
         } else {
-            let c = self.batch.pop()?;
+            let c = self.polled.pop_front()?;
             let wr_id = (!c.is_orphan()).then(|| c.wr_id());
             self.core.complete(wr_id, c)
         };
         Some(match event {
-            Event::Done(v, c) => Polled::Done(v, c),
-            Event::Covered(v) => Polled::Covered(v),
-            Event::Foreign(c) => Polled::Foreign(c),
+            Event::Done(v, c) => Reaped::Done(v, c),
+            Event::Covered(v) => Reaped::Covered(v),
+            Event::Foreign(c) => Reaped::Foreign(c),
         })
     }
 }
@@ -804,11 +776,9 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 /// `ibv_post_send(3)` (`IBV_SEND_SIGNALED`), `ibv_create_qp(3)` (`sq_sig_all`)
 #[derive(Debug)]
 pub struct SendStream {
-    qp: QueuePair,
-    /// The serial of the table that made it.
+    sq: SendQueue,
     table: u64,
     every: u32,
-    /// Unsignaled requests posted since the last signaled one.
     run: u32,
     signal_next: bool,
     chain: Chain,
@@ -823,7 +793,7 @@ impl SendStream {
 
     /// The queue pair.
     pub fn qp(&self) -> &QueuePair {
-        &self.qp
+        self.sq.qp()
     }
 
     /// A completion is asked for every this many requests.

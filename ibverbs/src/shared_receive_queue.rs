@@ -8,10 +8,8 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, ret_ptr, Result};
 use crate::event_routing::{Kind, Registration};
-use crate::queue_pair::{
-    check_bufs, post_recv_common, release_after_destroy, RecvRequest, RecvScratch, RecvWork,
-};
-use crate::wq_table::{Mode, TableRef, WqTable};
+use crate::inflight::Ring;
+use crate::queue_pair::{release_after_destroy, RingCell};
 #[cfg(doc)]
 use crate::Error;
 use crate::{CompletionQueue, ProtectionDomain, XrcDomain};
@@ -19,7 +17,10 @@ use crate::{CompletionQueue, ProtectionDomain, XrcDomain};
 pub(crate) struct SrqInner {
     srq: NonNull<sys::ibv_srq>,
     pd: ProtectionDomain,
-    table: Arc<WqTable<RecvScratch>>,
+    /// Its slots in the in-flight store, and its posting handle's claim.
+    ring: RingCell,
+    /// The provider's `post_srq_recv`, read once at creation.
+    post_fn: crate::queue_pair::RecvPostFn,
     max_sge: u32,
     /// The depth asked for, which a CQ behind the SRQ must hold.
     asked_wr: u32,
@@ -42,18 +43,25 @@ impl Drop for SrqInner {
         // Before the destroy: the address may be reused once it returns.
         self.events.leave();
         // SAFETY: last reference: every QP attached to the SRQ holds a clone,
-        // so all of them are destroyed. Errors cannot be reported from Drop.
+        // so all of them are destroyed, and no handle exists (each holds
+        // the SRQ). Errors cannot be reported from Drop.
         let rc = unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
         let cqs = std::mem::take(&mut *self.cqs.lock().unwrap_or_else(|p| p.into_inner()));
-        let (payloads, queued) = self.table.lock().take_all(&self.table);
+        let ring = self.ring.get_mut();
+        let id = ring.id();
+        let (payloads, queued) = ring.teardown(false);
         // Any of the outstanding receives may have completed into any of
         // the CQs: each is charged all of them until polled empty.
         for cq in cqs {
-            cq.unregister(self.table.id, queued);
+            cq.unregister(id, queued);
         }
         // Only once the SRQ is gone does the device no longer write its
-        // buffers; if the destroy failed they are leaked, never freed.
+        // buffers; if the destroy failed they are leaked, never freed, and
+        // so are the ring's slots.
         release_after_destroy(rc == 0, payloads);
+        if rc != 0 {
+            self.ring.leak();
+        }
     }
 }
 
@@ -178,16 +186,37 @@ impl SharedReceiveQueueBuilder<'_> {
                 Some((xrcd.clone(), num))
             }
         };
+        let ring = match Ring::new(max_wr) {
+            Ok(r) => RingCell::new(r),
+            Err(e) => {
+                // SAFETY: just created, nothing posted, never shared.
+                unsafe { sys::ibv_destroy_srq(srq.as_ptr()) };
+                return Err(e);
+            }
+        };
+        // SAFETY: a live SRQ points at its live context.
+        let post_fn = unsafe { (*(*srq.as_ptr()).context).ops.post_srq_recv };
+        // SAFETY: the same function type but for the queue's pointer type,
+        // which the ABI does not see.
+        let post_fn = unsafe {
+            std::mem::transmute::<
+                Option<
+                    unsafe extern "C" fn(
+                        *mut sys::ibv_srq,
+                        *mut sys::ibv_recv_wr,
+                        *mut *mut sys::ibv_recv_wr,
+                    ) -> i32,
+                >,
+                Option<crate::queue_pair::RecvPostFn>,
+            >(post_fn)
+        }
+        .unwrap_or(missing_post_srq_recv);
         let built = SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 srq,
                 pd: self.pd.clone(),
-                table: WqTable::new(
-                    Mode::Slab,
-                    max_wr,
-                    "shared receive queue",
-                    RecvScratch::new(max_wr, max_sge),
-                ),
+                ring,
+                post_fn,
                 max_sge,
                 asked_wr: self.max_wr.clamp(1, max_wr),
                 cqs: std::sync::Mutex::new(Vec::new()),
@@ -213,8 +242,7 @@ impl SharedReceiveQueue {
     /// # Errors
     /// [`Error::CqTooSmall`]: nothing attached.
     pub(crate) fn attach_cq(&self, cq: &CompletionQueue) -> Result<()> {
-        let table = &self.inner.table;
-        cq.register(TableRef::Recv(table.clone()), self.inner.asked_wr)?;
+        cq.register(self.inner.ring.id(), self.inner.asked_wr)?;
         let mut cqs = self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if !cqs.iter().any(|c| Arc::ptr_eq(&c.inner, &cq.inner)) {
             cqs.push(cq.clone());
@@ -259,13 +287,23 @@ impl SharedReceiveQueue {
 
     /// Capacity (actual).
     pub fn capacity(&self) -> u32 {
-        self.inner.table.capacity()
+        self.inner.ring.depth()
     }
 
-    /// Posted receive requests not yet completed.
+    /// Posted receive requests whose completions were not claimed yet (a
+    /// snapshot).
     pub fn outstanding(&self) -> u32 {
-        let t = &self.inner.table;
-        t.lock().outstanding(t.mode(), t.capacity())
+        self.inner.ring.outstanding()
+    }
+
+    /// The ring and its handle's claim.
+    pub(crate) fn ring_cell(&self) -> &RingCell {
+        &self.inner.ring
+    }
+
+    /// The provider's `post_srq_recv`.
+    pub(crate) fn post_fn(&self) -> crate::queue_pair::RecvPostFn {
+        self.inner.post_fn
     }
 
     /// Current attributes (`max_wr`, `max_sge`, `srq_limit`).
@@ -312,88 +350,6 @@ impl SharedReceiveQueue {
         };
         ret_errno("ibv_modify_srq", rc)
     }
-
-    /// Posts receive work to the shared pool: one [`RecvRequest`], or a
-    /// chain of them in a `&mut Vec` ([`RecvWork`]), as
-    /// [`QueuePair::post_recv`](crate::QueuePair::post_recv).
-    ///
-    /// # Errors
-    /// A refused [`RecvRequest`] comes back whole in a
-    /// [`PostError`](crate::PostError); a chain keeps the requests not
-    /// posted in its `Vec`. SGE count, PD, a frozen or read-only buffer,
-    /// [`Error::QueueFull`](crate::Error::QueueFull), or
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_post_srq_recv`.
-    ///
-    /// # References
-    /// `ibv_post_srq_recv(3)`
-    #[doc(alias = "ibv_post_srq_recv")]
-    #[inline]
-    pub fn post_recv<W: RecvWork>(&self, work: W) -> Result<(), W::Error> {
-        work.post_to_srq(self, crate::queue_pair::Token(()))
-    }
-
-    pub(crate) fn post_slice(&self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
-        for r in wrs.iter() {
-            if let Err(e) = check_bufs(r.sg(), &self.inner.pd, true, self.inner.max_sge, "receive")
-            {
-                return (0, Err(e));
-            }
-        }
-        let srq = self.as_ptr();
-        // An SRQ has no state: nothing to refuse beyond the checks above.
-        post_recv_common(
-            &self.inner.table,
-            wrs,
-            || Ok(()),
-            |wr, bad| {
-                // SAFETY: live SRQ; the chain is valid (post_recv_common).
-                unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
-            },
-        )
-    }
-}
-
-impl ProtectionDomain {
-    /// Starts building a shared receive queue with room for `max_wr`
-    /// receive requests: options are the builder's setters, and
-    /// [`build`](SharedReceiveQueueBuilder::build) creates it.
-    ///
-    /// # References
-    /// `ibv_create_srq(3)`
-    pub fn create_srq(&self, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
-        SharedReceiveQueueBuilder {
-            pd: self,
-            max_wr,
-            max_sge: 1,
-            srq_limit: 0,
-            xrc: None,
-        }
-    }
-}
-
-impl XrcDomain {
-    /// Starts building an XRC shared receive queue in this domain
-    /// (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): receives posted to it
-    /// serve every XRC receive queue pair of the domain, and their
-    /// completions go to `cq`. Posting, prepared receives, limits and
-    /// teardown are those of every [`SharedReceiveQueue`] (DESIGN.md,
-    /// "On-demand paging, XRC, re-registration").
-    ///
-    /// # References
-    /// `ibv_create_srq_ex(3)`, `ibv_get_srq_num(3)`
-    #[doc(alias = "ibv_create_srq_ex")]
-    #[doc(alias = "IBV_SRQT_XRC")]
-    pub fn create_srq<'a>(
-        &'a self,
-        pd: &'a ProtectionDomain,
-        cq: &'a CompletionQueue,
-        max_wr: u32,
-    ) -> SharedReceiveQueueBuilder<'a> {
-        SharedReceiveQueueBuilder {
-            xrc: Some((self, cq)),
-            ..pd.create_srq(max_wr)
-        }
-    }
 }
 
 impl std::fmt::Debug for SharedReceiveQueue {
@@ -403,4 +359,14 @@ impl std::fmt::Debug for SharedReceiveQueue {
             .field("outstanding", &self.outstanding())
             .finish()
     }
+}
+
+/// What an SRQ's context without `post_srq_recv` gives (as
+/// `ibv_post_srq_recv` does).
+unsafe extern "C" fn missing_post_srq_recv(
+    _: *mut std::ffi::c_void,
+    _: *mut sys::ibv_recv_wr,
+    _: *mut *mut sys::ibv_recv_wr,
+) -> i32 {
+    libc::EOPNOTSUPP
 }

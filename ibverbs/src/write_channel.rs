@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::{
     AccessFlags, ChannelProblem, Completion, CompletionQueue, Completions, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteMemory, SendRequest, SharedBuffer,
-    WcOpcode,
+    ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteMemory, SendQueue, SharedBuffer,
+    WcOpcode, Wr,
 };
 
 /// `wr_id` of a credit return.
@@ -235,6 +235,11 @@ pub struct WriteChannel {
     rx_slot: u32,
     /// Lengths of the peer's writes polled, not handed out yet, in order.
     arrivals: VecDeque<usize>,
+    /// Completions polled, not yet handled (room for a whole poll).
+    polled: VecDeque<Completion>,
+    /// The queue pair's posting handles, taken by `start`.
+    sq: Option<SendQueue>,
+    rq: Option<RecvQueue>,
     sq_used: u32,
     sq_depth: u32,
     rq_depth: u32,
@@ -307,6 +312,9 @@ impl WriteChannel {
             tx_slot: 0,
             rx_slot: 0,
             arrivals: VecDeque::with_capacity(slots as usize),
+            polled: VecDeque::with_capacity((sq_depth + rq_depth) as usize),
+            sq: None,
+            rq: None,
             sq_used: 0,
             sq_depth,
             rq_depth,
@@ -380,6 +388,8 @@ impl WriteChannel {
                 depth: self.rq_depth,
             });
         }
+        self.sq = Some(self.qp.send_queue()?);
+        self.rq = Some(self.qp.recv_queue()?);
         for _ in 0..self.rq_depth {
             self.repost()?;
         }
@@ -428,11 +438,14 @@ impl WriteChannel {
         head.copy_from_slice(data);
         self.send_tails[i] = Some(tail);
         let imm = self.window.write();
-        let req = SendRequest::write(head, to)
-            .imm(imm)
-            .wr_id(WRITE | i as u64);
-        if let Err(e) = self.qp.post_send(req) {
-            return Err(self.fail(e.error));
+        let posted = match self.sq.as_mut() {
+            Some(sq) => sq
+                .write(head, to, Wr::id(WRITE | i as u64).imm(imm))
+                .map_err(Error::from),
+            None => Err(unexpected("no send queue handle")),
+        };
+        if let Err(e) = posted {
+            return Err(self.fail(e));
         }
         self.sq_used += 1;
         self.tx_slot = (self.tx_slot + 1) % self.window.slots;
@@ -509,13 +522,16 @@ impl WriteChannel {
             return Ok(());
         }
         let n = self.window.take_owed();
-        let req = SendRequest::send_inline(&[]).imm(n).wr_id(CREDIT);
-        match self.qp.post_send(req) {
+        let posted = match self.sq.as_mut() {
+            Some(sq) => sq.send_inline(&[], Wr::id(CREDIT).imm(n)),
+            None => Err(unexpected("no send queue handle")),
+        };
+        match posted {
             Ok(()) => {
                 self.sq_used += 1;
                 Ok(())
             }
-            Err(e) => Err(self.fail(e.error)),
+            Err(e) => Err(self.fail(e)),
         }
     }
 
@@ -524,7 +540,7 @@ impl WriteChannel {
     /// `Ok(false)`: nothing came in time.
     fn turn(&mut self, deadline: Option<Instant>) -> Result<bool> {
         self.return_credits()?;
-        let mut n = self.cq.poll(&mut self.done);
+        let mut n = self.poll_in(None);
         if matches!(n, Ok(0)) {
             let left = match deadline {
                 None => None,
@@ -534,7 +550,7 @@ impl WriteChannel {
                 },
             };
             if self.blocking {
-                n = self.cq.wait(&mut self.done, left);
+                n = self.poll_in(Some(left));
             } else {
                 std::hint::spin_loop();
             }
@@ -543,7 +559,7 @@ impl WriteChannel {
             Ok(0) => Ok(deadline.is_none_or(|d| Instant::now() < d)),
             Ok(_) => {
                 let mut first = None;
-                while let Some(c) = self.done.pop() {
+                while let Some(c) = self.polled.pop_front() {
                     if let Err(e) = self.handle(c) {
                         first.get_or_insert(e);
                     }
@@ -552,6 +568,19 @@ impl WriteChannel {
             }
             Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Polls (`wait`: sleeping up to that long, `None` inside: no limit)
+    /// into `polled`: how many came.
+    fn poll_in(&mut self, wait: Option<Option<Duration>>) -> Result<usize> {
+        let before = self.polled.len();
+        let polled = match wait {
+            None => self.cq.poll(&mut self.done)?,
+            Some(left) => self.cq.wait(&mut self.done, left)?,
+        };
+        self.polled
+            .extend(polled.map(crate::CompletionRef::into_owned));
+        Ok(self.polled.len() - before)
     }
 
     /// Handles one completion (the channel's queue pair is its CQ's only
@@ -598,10 +627,11 @@ impl WriteChannel {
     }
 
     fn repost(&mut self) -> Result<()> {
-        match self.qp.post_recv(RecvRequest::empty().wr_id(RECV)) {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.fail(e.error)),
-        }
+        let posted = match self.rq.as_mut() {
+            Some(rq) => rq.recv_empty(RECV),
+            None => Err(unexpected("no receive queue handle")),
+        };
+        posted.map_err(|e| self.fail(e))
     }
 
     /// A handed-out write's slot was copied out: its credit is owed, and

@@ -64,18 +64,18 @@ impl CompletionQueue {
         })?;
         // Held until the new capacity is recorded: no queue registers
         // against the old one meanwhile.
-        let tables = self.inner.tables.write();
-        check_resize(cqe, tables.depth_sum(), tables.owed())?;
+        let accounting = self.inner.accounting.lock();
+        check_resize(cqe, accounting.depth_sum(), accounting.owed())?;
         let old = self.inner.cqe.load(Ordering::Relaxed);
         // SAFETY: live CQ; the provider serialises this with polling.
         let rc = unsafe { sys::ibv_resize_cq(self.as_ptr(), asked) };
         // SAFETY: live CQ; libibverbs wrote `cqe` during the call (the
         // size the kernel granted), and only resizes, which all hold
-        // `tables` exclusively, write it.
+        // `accounting`'s lock, write it.
         let reported = unsafe { (*self.as_ptr()).cqe };
         let (capacity, result) = after_resize(old, reported, rc);
         self.inner.cqe.store(capacity, Ordering::Relaxed);
-        drop(tables);
+        drop(accounting);
         result.map_err(|e| {
             let max = self
                 .context()

@@ -4,83 +4,138 @@
 
 use ibverbs_sys as sys;
 
-use crate::buffer::Buf;
+use crate::buffer::{Buf, SgList};
 use crate::error::Result;
+use crate::gid::Gid;
 use crate::inflight::{self, Claim, Held};
 use crate::work_completion::WorkCompletion;
-use crate::wq_table::SgList;
 
+use super::completion::{sg_take_one_if, source_gid_of, Completion};
 use super::fix_rxe_inv_flag;
 
-/// The completions one poll returned, in order (an iterator of
-/// [`Entry`] entries). Dropping it claims and drops what was not
-/// reached, buffers included.
-pub struct Batch<'a> {
+/// The completions one poll returned, in order: an iterator of
+/// [`CompletionRef`]s. Each is claimed when the walk reaches it; dropping
+/// the batch claims what was not reached and drops it, buffers included.
+///
+/// Several threads may poll one CQ at once, each with its own
+/// [`Completions`](crate::Completions): every completion reaches one of
+/// them, and its buffers only that one.
+pub struct Polled<'a> {
     wcs: std::slice::IterMut<'a, sys::ibv_wc>,
+    /// Timestamps, by entry, when the CQ reads them.
+    stamps: Option<std::slice::Iter<'a, u64>>,
     rxe: bool,
 }
 
-impl<'a> Batch<'a> {
-    pub(super) fn new(wcs: &'a mut [sys::ibv_wc], rxe: bool) -> Batch<'a> {
-        Batch {
+impl<'a> Polled<'a> {
+    pub(super) fn new(wcs: &'a mut [sys::ibv_wc], stamps: Option<&'a [u64]>, rxe: bool) -> Self {
+        Polled {
             wcs: wcs.iter_mut(),
+            stamps: stamps.map(|s| s.iter()),
             rxe,
         }
     }
 
+    /// Nothing polled.
+    pub(super) fn none() -> Polled<'static> {
+        Polled {
+            wcs: [].iter_mut(),
+            stamps: None,
+            rxe: false,
+        }
+    }
+
     /// Completions not yet reached.
+    #[inline]
     pub fn len(&self) -> usize {
         self.wcs.len()
     }
 
     /// Whether none is left.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.wcs.len() == 0
     }
 }
 
-impl<'a> Iterator for Batch<'a> {
-    type Item = Entry<'a>;
+impl<'a> Iterator for Polled<'a> {
+    type Item = CompletionRef<'a>;
 
     #[inline(always)]
-    fn next(&mut self) -> Option<Entry<'a>> {
+    fn next(&mut self) -> Option<CompletionRef<'a>> {
         let wc = self.wcs.next()?;
+        let stamp = self.stamps.as_mut().and_then(|s| s.next().copied());
         if self.rxe {
             fix_rxe_inv_flag(wc);
         }
         let mut claim = inflight::claim(wc.wr_id);
         if let Some(c) = &mut claim {
             wc.wr_id = c.user();
-            if let Held::Window(_) = c.payload().held {
-                settle_window(c, wc.status);
+            if c.has_extras() {
+                settle(c, wc.status);
             }
         }
-        Some(Entry {
+        Some(CompletionRef {
             wc: WorkCompletion::from_raw_ref(wc),
             claim,
+            stamp,
         })
     }
 
+    #[inline]
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.wcs.size_hint()
     }
 }
 
-impl Drop for Batch<'_> {
+impl ExactSizeIterator for Polled<'_> {}
+
+impl Drop for Polled<'_> {
+    #[inline]
     fn drop(&mut self) {
+        // Fully walked (the common case): one comparison.
+        if self.wcs.len() != 0 {
+            self.drop_rest();
+        }
+    }
+}
+
+impl Polled<'_> {
+    /// What the walk did not reach: claimed and dropped.
+    #[cold]
+    #[inline(never)]
+    fn drop_rest(&mut self) {
         for _ in self.by_ref() {}
     }
 }
 
-/// One completion of a [`Batch`]: the entry, with the buffers of its
-/// request still in the request's slot until taken. Dropping it drops
-/// what was not taken and frees the slot.
-pub struct Entry<'a> {
-    wc: &'a WorkCompletion,
-    claim: Option<Claim>,
+/// What a claimed request kept alive besides its buffers: its address
+/// handle goes, and a memory window learns how its bind or invalidate
+/// ended (its regions are released only on success).
+#[cold]
+#[inline(never)]
+fn settle(c: &mut Claim, status: u32) {
+    let p = c.payload();
+    drop(p.ah.take());
+    if let Held::Window(_) = p.held {
+        if let Held::Window(op) = std::mem::take(&mut p.held) {
+            op.complete(status);
+        }
+    }
+    c.extras_settled();
 }
 
-impl std::ops::Deref for Entry<'_> {
+/// One completion of a [`Polled`] batch: the entry (its `wr_id` the
+/// caller's), with the buffers of its request still in the request's slot
+/// until taken. Dropping it drops what was not taken and frees the slot;
+/// [`into_owned`](Self::into_owned) keeps it as a [`Completion`].
+pub struct CompletionRef<'a> {
+    wc: &'a WorkCompletion,
+    claim: Option<Claim>,
+    stamp: Option<u64>,
+}
+
+impl std::ops::Deref for CompletionRef<'_> {
     type Target = WorkCompletion;
     #[inline(always)]
     fn deref(&self) -> &WorkCompletion {
@@ -88,24 +143,51 @@ impl std::ops::Deref for Entry<'_> {
     }
 }
 
-impl Entry<'_> {
+impl CompletionRef<'_> {
+    /// The `wr_id` given when posting.
+    #[inline(always)]
+    pub fn wr_id(&self) -> u64 {
+        self.wc.raw.wr_id
+    }
+
+    /// The raw work completion.
+    #[inline]
+    pub fn wc(&self) -> &WorkCompletion {
+        self.wc
+    }
+
     /// Whether no request posted through the safe API matched (a raw
     /// request's, or a stale one of a destroyed or reset queue).
+    #[inline]
     pub fn is_orphan(&self) -> bool {
         self.claim.is_none()
     }
 
-    /// The status as a `Result`.
+    /// Who posted the request (0: the caller); `None` for an orphan.
+    #[inline]
+    pub(crate) fn owner(&self) -> Option<u8> {
+        self.claim.as_ref().map(Claim::owner)
+    }
+
+    /// The completion timestamp, when the CQ reads it (see
+    /// [`Completion::timestamp`]).
+    #[inline]
+    pub fn timestamp(&self) -> Option<u64> {
+        self.stamp
+    }
+
+    /// `Ok(())` on success, else
+    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion) with the
+    /// caller's `wr_id`.
     ///
     /// # Errors
-    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion) for any
-    /// status but success.
+    /// [`Error::WorkCompletion`](crate::Error::WorkCompletion).
     #[inline(always)]
     pub fn result(&self) -> Result<()> {
         self.wc.result()
     }
 
-    /// The buffers, if any are left.
+    /// The buffers still in the slot.
     #[inline(always)]
     fn sg(&mut self) -> Option<&mut SgList> {
         match &mut self.claim.as_mut()?.payload().held {
@@ -114,35 +196,72 @@ impl Entry<'_> {
         }
     }
 
-    /// The request's buffers (all of them, leaving none).
+    /// Takes the request's buffers (all of them).
     pub fn take_buffers(&mut self) -> SgList {
         self.sg().map(std::mem::take).unwrap_or_default()
     }
 
-    /// The request's only buffer as a [`LocalBuffer`](crate::LocalBuffer);
-    /// `None` (and the buffers left in place) otherwise.
+    /// Takes the buffer back when the request had exactly one; `None`
+    /// otherwise, the buffers left for [`take_buffers`](Self::take_buffers).
+    pub fn take_buf(&mut self) -> Option<Buf> {
+        sg_take_one_if(self.sg()?, |_| true)
+    }
+
+    /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer) when
+    /// the request had exactly one and it is local; `None` otherwise (the
+    /// buffers left in place).
     #[inline(always)]
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
         let sg = self.sg()?;
         let SgList::One(Buf::Local(b)) = sg else {
-            return None;
+            return take_local_other(sg);
         };
         // SAFETY: `b` is read out once and its place overwritten at once
-        // with a value that owns nothing (no drop of either).
+        // with a value that owns nothing: neither is dropped twice.
         unsafe {
             let b = std::ptr::read(b);
             std::ptr::write(sg, SgList::Empty);
             Some(b)
         }
     }
+
+    /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer)
+    /// when the request had exactly one and it is shared.
+    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
+        sg_take_one_if(self.sg()?, |b| matches!(b, Buf::Shared(_))).and_then(Buf::into_shared)
+    }
+
+    /// For a UD receive with a GRH: the sender's GID (see
+    /// [`Completion::source_gid`]).
+    pub fn source_gid(&mut self) -> Option<Gid> {
+        let wc = self.wc;
+        source_gid_of(wc, self.sg()?)
+    }
+
+    /// Keeps the completion beyond the batch: the entry and the buffers,
+    /// moved out of the slot (which is free again).
+    pub fn into_owned(mut self) -> Completion {
+        let sg = self.take_buffers();
+        let owner = self.owner();
+        Completion::new(self.wc.raw, sg, self.stamp, owner)
+    }
 }
 
-/// A memory window's bind or invalidate completed: the window learns the
-/// status (its regions are released only on success).
-#[cold]
+/// [`CompletionRef::take_local`] past its common case: a scatter list of
+/// one local buffer.
 #[inline(never)]
-fn settle_window(c: &mut Claim, status: u32) {
-    if let Held::Window(op) = std::mem::take(&mut c.payload().held) {
-        op.complete(status);
+fn take_local_other(sg: &mut SgList) -> Option<crate::LocalBuffer> {
+    sg_take_one_if(sg, |b| matches!(b, Buf::Local(_))).and_then(Buf::into_local)
+}
+
+impl std::fmt::Debug for CompletionRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionRef")
+            .field("wr_id", &self.wr_id())
+            .field("status", &self.wc.status())
+            .field("opcode", &self.wc.opcode())
+            .field("byte_len", &self.wc.byte_len())
+            .field("orphan", &self.is_orphan())
+            .finish()
     }
 }

@@ -626,83 +626,104 @@ impl QueuePair {
         self.modify_raw(attr)
     }
 
-    /// `ibv_modify_qp` with the send lock (and, for RESET, the receive
-    /// lock) held as the posting paths need; no check of `attr`.
+    /// `ibv_modify_qp` under `control`, with the posting handles' rules
+    /// (DESIGN.md, "Posting"): no move out of the states that send while
+    /// the send queue's handle lives, no move to RESET while either
+    /// handle does; no check of `attr` otherwise.
     fn modify_raw(&self, attr: &QpAttr) -> Result<()> {
         let mut raw = attr.raw;
-        let to_reset = attr.mask & STATE != 0 && raw.qp_state == sys::IBV_QPS_RESET;
-        if !to_reset {
-            // A state change holds the send queue's lock, so that posting
-            // (which holds it too) sees the state libibverbs records in
-            // `ibv_qp::state` before or after the change, never during it.
-            let send = (attr.mask & STATE != 0).then(|| self.inner.send.lock());
-            // A move to ERR flushes the receive queue once; rxe takes a
-            // receive posted later into its queue (no system call) and never
-            // flushes it. So receives are refused from before the move
-            // (`note_err_pending`) until the QP leaves ERR: the receive
-            // lock, held across the move, orders it with table posts;
-            // prepared receives re-check after their doorbell.
-            let to_err = send.is_some() && raw.qp_state == sys::IBV_QPS_ERR;
-            let recv = to_err
-                .then(|| self.inner.recv.as_ref().map(|t| t.lock()))
-                .flatten();
-            if to_err {
-                self.note_err_pending();
-            }
+        let _control = self.inner.control.lock();
+        if attr.mask & STATE == 0 {
             // SAFETY: live QP; `raw` is an initialised ibv_qp_attr that
             // outlives the call; the mask names only fields set through
             // QpAttr (the rest are zero).
             let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
-            if send.is_some() {
-                self.note_state((rc == 0).then_some(attr.raw.qp_state));
-            }
-            drop(recv);
-            drop(send);
             return ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)));
         }
-        // RESET empties the QP's work queues: the device forgets every
-        // posted request (no completion) and never touches its buffers
-        // again, as after destruction. Their slots are released so that the
-        // queue can be used again. The table locks are held across the
-        // modify, so no request posted concurrently (posting holds them
-        // too) can be mistaken for a discarded one.
-        let send = &self.inner.send;
-        let mut send_st = send.lock();
-        // No lock-free posting (PreparedSend) may be inside the provider's
-        // post_send while it resets the queue (mlx5 rewrites the send
-        // queue's indices without the provider's lock): close that path and
-        // wait out the postings already in it. Re-opened by note_state.
-        self.inner.send_epoch.close();
-        let mut recv_st = self.inner.recv.as_ref().map(|t| t.lock());
-        // Only a real transition discards: what was posted while already in
-        // RESET (out of spec, but some providers accept it) stays owned.
-        let leaving_other_state = matches!(self.state(), Ok(s) if s != QpState::Reset);
+        let to = raw.qp_state;
+        if to == sys::IBV_QPS_RESET {
+            return self.reset_raw(attr, raw);
+        }
+        // Out of RTS/SQD/SQE/ERR into INIT or RTR (only through RESET, which
+        // the state table checks): a live send handle could post there.
+        if !super::state_sends(to) && self.inner.send_ring.is_taken() {
+            return Err(handle_live("send queue", to));
+        }
+        // A move to ERR flushes the receive queue once; rxe takes a receive
+        // posted later into its queue (no system call) and never flushes
+        // it. So receives are refused from before the move (the flag, set
+        // here and fenced) until the QP leaves ERR; a receive that raced
+        // the move re-issues it (`RecvQueue`).
+        if to == sys::IBV_QPS_ERR {
+            self.note_err_pending();
+        }
         // SAFETY: as above.
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
+        self.note_state((rc == 0).then_some(to));
+        ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))
+    }
+
+    /// The move to RESET (`control` held). It empties the QP's work
+    /// queues: the device forgets every posted request (no completion) and
+    /// never touches its buffers again, as after destruction. Both rings
+    /// are taken for the move (refused while a handle has one), their
+    /// outstanding requests' payloads released after it, and each ring
+    /// holds a slot per request for completions of those that had finished,
+    /// which may still be queued in the CQ (DESIGN.md, "A CQ holds a
+    /// completion of every request").
+    fn reset_raw(&self, attr: &QpAttr, mut raw: sys::ibv_qp_attr) -> Result<()> {
+        let inner = &self.inner;
+        let Some(mut send) = inner.send_ring.take() else {
+            return Err(handle_live("send queue", sys::IBV_QPS_RESET));
+        };
+        let recv = match &inner.recv_ring {
+            None => None,
+            Some(cell) => match cell.take() {
+                Some(r) => Some((cell, r)),
+                None => {
+                    inner.send_ring.give_back();
+                    return Err(handle_live("receive queue", sys::IBV_QPS_RESET));
+                }
+            },
+        };
+        // Only a real transition discards: what was posted while already in
+        // RESET (out of spec, but some providers accept it) stays owned.
+        let leaving_other_state = self.tracked_state() != sys::IBV_QPS_RESET;
+        // SAFETY: live QP; `raw` is an initialised ibv_qp_attr that outlives
+        // the call; the mask names only fields set through QpAttr.
+        let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask as i32) };
         self.note_state((rc == 0).then_some(sys::IBV_QPS_RESET));
-        ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))?;
-        if leaving_other_state {
-            // The completions of requests that had finished may still be
-            // queued in the CQs: each queue holds a slot per request until
-            // its CQ is found empty (DESIGN.md, "A CQ holds a completion of
-            // every request"), so new requests cannot overrun it.
-            let (dropped_send, send_held) = send_st.reset(send);
-            let dropped_recv = match (&self.inner.recv, recv_st.as_mut()) {
-                (Some(t), Some(st)) => Some(st.reset(t)),
-                _ => None,
-            };
-            // Release the buffers (which may deregister memory or destroy
-            // address handles) after the locks.
-            drop(send_st);
-            drop(recv_st);
-            self.inner.send_cq.owe_after_reset(send.id, send_held);
-            if let (Some(t), Some((_, held))) = (&self.inner.recv, &dropped_recv) {
-                self.inner.recv_cq.owe_after_reset(t.id, *held);
+        let mut dropped = Vec::new();
+        if rc == 0 && leaving_other_state {
+            // SAFETY: taken above: ours until given back.
+            let ring = unsafe { send.as_mut() };
+            let (payloads, held) = ring.teardown(true);
+            dropped.push(payloads);
+            inner.send_cq.owe_after_reset(ring.held_mark(), held);
+            if let Some((_, mut r)) = recv {
+                // SAFETY: as above.
+                let ring = unsafe { r.as_mut() };
+                let (payloads, held) = ring.teardown(true);
+                dropped.push(payloads);
+                inner.recv_cq.owe_after_reset(ring.held_mark(), held);
             }
-            drop(dropped_send);
-            drop(dropped_recv);
         }
-        Ok(())
+        inner.send_ring.give_back();
+        if let Some((cell, _)) = recv {
+            cell.give_back();
+        }
+        // The buffers (which may deregister memory or destroy address
+        // handles) go after the rings are back.
+        drop(dropped);
+        ret_errno("ibv_modify_qp", rc).map_err(|e| e.with_hint(self.modify_hint(attr)))
+    }
+}
+
+/// A move refused while a posting handle lives.
+fn handle_live(queue: &'static str, to: u32) -> Error {
+    Error::HandleLive {
+        queue,
+        to: QpState::from_raw(to),
     }
 }
 

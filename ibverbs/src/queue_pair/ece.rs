@@ -84,7 +84,7 @@ impl QueuePair {
     pub fn set_ece(&self, ece: Ece) -> Result<Ece> {
         let mut raw = ece.to_raw();
         let rc = {
-            let _send = self.inner.send.lock();
+            let _control = self.inner.control.lock();
             // SAFETY: live QP; `raw` is valid for reads and writes (the
             // accepted options come back in it) during the call.
             unsafe { sys::ibv_set_ece(self.as_ptr(), &mut raw) }

@@ -6,19 +6,19 @@ use ibverbs_sys as sys;
 
 use super::options::{check_options, Asked};
 use super::request::{Dest, Op, SendOp, SendRequest};
-use super::work::{SendWork, Token};
 use crate::buffer::Buf;
+use crate::buffer::SgList;
 use crate::error::{Error, Result};
+use crate::inflight::Reserved;
 use crate::memory_region::AccessFlags;
-use crate::wq_table::{Payload, SgList};
 use crate::{QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
 /// `ibv_send_wr` or `ibv_recv_wr`) without allocating on the data path:
-/// one request and `max_sge` SGEs per queue entry. Allocated by the
-/// queue's first chain (a list, a scatter/gather list, an extended
-/// posting) and reused by every later one; a queue that only ever posts
-/// single-buffer requests (built on the stack) never allocates it.
+/// one request, `max_sge` SGEs and a reserved slot per queue entry.
+/// Allocated by the handle's first chain (a list, a scatter/gather list,
+/// an extended posting) and reused by every later one; a handle that only
+/// ever posts single-buffer requests never allocates it.
 pub(crate) struct Scratch<W> {
     bufs: Option<Box<ScratchBufs<W>>>,
     depth: u32,
@@ -29,18 +29,18 @@ pub(crate) struct Scratch<W> {
 pub(crate) struct ScratchBufs<W> {
     pub(super) wrs: Box<[W]>,
     pub(super) sges: Box<[sys::ibv_sge]>,
-    pub(super) tags: Box<[u32]>,
+    /// The slots of the chain being posted (empty between posts).
+    pub(super) slots: Vec<Reserved>,
     pub(super) max_sge: usize,
 }
 
 // SAFETY: the raw pointers inside the C requests are rebuilt on every post
-// and only used while the owning table's Mutex is held.
+// and only used by the handle that owns the scratch.
 unsafe impl<W> Send for Scratch<W> {}
 
 impl<W: Default + Clone> Scratch<W> {
-    /// Room for chains of up to `depth` requests (the table's capacity,
-    /// which `check_room` holds every chain to) of `max_sge` SGEs each,
-    /// allocated on first use.
+    /// Room for chains of up to `depth` requests (the ring's depth) of
+    /// `max_sge` SGEs each, allocated on first use.
     pub(crate) fn new(depth: u32, max_sge: u32) -> Scratch<W> {
         Scratch {
             bufs: None,
@@ -49,7 +49,7 @@ impl<W: Default + Clone> Scratch<W> {
         }
     }
 
-    /// The space, allocated now if this is the queue's first chain.
+    /// The space, allocated now if this is the handle's first chain.
     #[inline]
     pub(crate) fn bufs(&mut self) -> &mut ScratchBufs<W> {
         let (depth, max_sge) = (self.depth as usize, self.max_sge as usize);
@@ -57,21 +57,9 @@ impl<W: Default + Clone> Scratch<W> {
             Box::new(ScratchBufs {
                 wrs: vec![W::default(); depth].into_boxed_slice(),
                 sges: vec![sys::ibv_sge::default(); depth * max_sge].into_boxed_slice(),
-                tags: vec![0; depth].into_boxed_slice(),
+                slots: Vec::with_capacity(depth),
                 max_sge,
             })
-        })
-    }
-
-    /// Heap bytes held (for the footprint tests).
-    #[cfg(test)]
-    pub(crate) fn heap_bytes(&self) -> usize {
-        use std::mem::size_of_val;
-        self.bufs.as_ref().map_or(0, |b| {
-            std::mem::size_of::<ScratchBufs<W>>()
-                + size_of_val(&*b.wrs)
-                + size_of_val(&*b.sges)
-                + size_of_val(&*b.tags)
         })
     }
 }
@@ -80,16 +68,6 @@ impl<W: Default + Clone> Scratch<W> {
 pub(crate) type SendScratch = Scratch<sys::ibv_send_wr>;
 /// Scratch space of a receive queue or SRQ.
 pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
-
-// A send queue completes in order: its table is a ring.
-impl crate::wq_table::Kind for SendScratch {
-    const ALWAYS_RING: bool = true;
-}
-
-// An SRQ's table is a slab.
-impl crate::wq_table::Kind for RecvScratch {
-    const ALWAYS_RING: bool = false;
-}
 
 /// Checks a request's buffers: SGE count, protection domain, write access
 /// where the device writes, and lengths an SGE can describe.
@@ -194,40 +172,6 @@ pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
 }
 
 impl QueuePair {
-    /// The data path's common case of [`check_send`](Self::check_send),
-    /// decided inline: a signaled send, RDMA write or RDMA read of one
-    /// buffer of this queue pair's PD, on an RC queue pair that takes an
-    /// SGE, with no option but a fence. Every cell of DESIGN.md's
-    /// request-option table allows it, so `true` means every check passed;
-    /// `false` only that `check_send` must decide (and name the error).
-    #[inline(always)]
-    fn send_passes_fast(&self, r: &SendRequest<'_>) -> bool {
-        use sys::ibv_send_flags as F;
-        let SgList::One(b) = &r.sg else {
-            return false;
-        };
-        if !(self.inner.rc_with_sge
-            && r.flags & !F::IBV_SEND_FENCE.0 == F::IBV_SEND_SIGNALED.0
-            && r.inline.is_none()
-            && r.imm.is_none()
-            && r.invalidate.is_none()
-            && r.ud.is_none())
-        {
-            return false;
-        }
-        let device_writes = match r.op {
-            Op::Send | Op::Write(_) => false,
-            Op::Read(_) => true,
-            _ => return false,
-        };
-        let region = b.region();
-        Arc::ptr_eq(&region.mr.pd.inner, &self.inner.pd.inner)
-            && u32::try_from(region.len()).is_ok()
-            && (!device_writes
-                || (!matches!(b, Buf::Frozen(_))
-                    && region.mr.access.contains(AccessFlags::LOCAL_WRITE)))
-    }
-
     /// Checks a request before posting: DESIGN.md's request-option table
     /// ([`check_options`]), then the queue pair's limits and the buffers.
     /// `extended` says whether it goes through the `ibv_wr_*` path (the
@@ -368,250 +312,10 @@ impl QueuePair {
         }
         Ok(())
     }
-
-    /// Posts send-queue work: one [`SendRequest`], or a chain of them in a
-    /// `&mut Vec` rung with one doorbell ([`SendWork`]). The buffers stay
-    /// owned by the queue pair until the completion hands them back.
-    ///
-    /// A queue pair created with [`SendOps`](crate::SendOps) is posted to
-    /// through the `ibv_wr_start` … `ibv_wr_complete` region (the only way
-    /// to atomic write and flush; a chain is then all or nothing); any
-    /// other through `ibv_post_send`. A request with at most one buffer (or
-    /// inline data) to a classic queue pair builds its C request and SGE on
-    /// the stack and costs little more than the raw
-    /// [`post_send_raw`](Self::post_send_raw).
-    ///
-    /// # Errors
-    /// A refused [`SendRequest`] comes back whole in a [`PostError`](crate::PostError); a
-    /// chain keeps the requests not posted in its `Vec` and returns the
-    /// [`Error`]. Checked before anything is posted (a failed check posts
-    /// nothing): QP type and request options ([`Error::OpNotAvailable`],
-    /// [`Error::OptionNotAllowed`], [`Error::OptionRequired`]),
-    /// [`Error::TooManySges`], [`Error::InlineTooLarge`], atomic operands
-    /// ([`Error::Misaligned`], [`Error::OutOfBounds`] for a remote range
-    /// shorter than the 8-byte word, [`Error::AtomicResultBuffer`]), a
-    /// buffer or address handle of another PD
-    /// ([`Error::ForeignProtectionDomain`]), a buffer the device would
-    /// write that is frozen ([`Error::FrozenBuffer`]) or lacks
-    /// `LOCAL_WRITE` ([`Error::MissingAccess`]),
-    /// [`Error::UnsignaledExclusive`], [`Error::UdMessageTooLong`], an
-    /// operation the queue pair was not created for
-    /// ([`Error::SendOpsRequired`]), a buffer longer than an SGE describes
-    /// ([`Error::OutOfRange`]), [`Error::QueueFull`] (or
-    /// [`Error::QueueHeldAfterReset`] after a reset), a queue pair in
-    /// RESET, INIT or RTR ([`Error::NotReadyToSend`], refused before
-    /// reaching the provider). The provider's refusal is
-    /// [`Error::Verb`] naming `ibv_post_send` or `ibv_wr_complete`.
-    ///
-    /// # References
-    /// `ibv_post_send(3)`, `ibv_wr_post(3)`
-    ///
-    /// # Example
-    /// ```no_run
-    /// # fn demo(
-    /// #     qp: &ibverbs::QueuePair,
-    /// #     a: ibverbs::LocalBuffer,
-    /// #     b: ibverbs::LocalBuffer,
-    /// #     c: ibverbs::LocalBuffer,
-    /// # ) -> ibverbs::Result<()> {
-    /// use ibverbs::SendRequest;
-    /// qp.post_send(SendRequest::send(a).wr_id(1))?;
-    /// // Two requests, one doorbell:
-    /// let mut chain = vec![SendRequest::send(b).wr_id(2), SendRequest::send(c).wr_id(3)];
-    /// qp.post_send(&mut chain)?;
-    /// # Ok(()) }
-    /// ```
-    #[doc(alias = "ibv_post_send")]
-    #[doc(alias = "ibv_wr_start")]
-    #[doc(alias = "ibv_wr_complete")]
-    #[inline]
-    pub fn post_send<W: SendWork>(&self, work: W) -> Result<(), W::Error> {
-        work.post_to(self, Token(()))
-    }
-
-    /// Posts one request through the queue pair's verb. On success its
-    /// buffers and address handle are in their slot (`r` keeps nothing
-    /// that needs dropping: the caller may forget it), on error `r` is
-    /// unchanged.
-    #[inline]
-    pub(super) fn post_request(&self, r: &mut SendRequest<'_>) -> Result<()> {
-        if self.inner.qpx.is_some() {
-            return self.post_send_ex_slice(std::slice::from_mut(r));
-        }
-        if let (None, SgList::Many(_)) = (r.inline, &r.sg) {
-            return self.post_send_slice(std::slice::from_mut(r)).1;
-        }
-        self.post_single(r)
-    }
-
-    /// Posts a chain through the queue pair's verb: how many requests the
-    /// device took (from the front of `wrs`), and the error if not all.
-    pub(super) fn post_chain(&self, wrs: &mut [SendRequest<'_>]) -> (usize, Result<()>) {
-        if self.inner.qpx.is_some() {
-            return match self.post_send_ex_slice(wrs) {
-                Ok(()) => (wrs.len(), Ok(())),
-                Err(e) => (0, Err(e)),
-            };
-        }
-        self.post_send_slice(wrs)
-    }
-
-    /// Posts one request of at most one buffer (or inline data) to a
-    /// classic queue pair, its C request and SGE built on the stack; as
-    /// [`post_request`](Self::post_request).
-    #[inline]
-    fn post_single(&self, r: &mut SendRequest<'_>) -> Result<()> {
-        // Before the SGE is built: the checks refuse a region an SGE
-        // cannot describe (`sge_prechecked` only debug-asserts it).
-        if self.send_passes_fast(r) {
-            debug_assert!(self.check_send(r, false).is_ok());
-            // Its own copy: where the request was just built, its options
-            // are known and the C request's fields are written directly.
-            return self.post_checked(r);
-        }
-        self.check_send(r, false)?;
-        self.post_checked_other(r)
-    }
-
-    /// [`post_checked`](Self::post_checked) for requests off the common
-    /// case (out of line).
-    #[inline(never)]
-    fn post_checked_other(&self, r: &mut SendRequest<'_>) -> Result<()> {
-        self.post_checked(r)
-    }
-
-    /// [`post_single`](Self::post_single) of a checked request.
-    #[inline(always)]
-    fn post_checked(&self, r: &mut SendRequest<'_>) -> Result<()> {
-        let (mut sge, num_sge) = match (r.inline, &r.sg) {
-            (Some(data), _) => (inline_sge(data), i32::from(!data.is_empty())),
-            // An empty buffer goes as no SGE (see fill_sges).
-            (None, SgList::One(b)) => (b.region().sge_prechecked(), i32::from(!b.is_empty())),
-            // No buffer (a scatter list went the chain path).
-            _ => (sys::ibv_sge::default(), 0),
-        };
-        // Built before the lock (its `wr_id` under it, below).
-        let mut wr = std::mem::MaybeUninit::<sys::ibv_send_wr>::uninit();
-        // SAFETY: `wr` is valid for writes.
-        unsafe { write_send_wr(wr.as_mut_ptr(), r, 0, &mut sge, num_sge) };
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        // Refused here, not by the provider: see post_send_slice.
-        self.check_sendable()?;
-        table.check_room(&st, 1)?;
-        // Doorbell first, bookkeeping after: the request goes out under
-        // the slot's future tag and its buffers move into the slot once the
-        // provider took it. The lock is held throughout, so a completion
-        // (even one polled by another thread before this returns) can only
-        // be claimed after the slot holds them; a refused request leaves
-        // nothing to undo.
-        // SAFETY: `wr` is valid for writes.
-        unsafe {
-            std::ptr::addr_of_mut!((*wr.as_mut_ptr()).wr_id).write(table.encode(st.next_tag(table)))
-        };
-        // Written by a provider that refuses the request, never read here.
-        let mut bad = std::mem::MaybeUninit::<*mut sys::ibv_send_wr>::uninit();
-        // The SGE points into the buffer `r` still owns: it moves into the
-        // slot below without its memory moving and stays there until the
-        // completion is claimed (inline data is copied during the call).
-        // SAFETY: live QP; `wr` is one request (`next` NULL) with every
-        // field its opcode has (write_send_wr), SGE as above.
-        let rc = unsafe { self.provider_post_send(wr.as_mut_ptr(), bad.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(crate::error::errno_error("ibv_post_send", rc));
-        }
-        let signaled = r.is_signaled() || self.inner.sq_sig_all;
-        // The buffers and the address handle move into the slot.
-        let payload = Payload::bufs(
-            std::mem::take(&mut r.sg),
-            r.ud.take().and_then(Dest::into_ah),
-        );
-        // Under the same lock: the tag `next_tag` gave.
-        st.reserve_with(table, r.wr_id, payload, signaled, r.dispatched);
-        Ok(())
-    }
-
-    /// Returns how many requests the device took, and the error if not all.
-    fn post_send_slice(&self, wrs: &mut [SendRequest<'_>]) -> (usize, Result<()>) {
-        if wrs.is_empty() {
-            return (0, Ok(()));
-        }
-        for r in wrs.iter() {
-            if let Err(e) = self.check_send(r, false) {
-                return (0, Err(e));
-            }
-        }
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        // Refused here, not by the provider: rxe (and others) write the
-        // request into the send queue before finding the QP not ready, then
-        // execute it once the QP reaches RTS, long after its buffers were
-        // handed back with this error.
-        if let Err(e) = self.check_sendable() {
-            return (0, Err(e));
-        }
-        if let Err(e) = table.check_room(&st, wrs.len()) {
-            return (0, Err(e));
-        }
-        let n = wrs.len();
-        // Reserve slots (payloads are moved in only once the device took them).
-        let sig_all = self.inner.sq_sig_all;
-        for (i, r) in wrs.iter().enumerate() {
-            let signaled = r.is_signaled() || sig_all;
-            let tag = st.reserve_as(table, r.wr_id, Payload::default(), signaled);
-            if r.dispatched {
-                st.dispatch(table, tag);
-            }
-            st.scratch.bufs().tags[i] = tag;
-        }
-        let scratch = st.scratch.bufs();
-        let max_sge = scratch.max_sge;
-        let wr_base = scratch.wrs.as_mut_ptr();
-        for (i, r) in wrs.iter().enumerate() {
-            let sges = &mut scratch.sges[i * max_sge..(i + 1) * max_sge];
-            let num_sge = if let Some(data) = r.inline {
-                sges[0] = inline_sge(data);
-                usize::from(!data.is_empty())
-            } else {
-                fill_sges(&r.sg, sges)
-            };
-            let mut wr = c_send_wr(r);
-            wr.wr_id = table.encode(scratch.tags[i]);
-            wr.next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= wrs.len()` (depth checked by check_room).
-                unsafe { wr_base.add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
-            wr.sg_list = sges.as_mut_ptr();
-            wr.num_sge = num_sge as i32;
-            scratch.wrs[i] = wr;
-        }
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: live QP; the chain lives in `scratch` (locked), its SGEs
-        // point into buffers owned by `wrs` (moved into the slots below
-        // before the lock is released, so no completion can be retired
-        // first) or into inline data the provider copies during the call.
-        let rc = unsafe { self.provider_post_send(wr_base, &mut bad) };
-        let posted = posted_count(rc, wr_base, bad, n);
-        for (i, r) in wrs.iter_mut().enumerate().take(posted) {
-            let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(
-                std::mem::take(&mut r.sg),
-                r.ud.take().and_then(Dest::into_ah),
-            );
-            st.store(table, tag, payload);
-        }
-        for i in (posted..n).rev() {
-            let tag = st.scratch.bufs().tags[i];
-            st.unreserve(table, tag);
-        }
-        (posted, crate::error::ret_errno("ibv_post_send", rc))
-    }
 }
 
 /// The SGE of inline data (the provider copies the bytes; no key).
-fn inline_sge(data: &[u8]) -> sys::ibv_sge {
+pub(super) fn inline_sge(data: &[u8]) -> sys::ibv_sge {
     sys::ibv_sge {
         addr: data.as_ptr() as u64,
         length: data.len() as u32,

@@ -1,8 +1,8 @@
 //! The extended posting API: `ibv_wr_start` … `ibv_wr_complete`.
 //!
-//! The same [`SendRequest`]s, the same checks and the same in-flight
-//! bookkeeping as [`QueuePair::post_send`]; only the way the request reaches
-//! the provider differs. Every `ibv_wr_*` builder is a function pointer in
+//! The same requests, the same checks and the same in-flight slots as
+//! the classic path of [`SendQueue`](crate::SendQueue); only the way the
+//! request reaches the provider differs. Every `ibv_wr_*` builder is a function pointer in
 //! `struct ibv_qp_ex` that the provider fills only for the operations the QP
 //! was created with: this module calls each pointer only after checking it
 //! is set, and refuses the request by name otherwise (the C inline helpers
@@ -13,7 +13,7 @@ use ibverbs_sys as sys;
 use super::post::fill_sges;
 use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
-use crate::wq_table::Payload;
+use crate::inflight::Reserved;
 use crate::QueuePair;
 
 bitflags::bitflags! {
@@ -137,29 +137,35 @@ impl QueuePair {
     }
 
     /// Posts `wrs` in one `ibv_wr_start` … `ibv_wr_complete` region, all
-    /// or nothing: on success every request's buffers are in their slots,
-    /// on error `wrs` is unchanged. [`QueuePair::post_send`] of a queue
-    /// pair created with [`SendOps`] comes here.
-    pub(super) fn post_send_ex_slice(&self, wrs: &mut [SendRequest<'_>]) -> Result<()> {
+    /// or nothing, each under the `wr_id` of its (filled, published)
+    /// slot: the request's buffers are already there, and the SGEs come
+    /// from them. The caller holds the send queue's handle (the region is
+    /// the QP's posting critical section) and takes the slots back on
+    /// error.
+    pub(super) fn post_send_ex(
+        &self,
+        wrs: &[SendRequest<'_>],
+        slots: &[Reserved],
+        sges: &mut [sys::ibv_sge],
+        max_sge: usize,
+    ) -> Result<()> {
         let Some((qpx, ops)) = self.inner.qpx else {
             return Err(Error::Unsupported(
                 "the ibv_wr_* path on a queue pair created without send_ops",
             ));
         };
-        if wrs.is_empty() {
-            return Ok(());
-        }
         let qpx = qpx.as_ptr();
-        for r in wrs.iter() {
-            self.check_send(r, true)?;
+        for (r, s) in wrs.iter().zip(slots) {
+            // SAFETY: filled by the caller, not yet seen by the device.
+            let sg = unsafe { s.sg() };
             if r.inline.is_none()
                 && r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0
-                && r.sg.len() > 1
+                && sg.len() > 1
             {
                 // Inlined buffers go through ibv_wr_set_inline_data: one
                 // per request (or use inline data).
                 return Err(Error::TooManySges {
-                    got: r.sg.len(),
+                    got: sg.len(),
                     max: 1,
                 });
             }
@@ -174,29 +180,14 @@ impl QueuePair {
         let start = op!(qpx, wr_start, "ibv_wr_start");
         let complete = op!(qpx, wr_complete, "ibv_wr_complete");
         let abort = op!(qpx, wr_abort, "ibv_wr_abort");
-        let table = &self.inner.send;
-        let mut st = table.lock();
-        self.check_sendable()?;
-        table.check_room(&st, wrs.len())?;
-        let n = wrs.len();
-        let sig_all = self.inner.sq_sig_all;
-        for (i, r) in wrs.iter().enumerate() {
-            let signaled = r.is_signaled() || sig_all;
-            let tag = st.reserve_as(table, r.wr_id, Payload::default(), signaled);
-            if r.dispatched {
-                st.dispatch(table, tag);
-            }
-            st.scratch.bufs().tags[i] = tag;
-        }
-        // SAFETY: live extended QP; the send lock (held) makes this the
-        // QP's only posting critical section (ibv_wr_post(3), CONCURRENCY).
+        // SAFETY: live extended QP; the caller's handle makes this the QP's
+        // only posting critical section (ibv_wr_post(3), CONCURRENCY).
         unsafe { start(qpx) };
-        let result = match self.build_ex(qpx, wrs, &mut st) {
+        match self.build_ex(qpx, wrs, slots, sges, max_sge) {
             Ok(()) => {
-                // The SGEs point into buffers owned by `wrs` (moved into the
-                // slots below before the lock is released); inline data and
-                // atomic-write values are copied by the builders. On failure
-                // ibv_wr_complete(3) aborts the whole region.
+                // The SGEs point into buffers the slots own; inline data
+                // and atomic-write values are copied by the builders. On
+                // failure ibv_wr_complete(3) aborts the whole region.
                 // SAFETY: inside the region opened above, buffers held.
                 let rc = unsafe { complete(qpx) };
                 crate::error::ret_errno("ibv_wr_complete", rc)
@@ -206,24 +197,7 @@ impl QueuePair {
                 unsafe { abort(qpx) };
                 Err(e)
             }
-        };
-        if let Err(e) = result {
-            // Nothing was posted: release the slots, newest first.
-            for i in (0..n).rev() {
-                let tag = st.scratch.bufs().tags[i];
-                st.unreserve(table, tag);
-            }
-            return Err(e);
         }
-        for (i, r) in wrs.iter_mut().enumerate() {
-            let tag = st.scratch.bufs().tags[i];
-            let payload = Payload::bufs(
-                std::mem::take(&mut r.sg),
-                r.ud.take().and_then(super::request::Dest::into_ah),
-            );
-            st.store(table, tag, payload);
-        }
-        Ok(())
     }
 
     /// Calls the builders of every request (inside an open region).
@@ -231,11 +205,11 @@ impl QueuePair {
         &self,
         qpx: *mut sys::ibv_qp_ex,
         wrs: &[SendRequest<'_>],
-        st: &mut crate::wq_table::TableState<super::post::SendScratch>,
+        slots: &[Reserved],
+        sges_all: &mut [sys::ibv_sge],
+        max_sge: usize,
     ) -> Result<()> {
-        let table = &self.inner.send;
-        let max_sge = st.scratch.bufs().max_sge;
-        for (i, r) in wrs.iter().enumerate() {
+        for (i, (r, s)) in wrs.iter().zip(slots).enumerate() {
             // ibv_wr_post(3) says inline setters need no IBV_SEND_INLINE,
             // but rxe (rdma-core 44) decides inline-ness from the flag alone
             // and fails an inline write without it; other providers ignore
@@ -250,7 +224,7 @@ impl QueuePair {
             // SAFETY: live extended QP inside an open region: `wr_id` and
             // `wr_flags` are the inputs of the next builder call.
             unsafe {
-                (*qpx).wr_id = table.encode(st.scratch.bufs().tags[i]);
+                (*qpx).wr_id = s.wr_id;
                 (*qpx).wr_flags = flags;
             }
             let imm = r.imm.map(u32::to_be).unwrap_or(0);
@@ -354,8 +328,9 @@ impl QueuePair {
                 // SAFETY: as above; the provider copies `data` now.
                 unsafe { f(qpx, data.as_ptr() as *mut _, data.len()) };
             } else {
-                let sges = &mut st.scratch.bufs().sges[i * max_sge..(i + 1) * max_sge];
-                let num = fill_sges(&r.sg, sges);
+                let sges = &mut sges_all[i * max_sge..(i + 1) * max_sge];
+                // SAFETY: filled by the caller, not yet seen by the device.
+                let num = fill_sges(unsafe { s.sg() }, sges);
                 if r.flags & sys::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && num == 1 {
                     // Inline the buffer's bytes (the request keeps the buffer).
                     let f = op!(qpx, wr_set_inline_data, "inline data");

@@ -1,14 +1,11 @@
-//! Work requests that own their buffers: what [`QueuePair::post_send`]
-//! and [`QueuePair::post_recv`] take, and the error that hands a refused
-//! request back.
+//! Work requests that own their buffers, for chains
+//! ([`SendQueue::post_chain`](crate::SendQueue::post_chain),
+//! [`RecvQueue::post_chain`](crate::RecvQueue::post_chain)) and prepared
+//! requests; single requests go through the handles' typed methods.
 
 use ibverbs_sys as sys;
 
-use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory};
-use crate::error::Error;
-use crate::wq_table::SgList;
-#[allow(unused_imports)] // doc links
-use crate::QueuePair;
+use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory, SgList};
 use crate::{AddressHandle, QpNumber};
 
 #[derive(Debug, Clone, Copy)]
@@ -165,19 +162,35 @@ impl Dest {
     }
 }
 
-/// Where a UD send goes.
+/// Where a UD send goes: an address handle, the remote queue pair's
+/// number and its Q_Key.
 #[derive(Debug, Clone)]
-pub(super) struct UdDest {
+pub struct UdDest {
     pub(super) ah: AddressHandle,
     pub(super) qpn: QpNumber,
     pub(super) qkey: u32,
 }
 
-/// A send-queue work request that owns its buffers.
+impl UdDest {
+    /// A destination (the handle is cloned: an `Arc`).
+    pub fn new(ah: &AddressHandle, qpn: QpNumber, qkey: u32) -> UdDest {
+        UdDest {
+            ah: ah.clone(),
+            qpn,
+            qkey,
+        }
+    }
+}
+
+/// A send-queue work request that owns its buffers: an element of a chain
+/// ([`SendQueue::post_chain`](crate::SendQueue::post_chain)) or a prepared
+/// request ([`SendQueue::prepare`](crate::SendQueue::prepare)). A single
+/// request goes through the handle's typed methods instead
+/// ([`SendQueue::write`](crate::SendQueue::write), …), which build none.
 ///
-/// Build it with one of the constructors, adjust with the setters, and post
-/// it with [`QueuePair::post_send`]. The buffers come back in the
-/// [`Completion`](crate::Completion). Requests are signaled by default.
+/// Build it with one of the constructors and adjust it with the setters.
+/// The buffers come back in the completion. Requests are signaled by
+/// default.
 ///
 /// # References
 /// `ibv_post_send(3)`
@@ -193,8 +206,9 @@ pub struct SendRequest<'a> {
     pub(super) invalidate: Option<u32>,
     /// The destination: a UD address, or an XRC SRQ number.
     pub(super) ud: Option<Dest>,
-    /// Posted by the async dispatcher (see `wq_table::Claimed::dispatched`).
-    pub(crate) dispatched: bool,
+    /// Who posts it: 0 the caller, others a runtime's mark (the async
+    /// dispatcher's), which no public API sets.
+    pub(crate) owner: u8,
 }
 
 impl<'a> SendRequest<'a> {
@@ -209,8 +223,14 @@ impl<'a> SendRequest<'a> {
             imm: None,
             invalidate: None,
             ud: None,
-            dispatched: false,
+            owner: 0,
         }
+    }
+
+    /// A request of `op` over `sg` (the typed methods' general path).
+    #[inline]
+    pub(super) fn of(op: Op, sg: SgList) -> Self {
+        Self::new(op, sg)
     }
 
     /// A send of `buf` (`IBV_WR_SEND`).
@@ -432,14 +452,19 @@ impl<'a> SendRequest<'a> {
 pub struct RecvRequest {
     pub(super) wr_id: u64,
     pub(super) sg: SgList,
-    /// Posted by the async dispatcher (see `wq_table::Claimed::dispatched`).
-    pub(crate) dispatched: bool,
+    /// Who posts it (see [`SendRequest`]'s field).
+    pub(crate) owner: u8,
 }
 
 impl RecvRequest {
+    /// Receive into a buffer already converted (the handle's general path).
     #[inline]
-    pub(crate) fn sg(&self) -> &SgList {
-        &self.sg
+    pub(super) fn new_buf(buf: Buf) -> Self {
+        RecvRequest {
+            wr_id: 0,
+            sg: SgList::One(buf),
+            owner: 0,
+        }
     }
 
     /// Receive into `buf`.
@@ -448,7 +473,7 @@ impl RecvRequest {
         RecvRequest {
             wr_id: 0,
             sg: SgList::One(buf.into()),
-            dispatched: false,
+            owner: 0,
         }
     }
     /// A receive without a buffer (`num_sge` 0): what an RDMA write with
@@ -464,7 +489,7 @@ impl RecvRequest {
         RecvRequest {
             wr_id: 0,
             sg: SgList::Empty,
-            dispatched: false,
+            owner: 0,
         }
     }
     /// Receive scattering over several buffers (none may be frozen).
@@ -472,7 +497,7 @@ impl RecvRequest {
         RecvRequest {
             wr_id: 0,
             sg: SgList::Many(bufs),
-            dispatched: false,
+            owner: 0,
         }
     }
     /// The id reported in the completion.
@@ -485,94 +510,5 @@ impl RecvRequest {
     #[inline]
     pub fn into_buffers(self) -> SgList {
         self.sg
-    }
-}
-
-/// A request the device did not take, handed back with the reason.
-///
-/// Its Display is the reason's, and its [`source`](std::error::Error::source)
-/// the reason's source: the cause is printed once. `?` turns it into an
-/// [`Error`] or an [`io::Error`](std::io::Error) (dropping the request,
-/// and with it its buffers), or, through the standard library's
-/// conversion, into a `Box<dyn std::error::Error + Send + Sync + 'a>` that
-/// keeps it. That box is `'static` (the plain `Box<dyn Error>`) only when
-/// the request is: a [`SendRequest<'a>`] that borrows inline bytes or an
-/// address handle cannot outlive them, so convert it into an [`Error`]
-/// first (`.map_err(ibverbs::Error::from)?`) or return
-/// [`ibverbs::Result`](crate::Result).
-#[derive(Debug)]
-pub struct PostError<R> {
-    /// Why.
-    pub error: Error,
-    /// The request, buffers included.
-    pub request: R,
-}
-
-impl<R> std::fmt::Display for PostError<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.error, f)
-    }
-}
-
-impl<R: std::fmt::Debug> std::error::Error for PostError<R> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.error)
-    }
-}
-
-impl<R> From<PostError<R>> for Error {
-    fn from(e: PostError<R>) -> Error {
-        e.error
-    }
-}
-
-impl<R> From<PostError<R>> for std::io::Error {
-    /// As `From<Error> for io::Error`; the request (and its buffers) is
-    /// dropped.
-    fn from(e: PostError<R>) -> std::io::Error {
-        e.error.into()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::queue_pair::{post_recv_common, RecvScratch};
-    use crate::wq_table::{Mode, WqTable};
-
-    /// An empty receive reaches the provider with no SGE at all (rxe takes
-    /// a zero-length SGE too, so only this test tells), alone and in a
-    /// chain, and takes its slot like any other.
-    #[test]
-    fn an_empty_receive_is_posted_with_num_sge_0() {
-        let table = WqTable::new(Mode::Ring, 4, "receive queue", RecvScratch::new(4, 2));
-        for n in [1usize, 3] {
-            let mut wrs: Vec<_> = (0..n as u64)
-                .map(|i| RecvRequest::empty().wr_id(i))
-                .collect();
-            let mut seen = Vec::new();
-            let (posted, r) = post_recv_common(
-                &table,
-                &mut wrs,
-                || Ok(()),
-                |mut wr, _bad| {
-                    while !wr.is_null() {
-                        // SAFETY: the chain post_recv_common built, alive
-                        // for the call.
-                        let w = unsafe { &*wr };
-                        seen.push((WqTable::<RecvScratch>::decode(w.wr_id).is_some(), w.num_sge));
-                        wr = w.next;
-                    }
-                    0
-                },
-            );
-            r.unwrap();
-            assert_eq!(posted, n);
-            assert_eq!(seen, vec![(true, 0); n], "{n} request(s)");
-            assert!(matches!(wrs[0].sg(), SgList::Empty));
-            let mut st = table.lock();
-            assert_eq!(st.outstanding(Mode::Ring, 4), n as u32);
-            drop(st.take_all(&table).0);
-        }
     }
 }

@@ -178,5 +178,5 @@ fn tables_and_streams_cross_threads() {
     sync::<RequestTable<Vec<u8>>>();
     send::<SendStream>();
     sync::<SendStream>();
-    send::<TablePostError<SendRequest<'static>, u32>>();
+    send::<TableRefused<u32>>();
 }
