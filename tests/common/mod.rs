@@ -63,7 +63,8 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalPort,
-    ProtectionDomain, QpType, QueuePair, QueuePairBuilder,
+    ProtectionDomain, QpType, QueuePair, QueuePairBuilder, RecvRequest, Refused, SendRequest,
+    SgList, SharedReceiveQueue,
 };
 
 /// Two queue pairs of one device connected to each other (traffic takes
@@ -201,7 +202,7 @@ pub fn srq_with_limit(dev: &TestDevice) -> SrqWithLimit {
     connect_pair(dev, &sender, &receiver, AccessFlags::LOCAL_WRITE);
     for _ in 0..8 {
         let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
-        srq.post_recv(ibverbs::RecvRequest::new(buf)).unwrap();
+        srq.recv_queue().unwrap().recv(buf, 0).unwrap();
     }
     srq.arm_limit(4).unwrap();
     SrqWithLimit {
@@ -263,7 +264,12 @@ pub fn wait_ok(cq: &CompletionQueue) -> Completion {
 pub fn assert_quiet(cq: &CompletionQueue) {
     std::thread::sleep(Duration::from_millis(50));
     let mut batch = Completions::with_capacity(4);
-    assert_eq!(cq.poll(&mut batch).unwrap(), 0, "unexpected: {batch:?}");
+    let got: Vec<Completion> = cq
+        .poll(&mut batch)
+        .unwrap()
+        .map(ibverbs::CompletionRef::into_owned)
+        .collect();
+    assert!(got.is_empty(), "unexpected: {got:?}");
 }
 
 /// A deterministic test pattern.
@@ -380,4 +386,62 @@ pub fn device_ipv4(dev: &TestDevice) -> std::net::Ipv4Addr {
                 dev.ctx.name()
             )
         })
+}
+
+/// Posts one send-queue request through a handle of `qp` taken for it
+/// (`post_chain` of one): the refused request's buffers come back.
+pub fn post_send(qp: &QueuePair, r: SendRequest<'_>) -> Result<(), Refused<SgList>> {
+    let mut sq = match qp.send_queue() {
+        Ok(sq) => sq,
+        Err(error) => {
+            return Err(Refused {
+                error,
+                buf: r.into_buffers(),
+            })
+        }
+    };
+    let mut one = vec![r];
+    sq.post_chain(&mut one).map_err(|error| Refused {
+        error,
+        buf: one.pop().map(SendRequest::into_buffers).unwrap_or_default(),
+    })
+}
+
+/// Posts one receive through a handle of `qp`'s receive queue taken for
+/// it: the refused request's buffers come back.
+pub fn post_recv(qp: &QueuePair, r: RecvRequest) -> Result<(), Refused<SgList>> {
+    match qp.recv_queue() {
+        Ok(mut rq) => post_recv_on(&mut rq, r),
+        Err(error) => Err(Refused {
+            error,
+            buf: r.into_buffers(),
+        }),
+    }
+}
+
+/// Posts one receive to `srq` through a handle taken for it.
+pub fn post_srq(srq: &SharedReceiveQueue, r: RecvRequest) -> Result<(), Refused<SgList>> {
+    match srq.recv_queue() {
+        Ok(mut rq) => post_recv_on(&mut rq, r),
+        Err(error) => Err(Refused {
+            error,
+            buf: r.into_buffers(),
+        }),
+    }
+}
+
+fn post_recv_on(rq: &mut ibverbs::RecvQueue, r: RecvRequest) -> Result<(), Refused<SgList>> {
+    let mut one = vec![r];
+    rq.post_chain(&mut one).map_err(|error| Refused {
+        error,
+        buf: one.pop().map(RecvRequest::into_buffers).unwrap_or_default(),
+    })
+}
+
+/// Polls `cq` once into `batch` and keeps what came, owned.
+pub fn poll_owned(cq: &CompletionQueue, batch: &mut Completions) -> Vec<Completion> {
+    cq.poll(batch)
+        .unwrap()
+        .map(ibverbs::CompletionRef::into_owned)
+        .collect()
 }

@@ -221,9 +221,7 @@ impl Players {
     fn recv(&self, side: &Side, size: usize, wr_id: u64) {
         let extra = if self.qp_type == QpType::Ud { GRH } else { 0 };
         let buf = self.buf(&vec![0xEE; extra + size]);
-        side.qp
-            .post_recv(RecvRequest::new(buf).wr_id(wr_id))
-            .unwrap();
+        super::post_recv(&side.qp, RecvRequest::new(buf).wr_id(wr_id)).unwrap();
     }
 
     /// pyverbs' `traffic()`: a receive posted on each side; then `iters`
@@ -255,7 +253,7 @@ impl Players {
                     Some(ah) => req.ud(ah, to.qp.qp_num(), UD_QKEY),
                     None => req,
                 };
-                from.qp.post_send(req.wr_id(100 + i as u64)).unwrap();
+                super::post_send(&from.qp, req.wr_id(100 + i as u64)).unwrap();
                 let mut s = self.next_ok(&from.cq);
                 let want = match via {
                     Via::WriteImm(_) => WcOpcode::RdmaWrite,
@@ -326,14 +324,12 @@ impl Players {
                 let wr_id = 200 + i as u64;
                 match op {
                     Rdma::Write => {
-                        from.qp
-                            .post_send(SendRequest::write(self.buf(&payload), remote).wr_id(wr_id))
-                            .unwrap();
+                        let req = SendRequest::write(self.buf(&payload), remote).wr_id(wr_id);
+                        super::post_send(&from.qp, req).unwrap();
                     }
                     Rdma::Read => {
                         let dst = self.buf(&vec![0xEE; size]);
-                        from.qp
-                            .post_send(SendRequest::read(dst, remote).wr_id(wr_id))
+                        super::post_send(&from.qp, SendRequest::read(dst, remote).wr_id(wr_id))
                             .unwrap();
                     }
                 }
@@ -410,7 +406,7 @@ impl Players {
                         arg,
                     ),
                 };
-                from.qp.post_send(req.wr_id(wr_id)).unwrap();
+                super::post_send(&from.qp, req.wr_id(wr_id)).unwrap();
                 let mut c = self.next_ok(&from.cq);
                 assert_eq!((c.wr_id(), c.opcode()), (wr_id, want), "{op:?} {i}");
                 if op != Atomic::Write {
