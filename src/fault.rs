@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use ibverbs::{
     AccessFlags, AsyncEventType, ConnectOptions, Context, Endpoint, Gid, GidIndex, LocalPort,
-    PortNumber, QpNumber, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory, SendRequest,
+    PortNumber, QpNumber, QpType, QueuePair, RemoteKey, RemoteMemory, Wr,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -388,12 +388,13 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         deadline: 30,
     };
     connect_qp(&s, &c, &qp, &me, &me).map_err(|e| e.to_string())?;
+    let mut rq = qp.recv_queue().map_err(|e| e.to_string())?;
+    let mut sq = qp.send_queue().map_err(|e| e.to_string())?;
     for _ in 0..n {
         let b = pd
             .alloc(16, AccessFlags::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
-        qp.post_recv(RecvRequest::new(b))
-            .map_err(|e| e.error.to_string())?;
+        rq.recv(b, 0).map_err(|e| e.error.to_string())?;
         st.posted += 1;
     }
     s.ctx
@@ -401,7 +402,7 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         .map_err(|e| e.to_string())?;
     for i in 0..n as u64 {
         // The receive CQ (capacity `cap`) is never polled: it overflows.
-        let _ = qp.post_send(SendRequest::send_inline(&i.to_le_bytes()).signaled(true));
+        let _ = sq.send_inline(&i.to_le_bytes(), Wr::id(0));
         st.msgs += 1;
     }
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -7,11 +7,14 @@
 //! validation options' checks ([`integrity`]). Each program in `examples/` is a thin `main` over it;
 //! the device tests in `tests/` and the fuzz targets use it too.
 
+pub mod done;
 pub mod fault;
 pub mod integrity;
 pub mod perf;
 pub mod pingpong;
 pub mod soak;
+
+pub use done::Done;
 
 use std::os::fd::RawFd;
 

@@ -13,9 +13,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, ConnectOptions,
-    Context, DeviceAttr, Endpoint, GidIndex, LocalPort, Mtu, PortAttr, PortNumber,
-    ProtectionDomain, QpType, QueuePair, RemoteMemory, SgList, WorkCompletion,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, ConnectOptions, Context,
+    DeviceAttr, Endpoint, GidIndex, LocalPort, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
+    QueuePair, RemoteMemory, SgList, WorkCompletion,
 };
 
 use args::Config;
@@ -106,14 +106,14 @@ pub struct Waiter {
 
 impl Waiter {
     /// Polls without waiting.
-    pub fn poll(&mut self, done: &mut Completions) -> Result<usize> {
-        Ok(self.cq.poll(done)?)
+    pub fn poll(&mut self, done: &mut crate::Done) -> Result<usize> {
+        Ok(done.poll(&self.cq)?)
     }
 
     /// Waits for the next completion: busy polling takes it with
     /// `poll_one`; sleeping goes through `done`, which may keep further
     /// completions for the next call.
-    pub fn wait_one(&mut self, done: &mut Completions, what: &str) -> Result<Completion> {
+    pub fn wait_one(&mut self, done: &mut crate::Done, what: &str) -> Result<Completion> {
         if self.channel.is_none() {
             return wait_one(&self.cq, self.timeout, what);
         }
@@ -130,7 +130,7 @@ impl Waiter {
     #[inline]
     pub fn wait_wc(
         &mut self,
-        done: &mut Completions,
+        done: &mut crate::Done,
         wc: &mut WorkCompletion,
         what: &str,
     ) -> Result<SgList> {
@@ -145,7 +145,7 @@ impl Waiter {
 
     /// Polls until at least one completion arrived; an error after the
     /// timeout. `what` names the awaited event in the error.
-    pub fn wait(&mut self, done: &mut Completions, what: &str) -> Result<usize> {
+    pub fn wait(&mut self, done: &mut crate::Done, what: &str) -> Result<usize> {
         let Waiter {
             cq,
             channel,
@@ -170,13 +170,13 @@ fn timed_out(timeout: Duration, what: &str) -> Error {
 fn wait_busy(
     cq: &CompletionQueue,
     timeout: Duration,
-    done: &mut Completions,
+    done: &mut crate::Done,
     what: &str,
 ) -> Result<usize> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
     loop {
-        let n = cq.poll(done)?;
+        let n = done.poll(cq)?;
         if n > 0 {
             return Ok(n);
         }
@@ -255,13 +255,13 @@ fn wait_event(
     ch: &CompletionChannel,
     armed: &mut bool,
     timeout: Duration,
-    done: &mut Completions,
+    done: &mut crate::Done,
     what: &str,
 ) -> Result<usize> {
     use std::os::fd::AsRawFd;
     let deadline = Instant::now() + timeout;
     loop {
-        let n = cq.poll(done)?;
+        let n = done.poll(cq)?;
         if n > 0 {
             return Ok(n);
         }
@@ -624,7 +624,7 @@ pub fn serve_passive(cfg: &Config, peer: &mut net::Peer, table: Table) -> Result
 /// the local buffer it carried.
 pub fn wait_local(
     waiter: &mut Waiter,
-    done: &mut Completions,
+    done: &mut crate::Done,
     what: &str,
 ) -> Result<ibverbs::LocalBuffer> {
     let mut c = waiter.wait_one(done, what)?;
@@ -658,14 +658,14 @@ pub fn split_pool(
 /// [`split_pool`]) and posts them all with `wr_id`. The QP must be
 /// connected (receives cannot be posted in RESET).
 pub fn post_recv_pool(
-    qp: &QueuePair,
+    rq: &mut ibverbs::RecvQueue,
     region: ibverbs::LocalBuffer,
     count: u32,
     size: u64,
     wr_id: u64,
 ) -> Result<()> {
     for piece in split_pool(region, count, size) {
-        qp.post_recv(ibverbs::RecvRequest::new(piece).wr_id(wr_id))
+        rq.recv(piece, wr_id)
             .map_err(|e| format!("posting a receive: {}", e.error))?;
     }
     Ok(())

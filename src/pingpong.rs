@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
     ConnectOptions, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortAttr,
-    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvRequest, SendRequest,
-    WorkCompletion,
+    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvQueue, RecvRequest,
+    SendQueue, SendRequest, WorkCompletion,
 };
 
 use check::Checker;
@@ -386,6 +386,8 @@ struct Setup {
     qps: Vec<QueuePair>,
     /// One prepared receive per buffer, posted (the loop takes them).
     recvs: Vec<PreparedRecv>,
+    /// The receive queue they post to (the SRQ's, or the QP's).
+    rq: Option<RecvQueue>,
     /// Without `-c`: the one send buffer every QP's send shares.
     send_buf: Option<FrozenBuffer>,
     /// With `-c`: one send buffer per QP, rewritten before each send.
@@ -574,21 +576,23 @@ fn open(cfg: &Config) -> Res<Setup> {
 
     // One prepared receive per buffer, re-posted as its messages are
     // consumed: a completion is claimed without the receive queue's table.
+    let mut rq = match &srq {
+        Some(srq) => srq.recv_queue(),
+        None => qps[0].recv_queue(),
+    }
+    .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
     let mut recvs: Vec<PreparedRecv> = Vec::with_capacity(recv_bufs);
     for i in 0..recv_bufs {
         let (buf, rest) = recv_area.split_at(recv_len);
         recv_area = rest;
         let wr = RecvRequest::new(buf).wr_id(recv_wr_id(i));
-        let recv = match &srq {
-            Some(srq) => srq.prepare_recv(wr),
-            None => qps[0].prepare_recv(wr),
-        }
-        .map_err(|e| Failure(format!("Couldn't post receive: {}", e.error)))?;
+        let recv = rq
+            .prepare(wr)
+            .map_err(|e| Failure(format!("Couldn't post receive: {}", e.error)))?;
         recvs.push(recv);
     }
     for i in 0..c.rx_depth as usize {
-        recvs[i % recv_bufs]
-            .post()
+        rq.post_prepared(&mut recvs[i % recv_bufs])
             .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
     }
     if c.events {
@@ -631,6 +635,7 @@ fn open(cfg: &Config) -> Res<Setup> {
         cq,
         qps,
         recvs,
+        rq: Some(rq),
         send_buf,
         chk_send,
         inline,
@@ -815,11 +820,18 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
             if let Some(ud) = &ud_dest {
                 wr = wr.ud(&ud.ah, ud.qpn, QKEY);
             }
-            qp.prepare_send(wr)
-                .map_err(|e| Failure(format!("Couldn't prepare the send: {}", e.error)))
+            let mut sq = qp
+                .send_queue()
+                .map_err(|e| Failure(format!("Couldn't prepare the send: {e}")))?;
+            let send = sq
+                .prepare(wr)
+                .map_err(|e| Failure(format!("Couldn't prepare the send: {}", e.error)))?;
+            Ok((sq, send))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, Failure>>()?;
+    let (sqs, sends): (Vec<SendQueue>, Vec<PreparedSend>) = sends.into_iter().unzip();
     let recvs = std::mem::take(&mut setup.recvs);
+    let rq = setup.rq.take().ok_or("no receive queue")?;
     let batch = if cfg.transport == Transport::Srq {
         c.rx_depth as usize + cfg.num_qp as usize
     } else {
@@ -827,7 +839,9 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
     };
     let mut pp = PingPong {
         setup: &setup,
+        sqs,
         sends,
+        rq,
         recvs,
         iters: c.iters,
         qpns: setup.qps.iter().map(|q| q.qp_num().0).collect(),
@@ -835,7 +849,6 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
         sent: 0,
         received: 0,
         batch,
-        done: Completions::with_capacity(batch),
         chk: if c.chk {
             Some(Checker::new(
                 prog,
@@ -879,15 +892,16 @@ fn run(prog: &str, cfg: &Config) -> Res<()> {
 /// The ping-pong loop's state.
 struct PingPong<'a> {
     setup: &'a Setup,
-    /// Per QP: its send, prepared once.
+    /// Per QP: its send queue's handle and its send, prepared once.
+    sqs: Vec<SendQueue>,
     sends: Vec<PreparedSend>,
-    /// Per receive buffer: its receive, prepared once (`wr_id` >> 8 is the
-    /// index).
+    /// The receive queue's handle, and per receive buffer its receive,
+    /// prepared once (`wr_id` >> 8 is the index).
+    rq: RecvQueue,
     recvs: Vec<PreparedRecv>,
     iters: u32,
-    /// Completions polled at a time (as the C tools), and their storage.
+    /// Completions polled at a time (as the C tools).
     batch: usize,
-    done: Completions,
     qpns: Vec<u32>,
     /// Per QP: what must complete before its next send (RECV_WRID | SEND_WRID).
     pending: Vec<u64>,
@@ -917,6 +931,7 @@ impl PingPong<'_> {
                 self.pending[i] = RECV_WRID | SEND_WRID;
             }
         }
+        let mut done = Completions::with_capacity(self.batch);
         let start = Instant::now();
         while self.received < self.iters || self.sent < self.iters {
             if let Some(ch) = &s.channel {
@@ -931,8 +946,9 @@ impl PingPong<'_> {
             loop {
                 // One poll of up to a batch, as the C tools (a prepared
                 // request's completion carries no buffers).
-                let n = s.cq.poll(&mut self.done).ctx("poll CQ failed")?;
-                while let Some(c) = self.done.pop() {
+                let polled = s.cq.poll(&mut done).ctx("poll CQ failed")?;
+                let n = polled.len();
+                for c in polled {
                     self.complete(&c)?;
                 }
                 // Polling mode: back to the loop condition. Event mode:
@@ -1026,8 +1042,8 @@ impl PingPong<'_> {
     /// C tools' refill).
     fn refill_receives(&mut self) -> Res<()> {
         for &i in &self.free {
-            self.recvs[i]
-                .post()
+            self.rq
+                .post_prepared(&mut self.recvs[i])
                 .map_err(|e| Failure(format!("Couldn't post receive: {e}")))?;
             self.routs += 1;
         }
@@ -1042,8 +1058,8 @@ impl PingPong<'_> {
                 .ok_or("-c: the send buffer is still posted")?;
             k.write(i, buf);
         }
-        self.sends[i]
-            .post()
+        self.sqs[i]
+            .post_prepared(&mut self.sends[i])
             .map_err(|e| Failure(format!("Couldn't post send: {e}")))
     }
 }

@@ -242,8 +242,8 @@ pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
-    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, PreparedRecv, PreparedSend, QpAttr,
-    QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder, RecvQueue,
+    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend,
+    QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder, RecvQueue,
     RecvRequest, Refused, SendOp, SendOps, SendOption, SendQueue, SendRequest, UdDest, Wr,
 };
 #[cfg(ibverbs_flush)]

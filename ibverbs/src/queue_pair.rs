@@ -45,7 +45,7 @@ pub use prepared::{PreparedRecv, PreparedSend};
 pub use recv_queue::RecvQueue;
 pub use request::{RecvRequest, SendOp, SendOption, SendRequest, UdDest};
 pub(crate) use send_queue::no_room as no_room_of;
-pub use send_queue::{Refused, SendQueue, Wr};
+pub use send_queue::{Posted, Refused, SendQueue, Wr};
 pub(crate) use transition::mask_names;
 
 device_enum! {

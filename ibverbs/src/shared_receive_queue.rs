@@ -352,6 +352,49 @@ impl SharedReceiveQueue {
     }
 }
 
+impl ProtectionDomain {
+    /// Starts building a shared receive queue with room for `max_wr`
+    /// receive requests: options are the builder's setters, and
+    /// [`build`](SharedReceiveQueueBuilder::build) creates it.
+    ///
+    /// # References
+    /// `ibv_create_srq(3)`
+    pub fn create_srq(&self, max_wr: u32) -> SharedReceiveQueueBuilder<'_> {
+        SharedReceiveQueueBuilder {
+            pd: self,
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+            xrc: None,
+        }
+    }
+}
+
+impl XrcDomain {
+    /// Starts building an XRC shared receive queue in this domain
+    /// (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): receives posted to it
+    /// serve every XRC receive queue pair of the domain, and their
+    /// completions go to `cq`. Posting, prepared receives, limits and
+    /// teardown are those of every [`SharedReceiveQueue`] (DESIGN.md,
+    /// "On-demand paging, XRC, re-registration").
+    ///
+    /// # References
+    /// `ibv_create_srq_ex(3)`, `ibv_get_srq_num(3)`
+    #[doc(alias = "ibv_create_srq_ex")]
+    #[doc(alias = "IBV_SRQT_XRC")]
+    pub fn create_srq<'a>(
+        &'a self,
+        pd: &'a ProtectionDomain,
+        cq: &'a CompletionQueue,
+        max_wr: u32,
+    ) -> SharedReceiveQueueBuilder<'a> {
+        SharedReceiveQueueBuilder {
+            xrc: Some((self, cq)),
+            ..pd.create_srq(max_wr)
+        }
+    }
+}
+
 impl std::fmt::Debug for SharedReceiveQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedReceiveQueue")

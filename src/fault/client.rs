@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Buf, Completions, Endpoint, QpType, SendRequest, SgList};
+use ibverbs::{AccessFlags, Buf, Completions, Endpoint, QpType, Wr};
 
 use super::message::{check, fill};
 use super::{
@@ -80,6 +80,7 @@ pub fn client(
     connect_qp(&s, &c, &qp, &me, &server.ep).map_err(|e| e.to_string())?;
     // The harness times its faults from this line.
     eprintln!("fault_peer client: connected");
+    let mut sq = qp.send_queue().map_err(|e| e.to_string())?;
     st.start = Instant::now();
     let (mut pool, _) = pd
         .alloc(msg_size * window, AccessFlags::LOCAL_WRITE)
@@ -126,31 +127,32 @@ pub fn client(
             if result || op == Op::Atomic {
                 buf.copy_from_slice(&POISON.to_ne_bytes());
             }
-            let wr = match op {
+            let o = Wr::id(next);
+            let posted = match op {
                 _ if result => {
                     let counter = server
                         .mem
                         .slice(msgs * msg_size as u64, 8)
                         .ok_or("server region too small")?;
-                    SendRequest::fetch_and_add(buf, counter, next / 2 + 1)
+                    sq.fetch_and_add(buf, counter, next / 2 + 1, o)
                 }
                 Op::Send => {
                     fill(&mut buf, next);
-                    SendRequest::send(buf)
+                    sq.send(buf, o)
                 }
-                Op::Mixed => SendRequest::read(buf, slot(next / 2)?),
+                Op::Mixed => sq.read(buf, slot(next / 2)?, o),
                 Op::MixedWrite => {
                     fill(&mut buf, next / 2);
-                    SendRequest::write(buf, slot(next / 2)?)
+                    sq.write(buf, slot(next / 2)?, o)
                 }
                 Op::Write => {
                     fill(&mut buf, next);
-                    SendRequest::write(buf, slot(next)?).imm(next as u32)
+                    sq.write(buf, slot(next)?, o.imm(next as u32))
                 }
-                Op::Read => SendRequest::read(buf, slot(next)?),
-                Op::Atomic => SendRequest::fetch_and_add(buf, server.mem, next.wrapping_add(1)),
+                Op::Read => sq.read(buf, slot(next)?, o),
+                Op::Atomic => sq.fetch_and_add(buf, server.mem, next.wrapping_add(1), o),
             };
-            match qp.post_send(wr.wr_id(next)) {
+            match posted {
                 Ok(()) => {
                     next += 1;
                     outstanding += 1;
@@ -158,7 +160,7 @@ pub fn client(
                 }
                 Err(e) => {
                     st.fail(format!("post:{}", e.error).replace(' ', "_"));
-                    if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
+                    if let Buf::Local(b) = e.buf {
                         from.push(b);
                     }
                 }
@@ -203,8 +205,7 @@ pub fn client(
                 }
             }
         }
-        cq.poll(&mut batch).map_err(|e| e.to_string())?;
-        for mut comp in batch.drain() {
+        for mut comp in cq.poll(&mut batch).map_err(|e| e.to_string())? {
             last_progress = Instant::now();
             outstanding -= 1;
             st.returned += 1;

@@ -5,9 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
-    AccessFlags, Completions, Endpoint, LocalBuffer, QpType, QueuePair, RecvRequest, SharedBuffer,
-};
+use ibverbs::{AccessFlags, Completions, Endpoint, LocalBuffer, QpType, RecvQueue, SharedBuffer};
 
 use super::message::{check, fill};
 use super::{
@@ -149,17 +147,17 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             .map_err(|e| e.to_string())?
             .chunks_exact(recv_len);
     }
-    let post = |qp: &QueuePair, buf: Option<LocalBuffer>| -> Result<(), String> {
-        let wr = match buf {
-            Some(b) => RecvRequest::new(b),
-            None => RecvRequest::empty(),
-        };
-        qp.post_recv(wr).map_err(|e| e.error.to_string())
+    let mut rq = qp.recv_queue().map_err(|e| e.to_string())?;
+    let post = |rq: &mut RecvQueue, buf: Option<LocalBuffer>| -> Result<(), String> {
+        match buf {
+            Some(b) => rq.recv(b, 0).map_err(|e| e.error.to_string()),
+            None => rq.recv_empty(0).map_err(|e| e.to_string()),
+        }
     };
     let initial = RX_DEPTH.min(msgs as usize) as u64;
-    let post_initial = |pool: &mut Vec<LocalBuffer>, st: &mut Stats| {
+    let post_initial = |rq: &mut RecvQueue, pool: &mut Vec<LocalBuffer>, st: &mut Stats| {
         for _ in 0..initial {
-            post(&qp, pool.pop())?;
+            post(rq, pool.pop())?;
             st.posted += 1;
         }
         Ok::<(), String>(())
@@ -170,7 +168,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     // purpose (--recv-delay-ms), after the hello.
     let one_sided = matches!(op, Op::Read | Op::Atomic | Op::Mixed | Op::MixedWrite);
     if !one_sided && recv_delay_ms == 0 {
-        post_initial(&mut pool, &mut st)?;
+        post_initial(&mut rq, &mut pool, &mut st)?;
     }
     // The harness times its faults from this line.
     eprintln!("fault_peer server: connected");
@@ -199,7 +197,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
     }
     if recv_delay_ms > 0 {
         std::thread::sleep(Duration::from_millis(recv_delay_ms));
-        post_initial(&mut pool, &mut st)?;
+        post_initial(&mut rq, &mut pool, &mut st)?;
     }
     let mut outstanding = initial;
     let mut batch = Completions::with_capacity(32);
@@ -242,8 +240,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
                 let _ = qp.to_err();
             }
         }
-        cq.poll(&mut batch).map_err(|e| e.to_string())?;
-        for mut comp in batch.drain() {
+        for mut comp in cq.poll(&mut batch).map_err(|e| e.to_string())? {
             outstanding -= 1;
             st.returned += 1;
             let buf = comp.take_local();
@@ -280,7 +277,7 @@ pub fn server(c: Common, recv_delay_ms: u64) -> Result<Stats, String> {
             st.msgs += 1;
             st.bytes += msg_size as u64;
             if next_post < msgs && st.status == "ok" {
-                post(&qp, buf)?;
+                post(&mut rq, buf)?;
                 outstanding += 1;
                 next_post += 1;
                 st.posted += 1;

@@ -8,7 +8,9 @@
 
 use std::time::Instant;
 
-use ibverbs::{Completion, Completions, QueuePair, SendRequest};
+use ibverbs::{Completion, SendQueue, SendRequest};
+
+use crate::Done;
 
 use super::{ns_since, stats, Result, Waiter};
 
@@ -66,11 +68,11 @@ impl Timing {
     }
 }
 
-/// Streams `p.n` requests from `src` through `qp`, waiting on `waiter`.
+/// Streams `p.n` requests from `src` through `sq`, waiting on `waiter`.
 pub fn run<'a, S: Source<'a>>(
-    qp: &QueuePair,
+    sq: &mut SendQueue,
     waiter: &mut Waiter,
-    done: &mut Completions,
+    done: &mut Done,
     p: Params,
     src: &mut S,
     t: &mut Timing,
@@ -93,7 +95,7 @@ pub fn run<'a, S: Source<'a>>(
                 list.push(src.request(idx)?.wr_id(idx).signaled(signaled));
             }
             let ts = ns_since(t.base);
-            if let Err(e) = qp.post_send(&mut list) {
+            if let Err(e) = sq.post_chain(&mut list) {
                 list.clear();
                 return Err(format!("posting request {posted}: {e}").into());
             }

@@ -274,13 +274,18 @@ fn session(
             .collect();
         println!("QPS session={id} {}", qpns.join(" "));
         let mut i = 0;
-        for (_, qps, _) in &workers {
-            for (_, qp) in qps {
-                connect_qp(s, &a.c, qp, &mine[i], &theirs[i]).map_err(e)?;
+        let mut ready = Vec::with_capacity(workers.len());
+        for (cq, qps, pool) in workers {
+            let mut with_sq = Vec::with_capacity(qps.len());
+            for (q, qp) in qps {
+                connect_qp(s, &a.c, &qp, &mine[i], &theirs[i]).map_err(e)?;
+                let sq = qp.send_queue().map_err(e)?;
+                with_sq.push((q, qp, sq));
                 i += 1;
             }
+            ready.push((cq, with_sq, pool));
         }
-        Ok((pd, workers, regions))
+        Ok((pd, ready, regions))
     })();
     let (pd, workers, regions) = match setup {
         Ok(x) => x,
@@ -303,7 +308,7 @@ fn session(
                     cq,
                     qps: qps
                         .into_iter()
-                        .map(|(q, qp)| QpState::new(q, qp, &regions, slots(a.window)))
+                        .map(|(q, qp, sq)| QpState::new(q, qp, sq, &regions, slots(a.window)))
                         .collect(),
                     pool,
                     regions,

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Completions, Endpoint, QpType, RecvRequest, WcOpcode};
+use ibverbs::{AccessFlags, Completions, Endpoint, QpType, WcOpcode};
 
 use super::model::{ledger_line, parse_end, ServerQp};
 use super::pattern::{check, fill, mix, seed};
@@ -143,9 +143,9 @@ fn session(
         .alloc(SRQ_DEPTH * max, AccessFlags::LOCAL_WRITE)
         .map_err(err)?
         .chunks_exact(max);
+    let mut rq = srq.recv_queue().map_err(err)?;
     for b in bufs {
-        srq.post_recv(RecvRequest::new(b))
-            .map_err(|e| fail(e.error.to_string()))?;
+        rq.recv(b, 0).map_err(|e| fail(e.error.to_string()))?;
     }
     let mut reply: String = mine.iter().map(ep_line).collect();
     reply.push_str(&regions_line(&regions));
@@ -168,10 +168,11 @@ fn session(
     });
     let mut end: Option<(Result<String, String>, Instant)> = None;
     let outcome = loop {
-        cq.poll(&mut batch)
+        let polled = cq
+            .poll(&mut batch)
             .map_err(|e| (id, Totals::default(), e.to_string()))?;
-        let idle = batch.is_empty();
-        for mut comp in batch.drain() {
+        let idle = polled.len() == 0;
+        for mut comp in polled {
             let buf = comp.take_local();
             let Some(&q) = index.get(&comp.qp_num()) else {
                 continue;
@@ -221,7 +222,7 @@ fn session(
             st.received += 1;
             st.bytes += len as u64;
             if let Some(b) = buf {
-                srq.post_recv(RecvRequest::new(b))
+                rq.recv(b, 0)
                     .map_err(|e| (id, Totals::default(), e.error.to_string()))?;
             }
         }

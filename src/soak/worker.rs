@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    Buf, Completions, LocalBuffer, QueuePair, RemoteMemory, SendRequest, SgList, WcStatus,
+    Buf, Completions, LocalBuffer, Posted, QueuePair, RemoteMemory, SendQueue, WcStatus, Wr,
 };
 
 use super::client::{merge, Totals, FAILED, RUN, TIME_UP};
@@ -45,6 +45,7 @@ struct Pending {
 pub(super) struct QpState {
     q: usize,
     qp: QueuePair,
+    sq: SendQueue,
     pending: VecDeque<Pending>,
     free_slots: Vec<usize>,
     counter: Counter,
@@ -56,10 +57,17 @@ pub(super) struct QpState {
 }
 
 impl QpState {
-    pub(super) fn new(q: usize, qp: QueuePair, r: &Regions, slots: usize) -> QpState {
+    pub(super) fn new(
+        q: usize,
+        qp: QueuePair,
+        sq: SendQueue,
+        r: &Regions,
+        slots: usize,
+    ) -> QpState {
         QpState {
             q,
             qp,
+            sq,
             pending: VecDeque::new(),
             free_slots: (0..slots).collect(),
             counter: Counter::new(r.counter0),
@@ -143,12 +151,16 @@ impl Worker {
             if state != RUN && outstanding == 0 {
                 break;
             }
-            if let Err(e) = self.cq.poll(&mut batch) {
-                first_error.get_or_insert(format!("poll:{e}").replace(' ', "_"));
-                stop.store(FAILED, Ordering::Release);
-            }
-            let got = !batch.is_empty();
-            for mut comp in batch.drain() {
+            let polled = match self.cq.poll(&mut batch) {
+                Ok(polled) => Some(polled),
+                Err(e) => {
+                    first_error.get_or_insert(format!("poll:{e}").replace(' ', "_"));
+                    stop.store(FAILED, Ordering::Release);
+                    None
+                }
+            };
+            let got = polled.as_ref().is_some_and(|p| p.len() > 0);
+            for mut comp in polled.into_iter().flatten() {
                 last_progress = Instant::now();
                 let Some(&i) = index.get(&comp.qp_num()) else {
                     continue;
@@ -388,25 +400,26 @@ impl Worker {
         let (mut head, tail) = self.take(len);
         let wr_id = self.next_wr;
         self.next_wr += 1;
-        let wr = match (kind, remote) {
+        let (o, sq) = (Wr::id(wr_id), &mut self.qps[i].sq);
+        let posted = match (kind, remote) {
             (Kind::Send, _) => {
                 fill(&mut head, sd, 0);
-                SendRequest::send(head)
+                sq.send(head, o)
             }
             (Kind::Write { imm: with }, Some(r)) => {
                 fill(&mut head, sd, 0);
                 match with {
-                    true => SendRequest::write(head, r).imm(imm),
-                    false => SendRequest::write(head, r),
+                    true => sq.write(head, r, o.imm(imm)),
+                    false => sq.write(head, r, o),
                 }
             }
             (Kind::ReadBack { .. } | Kind::Read { .. }, Some(r)) => {
                 head.fill(POISON);
-                SendRequest::read(head, r)
+                sq.read(head, r, o)
             }
             _ => unreachable!("every remote kind has its region"),
         };
-        self.submit(i, wr.wr_id(wr_id).signaled(true), kind, len, tail)
+        self.submit(i, posted, kind, len, tail)
     }
 
     fn post_atomic(&mut self, i: usize, op: Atomic, remote: RemoteMemory) -> Result<(), String> {
@@ -414,32 +427,27 @@ impl Worker {
         head.fill(POISON);
         let wr_id = self.next_wr;
         self.next_wr += 1;
-        let wr = match op {
-            Atomic::FetchAdd(d) => SendRequest::fetch_and_add(head, remote, d),
+        let (o, sq) = (Wr::id(wr_id), &mut self.qps[i].sq);
+        let posted = match op {
+            Atomic::FetchAdd(d) => sq.fetch_and_add(head, remote, d, o),
             Atomic::CompareSwap { compare, swap } => {
-                SendRequest::compare_and_swap(head, remote, compare, swap)
+                sq.compare_and_swap(head, remote, compare, swap, o)
             }
         };
         let cas = matches!(op, Atomic::CompareSwap { .. });
-        self.submit(
-            i,
-            wr.wr_id(wr_id).signaled(true),
-            Kind::Atomic { cas },
-            8,
-            tail,
-        )
+        self.submit(i, posted, Kind::Atomic { cas }, 8, tail)
     }
 
     fn submit(
         &mut self,
         i: usize,
-        wr: SendRequest<'static>,
+        posted: Posted,
         kind: Kind,
         len: usize,
         tail: LocalBuffer,
     ) -> Result<(), String> {
         let wr_id = self.next_wr - 1;
-        match self.qps[i].qp.post_send(wr) {
+        match posted {
             Ok(()) => {
                 self.qps[i].pending.push_back(Pending {
                     wr_id,
@@ -451,7 +459,7 @@ impl Worker {
             }
             Err(e) => {
                 let msg = format!("post:{}", e.error).replace(' ', "_");
-                if let SgList::One(Buf::Local(b)) = e.request.into_buffers() {
+                if let Buf::Local(b) = e.buf {
                     if let Ok(b) = b.unsplit(tail) {
                         self.pool.push(b);
                     }

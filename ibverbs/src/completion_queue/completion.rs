@@ -122,6 +122,7 @@ impl Completion {
     /// Who posted the request: 0 the caller, others a runtime's mark;
     /// `None` for an orphan.
     #[inline]
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn owner(&self) -> Option<u8> {
         self.owner
     }
