@@ -19,7 +19,8 @@
 //! One operation per slot is prepared once
 //! ([`PreparedSend`](ibverbs::PreparedSend)) and posted again with its new
 //! operands, as perftest reuses one `ibv_send_wr`; `--per-request` builds and posts a new
-//! owned-buffer request each time (`post_send`) instead, and `--raw` goes
+//! owned-buffer request each time (`SendQueue::compare_and_swap`,
+//! `fetch_and_add`) instead, and `--raw` goes
 //! through the library's `unsafe` raw path (`post_send_raw`, `poll_raw`),
 //! a control measuring the safe layer's cost.
 
@@ -28,11 +29,11 @@ use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use ibverbs::{
-    sys, AccessFlags, AtomicCap, Completions, LocalBuffer, PreparedSend, RemoteMemory, SendRequest,
-    WorkCompletion,
+    sys, AccessFlags, AtomicCap, LocalBuffer, PreparedSend, RemoteMemory, SendRequest,
+    WorkCompletion, Wr,
 };
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};
@@ -56,7 +57,8 @@ struct Cli {
     /// Atomic operation.
     #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FAA")]
     op: Op,
-    /// Build and post a new owned-buffer request every iteration (post_send)
+    /// Build and post a new owned-buffer request every iteration (SendQueue's
+    /// compare_and_swap / fetch_and_add)
     /// instead of re-posting a prepared one
     #[arg(long, conflicts_with = "raw")]
     per_request: bool,
@@ -222,7 +224,10 @@ fn run(cli: Cli) -> Result<()> {
     );
     report::lat_header();
 
-    let mut done = Completions::with_capacity(4);
+    // The send queue's posting handle (the queue pair is connected); the
+    // raw loop posts around it.
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(4);
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     let size = 8;
@@ -241,9 +246,11 @@ fn run(cli: Cli) -> Result<()> {
         for i in 0..cfg.iters {
             let buf = slots[slot_of(i)].take().ok_or("result slot lost")?;
             stamps.push(base.stamp());
-            res.qp
-                .post_send(request(buf, i).wr_id(i))
-                .map_err(|e| format!("posting atomic {i}: {}", e.error))?;
+            let posted = match cli.op {
+                Op::Cas => sq.compare_and_swap(buf, word, i, i + 1, Wr::id(i)),
+                Op::Faa => sq.fetch_and_add(buf, word, 1, Wr::id(i)),
+            };
+            posted.map_err(|e| format!("posting atomic {i}: {}", e.error))?;
             if let Some(prev) = i.checked_sub(1) {
                 check_old(prev, slots[slot_of(prev)].as_deref().ok_or("slot lost")?)?;
             }
@@ -260,9 +267,8 @@ fn run(cli: Cli) -> Result<()> {
         // One prepared request per slot, posted alternately (perftest
         // re-posts one `ibv_send_wr`).
         let [a, b] = slots;
-        let prepare = |buf| {
-            res.qp
-                .prepare_send(request(buf, 0))
+        let mut prepare = |buf| {
+            sq.prepare(request(buf, 0))
                 .map_err(|e| format!("preparing the atomic operation: {}", e.error))
         };
         let mut ops = [prepare(a)?, prepare(b)?];
@@ -276,8 +282,7 @@ fn run(cli: Cli) -> Result<()> {
         let mut wc = WorkCompletion::default();
         for i in 0..cfg.iters {
             stamps.push(base.stamp());
-            ops[slot_of(i)]
-                .post()
+            sq.post_prepared(&mut ops[slot_of(i)])
                 .map_err(|e| format!("posting atomic {i}: {e}"))?;
             set(&mut ops[slot_of(i + 1)], i + 1)?;
             if let Some(prev) = i.checked_sub(1) {

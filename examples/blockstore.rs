@@ -60,8 +60,8 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use ibverbs::{
     AccessFlags, BufferPool, Completion, Completions, ConnectOptions, Context, Endpoint, GidIndex,
-    LocalPort, MwType, Polled, PortNumber, ProtectionDomain, QpType, QueuePair, RemoteMemory,
-    RequestTable, SendRequest, SharedBuffer,
+    LocalPort, MwType, PortNumber, ProtectionDomain, QpType, QueuePair, Reaped, RemoteMemory,
+    RequestTable, SendQueue, SendRequest, SharedBuffer,
 };
 use ibverbs_suite::perf::{main_with, stats, Result};
 
@@ -181,10 +181,14 @@ impl Server {
         let r = free.map_err(|_| "no block range became free")?;
         let result = (|| -> Result<bool> {
             let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-            let grant = qp.bind_mw(&mw, &self.ranges[r], rights, 0)?;
+            // The send queue's handle, for the bind (it goes with this closure).
+            let mut sq = qp.send_queue()?;
+            let grant = sq.bind_mw(&mw, &self.ranges[r], rights, 0)?;
             let mut done = Completions::with_capacity(1);
-            cq.wait(&mut done, Some(self.timeout))?;
-            done.pop().ok_or("no bind completion")?.result()?;
+            cq.wait(&mut done, Some(self.timeout))?
+                .next()
+                .ok_or("no bind completion")?
+                .result()?;
             let block = self.first + r * self.ranges[r].len() / BLOCK;
             tcp.write_all(&[&grant.to_bytes()[..], &(block as u64).to_le_bytes()].concat())?;
             let mut byte = [0u8];
@@ -296,7 +300,8 @@ struct Op {
 }
 
 struct Client {
-    qp: QueuePair,
+    /// The queue pair's send queue.
+    sq: SendQueue,
     table: RequestTable<Op>,
     pool: BufferPool,
     /// The whole store (read key) and this client's range (window key).
@@ -352,7 +357,7 @@ impl Client {
             start: Instant::now(),
         };
         self.table
-            .post_send(&self.qp, req, op)
+            .post_send(&mut self.sq, req, op)
             .map_err(|e| e.error)?;
         if let Some(o) = own {
             self.busy[o] = true;
@@ -394,7 +399,7 @@ impl Client {
                 posted += 1;
             }
             match self.table.poll()? {
-                Some(Polled::Done(op, c)) => lat.push(self.complete(op, c)?),
+                Some(Reaped::Done(op, c)) => lat.push(self.complete(op, c)?),
                 Some(_) => return Err("a completion that is not ours".into()),
                 None => {}
             }
@@ -445,7 +450,7 @@ fn client(c: Common, host: &str, depth: usize, ops: usize, ratio: f64) -> Result
         pool: pd
             .alloc_pool(depth, BLOCK, AccessFlags::LOCAL_WRITE)
             .build()?,
-        qp,
+        sq: qp.send_queue()?,
         store,
         own,
         ro,

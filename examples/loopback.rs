@@ -12,8 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completions, ConnectOptions, Endpoint, GidIndex, LocalPort, PortNumber, QpType,
-    RecvRequest, SendRequest,
+    AccessFlags, Completions, ConnectOptions, Endpoint, GidIndex, LocalPort, PortNumber, QpType, Wr,
 };
 
 struct Args {
@@ -108,17 +107,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let n = message.len().min(args.size);
     send_buf[..n].copy_from_slice(&message[..n]);
 
+    // The queues' posting handles (the send queue's once connected).
+    let mut rq = qp.recv_queue()?;
+    let mut sq = qp.send_queue()?;
     let start = Instant::now();
-    qp.post_recv(RecvRequest::new(recv_buf).wr_id(1))?;
-    qp.post_send(SendRequest::send(send_buf).wr_id(2))?;
+    rq.recv(recv_buf, 1)?;
+    sq.send(send_buf, Wr::id(2))?;
 
     let mut done = Completions::with_capacity(4);
     let (mut recv_buf, mut send_buf) = (None, None);
     let deadline = start + Duration::from_secs(10);
     while recv_buf.is_none() || send_buf.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
-        cq.wait(&mut done, Some(left))?;
-        for mut c in done.drain() {
+        // The completions are lent from `done` for one walk; the buffers
+        // taken out of them are ours.
+        for mut c in cq.wait(&mut done, Some(left))? {
             c.result()?;
             match c.wr_id() {
                 1 => {

@@ -33,7 +33,7 @@ use clap::Parser;
 use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace};
 use ibverbs::{
     AccessFlags, AddressHandle, CompletionQueue, Completions, ProtectionDomain, QpNumber, QpType,
-    QueuePair, RecvRequest, SendRequest,
+    QueuePair, UdDest, Wr,
 };
 use ibverbs_suite::integrity;
 
@@ -139,9 +139,10 @@ fn init_node(cli: &Cli, node: &mut Node, dst: SocketAddr) -> Res<()> {
         .build()?;
     node.id.activate_ud(&qp)?;
     if !cli.sender {
+        let mut rq = qp.recv_queue()?;
         for i in 0..cli.count {
             let buf = pd.alloc(cli.size + GRH, AccessFlags::LOCAL_WRITE)?;
-            qp.post_recv(RecvRequest::new(buf).wr_id(i.into()))?;
+            rq.recv(buf, i.into())?;
         }
     }
     let flags = if cli.send_only {
@@ -211,6 +212,8 @@ fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
             .checked_mul(cli.count as usize)
             .ok_or("-C times -S is too large")?;
         let mut area = v.pd.alloc(total, AccessFlags::LOCAL_WRITE)?;
+        let mut sq = v.qp.send_queue()?;
+        let dest = UdDest::new(ah, *qpn, *qkey);
         for i in 0..cli.count {
             let (mut buf, rest) = area.split_at(cli.size);
             area = rest;
@@ -219,19 +222,13 @@ fn send(cli: &Cli, nodes: &[Node]) -> Res<()> {
             if let Some(k) = &corrupt {
                 k.apply("mckey", seq, &mut buf);
             }
-            v.qp.post_send(
-                SendRequest::send(buf)
-                    .wr_id(i.into())
-                    .imm(v.qp.qp_num().0)
-                    .ud(ah, *qpn, *qkey),
-            )
-            .map_err(|e| format!("failed to post sends: {}", e.error))?;
+            sq.send_to(buf, &dest, Wr::id(i.into()).imm(v.qp.qp_num().0))
+                .map_err(|e| format!("failed to post sends: {}", e.error))?;
         }
         let deadline = Instant::now() + TIMEOUT;
         let mut done = 0;
         while done < cli.count {
-            v.cq.poll(&mut batch)?;
-            for c in batch.drain() {
+            for c in v.cq.poll(&mut batch)? {
                 c.result()?;
                 done += 1;
             }
@@ -256,8 +253,7 @@ fn receive(cli: &Cli, nodes: &[Node]) -> Res<()> {
         let mut done = 0;
         // No time limit, as mckey: a receiver waits for its sender.
         while done < cli.count {
-            v.cq.poll(&mut batch)?;
-            for mut c in batch.drain() {
+            for mut c in v.cq.poll(&mut batch)? {
                 c.result()
                     .map_err(|e| format!("mckey: failed polling CQ: {e}"))?;
                 done += 1;

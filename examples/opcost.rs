@@ -19,9 +19,10 @@
 //! polling keeps the count deterministic: a poll finds every completion
 //! of the round (`short_polls` counts the exceptions).
 //!
-//! The paths: `request` moves an owned buffer into a new request per
-//! operation (`post_send`) and takes it back from its completion; `prepared`
-//! re-posts a [`PreparedSend`](ibverbs::PreparedSend); `raw` posts a reused
+//! The paths: `request` moves an owned buffer into a typed post on the
+//! queue pair's send queue handle (`sq.write(buf, remote, Wr::id(i))`) and
+//! takes it back from its borrowed completion; `prepared` re-posts a
+//! [`PreparedSend`](ibverbs::PreparedSend) on the handle; `raw` posts a reused
 //! C work request through the unsafe raw path. One line of `key=value`
 //! results goes to stdout (setup and teardown times, RSS, counts).
 
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use ibverbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Completions, ConnectOptions, Context,
     Endpoint, GidIndex, LocalBuffer, LocalPort, PortNumber, PreparedSend, QpType, QueuePair,
-    RemoteMemory, SendRequest, SharedBuffer, WorkCompletion,
+    RemoteMemory, SendQueue, SendRequest, SharedBuffer, WorkCompletion, Wr,
 };
 use ibverbs_sys as sys;
 
@@ -128,13 +129,16 @@ fn rss_kib() -> u64 {
 }
 
 /// One thread's share: a CQ, its queue pairs, the requests of its path
-/// (request `i` is `qps[i / depth]`'s; `wr_id` `i`). Each request is one
-/// record that names its queue pair, as the C twin's: posting one is
-/// `ibv_post_send(r->qp, &r->wr, ..)` there, the record's post here.
+/// (request `i` is `qps[i / depth]`'s; `wr_id` `i`). Posting request `i`
+/// passes its queue and its record, as the C twin's
+/// `ibv_post_send(r->qp, &r->wr, ..)` does.
 struct Lane {
     cq: CompletionQueue,
     channel: Option<CompletionChannel>,
     qps: Vec<QueuePair>,
+    /// The send queue handles of `qps` (request and prepared paths).
+    sqs: Vec<SendQueue>,
+    depth: usize,
     /// The request path's requests (the buffers move out and back).
     owned: Vec<Owned>,
     prepared: Vec<PreparedSend>,
@@ -148,9 +152,8 @@ struct Lane {
     polls: u64,
 }
 
-/// A request of the request path: a new `SendRequest` of `buf` per post.
+/// A request of the request path: `buf` written by a typed post.
 struct Owned {
-    sq: ibverbs::SendQueue,
     /// `None` while posted.
     buf: Option<LocalBuffer>,
     remote: RemoteMemory,
@@ -159,7 +162,6 @@ struct Owned {
 
 /// A request of the raw path: a C work request built once.
 struct Raw {
-    qp: QueuePair,
     wr: sys::ibv_send_wr,
     /// Held: `wr.sg_list` points at it.
     _sge: Box<sys::ibv_sge>,
@@ -173,27 +175,30 @@ unsafe impl Send for Lane {}
 /// none pays for the others' stack frame or dispatch), all named
 /// `instr_post` / `instr_poll` / `instr_empty` for callgrind.
 trait Ops {
+    /// What a request is posted on.
+    type Queue;
     /// One request's record.
     type Req;
-    fn reqs(lane: &mut Lane) -> &mut [Self::Req];
-    fn post(req: &mut Self::Req) -> Result<()>;
+    fn reqs(lane: &mut Lane) -> (&mut [Self::Queue], &mut [Self::Req]);
+    fn post(q: &mut Self::Queue, req: &mut Self::Req) -> Result<()>;
     fn poll(lane: &mut Lane) -> Result<usize>;
     fn empty(lane: &mut Lane) -> Result<bool>;
 }
 
-/// A path's module: `reqs` are its requests' records, `post` posts one,
-/// `poll` polls once and hands back what completed (their number).
+/// A path's module: `reqs` are its queues and its requests' records,
+/// `post` posts one on its queue, `poll` polls once and hands back what
+/// completed (their number).
 macro_rules! path {
     ($(#[$doc:meta])* $name:ident,
-     reqs($rl:ident) -> $req:ty { $reqs:expr },
-     post($r:ident) $post:block,
+     reqs($rl:ident) -> ($queue:ty, $req:ty) { $reqs:expr },
+     post($q:ident, $r:ident) $post:block,
      poll($ql:ident) $poll:block) => {
         $(#[$doc])*
         mod $name {
             use super::*;
             pub struct P;
             #[inline(never)]
-            fn instr_post($r: &mut $req) -> Result<()> $post
+            fn instr_post($q: &mut $queue, $r: &mut $req) -> Result<()> $post
             #[inline(always)]
             fn body($ql: &mut Lane) -> Result<usize> $poll
             #[inline(never)]
@@ -207,12 +212,13 @@ macro_rules! path {
                 Ok(body(lane)? == 0)
             }
             impl Ops for P {
+                type Queue = $queue;
                 type Req = $req;
-                fn reqs($rl: &mut Lane) -> &mut [$req] {
+                fn reqs($rl: &mut Lane) -> (&mut [$queue], &mut [$req]) {
                     $reqs
                 }
-                fn post(req: &mut $req) -> Result<()> {
-                    instr_post(req)
+                fn post(q: &mut $queue, req: &mut $req) -> Result<()> {
+                    instr_post(q, req)
                 }
                 fn poll(lane: &mut Lane) -> Result<usize> {
                     instr_poll(lane)
@@ -229,14 +235,14 @@ path!(
     /// A new owned-buffer request per operation; the buffer comes back from
     /// the completion.
     request,
-    reqs(lane) -> Owned { &mut lane.owned },
-    post(r) {
+    reqs(lane) -> (SendQueue, Owned) { (&mut lane.sqs, &mut lane.owned) },
+    post(sq, r) {
         let buf = r.buf.take().ok_or("buffer not back")?;
-        r.sq.write(buf, r.remote, ibverbs::Wr::id(r.wr_id))?;
+        sq.write(buf, r.remote, Wr::id(r.wr_id))?;
         Ok(())
     },
     poll(lane) {
-        let batch = lane.cq.poll2(&mut lane.comps)?;
+        let batch = lane.cq.poll(&mut lane.comps)?;
         let n = batch.len();
         for mut c in batch {
             c.result()?;
@@ -250,14 +256,15 @@ path!(
 path!(
     /// A [`PreparedSend`] re-posted.
     prepared,
-    reqs(lane) -> PreparedSend { &mut lane.prepared },
-    post(p) {
-        p.post()?;
+    reqs(lane) -> (SendQueue, PreparedSend) { (&mut lane.sqs, &mut lane.prepared) },
+    post(sq, p) {
+        sq.post_prepared(p)?;
         Ok(())
     },
     poll(lane) {
-        let n = lane.cq.poll(&mut lane.comps)?;
-        for c in lane.comps.drain() {
+        let batch = lane.cq.poll(&mut lane.comps)?;
+        let n = batch.len();
+        for c in batch {
             c.result()?;
         }
         Ok(n)
@@ -267,12 +274,12 @@ path!(
 path!(
     /// A reused C work request through the unsafe raw path.
     raw,
-    reqs(lane) -> Raw { &mut lane.raw },
-    post(r) {
+    reqs(lane) -> (QueuePair, Raw) { (&mut lane.qps, &mut lane.raw) },
+    post(qp, r) {
         // SAFETY: the request's buffer lives in `lane.bufs` (registered, not
         // touched until its completion is polled); its wr_id has bit 63
         // clear; one request, NULL-terminated.
-        unsafe { r.qp.post_send_raw(&mut r.wr) }?;
+        unsafe { qp.post_send_raw(&mut r.wr) }?;
         Ok(())
     },
     poll(lane) {
@@ -311,13 +318,22 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
             return Err("calibration found a completion".into());
         }
     }
-    let per_round = P::reqs(lane).len();
+    let per_round = P::reqs(lane).1.len();
+    let depth = lane.depth;
     // Settling time per outstanding request; doubled when a poll comes
     // back short (counted), so the counts stay deterministic.
     let mut settle = Duration::from_micros(40);
     for _ in 0..rounds {
-        for r in P::reqs(lane) {
-            P::post(r)?;
+        // Request `i` is queue `i / depth`'s (one pass, no division).
+        let (queues, reqs) = P::reqs(lane);
+        let (mut q, mut left) = (0, depth);
+        for r in reqs {
+            P::post(&mut queues[q], r)?;
+            left -= 1;
+            if left == 0 {
+                q += 1;
+                left = depth;
+            }
         }
         if events {
             instr_wait(lane)?;
@@ -388,6 +404,8 @@ fn build_lane(
         cq,
         channel,
         qps,
+        sqs: Vec::new(),
+        depth: a.depth,
         owned: Vec::new(),
         prepared: Vec::new(),
         raw: Vec::new(),
@@ -410,17 +428,21 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
         bufs.push(head);
         rest = tail;
     }
+    if a.path != Path::Raw {
+        for qp in &lane.qps {
+            lane.sqs.push(qp.send_queue()?);
+        }
+    }
     for (i, buf) in bufs.into_iter().enumerate() {
-        let qp = &lane.qps[i / a.depth];
         match a.path {
             Path::Request => lane.owned.push(Owned {
-                sq: qp.send_queue()?,
                 buf: Some(buf),
                 remote: lane.remote,
                 wr_id: i as u64,
             }),
             Path::Prepared => {
-                let p = qp.prepare_send(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
+                let sq = &mut lane.sqs[i / a.depth];
+                let p = sq.prepare(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
                 lane.prepared.push(p);
             }
             Path::Raw => {
@@ -441,11 +463,7 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
                     remote_addr: lane.remote.addr,
                     rkey: lane.remote.rkey.0,
                 };
-                lane.raw.push(Raw {
-                    qp: qp.clone(),
-                    wr,
-                    _sge: sge,
-                });
+                lane.raw.push(Raw { wr, _sge: sge });
                 lane.bufs.push(buf);
             }
         }
@@ -509,6 +527,7 @@ fn run(a: Args) -> Result<()> {
         lane.owned.clear();
         lane.prepared.clear();
         lane.raw.clear();
+        lane.sqs.clear();
         lane.qps.clear();
     }
     let qp_teardown = t.elapsed();

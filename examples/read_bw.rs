@@ -18,9 +18,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, Completions, LocalBuffer, RemoteMemory, SendRequest};
+use ibverbs::{AccessFlags, Completion, LocalBuffer, RemoteMemory, SendRequest};
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};
@@ -113,7 +113,9 @@ fn run(cli: Cli) -> Result<()> {
     report::banner(Test::ReadBw, &cfg, &res, &local, &remote, &extra);
     report::bw_header();
 
-    let mut done = Completions::with_capacity(cfg.tx_depth as usize);
+    // The send queue's posting handle (the queue pair is connected).
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(cfg.tx_depth as usize);
     let mut timing = Timing::with_capacity(cfg.iters);
     let mut reads = Reads {
         free: Vec::with_capacity(want as usize),
@@ -146,7 +148,7 @@ fn run(cli: Cli) -> Result<()> {
         };
         peer.barrier(cfg.timeout)?;
         stream::run(
-            &res.qp,
+            &mut sq,
             &mut res.waiter,
             &mut done,
             p,

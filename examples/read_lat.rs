@@ -11,7 +11,7 @@
 //! The read is prepared once ([`PreparedSend`](ibverbs::PreparedSend)) and
 //! posted again each iteration, as perftest reuses one `ibv_send_wr`.
 //! `--per-request` builds and posts a new owned-buffer request each time
-//! (`post_send`, the buffer back through the completion) instead.
+//! (`SendQueue::read`, the buffer back through the completion) instead.
 //!
 //! `--extended` uses the extended verbs (`ibv_wr_*`, `ibv_start_poll`) for the
 //! legacy-vs-extended comparison of `cargo xtask bench`.
@@ -24,10 +24,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, SgList, WorkCompletion,
+    sys, AccessFlags, LocalBuffer, RemoteMemory, SendRequest, SgList, WorkCompletion, Wr,
 };
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};
@@ -46,7 +46,7 @@ struct Cli {
     /// ibv_wr_* builders, CQ from ibv_create_cq_ex polled with start/next/end
     #[arg(long)]
     extended: bool,
-    /// Build and post a new owned-buffer request every iteration (post_send)
+    /// Build and post a new owned-buffer request every iteration (SendQueue::read)
     /// instead of re-posting a prepared one
     #[arg(long, conflicts_with = "raw")]
     per_request: bool,
@@ -135,7 +135,10 @@ fn run(cli: Cli) -> Result<()> {
     report::banner(Test::ReadLat, &cfg, &res, &local, &remote, &[]);
     report::lat_header();
 
-    let mut done = Completions::with_capacity(4);
+    // The send queue's posting handle (the queue pair is connected); the
+    // raw loop posts around it.
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(4);
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     for &size in &cfg.sizes {
@@ -150,14 +153,14 @@ fn run(cli: Cli) -> Result<()> {
         if cli.raw {
             raw_loop(&res, &cfg, &head, from, base, &mut stamps)?;
         } else if !cli.extended && !cli.per_request {
-            let mut read = res
-                .qp
-                .prepare_send(SendRequest::read(head, from))
+            let mut read = sq
+                .prepare(SendRequest::read(head, from))
                 .map_err(|e| format!("preparing the read: {}", e.error))?;
             let mut wc = WorkCompletion::default();
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());
-                read.post().map_err(|e| format!("posting read {i}: {e}"))?;
+                sq.post_prepared(&mut read)
+                    .map_err(|e| format!("posting read {i}: {e}"))?;
                 res.waiter.wait_wc(&mut done, &mut wc, "an RDMA read")?;
             }
             head = read
@@ -168,9 +171,7 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             for i in 0..cfg.iters {
                 stamps.push(base.stamp());
-                let wr = SendRequest::read(head, from).wr_id(i);
-                res.qp
-                    .post_send(wr)
+                sq.read(head, from, Wr::id(i))
                     .map_err(|e| format!("posting read {i}: {}", e.error))?;
                 head = perf::wait_local(&mut res.waiter, &mut done, "an RDMA read")?;
             }

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ibverbs::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, Completions, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory, SendRequest,
-    SharedBuffer, WcOpcode,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, LocalBuffer, Posted,
+    ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteKey, RemoteMemory, SendQueue,
+    SharedBuffer, WcOpcode, Wr,
 };
-use ibverbs_suite::integrity;
+use ibverbs_suite::{integrity, Done};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -98,7 +98,11 @@ struct Conn {
     cq: CompletionQueue,
     cq_ch: CompletionChannel,
     qp: QueuePair,
-    done: Completions,
+    /// The posting handles, taken at the first post of each queue (the
+    /// send queue's once the connection is established).
+    sq: Option<SendQueue>,
+    rq: Option<RecvQueue>,
+    done: Done,
     recv: Option<LocalBuffer>,
     send: Option<LocalBuffer>,
     /// A receive completed and was not consumed yet.
@@ -134,7 +138,9 @@ impl Conn {
                 cq,
                 cq_ch,
                 qp,
-                done: Completions::with_capacity(8),
+                sq: None,
+                rq: None,
+                done: Done::with_capacity(8),
                 recv: Some(recv),
                 send: Some(send),
                 recv_ready: false,
@@ -147,10 +153,21 @@ impl Conn {
 
     fn post_recv(&mut self) -> Res<()> {
         let buf = self.recv.take().ok_or("receive buffer lost")?;
-        self.qp
-            .post_recv(RecvRequest::new(buf).wr_id(1))
+        let rq = match &mut self.rq {
+            Some(rq) => rq,
+            rq => rq.insert(self.qp.recv_queue()?),
+        };
+        rq.recv(buf, 1)
             .map_err(|e| format!("ibv_post_recv failed: {}", e.error))?;
         Ok(())
+    }
+
+    /// The send queue's handle (taken at the first send, once connected).
+    fn sq(&mut self) -> Res<&mut SendQueue> {
+        Ok(match &mut self.sq {
+            Some(sq) => sq,
+            sq => sq.insert(self.qp.send_queue()?),
+        })
     }
 
     /// Waits for the next completion or rdma_cm event.
@@ -160,7 +177,7 @@ impl Conn {
             if let Some(c) = self.done.pop() {
                 return Ok(Next::Wc(c));
             }
-            if self.cq.poll(&mut self.done)? > 0 {
+            if self.done.poll(&self.cq)? > 0 {
                 continue;
             }
             let mut fds = [
@@ -192,7 +209,7 @@ impl Conn {
                 // Completions that arrived before the event come first: a
                 // peer that disconnects has usually acknowledged our last
                 // send, and that completion may still be on its way.
-                if self.cq.poll(&mut self.done)? > 0 {
+                if self.done.poll(&self.cq)? > 0 {
                     continue;
                 }
                 let ev = self.ch.get_event(Some(TIMEOUT))?;
@@ -247,8 +264,8 @@ impl Conn {
     fn send_info(&mut self, info: [u8; INFO_LEN]) -> Res<bool> {
         let mut buf = self.send.take().ok_or("send buffer lost")?;
         buf.copy_from_slice(&info);
-        self.qp
-            .post_send(SendRequest::send(buf).wr_id(2))
+        self.sq()?
+            .send(buf, Wr::id(2))
             .map_err(|e| format!("post send error {}", e.error))?;
         while self.send.is_none() {
             if !self.pump()? {
@@ -282,12 +299,10 @@ impl Conn {
         Ok(Some(info))
     }
 
-    /// Posts an RDMA read or write and waits for its buffer; `None` on a
-    /// disconnect.
-    fn rdma(&mut self, req: SendRequest<'_>) -> Res<Option<LocalBuffer>> {
-        self.qp
-            .post_send(req)
-            .map_err(|e| format!("post send error {}", e.error))?;
+    /// Posts an RDMA read or write (`post` on the send queue) and waits for
+    /// its buffer; `None` on a disconnect.
+    fn rdma(&mut self, post: impl FnOnce(&mut SendQueue) -> Posted) -> Res<Option<LocalBuffer>> {
+        post(self.sq()?).map_err(|e| format!("post send error {}", e.error))?;
         while self.rdma.is_none() {
             if !self.pump()? {
                 return Ok(None);
@@ -423,7 +438,7 @@ fn server(cli: &Cli) -> Res<()> {
             .into());
         }
         let (head, tail) = data.take().ok_or("buffer lost")?.split_at(src.len as usize);
-        let Some(head) = conn.rdma(SendRequest::read(head, src).wr_id(3))? else {
+        let Some(head) = conn.rdma(|sq| sq.read(head, src, Wr::id(3)))? else {
             break;
         };
         let mut buf = head.unsplit(tail).map_err(|_| "cannot rejoin the buffer")?;
@@ -451,7 +466,7 @@ fn server(cli: &Cli) -> Res<()> {
             )
         })?;
         let (head, tail) = data.take().ok_or("buffer lost")?.split_at(len as usize);
-        let Some(head) = conn.rdma(SendRequest::write(head, to).wr_id(4))? else {
+        let Some(head) = conn.rdma(|sq| sq.write(head, to, Wr::id(4)))? else {
             break;
         };
         data = Some(head.unsplit(tail).map_err(|_| "cannot rejoin the buffer")?);

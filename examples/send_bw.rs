@@ -15,9 +15,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, Completions, FrozenBuffer, RecvRequest, SendRequest};
+use ibverbs::{AccessFlags, Completion, FrozenBuffer, SendRequest};
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};
@@ -71,7 +71,9 @@ fn serve(cfg: &Config) -> Result<()> {
         AccessFlags::LOCAL_WRITE,
         false,
     )?;
-    perf::post_recv_pool(&res.qp, recv_region, pool, max, 0)?;
+    // The receive queue's posting handle, kept for the reposts.
+    let mut rq = res.qp.recv_queue()?;
+    perf::post_recv_pool(&mut rq, recv_region, pool, max, 0)?;
     report::banner(
         Test::SendBw,
         cfg,
@@ -81,7 +83,7 @@ fn serve(cfg: &Config) -> Result<()> {
         &[("RX depth", pool.to_string())],
     );
     report::bw_header();
-    let mut done = Completions::with_capacity(pool as usize);
+    let mut done = Done::with_capacity(pool as usize);
     for &size in &cfg.sizes {
         peer.barrier(cfg.timeout)?;
         let mut received = 0;
@@ -100,8 +102,7 @@ fn serve(cfg: &Config) -> Result<()> {
                 let buf = c
                     .take_local()
                     .ok_or("a receive completion did not return its buffer")?;
-                res.qp
-                    .post_recv(RecvRequest::new(buf))
+                rq.recv(buf, 0)
                     .map_err(|e| format!("reposting a receive: {}", e.error))?;
             }
         }
@@ -143,7 +144,9 @@ fn run(cli: Cli) -> Result<()> {
     report::banner(Test::SendBw, &cfg, &res, &local, &remote, &extra);
     report::bw_header();
 
-    let mut done = Completions::with_capacity(cfg.tx_depth as usize);
+    // The send queue's posting handle (the queue pair is connected).
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(cfg.tx_depth as usize);
     let mut timing = Timing::with_capacity(cfg.iters);
     for &size in &cfg.sizes {
         let (head, tail) = src
@@ -163,7 +166,7 @@ fn run(cli: Cli) -> Result<()> {
         };
         peer.barrier(cfg.timeout)?;
         stream::run(
-            &res.qp,
+            &mut sq,
             &mut res.waiter,
             &mut done,
             p,

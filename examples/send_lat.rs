@@ -29,11 +29,11 @@ use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, Completions, FrozenBuffer, LocalBuffer, PreparedRecv, QueuePair, RecvRequest,
-    SendRequest, WorkCompletion,
+    sys, AccessFlags, FrozenBuffer, LocalBuffer, PreparedRecv, QueuePair, RecvQueue, RecvRequest,
+    SendRequest, WorkCompletion, Wr,
 };
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};
@@ -73,7 +73,12 @@ struct Progress {
 }
 
 impl Progress {
-    fn handle(&mut self, recvs: &mut [PreparedRecv], wc: &WorkCompletion) -> Result<()> {
+    fn handle(
+        &mut self,
+        rq: &mut RecvQueue,
+        recvs: &mut [PreparedRecv],
+        wc: &WorkCompletion,
+    ) -> Result<()> {
         let wr_id = wc.wr_id();
         if wr_id & RECV != 0 {
             if u64::from(wc.byte_len()) != self.size {
@@ -91,7 +96,7 @@ impl Progress {
             }
             self.repost.push(k);
             if !self.defer {
-                self.repost_all(recvs)?;
+                self.repost_all(rq, recvs)?;
             }
         } else if wr_id == PREPARED_SEND {
             self.sent += 1;
@@ -102,10 +107,9 @@ impl Progress {
     }
 
     /// Re-posts the receives waiting for it.
-    fn repost_all(&mut self, recvs: &mut [PreparedRecv]) -> Result<()> {
+    fn repost_all(&mut self, rq: &mut RecvQueue, recvs: &mut [PreparedRecv]) -> Result<()> {
         for k in self.repost.drain(..) {
-            recvs[k]
-                .post()
+            rq.post_prepared(&mut recvs[k])
                 .map_err(|e| format!("reposting a receive: {e}"))?;
         }
         Ok(())
@@ -115,17 +119,18 @@ impl Progress {
 /// Splits `region` into `count` pieces of `size` bytes and prepares and
 /// posts one receive per piece, piece `k` with `wr_id` `RECV | k`.
 fn post_prepared_recvs(
-    qp: &QueuePair,
+    rq: &mut RecvQueue,
     region: LocalBuffer,
     count: u32,
     size: u64,
 ) -> Result<Vec<PreparedRecv>> {
     let mut recvs = Vec::with_capacity(count as usize);
     for (k, piece) in (0u64..).zip(perf::split_pool(region, count, size)) {
-        let mut recv = qp
-            .prepare_recv(RecvRequest::new(piece).wr_id(RECV | k))
+        let mut recv = rq
+            .prepare(RecvRequest::new(piece).wr_id(RECV | k))
             .map_err(|e| format!("preparing a receive: {}", e.error))?;
-        recv.post().map_err(|e| format!("posting a receive: {e}"))?;
+        rq.post_prepared(&mut recv)
+            .map_err(|e| format!("posting a receive: {e}"))?;
         recvs.push(recv);
     }
     Ok(recvs)
@@ -372,6 +377,10 @@ fn run(cli: Cli) -> Result<()> {
         AccessFlags::LOCAL_WRITE,
         false,
     )?;
+    // The posting handles (the queue pair is connected); the raw loop
+    // posts around them.
+    let mut sq = res.qp.send_queue()?;
+    let mut rq = res.qp.recv_queue()?;
     let mut recvs: Vec<PreparedRecv> = Vec::new();
     let mut raw_recvs = if cli.raw {
         Some(RawRecvs::post_all(
@@ -383,7 +392,7 @@ fn run(cli: Cli) -> Result<()> {
             &cfg,
         )?)
     } else {
-        recvs = post_prepared_recvs(&res.qp, recv_region, pool, max)?;
+        recvs = post_prepared_recvs(&mut rq, recv_region, pool, max)?;
         None
     };
     report::banner(Test::SendLat, &cfg, &res, &local, &remote, &[]);
@@ -391,7 +400,7 @@ fn run(cli: Cli) -> Result<()> {
 
     let server = cfg.is_server();
     let depth = u64::from(cfg.tx_depth);
-    let mut done = Completions::with_capacity((depth + u64::from(pool)) as usize);
+    let mut done = Done::with_capacity((depth + u64::from(pool)) as usize);
     let mut wc = WorkCompletion::default();
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
@@ -420,8 +429,7 @@ fn run(cli: Cli) -> Result<()> {
         };
         let mut prepared = if depth == 1 && raw_recvs.is_none() {
             Some(
-                res.qp
-                    .prepare_send(request().wr_id(PREPARED_SEND))
+                sq.prepare(request().wr_id(PREPARED_SEND))
                     .map_err(|e| format!("preparing the send: {}", e.error))?,
             )
         } else {
@@ -437,34 +445,43 @@ fn run(cli: Cli) -> Result<()> {
                 // The server answers message i; the client waits for it below.
                 while server && p.received <= i {
                     res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
-                    p.handle(&mut recvs, &wc)?;
+                    p.handle(&mut rq, &mut recvs, &wc)?;
                 }
                 while i - p.sent >= depth {
                     res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
-                    p.handle(&mut recvs, &wc)?;
+                    p.handle(&mut rq, &mut recvs, &wc)?;
                 }
                 if let Some(send) = prepared.as_mut() {
                     stamps.push(base.stamp());
-                    send.post().map_err(|e| format!("posting send {i}: {e}"))?;
+                    sq.post_prepared(send)
+                        .map_err(|e| format!("posting send {i}: {e}"))?;
                 } else {
-                    let req = request().wr_id(i);
                     let signaled = (i + 1) % depth == 0 || i + 1 == cfg.iters;
+                    let o = if signaled {
+                        Wr::id(i)
+                    } else {
+                        Wr::id(i).unsignaled()
+                    };
+                    // The request's buffer (a clone) is made before the stamp.
+                    let buf = (!inline).then(|| frozen.clone());
                     stamps.push(base.stamp());
-                    res.qp
-                        .post_send(req.signaled(signaled))
-                        .map_err(|e| format!("posting send {i}: {}", e.error))?;
+                    let posted = match buf {
+                        None => sq.send_inline(&frozen, o),
+                        Some(buf) => sq.send(buf, o).map_err(|e| e.error),
+                    };
+                    posted.map_err(|e| format!("posting send {i}: {e}"))?;
                 }
-                p.repost_all(&mut recvs)?;
+                p.repost_all(&mut rq, &mut recvs)?;
                 while !server && p.received <= i {
                     res.waiter.wait_wc(&mut done, &mut wc, "a receive")?;
-                    p.handle(&mut recvs, &wc)?;
+                    p.handle(&mut rq, &mut recvs, &wc)?;
                 }
             }
             while p.sent < cfg.iters {
                 res.waiter.wait_wc(&mut done, &mut wc, "a send")?;
-                p.handle(&mut recvs, &wc)?;
+                p.handle(&mut rq, &mut recvs, &wc)?;
             }
-            p.repost_all(&mut recvs)?;
+            p.repost_all(&mut rq, &mut recvs)?;
         }
         // Every send completed: the prepared one holds no posting and gives
         // its clone of the source buffer back when dropped.

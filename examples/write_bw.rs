@@ -16,9 +16,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, Completions, FrozenBuffer, RemoteMemory, SendRequest};
+use ibverbs::{AccessFlags, Completion, FrozenBuffer, RemoteMemory, SendRequest};
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};
@@ -100,7 +100,9 @@ fn run(cli: Cli) -> Result<()> {
     report::banner(Test::WriteBw, &cfg, &res, &local, &remote, &extra);
     report::bw_header();
 
-    let mut done = Completions::with_capacity(cfg.tx_depth as usize);
+    // The send queue's posting handle (the queue pair is connected).
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(cfg.tx_depth as usize);
     let mut timing = Timing::with_capacity(cfg.iters);
     for &size in &cfg.sizes {
         let (head, tail) = src
@@ -121,7 +123,7 @@ fn run(cli: Cli) -> Result<()> {
         };
         peer.barrier(cfg.timeout)?;
         stream::run(
-            &res.qp,
+            &mut sq,
             &mut res.waiter,
             &mut done,
             p,

@@ -25,12 +25,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{
-    sys, AccessFlags, Completions, LocalBuffer, RemoteMemory, SendRequest, SharedBuffer,
-    WorkCompletion,
-};
+use ibverbs::{sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, WorkCompletion, Wr};
 
-use ibverbs_suite::perf;
+use ibverbs_suite::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};
@@ -167,7 +164,10 @@ fn run(cli: Cli) -> Result<()> {
     report::lat_header();
 
     let server = cfg.is_server();
-    let mut done = Completions::with_capacity(4);
+    // The send queue's posting handle (the queue pair is connected); the
+    // raw loop posts around it.
+    let mut sq = res.qp.send_queue()?;
+    let mut done = Done::with_capacity(4);
     let mut stamps: Vec<u64> = Vec::with_capacity(cfg.iters as usize);
     let mut samples: Vec<f64> = Vec::with_capacity(cfg.iters as usize);
     for &size in &cfg.sizes {
@@ -201,8 +201,12 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 head[last] = value;
                 stamps.push(base.stamp());
-                res.qp
-                    .post_send(SendRequest::write(head, remote).inline(inline).wr_id(i))
+                let o = if inline {
+                    Wr::id(i).inline()
+                } else {
+                    Wr::id(i)
+                };
+                sq.write(head, remote, o)
                     .map_err(|e| format!("posting write {i}: {}", e.error))?;
                 if !server {
                     wait_byte(&inbox, last, value, &cfg, i)?;

@@ -3,7 +3,9 @@
 //! A counting global allocator counts the heap allocations of the current
 //! thread while counting is switched on for it (a thread-local flag, so
 //! the test harness's own threads never count). After a warm-up, 1000
-//! iterations of post → poll → take the buffers back must allocate nothing.
+//! iterations of post → poll → take the buffers back must allocate nothing:
+//! posting through the queue pairs' handles (typed methods, chains,
+//! prepared requests), polling with borrowed completions (or `poll_one`).
 //! The poll loop is written here without allocating (`common::wait` builds
 //! a `Vec`).
 
@@ -16,8 +18,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressVector, Completion, CompletionQueue, Completions, LocalBuffer, QpType,
-    RecvRequest, SendRequest,
+    AccessFlags, AddressVector, Completion, CompletionQueue, CompletionRef, Completions,
+    LocalBuffer, QpType, RecvRequest, SendRequest, UdDest, WorkCompletion, Wr,
 };
 
 struct Counting;
@@ -115,11 +117,10 @@ fn the_counter_counts() {
 const WARM_UP: usize = 50;
 const MEASURED: usize = 1000;
 
-/// Polls `cq` once into `batch` and hands each completion to `f`; does
-/// not allocate.
-fn poll_into(cq: &CompletionQueue, batch: &mut Completions, mut f: impl FnMut(Completion)) {
-    cq.poll(batch).expect("ibv_poll_cq");
-    while let Some(c) = batch.pop() {
+/// Polls `cq` once into `batch` and hands each completion, borrowed, to
+/// `f`; does not allocate.
+fn poll_into(cq: &CompletionQueue, batch: &mut Completions, mut f: impl FnMut(CompletionRef<'_>)) {
+    for c in cq.poll(batch).expect("ibv_poll_cq") {
         f(c);
     }
 }
@@ -132,8 +133,8 @@ fn poll_one_into(cq: &CompletionQueue, f: impl FnOnce(Completion)) {
 }
 
 /// Panics (allocation allowed: the test fails anyway) when a completion
-/// is not a success.
-fn ok(c: &Completion) {
+/// (owned or borrowed) is not a success.
+fn ok<C: std::ops::Deref<Target = WorkCompletion> + std::fmt::Debug>(c: &C) {
     if !c.is_success() {
         panic!("work request failed: {c:?}");
     }
@@ -150,16 +151,15 @@ fn post_and_poll_do_not_allocate() {
     let mut send = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut batch_b = Completions::with_capacity(16);
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
 
     let iteration = |i: usize| {
         let mut s = send.take().expect("send buffer is home");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        p.b.post_recv(
-            RecvRequest::new(recv.take().expect("receive buffer is home")).wr_id(i as u64),
-        )
-        .expect("post_recv");
-        p.a.post_send(SendRequest::send(s).wr_id(i as u64))
-            .expect("post_send");
+        rq.recv(recv.take().expect("receive buffer is home"), i as u64)
+            .expect("recv");
+        sq.send(s, Wr::id(i as u64)).expect("send");
         let end = deadline();
         while send.is_none() || recv.is_none() {
             // The sender polls one at a time, the receiver in batches.
@@ -178,31 +178,38 @@ fn post_and_poll_do_not_allocate() {
             assert!(Instant::now() < end, "iteration {i} timed out");
         }
     };
-    steady_state_allocates_nothing("post_recv/post_send/poll/take", iteration);
+    steady_state_allocates_nothing("recv/send/poll/take", iteration);
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
 fn prepared_send_and_receive_do_not_allocate() {
     // The ping-pongs' data path: a prepared send and a prepared receive,
-    // re-posted, completions polled one at a time.
+    // re-posted; the sender's completions polled one at a time, the
+    // receiver's in borrowed batches.
     let p = common::pair(QpType::Rc, AccessFlags::LOCAL_WRITE, |b| b);
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     let msg = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut send = p.a.prepare_send(SendRequest::send(msg).wr_id(1)).unwrap();
+    let mut send = sq.prepare(SendRequest::send(msg).wr_id(1)).unwrap();
     let into = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut recv = p.b.prepare_recv(RecvRequest::new(into).wr_id(2)).unwrap();
+    let mut recv = rq.prepare(RecvRequest::new(into).wr_id(2)).unwrap();
+    let mut batch_b = Completions::with_capacity(16);
 
     let iteration = |i: usize| {
         send.bytes_mut(0).expect("send idle")[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        recv.post().expect("post the receive");
-        send.post().expect("post the send");
+        rq.post_prepared(&mut recv).expect("post the receive");
+        sq.post_prepared(&mut send).expect("post the send");
         let end = deadline();
         while send.is_posted() || recv.is_posted() {
-            for cq in [&p.cq_a, &p.cq_b] {
-                if let Some(c) = cq.poll_one().expect("ibv_poll_cq") {
-                    assert!(c.is_success(), "iteration {i}: {:?}", c.status());
-                }
-            }
+            poll_one_into(&p.cq_a, |c| {
+                assert!(c.is_success(), "iteration {i}: {:?}", c.status());
+                assert_eq!(c.wr_id(), 1);
+            });
+            poll_into(&p.cq_b, &mut batch_b, |c| {
+                assert!(c.is_success(), "iteration {i}: {:?}", c.status());
+                assert_eq!(c.wr_id(), 2);
+            });
             assert!(Instant::now() < end, "iteration {i} timed out");
         }
         let got = recv.bytes(0).expect("receive idle");
@@ -224,20 +231,22 @@ fn posting_lists_does_not_allocate() {
     let mut recv_list: Vec<RecvRequest> = Vec::with_capacity(N);
     let mut batch_a = Completions::with_capacity(16);
     let mut batch_b = Completions::with_capacity(16);
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
 
     let iteration = |i: usize| {
         for (j, slot) in recvs.iter_mut().enumerate() {
             let b = slot.take().expect("receive buffer is home");
             recv_list.push(RecvRequest::new(b).wr_id(j as u64));
         }
-        p.b.post_recv(&mut recv_list).expect("post_recv_list");
+        rq.post_chain(&mut recv_list).expect("receive chain");
         for (j, slot) in sends.iter_mut().enumerate() {
             let mut b = slot.take().expect("send buffer is home");
             b[0] = j as u8;
             b[1] = i as u8;
             send_list.push(SendRequest::send(b).wr_id(j as u64));
         }
-        p.a.post_send(&mut send_list).expect("post_send_list");
+        sq.post_chain(&mut send_list).expect("send chain");
         assert!(send_list.is_empty() && recv_list.is_empty());
         let (mut got_s, mut got_r) = (0, 0);
         let end = deadline();
@@ -264,7 +273,7 @@ fn posting_lists_does_not_allocate() {
         }
     };
     steady_state_allocates_nothing(
-        &format!("post_recv_list/post_send_list ({N} each)/poll"),
+        &format!("receive/send post_chain ({N} each)/poll"),
         iteration,
     );
 }
@@ -286,22 +295,21 @@ fn ud_send_with_address_handle_does_not_allocate() {
     let ah = pd
         .create_ah(&AddressVector::for_port(&port_attr, &ep, t.gid_index).unwrap())
         .unwrap();
-    let dest = b.qp_num();
+    let dest = UdDest::new(&ah, b.qp_num(), QKEY);
     let mut send = Some(pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut recv = Some(pd.alloc(40 + 64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut batch_a = Completions::with_capacity(16);
     let mut batch_b = Completions::with_capacity(16);
+    let mut sq = a.send_queue().unwrap();
+    let mut rq = b.recv_queue().unwrap();
 
     let iteration = |i: usize| {
         let mut s = send.take().expect("send buffer is home");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        b.post_recv(RecvRequest::new(
-            recv.take().expect("receive buffer is home"),
-        ))
-        .expect("post_recv");
-        // `ud` clones the address handle (an Arc): no allocation.
-        a.post_send(SendRequest::send(s).ud(&ah, dest, QKEY))
-            .expect("post_send");
+        rq.recv(recv.take().expect("receive buffer is home"), i as u64)
+            .expect("recv");
+        // `send_to` clones the address handle (an Arc): no allocation.
+        sq.send_to(s, &dest, Wr::id(i as u64)).expect("send_to");
         let end = deadline();
         while send.is_none() || recv.is_none() {
             poll_into(&cq_a, &mut batch_a, |mut c| {
@@ -409,15 +417,15 @@ fn pool_get_post_poll_put_does_not_allocate() {
             .build()
             .unwrap();
     let mut batch_b = Completions::with_capacity(16);
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
 
     let iteration = |i: usize| {
         let mut s = pool.get().expect("a free send buffer");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
         let r = pool.get().expect("a free receive buffer");
-        p.b.post_recv(RecvRequest::new(r).wr_id(i as u64))
-            .expect("post_recv");
-        p.a.post_send(SendRequest::send(s).wr_id(i as u64))
-            .expect("post_send");
+        rq.recv(r, i as u64).expect("recv");
+        sq.send(s, Wr::id(i as u64)).expect("send");
         let (mut sent, mut received) = (false, false);
         let end = deadline();
         while !sent || !received {
@@ -444,10 +452,13 @@ fn pool_get_post_poll_put_does_not_allocate() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn request_table_and_stream_do_not_allocate() {
-    // The request table's data path: a receive and a send posted with
-    // values, polled as (value, completion) pairs; then a stream of inline
-    // writes signaled every 4th, its covered values handed out.
-    use ibverbs::{Polled, RequestTable};
+    // The request table's data path: a send (b's table) and a receive
+    // (a's table) posted with values, polled as (value, completion) pairs;
+    // then a stream of inline writes (a's table) signaled every 4th, its
+    // covered values handed out. The stream owns a's send handle (it
+    // cannot lend it to `RequestTable::post_send`), so the table's send
+    // goes from b to a.
+    use ibverbs::{Reaped, RequestTable};
     let p = common::pair(QpType::Rc, common::remote_all(), |b| {
         b.max_send_wr(16).max_inline_data(64)
     });
@@ -457,20 +468,22 @@ fn request_table_and_stream_do_not_allocate() {
     let mut recv = Some(p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap());
     let mut table_a = RequestTable::<(usize, u8)>::new(&p.cq_a, 16);
     let mut table_b = RequestTable::<usize>::new(&p.cq_b, 16);
-    let mut stream = table_a.send_stream(&p.a, 4).unwrap();
+    let mut rq_a = p.a.recv_queue().unwrap();
+    let mut sq_b = p.b.send_queue().unwrap();
+    let mut stream = table_a.send_stream(p.a.send_queue().unwrap(), 4).unwrap();
 
     let iteration = |i: usize| {
         let mut s = send.take().expect("send buffer is home");
         s[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        table_b
+        table_a
             .post_recv(
-                &p.b,
+                &mut rq_a,
                 RecvRequest::new(recv.take().expect("receive buffer is home")),
-                i,
+                (i, 0),
             )
             .expect("post_recv");
-        table_a
-            .post_send(&p.a, SendRequest::send(s), (i, 0))
+        table_b
+            .post_send(&mut sq_b, SendRequest::send(s), i)
             .expect("post_send");
         let data = (i as u64).to_le_bytes();
         for k in 1..=8u8 {
@@ -488,29 +501,29 @@ fn request_table_and_stream_do_not_allocate() {
         let mut back = 0u32;
         let end = deadline();
         while send.is_none() || recv.is_none() || back != 0x1ff {
-            if let Some(polled) = table_a.poll().expect("poll") {
-                match polled {
-                    Polled::Done((j, k), mut c) => {
+            if let Some(reaped) = table_a.poll().expect("poll") {
+                match reaped {
+                    Reaped::Done((j, k), mut c) => {
                         ok(&c);
                         assert_eq!(j, i);
                         if k == 0 {
-                            send = c.take_local();
+                            let b = c.take_local().expect("receive buffer back");
+                            assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
+                            recv = Some(b);
                         }
                         back |= 1 << k;
                     }
-                    Polled::Covered((j, k)) => {
+                    Reaped::Covered((j, k)) => {
                         assert_eq!(j, i);
                         back |= 1 << k;
                     }
-                    Polled::Foreign(c) => panic!("foreign {c:?}"),
+                    Reaped::Foreign(c) => panic!("foreign {c:?}"),
                 }
             }
-            if let Some(Polled::Done(j, mut c)) = table_b.poll().expect("poll") {
+            if let Some(Reaped::Done(j, mut c)) = table_b.poll().expect("poll") {
                 ok(&c);
                 assert_eq!(j, i);
-                let b = c.take_local().expect("receive buffer back");
-                assert_eq!(b[..8], (i as u64).to_le_bytes(), "message {i}");
-                recv = Some(b);
+                send = c.take_local();
             }
             assert!(Instant::now() < end, "iteration {i} timed out");
         }

@@ -16,7 +16,7 @@ use common::process::{self, device_args, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
     AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
-    ProtectionDomain, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    ProtectionDomain, QpState, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
 };
 
 /// Longest any single await may take here.
@@ -452,11 +452,21 @@ fn async_construction_errors() {
             ),
             "{second}"
         );
-        // Posting on a queue pair in RESET is refused; nothing is tracked.
+        // Posting on a queue pair in RESET is refused (its send queue's
+        // handle is not handed out before RTS); nothing is tracked.
         let refused = first
             .post_send(SendRequest::send(pd.alloc(8, local()).unwrap()))
             .unwrap_err();
-        assert!(refused.request.into_buffers().total_len() == 8);
+        assert!(
+            matches!(
+                refused.error,
+                Error::NotReadyToSend {
+                    state: QpState::Reset
+                }
+            ),
+            "{refused}"
+        );
+        assert!(refused.buf.total_len() == 8);
         assert_eq!(first.outstanding(), 0);
     });
 }
@@ -485,9 +495,10 @@ async fn async_events_stream() {
     // An SRQ below its armed limit raises IBV_EVENT_SRQ_LIMIT_REACHED.
     // Kept whole: dropping a part (the receiver, the SRQ) would end the test.
     let setup = common::srq_with_limit(&t);
-    let (cq, sender) = (&setup.cq, &setup.sender);
+    let cq = &setup.cq;
+    let mut sender = setup.sender.send_queue().unwrap();
     for i in 0..6u8 {
-        sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        sender.send_inline(&[i], Wr::id(0)).unwrap();
     }
     common::wait(cq, 12);
     let ev = within("async event", events.next()).await.unwrap();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{connect_pair, endpoint, options, TestDevice};
 use ibverbs::{
-    AccessFlags, AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, Context,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest, SharedReceiveQueue,
+    sys, AccessFlags, AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, Context, Error,
+    ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue, SharedReceiveQueue, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -56,11 +56,13 @@ fn routed_event(ctx: &Context, rx: &AsyncEventReceiver) -> (Option<AsyncEvent>, 
     (got, unrouted)
 }
 
-/// An SRQ with a receiver QP attached and a sender connected to it, `n`
-/// receives of 64 bytes posted, its limit armed at `limit`.
+/// An SRQ with a receiver QP attached and a sender connected to it (`sq`:
+/// the sender's send queue), `n` receives of 64 bytes posted, its limit
+/// armed at `limit`.
 struct SrqSide {
     srq: SharedReceiveQueue,
     sender: QueuePair,
+    sq: SendQueue,
     receiver: QueuePair,
     cq: ibverbs::CompletionQueue,
 }
@@ -75,14 +77,16 @@ fn srq_side(dev: &TestDevice, pd: &ProtectionDomain, n: u32, limit: u32) -> SrqS
         .build()
         .unwrap();
     connect_pair(dev, &sender, &receiver, local());
+    let mut rq = srq.recv_queue().unwrap();
     for _ in 0..n {
-        srq.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
-            .unwrap();
+        rq.recv(pd.alloc(64, local()).unwrap(), 0).unwrap();
     }
     srq.arm_limit(limit).unwrap();
+    let sq = sender.send_queue().unwrap();
     SrqSide {
         srq,
         sender,
+        sq,
         receiver,
         cq,
     }
@@ -96,13 +100,13 @@ fn srq_side(dev: &TestDevice, pd: &ProtectionDomain, n: u32, limit: u32) -> SrqS
 fn async_route_srq_limit_to_its_srq() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let a = srq_side(&dev, &pd, 8, 4);
+    let mut a = srq_side(&dev, &pd, 8, 4);
     let b = srq_side(&dev, &pd, 8, 4);
     assert_ne!(a.srq.id(), b.srq.id());
     let (rx_a, rx_b) = (a.srq.async_events(), b.srq.async_events());
     // 3 sends: 5 left, still above the limit: no event yet.
     for i in 0..3u8 {
-        a.sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }
     for c in common::wait(&a.cq, 6) {
         c.result().unwrap();
@@ -112,7 +116,7 @@ fn async_route_srq_limit_to_its_srq() {
     assert!(early.is_empty(), "{early:?}");
     // 2 more: 3 left < 4.
     for i in 3..5u8 {
-        a.sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }
     for c in common::wait(&a.cq, 4) {
         c.result().unwrap();
@@ -131,7 +135,7 @@ fn async_route_srq_limit_to_its_srq() {
     assert_eq!(b.srq.query().unwrap().srq_limit, 4);
     // Re-armed below what is left: fires again at once on the next receive.
     a.srq.arm_limit(3).unwrap();
-    a.sender.post_send(SendRequest::send_inline(&[9])).unwrap();
+    a.sq.send_inline(&[9], Wr::id(0)).unwrap();
     for c in common::wait(&a.cq, 2) {
         c.result().unwrap();
     }
@@ -141,7 +145,7 @@ fn async_route_srq_limit_to_its_srq() {
         Some(AsyncElement::Srq(Some(a.srq.id())))
     );
     assert_eq!(rx_b.drain(), vec![]);
-    let _ = (&a.receiver, &b.receiver, &b.sender);
+    let _ = (&a.sender, &a.receiver, &b.receiver, &b.sender, &b.sq);
 }
 
 /// Events of an object nobody subscribed to are given back by the router,
@@ -151,10 +155,10 @@ fn async_route_srq_limit_to_its_srq() {
 fn async_route_unsubscribed_events_come_back() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let a = srq_side(&dev, &pd, 8, 4);
+    let mut a = srq_side(&dev, &pd, 8, 4);
     drop(a.srq.async_events());
     for i in 0..5u8 {
-        a.sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }
     for c in common::wait(&a.cq, 10) {
         c.result().unwrap();
@@ -230,10 +234,15 @@ fn async_route_comm_est_to_its_qp() {
     // is established.
     b.to_init(dev.port, 0, local()).unwrap();
     b.to_rtr(&ea, &opts).unwrap();
-    b.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+    b.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(64, local()).unwrap(), 0)
         .unwrap();
     let (rx_a, rx_b) = (a.async_events(), b.async_events());
-    a.post_send(SendRequest::send_inline(&[7])).unwrap();
+    a.send_queue()
+        .unwrap()
+        .send_inline(&[7], Wr::id(0))
+        .unwrap();
     for c in common::wait(&cq, 2) {
         c.result().unwrap();
     }
@@ -252,11 +261,12 @@ fn async_route_comm_est_to_its_qp() {
     assert!(unrouted.is_empty(), "unrouted: {unrouted:?}");
 }
 
-/// A receive CQ overrun (prepared receives take no slot of the CQ's
-/// accounting, so they can fill a queue deeper than the CQ) raises CQ_ERR
-/// on rxe: routed to that CQ, not to the other CQ of the context. Events
-/// the queue pairs raise meanwhile (QP_FATAL, where the provider raises
-/// one; rxe 6.12 raised none in our runs) go to their subscribers.
+/// A receive CQ overrun (the safe path holds at most as many unclaimed
+/// receives as the CQ has room for: the one receive too many goes through
+/// the raw path) raises CQ_ERR on rxe: routed to that CQ, not to the other
+/// CQ of the context. Events the queue pairs raise meanwhile (QP_FATAL,
+/// where the provider raises one; rxe 6.12 raised none in our runs) go to
+/// their subscribers.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn async_route_cq_err_to_its_cq() {
@@ -278,29 +288,55 @@ fn async_route_cq_err_to_its_cq() {
     connect_pair(&dev, &sender, &receiver, local());
     let (rx_small, rx_big) = (small.async_events(), big.async_events());
     let (rx_recv, rx_send) = (receiver.async_events(), sender.async_events());
-    let mut prepared = receiver
-        .prepare_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+    let mut rq = receiver.recv_queue().unwrap();
+    let mut prepared = rq
+        .prepare(RecvRequest::new(pd.alloc(64, local()).unwrap()))
         .unwrap();
-    // The receive queue holds as many receives as the CQ (both rounded
-    // to 2^k - 1 by rxe): fill both, let the messages land, then one more
-    // receive (the consumed ones freed their slots, the CQ stays full)
-    // and one more message overrun the CQ.
+    // The receive queue holds as many receives as the CQ: fill both, let
+    // the messages land (the CQ stays full, unpolled), then one more
+    // receive and one more message overrun the CQ. The safe path keeps a
+    // receive's slot until its completion is polled, so it refuses the
+    // receive too many (QueueFull): that one is posted raw.
     let mut posted = 0u32;
-    while prepared.post().is_ok() {
-        posted += 1;
+    let stop = loop {
+        match rq.post_prepared(&mut prepared) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
         assert!(posted <= 4 * cap, "the receive queue never fills");
-    }
-    assert!(posted >= cap, "{posted} receives for a CQ of {cap}");
-    let send = |i: u32| {
-        sender
-            .post_send(SendRequest::send_inline(&i.to_le_bytes()))
-            .unwrap()
     };
-    (0..posted).for_each(send);
+    assert!(matches!(stop, Error::QueueFull { .. }), "{stop}");
+    assert!(posted >= cap, "{posted} receives for a CQ of {cap}");
+    let mut sq = sender.send_queue().unwrap();
+    let mut send = |i: u32| sq.send_inline(&i.to_le_bytes(), Wr::id(0)).unwrap();
+    (0..posted).for_each(&mut send);
     for c in common::wait(&big, posted as usize) {
         c.result().unwrap();
     }
-    prepared.post().unwrap();
+    assert!(
+        matches!(
+            rq.post_prepared(&mut prepared),
+            Err(Error::QueueFull { .. })
+        ),
+        "the unpolled completions keep their slots"
+    );
+    let extra = pd.alloc(64, local()).unwrap();
+    let mut sge = sys::ibv_sge {
+        addr: extra.addr(),
+        length: extra.len() as u32,
+        lkey: extra.lkey(),
+    };
+    let mut wr = sys::ibv_recv_wr {
+        wr_id: 0x0bad,
+        sg_list: &mut sge,
+        num_sge: 1,
+        ..Default::default()
+    };
+    // SAFETY: `extra` is registered in the QP's PD and forgotten below
+    // (never read, written or freed: its completion is the one the
+    // overrun loses); wr_id bit 63 is clear; one request.
+    unsafe { receiver.post_recv_raw(&mut wr) }.unwrap();
+    std::mem::forget(extra);
     send(posted);
     let (ev, unrouted) = routed_event(&dev.ctx, &rx_small);
     match ev {
@@ -326,7 +362,8 @@ fn async_route_cq_err_to_its_cq() {
     }
     assert!(unrouted.is_empty(), "unrouted: {unrouted:?}");
     // The postings whose completions the overrun lost keep their buffer
-    // for good (a leak, never a use after free): `prepared` is forgotten.
+    // for good (a leak, never a use after free): `prepared` is forgotten
+    // (as is the raw receive's buffer above).
     std::mem::forget(prepared);
 }
 
@@ -363,11 +400,11 @@ fn async_route_ids_are_not_reused() {
 async fn async_route_tokio_next_unrouted_routes() {
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
-    let a = srq_side(&dev, &pd, 8, 4);
+    let mut a = srq_side(&dev, &pd, 8, 4);
     let rx = a.srq.async_events();
     let mut events = ibverbs::AsyncEvents::new(&dev.ctx).unwrap();
     for i in 0..5u8 {
-        a.sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }
     for c in common::wait(&a.cq, 10) {
         c.result().unwrap();

@@ -13,7 +13,7 @@ use common::{device, pair, pattern, remote_all, wait, wait_ok, TestDevice};
 use ibverbs::{
     sys, AccessFlags, AddressHandle, AddressVector, CompletionQueue, ConnectOptions, Endpoint,
     Error, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortNumber, ProtectionDomain, QpAttr,
-    QpState, QpType, QueuePair, RecvRequest, SendRequest, WcOpcode, WcStatus,
+    QpState, QpType, QueuePair, SendRequest, UdDest, WcOpcode, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -409,12 +409,10 @@ fn registering_past_the_memlock_limit_names_the_limit() {
 #[ignore = "needs an RDMA device"]
 fn zero_length_operations_complete() {
     let p = pair(QpType::Rc, remote_all(), |b| b.max_inline_data(64));
-    let (a, b) = (&p.a, &p.b);
+    let (mut a, mut b) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
     // A zero-length send from a zero-length buffer into a zero-length receive.
-    b.post_recv(RecvRequest::new(p.pd.alloc(0, local()).unwrap()).wr_id(1))
-        .unwrap();
-    a.post_send(SendRequest::send(p.pd.alloc(0, local()).unwrap()).wr_id(2))
-        .unwrap();
+    b.recv(p.pd.alloc(0, local()).unwrap(), 1).unwrap();
+    a.send(p.pd.alloc(0, local()).unwrap(), Wr::id(2)).unwrap();
     let mut r = wait_ok(&p.cq_b);
     assert_eq!(
         (r.wr_id(), r.opcode(), r.byte_len()),
@@ -428,15 +426,14 @@ fn zero_length_operations_complete() {
     // Sends without any scatter/gather entry (empty list, empty inline,
     // with immediate data) into a non-empty receive: 0 bytes, buffer
     // untouched.
-    let sends = [
-        SendRequest::send_sgl(Vec::new()).wr_id(3),
-        SendRequest::send_inline(b"").wr_id(4),
-        SendRequest::send_inline(b"").imm(0xfeed).wr_id(5),
-    ];
-    for (i, req) in sends.into_iter().enumerate() {
-        b.post_recv(RecvRequest::new(filled(&p.pd, &[0xAB; 16])).wr_id(10 + i as u64))
-            .unwrap();
-        a.post_send(req).unwrap();
+    for i in 0..3 {
+        b.recv(filled(&p.pd, &[0xAB; 16]), 10 + i as u64).unwrap();
+        match i {
+            0 => a.send_sgl(Vec::new(), Wr::id(3)).map_err(Error::from),
+            1 => a.send_inline(b"", Wr::id(4)),
+            _ => a.send_inline(b"", Wr::id(5).imm(0xfeed)),
+        }
+        .unwrap();
         let mut r = wait_ok(&p.cq_b);
         assert_eq!((r.wr_id(), r.byte_len()), (10 + i as u64, 0), "{r:?}");
         assert_eq!(r.imm_data(), (i == 2).then_some(0xfeed));
@@ -449,24 +446,19 @@ fn zero_length_operations_complete() {
     let mut target = p.pd.alloc_shared(64, remote_all()).unwrap();
     target.copy_from_slice(0, &[0x5A; 64]).unwrap();
     let empty = target.remote().unwrap().slice(0, 0).unwrap();
-    a.post_send(SendRequest::write(p.pd.alloc(0, local()).unwrap(), empty).wr_id(20))
+    a.write(p.pd.alloc(0, local()).unwrap(), empty, Wr::id(20))
         .unwrap();
     let w = wait_ok(&p.cq_a);
     assert_eq!((w.wr_id(), w.opcode()), (20, WcOpcode::RdmaWrite));
-    a.post_send(SendRequest::read(p.pd.alloc(0, local()).unwrap(), empty).wr_id(21))
+    a.read(p.pd.alloc(0, local()).unwrap(), empty, Wr::id(21))
         .unwrap();
     let mut rd = wait_ok(&p.cq_a);
     assert_eq!((rd.wr_id(), rd.opcode()), (21, WcOpcode::RdmaRead));
     assert_eq!(rd.take_local().unwrap().len(), 0);
     // A zero-length RDMA write with immediate consumes a receive.
-    b.post_recv(RecvRequest::new(p.pd.alloc(8, local()).unwrap()).wr_id(30))
+    b.recv(p.pd.alloc(8, local()).unwrap(), 30).unwrap();
+    a.write(p.pd.alloc(0, local()).unwrap(), empty, Wr::id(22).imm(7))
         .unwrap();
-    a.post_send(
-        SendRequest::write(p.pd.alloc(0, local()).unwrap(), empty)
-            .imm(7)
-            .wr_id(22),
-    )
-    .unwrap();
     let r = wait_ok(&p.cq_b);
     assert_eq!(
         (r.wr_id(), r.opcode(), r.byte_len(), r.imm_data()),
@@ -498,10 +490,9 @@ fn maximum_length_operations_complete() {
     let data = pattern(len, 77);
 
     // Send/receive.
-    p.b.post_recv(RecvRequest::new(p.pd.alloc(len, local()).unwrap()).wr_id(1))
-        .unwrap();
-    p.a.post_send(SendRequest::send(filled(&p.pd, &data)).wr_id(2))
-        .unwrap();
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
+    rq.recv(p.pd.alloc(len, local()).unwrap(), 1).unwrap();
+    sq.send(filled(&p.pd, &data), Wr::id(2)).unwrap();
     let mut r = wait_ok(&p.cq_b);
     assert_eq!(r.byte_len() as usize, len);
     assert!(
@@ -513,11 +504,10 @@ fn maximum_length_operations_complete() {
     // RDMA write into the peer's memory, then read it back.
     let target = p.pd.alloc_shared(len, remote_all()).unwrap();
     let remote = target.remote().unwrap();
-    p.a.post_send(SendRequest::write(filled(&p.pd, &data), remote).wr_id(3))
-        .unwrap();
+    sq.write(filled(&p.pd, &data), remote, Wr::id(3)).unwrap();
     assert_eq!(wait_ok(&p.cq_a).wr_id(), 3);
     assert!(target.to_vec() == data, "written bytes differ");
-    p.a.post_send(SendRequest::read(p.pd.alloc(len, local()).unwrap(), remote).wr_id(4))
+    sq.read(p.pd.alloc(len, local()).unwrap(), remote, Wr::id(4))
         .unwrap();
     let mut rd = wait_ok(&p.cq_a);
     assert_eq!((rd.wr_id(), rd.byte_len() as usize), (4, len));
@@ -708,23 +698,28 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
     assert_eq!(qp.state().unwrap(), QpState::Rts);
 }
 
-/// Asserts that a send on `qp` in `state` is refused, handing the request
-/// back, and that no slot stays taken.
+/// Asserts that a send on `qp` in `state` is refused (the send queue's
+/// handle is not handed out before RTS), handing the request back, and
+/// that no slot stays taken.
 #[track_caller]
 fn send_refused(qp: &QueuePair, pd: &ProtectionDomain, state: QpState) {
-    let e = qp
-        .post_send(SendRequest::send(filled(pd, b"refused!")).wr_id(666))
-        .unwrap_err();
+    let e = qp.send_queue().unwrap_err();
+    assert!(
+        matches!(e, Error::NotReadyToSend { state: s } if s == state),
+        "in {state:?}: {e:?}"
+    );
+    assert!(e.to_string().contains("RTS"), "{e}");
+    // A post (through a handle taken for it) is refused the same way, its
+    // buffer back.
+    let e =
+        common::post_send(qp, SendRequest::send(filled(pd, b"refused!")).wr_id(666)).unwrap_err();
     assert!(
         matches!(e.error, Error::NotReadyToSend { state: s } if s == state),
         "in {state:?}: {:?}",
         e.error
     );
-    assert!(e.error.to_string().contains("RTS"), "{}", e.error);
-    assert_eq!(e.request.into_buffers().total_len(), 8);
-    let e = qp
-        .post_send(SendRequest::send_inline(b"inline!!").wr_id(667))
-        .unwrap_err();
+    assert_eq!(e.buf.total_len(), 8);
+    let e = common::post_send(qp, SendRequest::send_inline(b"inline!!").wr_id(667)).unwrap_err();
     assert!(
         matches!(e.error, Error::NotReadyToSend { state: s } if s == state),
         "in {state:?}: {:?}",
@@ -749,11 +744,17 @@ fn sends_before_rts_are_refused_and_never_run_later() {
     // RESET: no sends; receives are refused too (IBA C10-97.2.1; rxe
     // checks it, some providers accept them).
     send_refused(&qp, &pd, QpState::Reset);
-    match qp.post_recv(RecvRequest::new(pd.alloc(8, local()).unwrap())) {
+    // (The receive queue's handle, taken for this one post, is gone before
+    // the reset below: a live one would refuse it.)
+    let posted = qp
+        .recv_queue()
+        .unwrap()
+        .recv(pd.alloc(8, local()).unwrap(), 0);
+    match posted {
         Err(e) => {
             assert_verb(&e.error, "ibv_post_recv", &["RESET", "INIT"]);
             assert_eq!(e.error.raw_os_error(), Some(libc::EINVAL));
-            assert_eq!(e.request.into_buffers().total_len(), 8);
+            assert_eq!(e.buf.len(), 8);
             assert_eq!(qp.recv_outstanding(), 0);
         }
         Ok(()) if !common::is_rxe(&dev) => {
@@ -766,8 +767,8 @@ fn sends_before_rts_are_refused_and_never_run_later() {
     // INIT: receives are legal (IBA), sends are not.
     qp.to_init(dev.port, 0, local()).unwrap();
     send_refused(&qp, &pd, QpState::Init);
-    qp.post_recv(RecvRequest::new(pd.alloc(16, local()).unwrap()).wr_id(10))
-        .unwrap();
+    let mut rq = qp.recv_queue().unwrap();
+    rq.recv(pd.alloc(16, local()).unwrap(), 10).unwrap();
     assert_eq!(qp.recv_outstanding(), 1);
 
     // RTR: still no sends.
@@ -779,8 +780,8 @@ fn sends_before_rts_are_refused_and_never_run_later() {
     // RTS: the first send lands in the receive posted in INIT, and none of
     // the refused sends ever runs (exactly two completions).
     qp.to_rts(0x77, &opts).unwrap();
-    qp.post_send(SendRequest::send_inline(b"fresh").wr_id(20))
-        .unwrap();
+    let mut sq = qp.send_queue().unwrap();
+    sq.send_inline(b"fresh", Wr::id(20)).unwrap();
     let mut got = wait(&cq, 2);
     got.sort_by_key(|c| c.wr_id());
     for c in &got {
@@ -836,12 +837,11 @@ fn rxe_runs_a_send_it_refused_once_the_qp_is_ready() {
     let opts = ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     qp.to_rtr(&me, &opts).unwrap();
     qp.to_rts(0x99, &opts).unwrap();
+    let (mut sq, mut rq) = (qp.send_queue().unwrap(), qp.recv_queue().unwrap());
     for i in 0..2 {
-        qp.post_recv(RecvRequest::new(pd.alloc(16, local()).unwrap()).wr_id(i))
-            .unwrap();
+        rq.recv(pd.alloc(16, local()).unwrap(), i).unwrap();
     }
-    qp.post_send(SendRequest::send_inline(b"fresh").wr_id(7))
-        .unwrap();
+    sq.send_inline(b"fresh", Wr::id(7)).unwrap();
     let mut got = wait(&cq, 4);
     let stale = got.iter().position(|c| c.is_orphan()).unwrap_or_else(|| {
         panic!("the refused raw send did not run after all: {got:?}");
@@ -865,13 +865,12 @@ fn revoked_rkey_is_a_remote_access_error() {
     // Any handle keeps the region registered: the key still works.
     let mr = target.memory_region();
     drop(target);
-    p.a.post_send(SendRequest::write(filled(&p.pd, &[1; 8]), remote).wr_id(1))
-        .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(filled(&p.pd, &[1; 8]), remote, Wr::id(1)).unwrap();
     assert_eq!(wait_ok(&p.cq_a).wr_id(), 1);
     // The last handle gone, the region is deregistered and its rkey revoked.
     drop(mr);
-    p.a.post_send(SendRequest::write(filled(&p.pd, &[2; 8]), remote).wr_id(2))
-        .unwrap();
+    sq.write(filled(&p.pd, &[2; 8]), remote, Wr::id(2)).unwrap();
     let mut c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!(
         (c.wr_id(), c.status()),
@@ -924,13 +923,14 @@ fn ud_messages_longer_than_the_mtu_are_refused() {
         .create_ah(&AddressVector::for_port(&port_attr, &to_b, dev.gid_index).unwrap())
         .unwrap();
     assert_eq!(ah.port_mtu() as usize, mtu);
+    let (mut sq, mut rq) = (a.send_queue().unwrap(), b.recv_queue().unwrap());
+    let dest = UdDest::new(&ah, b.qp_num(), QKEY);
 
     // Exactly the MTU: delivered.
     let data = pattern(mtu, 3);
-    b.post_recv(RecvRequest::new(pd.alloc(GRH + 2 * mtu, local()).unwrap()).wr_id(1))
+    rq.recv(pd.alloc(GRH + 2 * mtu, local()).unwrap(), 1)
         .unwrap();
-    a.post_send(SendRequest::send(filled(&pd, &data)).ud(&ah, b.qp_num(), QKEY))
-        .unwrap();
+    sq.send_to(filled(&pd, &data), &dest, Wr::id(0)).unwrap();
     let mut r = wait_ok(&cq_b);
     assert_eq!(r.byte_len() as usize, GRH + mtu);
     assert!(r.take_local().unwrap()[GRH..GRH + mtu] == data[..]);
@@ -941,19 +941,18 @@ fn ud_messages_longer_than_the_mtu_are_refused() {
         matches!(e, Error::UdMessageTooLong { len, mtu: m }
             if *len as usize == mtu + 1 && *m as usize == mtu)
     };
-    let e = a
-        .post_send(SendRequest::send(filled(&pd, &pattern(mtu + 1, 4))).ud(&ah, b.qp_num(), QKEY))
+    let e = sq
+        .send_to(filled(&pd, &pattern(mtu + 1, 4)), &dest, Wr::id(0))
         .unwrap_err();
     assert!(too_long(&e.error), "{:?}", e.error);
-    assert_eq!(e.request.into_buffers().total_len() as usize, mtu + 1);
+    assert_eq!(e.buf.len(), mtu + 1);
     let sgl = vec![
         filled(&pd, &pattern(mtu, 5)).into(),
         filled(&pd, &[9]).into(),
     ];
-    let e = a
-        .post_send(SendRequest::send_sgl(sgl).ud(&ah, b.qp_num(), QKEY))
-        .unwrap_err();
+    let e = sq.send_sgl_to(sgl, &dest, Wr::id(0)).unwrap_err();
     assert!(too_long(&e.error), "{:?}", e.error);
+    assert_eq!(e.buf.len(), 2, "both buffers back");
     assert_eq!(a.send_outstanding(), 0);
     common::assert_quiet(&cq_a);
 
@@ -979,7 +978,7 @@ fn ud_messages_longer_than_the_mtu_are_refused() {
         remote_qpn: b.qp_num().0,
         remote_qkey: QKEY,
     };
-    b.post_recv(RecvRequest::new(pd.alloc(GRH + 2 * mtu, local()).unwrap()).wr_id(2))
+    rq.recv(pd.alloc(GRH + 2 * mtu, local()).unwrap(), 2)
         .unwrap();
     // SAFETY: `big` is registered in the QP's PD and neither read, written
     // nor dropped until the completion below; `ah` outlives the request;

@@ -21,7 +21,7 @@ use common::example_bin;
 use common::process::{self, device_args, Finished, Running};
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort, ProtectionDomain, QpType,
-    QueuePair, RemoteMemory, SendRequest, WcStatus,
+    QueuePair, RemoteMemory, WcStatus, Wr,
 };
 
 /// Longest any process may run.
@@ -196,11 +196,12 @@ impl Intruder {
             .alloc(BLOCK as usize, AccessFlags::LOCAL_WRITE)
             .unwrap();
         buf.fill(0xEE);
-        let req = match write {
-            true => SendRequest::write(buf, to),
-            false => SendRequest::read(buf, to),
-        };
-        self.qp.post_send(req.wr_id(1)).unwrap();
+        let mut sq = self.qp.send_queue().unwrap();
+        match write {
+            true => sq.write(buf, to, Wr::id(1)).unwrap(),
+            false => sq.read(buf, to, Wr::id(1)).unwrap(),
+        }
+        drop(sq);
         common::wait(&self.cq, 1).pop().unwrap().status()
     }
 }
@@ -259,13 +260,15 @@ fn blockstore_survives_hostile_clients() {
     // Leaves with reads in flight.
     {
         let i = intrude(port);
+        let mut sq = i.qp.send_queue().unwrap();
         for b in 0..4 {
             let buf =
                 i.pd.alloc(BLOCK as usize, AccessFlags::LOCAL_WRITE)
                     .unwrap();
             let from = i.store.slice(b * BLOCK, BLOCK).unwrap();
-            i.qp.post_send(SendRequest::read(buf, from)).unwrap();
+            sq.read(buf, from, Wr::id(0)).unwrap();
         }
+        drop(sq);
         drop(i);
     }
     // Leaves without saying it finished (TCP shut down, queue pair alive).

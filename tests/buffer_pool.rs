@@ -9,9 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{pair, pattern, wait_ok};
-use ibverbs::{
-    AccessFlags, BufferPool, Error, LocalBuffer, PutError, QpType, RecvRequest, SendRequest,
-};
+use ibverbs::{AccessFlags, BufferPool, Error, LocalBuffer, PutError, QpType, Wr};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -76,6 +74,8 @@ fn pool_shared_by_threads_over_real_queue_pairs() {
         for (t, (cq_a, cq_b, a, b)) in pairs.iter().enumerate() {
             let (pool, to_checker) = (&pool, to_checker.clone());
             s.spawn(move || {
+                let mut sq = a.send_queue().unwrap();
+                let mut rq = b.recv_queue().unwrap();
                 for i in 0..ITERS {
                     let mut send = get_waiting(pool);
                     send.copy_from_slice(&pattern(SIZE, (t * 7 + i) as u8));
@@ -86,9 +86,8 @@ fn pool_shared_by_threads_over_real_queue_pairs() {
                         drop(pool.get());
                     }
                     let recv = get_waiting(pool);
-                    b.post_recv(RecvRequest::new(recv).wr_id(i as u64)).unwrap();
-                    a.post_send(SendRequest::send(send).wr_id(i as u64))
-                        .unwrap();
+                    rq.recv(recv, i as u64).unwrap();
+                    sq.send(send, Wr::id(i as u64)).unwrap();
                     let mut s = wait_ok(cq_a);
                     pool.put(s.take_local().expect("the send buffer")).unwrap();
                     let mut r = wait_ok(cq_b);
@@ -231,15 +230,16 @@ fn pool_dropped_with_buffers_out() {
     let p = pair(QpType::Rc, local(), |b| b);
     let pool = p.pd.alloc_pool(4, 64, local()).build().unwrap();
     let mr = pool.memory_region().clone();
-    p.b.post_recv(RecvRequest::new(pool.get().unwrap()).wr_id(1))
-        .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
+    rq.recv(pool.get().unwrap(), 1).unwrap();
     let mut held = pool.get().unwrap();
     let kept = pool.get().unwrap().into_local();
     drop(pool);
 
     let mut msg = p.pd.alloc(64, local()).unwrap();
     msg.copy_from_slice(&pattern(64, 3));
-    p.a.post_send(SendRequest::send(msg)).unwrap();
+    sq.send(msg, Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let mut r = wait_ok(&p.cq_b);
     let got = r.take_local().unwrap();
@@ -250,10 +250,10 @@ fn pool_dropped_with_buffers_out() {
     drop(held); // back into a pool nobody can reach: dropped with it
     drop(mr);
     // The registration lives while any buffer does: post the last one.
-    p.b.post_recv(RecvRequest::new(kept)).unwrap();
+    rq.recv(kept, 0).unwrap();
     let mut msg = p.pd.alloc(64, local()).unwrap();
     msg.copy_from_slice(&pattern(64, 5));
-    p.a.post_send(SendRequest::send(msg)).unwrap();
+    sq.send(msg, Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let kept = wait_ok(&p.cq_b).take_local().unwrap();
     assert_eq!(kept[..], pattern(64, 5)[..]);
@@ -269,7 +269,11 @@ fn pool_dropped_with_buffers_out() {
 fn pool_buffer_posted_on_a_dropped_queue_pair_never_returns() {
     let p = pair(QpType::Rc, local(), |b| b);
     let pool = p.pd.alloc_pool(2, 64, local()).build().unwrap();
-    p.b.post_recv(RecvRequest::new(pool.get().unwrap()))
+    // Through a handle dropped at once (a live handle would keep the queue
+    // pair alive).
+    p.b.recv_queue()
+        .unwrap()
+        .recv(pool.get().unwrap(), 0)
         .unwrap();
     assert_eq!(pool.available(), 1);
     let common::Pair {
@@ -323,9 +327,11 @@ fn pool_on_huge_pages_or_its_refusal() {
         assert_eq!(pool.memory_region().addr() % page as u64, 0);
         let mut send = pool.get().unwrap();
         send.copy_from_slice(&pattern(4096, 9));
-        p.b.post_recv(RecvRequest::new(pool.get().unwrap()))
+        p.b.recv_queue()
+            .unwrap()
+            .recv(pool.get().unwrap(), 0)
             .unwrap();
-        p.a.post_send(SendRequest::send(send)).unwrap();
+        p.a.send_queue().unwrap().send(send, Wr::id(0)).unwrap();
         pool.put(wait_ok(&p.cq_a).take_local().unwrap()).unwrap();
         let got = wait_ok(&p.cq_b).take_local().unwrap();
         assert_eq!(got[..], pattern(4096, 9)[..]);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{AccessFlags, Error, QpType, RecvRequest, SendRequest, SgList, WcOpcode, WcStatus};
+use ibverbs::{AccessFlags, Error, QpType, SgList, WcOpcode, WcStatus, Wr};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -22,12 +22,18 @@ fn an_empty_receive_takes_a_write_with_immediate() {
     let p = pair(QpType::Rc, remote_all(), |b| b);
     let target = p.pd.alloc_shared(64, remote_all()).unwrap();
     let remote = target.remote().unwrap();
-    p.b.post_recv(RecvRequest::empty().wr_id(5)).unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
+    rq.recv_empty(5).unwrap();
     assert_eq!(p.b.recv_outstanding(), 1);
     let mut src = p.pd.alloc(8, local()).unwrap();
     src.copy_from_slice(b"imm-data");
-    p.a.post_send(SendRequest::write(src, remote.slice(16, 8).unwrap()).imm(0x00c0_ffee))
-        .unwrap();
+    sq.write(
+        src,
+        remote.slice(16, 8).unwrap(),
+        Wr::id(0).imm(0x00c0_ffee),
+    )
+    .unwrap();
     wait_ok(&p.cq_a);
     let mut r = wait_ok(&p.cq_b);
     assert_eq!(
@@ -45,8 +51,8 @@ fn an_empty_receive_takes_a_write_with_immediate() {
     assert_eq!(&got, b"imm-data");
 
     // A zero-length send: fits.
-    p.b.post_recv(RecvRequest::empty().wr_id(6)).unwrap();
-    p.a.post_send(SendRequest::send_inline(b"").imm(1)).unwrap();
+    rq.recv_empty(6).unwrap();
+    sq.send_inline(b"", Wr::id(0).imm(1)).unwrap();
     wait_ok(&p.cq_a);
     let r = wait_ok(&p.cq_b);
     assert_eq!((r.wr_id(), r.byte_len(), r.imm_data()), (6, 0, Some(1)));
@@ -54,8 +60,8 @@ fn an_empty_receive_takes_a_write_with_immediate() {
     // A send with a payload: no room for it (rxe reports a local QP
     // operation error at the receiver, a remote operation error at the
     // sender).
-    p.b.post_recv(RecvRequest::empty().wr_id(7)).unwrap();
-    p.a.post_send(SendRequest::send_inline(b"x")).unwrap();
+    rq.recv_empty(7).unwrap();
+    sq.send_inline(b"x", Wr::id(0)).unwrap();
     let r = wait(&p.cq_b, 1).pop().unwrap();
     let s = wait(&p.cq_a, 1).pop().unwrap();
     eprintln!(
@@ -83,13 +89,15 @@ fn an_empty_receive_takes_a_write_with_immediate() {
             .build()
             .unwrap();
     common::connect_pair(dev, &a, &b, remote_all());
-    srq.post_recv(RecvRequest::empty().wr_id(8)).unwrap();
-    a.post_send(
-        SendRequest::write(p.pd.alloc(4, local()).unwrap(), remote.slice(0, 4).unwrap())
-            .imm(9)
-            .wr_id(10),
-    )
-    .unwrap();
+    srq.recv_queue().unwrap().recv_empty(8).unwrap();
+    a.send_queue()
+        .unwrap()
+        .write(
+            p.pd.alloc(4, local()).unwrap(),
+            remote.slice(0, 4).unwrap(),
+            Wr::id(10).imm(9),
+        )
+        .unwrap();
     let mut got = wait(&cq, 2);
     got.sort_by_key(|c| c.wr_id());
     assert!(got.iter().all(|c| c.is_success()), "{got:?}");
@@ -113,13 +121,15 @@ fn chunks_of_one_registration_post_independently_and_join_back() {
         );
     }
     assert_eq!((rest.addr(), rest.len()), (addr + 1024, 100));
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     for (i, c) in chunks.into_iter().enumerate() {
-        p.b.post_recv(RecvRequest::new(c).wr_id(i as u64)).unwrap();
+        rq.recv(c, i as u64).unwrap();
     }
     for i in 0..4u8 {
         let mut m = p.pd.alloc(256, local()).unwrap();
         m.copy_from_slice(&pattern(256, i));
-        p.a.post_send(SendRequest::send(m)).unwrap();
+        sq.send(m, Wr::id(0)).unwrap();
     }
     wait(&p.cq_a, 4);
     let mut back: Vec<_> = wait(&p.cq_b, 4)
@@ -177,21 +187,20 @@ fn typed_views_of_plain_old_data() {
 
     let mut target = p.pd.alloc_shared(512, remote_all()).unwrap();
     let remote = target.remote().unwrap();
-    p.a.post_send(SendRequest::write(
-        frozen.clone(),
-        remote.slice(3, 256).unwrap(),
-    ))
-    .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(frozen.clone(), remote.slice(3, 256).unwrap(), Wr::id(0))
+        .unwrap();
     wait_ok(&p.cq_a);
     let mut out = vec![0f32; 64];
     target.read_into(3, &mut out).unwrap(); // offset 3: no alignment needed
     assert_eq!(out, values);
     let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
     target.write_from(256, &doubled).unwrap();
-    p.a.post_send(SendRequest::read(
+    sq.read(
         p.pd.alloc(256, local()).unwrap(),
         remote.slice(256, 256).unwrap(),
-    ))
+        Wr::id(0),
+    )
     .unwrap();
     let mut c = wait_ok(&p.cq_a);
     let back = c.take_local().unwrap();

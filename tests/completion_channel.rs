@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Completions, LocalBuffer, ProtectionDomain,
-    QpType, QueuePair, RecvRequest, SendRequest, WcOpcode,
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, CompletionRef, Completions,
+    LocalBuffer, ProtectionDomain, QpType, QueuePair, WcOpcode, Wr,
 };
 
 /// Aborts the whole process unless disarmed (dropped) within `limit`:
@@ -100,19 +100,48 @@ fn wired(sender_on_channel: bool) -> Wired {
     }
 }
 
+impl Wired {
+    /// Posts a receive into `buf` on `b`, through a handle taken for it
+    /// (none is kept: the tests drop the queue pairs in a given order).
+    fn recv(&self, buf: LocalBuffer, wr_id: u64) {
+        self.b.recv_queue().unwrap().recv(buf, wr_id).unwrap();
+    }
+
+    /// Sends `buf` from `a` with `o`, through a handle taken for it.
+    fn send(&self, buf: LocalBuffer, o: Wr) {
+        self.a.send_queue().unwrap().send(buf, o).unwrap();
+    }
+}
+
 fn buf(pd: &ProtectionDomain, fill: u8) -> LocalBuffer {
     let mut b = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
     b.fill(fill);
     b
 }
 
-/// Polls `cq` until empty (without waiting).
-fn drain(cq: &CompletionQueue, batch: &mut Completions) -> Vec<ibverbs::Completion> {
+/// Polls `cq` until empty (without waiting), keeping what came, owned.
+fn drain(cq: &CompletionQueue, batch: &mut Completions) -> Vec<Completion> {
     let mut out = Vec::new();
-    while cq.poll(batch).unwrap() > 0 {
-        out.extend(batch.drain());
+    loop {
+        let polled = cq.poll(batch).unwrap();
+        if polled.is_empty() {
+            break;
+        }
+        out.extend(polled.map(CompletionRef::into_owned));
     }
     out
+}
+
+/// `cq.wait` into `out`, keeping what came, owned.
+fn wait_owned(
+    cq: &CompletionQueue,
+    out: &mut Completions,
+    timeout: Option<Duration>,
+) -> Vec<Completion> {
+    cq.wait(out, timeout)
+        .unwrap()
+        .map(CompletionRef::into_owned)
+        .collect()
 }
 
 /// Drops everything under a 10 s watchdog.
@@ -129,9 +158,8 @@ fn event_wakes_poll_and_names_the_cq() {
     let fd = w.ch.as_raw_fd();
     w.cq_a.req_notify(false).unwrap();
     assert!(!readable(fd, 0), "no event before any completion");
-    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
-    w.a.post_send(SendRequest::send(buf(&w.pd, 0x5A)).wr_id(7))
-        .unwrap();
+    w.recv(buf(&w.pd, 0), 0);
+    w.send(buf(&w.pd, 0x5A), Wr::id(7));
     assert!(
         readable(fd, 5000),
         "the channel fd becomes readable for the armed CQ's completion"
@@ -169,21 +197,18 @@ fn solicited_only_ignores_unsolicited_completions() {
     let w = wired(false);
     let fd = w.ch.as_raw_fd();
     for i in 0..2 {
-        w.b.post_recv(RecvRequest::new(buf(&w.pd, 0)).wr_id(i))
-            .unwrap();
+        w.recv(buf(&w.pd, 0), i);
     }
     w.cq_b.req_notify(true).unwrap();
     // Unsolicited: the RC ACK (sender's completion) proves it arrived.
-    w.a.post_send(SendRequest::send(buf(&w.pd, 1)).wr_id(1))
-        .unwrap();
+    w.send(buf(&w.pd, 1), Wr::id(1));
     common::wait_ok(&w.cq_a);
     assert!(
         !readable(fd, 200),
         "an unsolicited receive must not wake a solicited-only CQ"
     );
     // Solicited: wakes it.
-    w.a.post_send(SendRequest::send(buf(&w.pd, 2)).wr_id(2).solicited(true))
-        .unwrap();
+    w.send(buf(&w.pd, 2), Wr::id(2).solicited());
     common::wait_ok(&w.cq_a);
     assert!(
         readable(fd, 5000),
@@ -215,8 +240,8 @@ fn unacknowledged_event_does_not_block_destroy() {
     // dropping the CQ must acknowledge it (ibv_destroy_cq waits otherwise).
     let w = wired(true);
     w.cq_a.req_notify(false).unwrap();
-    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
-    w.a.post_send(SendRequest::send(buf(&w.pd, 3))).unwrap();
+    w.recv(buf(&w.pd, 0), 0);
+    w.send(buf(&w.pd, 3), Wr::id(0));
     assert!(readable(w.ch.as_raw_fd(), 5000), "event arrives");
     let cq = w.ch.get_event().unwrap().expect("live CQ");
     assert_eq!(cq.as_ptr(), w.cq_a.as_ptr());
@@ -254,8 +279,8 @@ fn unread_event_does_not_block_destroy() {
     let w = wired(true);
     w.cq_a.req_notify(false).unwrap();
     w.cq_b.req_notify(false).unwrap();
-    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
-    w.a.post_send(SendRequest::send(buf(&w.pd, 4))).unwrap();
+    w.recv(buf(&w.pd, 0), 0);
+    w.send(buf(&w.pd, 4), Wr::id(0));
     common::wait_ok(&w.cq_a);
     common::wait_ok(&w.cq_b);
     assert!(readable(w.ch.as_raw_fd(), 5000), "events pending");
@@ -285,10 +310,8 @@ fn many_events_on_two_cqs_then_drop() {
     for round in 0..ROUNDS {
         let mut s = send.take().unwrap();
         s[..8].copy_from_slice(&(round as u64).to_le_bytes());
-        w.b.post_recv(RecvRequest::new(recv.take().unwrap()).wr_id(round as u64))
-            .unwrap();
-        w.a.post_send(SendRequest::send(s).wr_id(round as u64))
-            .unwrap();
+        w.recv(recv.take().unwrap(), round as u64);
+        w.send(s, Wr::id(round as u64));
         let deadline = Instant::now() + Duration::from_secs(10);
         while send.is_none() || recv.is_none() {
             assert!(
@@ -350,8 +373,8 @@ fn destroy_waits_for_the_ack_of_an_event_read() {
     // must block in `ibv_destroy_cq` until the acknowledgement.
     let w = wired(true);
     w.cq_a.req_notify(false).unwrap();
-    w.b.post_recv(RecvRequest::new(buf(&w.pd, 0))).unwrap();
-    w.a.post_send(SendRequest::send(buf(&w.pd, 6))).unwrap();
+    w.recv(buf(&w.pd, 0), 0);
+    w.send(buf(&w.pd, 6), Wr::id(0));
     common::wait_ok(&w.cq_a);
     common::wait_ok(&w.cq_b);
     assert!(readable(w.ch.as_raw_fd(), 5000), "event arrives");
@@ -412,13 +435,13 @@ fn own_channel() -> Wired {
 /// Sends `msg` from `w.a` (posting a receive on `w.b` first is the
 /// caller's) and takes the send buffer back.
 fn send_and_reap(w: &Wired, msg: LocalBuffer, wr_id: u64) -> LocalBuffer {
-    w.a.post_send(SendRequest::send(msg).wr_id(wr_id)).unwrap();
+    w.send(msg, Wr::id(wr_id));
     let mut c = common::wait_ok(&w.cq_a);
     c.take_local().expect("send buffer back")
 }
 
 /// The one receive completion of `out`, checked: `wr_id` and first byte.
-fn one_receive(out: &mut Completions, wr_id: u64, fill: u8) -> LocalBuffer {
+fn one_receive(mut out: Vec<Completion>, wr_id: u64, fill: u8) -> LocalBuffer {
     assert_eq!(out.len(), 1, "{out:?}");
     let mut c = out.pop().unwrap();
     c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
@@ -437,37 +460,33 @@ fn wait_returns_completions_from_before_and_during_the_wait() {
     let mut sbuf = buf(&w.pd, 0);
     // Before: the receive completed before the wait began (the sender's
     // completion follows the receiver's ACK).
-    w.b.post_recv(RecvRequest::new(rbuf).wr_id(1)).unwrap();
+    w.recv(rbuf, 1);
     sbuf.fill(1);
     sbuf = send_and_reap(&w, sbuf, 1);
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
-    assert_eq!(
-        w.cq_b
-            .wait(&mut out, Some(Duration::from_secs(10)))
-            .unwrap(),
-        1
-    );
+    let got = wait_owned(&w.cq_b, &mut out, Some(Duration::from_secs(10)));
+    assert_eq!(got.len(), 1);
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    rbuf = one_receive(&mut out, 1, 1);
+    rbuf = one_receive(got, 1, 1);
     // During: another thread sends 200 ms into the wait, which sleeps on
     // the channel (with a deadline, then without).
     for (round, timeout) in [(2u64, Some(Duration::from_secs(10))), (3, None)] {
-        w.b.post_recv(RecvRequest::new(rbuf).wr_id(round)).unwrap();
+        w.recv(rbuf, round);
         sbuf.fill(round as u8);
         let t = Instant::now();
         let cpu = thread_cpu();
-        let (n, back) = std::thread::scope(|s| {
+        let (got, back) = std::thread::scope(|s| {
             let sender = s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(200));
                 send_and_reap(&w, sbuf, round)
             });
-            let n = w.cq_b.wait(&mut out, timeout).unwrap();
-            (n, sender.join().unwrap())
+            let got = wait_owned(&w.cq_b, &mut out, timeout);
+            (got, sender.join().unwrap())
         });
         let (wall, cpu) = (t.elapsed(), thread_cpu() - cpu);
         sbuf = back;
-        assert_eq!(n, 1, "round {round}");
+        assert_eq!(got.len(), 1, "round {round}");
         assert!(
             wall >= Duration::from_millis(200) && wall < Duration::from_secs(5),
             "round {round}: woke after {wall:?}"
@@ -476,7 +495,7 @@ fn wait_returns_completions_from_before_and_during_the_wait() {
             cpu < Duration::from_millis(20) + wall / 10,
             "round {round}: {cpu:?} of CPU in {wall:?}: the wait did not sleep"
         );
-        rbuf = one_receive(&mut out, round, round as u8);
+        rbuf = one_receive(got, round, round as u8);
     }
     drop((rbuf, sbuf));
     drop_all(w);
@@ -491,7 +510,7 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
         let timeout = Duration::from_millis(ms);
         let t = Instant::now();
         let cpu = thread_cpu();
-        let n = w.cq_b.wait(&mut out, Some(timeout)).unwrap();
+        let n = w.cq_b.wait(&mut out, Some(timeout)).unwrap().len();
         let (wall, cpu) = (t.elapsed(), thread_cpu() - cpu);
         assert_eq!(n, 0, "nothing to complete");
         assert!(
@@ -509,7 +528,10 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
     let err = w.ch.get_event().unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EAGAIN), "{err}");
     // No channel: nothing to sleep on.
-    let err = w.cq_a.wait(&mut out, Some(Duration::ZERO)).unwrap_err();
+    let err = w
+        .cq_a
+        .wait(&mut out, Some(Duration::ZERO))
+        .expect_err("a wait on a CQ without a channel is refused");
     assert!(
         matches!(
             err,
@@ -523,7 +545,10 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
     // A channel two CQs report to: an event read for the other would be
     // lost to it.
     let w = wired(true);
-    let err = w.cq_b.wait(&mut out, Some(Duration::ZERO)).unwrap_err();
+    let err = w
+        .cq_b
+        .wait(&mut out, Some(Duration::ZERO))
+        .expect_err("a wait on a shared channel is refused");
     assert!(
         matches!(err, ibverbs::Error::CompletionChannelShared { cqs: 2 }),
         "{err:?}"
@@ -556,18 +581,15 @@ fn many_waits_acknowledge_their_events() {
             }
         });
         for round in 0..ROUNDS {
-            w.b.post_recv(RecvRequest::new(rbuf).wr_id(round)).unwrap();
+            w.recv(rbuf, round);
             go.send((round, sbuf)).unwrap();
             let t = Instant::now();
-            let n = w
-                .cq_b
-                .wait(&mut out, Some(Duration::from_secs(10)))
-                .unwrap();
-            assert_eq!(n, 1, "round {round}");
+            let got = wait_owned(&w.cq_b, &mut out, Some(Duration::from_secs(10)));
+            assert_eq!(got.len(), 1, "round {round}");
             if t.elapsed() >= Duration::from_millis(2) {
                 slept += 1;
             }
-            rbuf = one_receive(&mut out, round, round as u8);
+            rbuf = one_receive(got, round, round as u8);
             sbuf = came_back.recv().unwrap();
         }
         drop(go);
@@ -597,8 +619,7 @@ fn wait_finds_a_completion_that_raised_no_event() {
     for round in 0..ROUNDS {
         let ids = [2 * round, 2 * round + 1];
         for id in ids {
-            w.b.post_recv(RecvRequest::new(buf(&w.pd, 0)).wr_id(id))
-                .unwrap();
+            w.recv(buf(&w.pd, 0), id);
         }
         let (first, second) = std::thread::scope(|s| {
             let waiter = |capacity| {
@@ -606,8 +627,8 @@ fn wait_finds_a_completion_that_raised_no_event() {
                 move || {
                     let mut out = Completions::with_capacity(capacity);
                     let t = Instant::now();
-                    let n = w.cq_b.wait(&mut out, Some(deadline)).unwrap();
-                    (n, out, t.elapsed())
+                    let got = wait_owned(&w.cq_b, &mut out, Some(deadline));
+                    (got, t.elapsed())
                 }
             };
             let first = s.spawn(waiter(1));
@@ -615,8 +636,7 @@ fn wait_finds_a_completion_that_raised_no_event() {
             let second = s.spawn(waiter(4));
             std::thread::sleep(Duration::from_millis(100));
             for id in ids {
-                w.a.post_send(SendRequest::send(buf(&w.pd, id as u8)).wr_id(id))
-                    .unwrap();
+                w.send(buf(&w.pd, id as u8), Wr::id(id));
             }
             for c in common::wait(&w.cq_a, 2) {
                 c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
@@ -624,7 +644,8 @@ fn wait_finds_a_completion_that_raised_no_event() {
             (first.join().unwrap(), second.join().unwrap())
         });
         let mut got = Vec::new();
-        for (who, (n, mut out, took)) in [("first", first), ("second", second)] {
+        for (who, (mut out, took)) in [("first", first), ("second", second)] {
+            let n = out.len();
             assert_eq!(n, 1, "round {round}: the {who} waiter got {n}: {out:?}");
             assert!(
                 took < deadline / 2,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{pair, pattern, remote_all};
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, Completions, Error, LocalBuffer, QpType, QueuePair,
-    RemoteMemory, SendRequest, SgList, WcOpcode, WorkCompletion,
+    RemoteMemory, SendRequest, SgList, WcOpcode, WorkCompletion, Wr,
 };
 
 /// Polls one completion with `poll_one`: its entry into `wc`, its buffers
@@ -37,7 +37,8 @@ fn poll_one_gives_the_callers_wr_id_and_the_buffers_back() {
     let mut wc = WorkCompletion::default();
     // An owned-buffer request: the buffer comes back with the entry.
     let dst = p.pd.alloc(128, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(SendRequest::read(dst, remote.slice(64, 128).unwrap()).wr_id(77))
+    let mut sq = p.a.send_queue().unwrap();
+    sq.read(dst, remote.slice(64, 128).unwrap(), Wr::id(77))
         .unwrap();
     let back = match poll_into_ok(&p.cq_a, &mut wc) {
         SgList::One(b) => b.into_local().unwrap(),
@@ -46,11 +47,11 @@ fn poll_one_gives_the_callers_wr_id_and_the_buffers_back() {
     assert_eq!((wc.wr_id(), wc.opcode()), (77, WcOpcode::RdmaRead));
     assert_eq!(&back[..], &pattern(512, 5)[64..192]);
     // A prepared posting: no buffers, its count taken back.
-    let mut read =
-        p.a.prepare_send(SendRequest::read(back, remote.slice(0, 128).unwrap()).wr_id(78))
-            .unwrap();
+    let mut read = sq
+        .prepare(SendRequest::read(back, remote.slice(0, 128).unwrap()).wr_id(78))
+        .unwrap();
     for _ in 0..3 {
-        read.post().unwrap();
+        sq.post_prepared(&mut read).unwrap();
         assert!(matches!(poll_into_ok(&p.cq_a, &mut wc), SgList::Empty));
         assert_eq!(wc.wr_id(), 78);
         assert!(!read.is_posted(), "the completion kept a count");
@@ -66,7 +67,7 @@ fn create_poll_empty_and_arm() {
     let cq = t.ctx.create_cq(100).build().unwrap();
     assert!(cq.capacity() >= 100);
     let mut out = Completions::with_capacity(8);
-    assert_eq!(cq.poll(&mut out).unwrap(), 0);
+    assert_eq!(cq.poll(&mut out).unwrap().len(), 0);
     let mut raw = [ibverbs::WorkCompletion::default(); 4];
     // SAFETY: no queue pair reports to `cq`.
     assert_eq!(unsafe { cq.poll_raw(&mut raw) }.unwrap(), 0);
@@ -121,7 +122,9 @@ fn marked(i: usize) -> Vec<u8> {
 /// `wr_id` = round << 32 | i.
 fn post_write(qp: &QueuePair, i: usize, buf: LocalBuffer, remote: &RemoteMemory, round: u64) {
     let dst = remote.slice((i * LEN) as u64, LEN as u64).unwrap();
-    qp.post_send(SendRequest::write(buf, dst).wr_id(round << 32 | i as u64))
+    qp.send_queue()
+        .unwrap()
+        .write(buf, dst, Wr::id(round << 32 | i as u64))
         .unwrap();
 }
 
@@ -149,8 +152,8 @@ fn collect(cq: &CompletionQueue, live: usize) -> (Vec<Completion>, Vec<Completio
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut quiet_from = None;
     loop {
-        cq.poll(&mut batch).unwrap();
-        for c in batch.drain() {
+        for c in cq.poll(&mut batch).unwrap() {
+            let c = c.into_owned();
             if c.is_orphan() {
                 orphans.push(c);
             } else {

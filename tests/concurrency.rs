@@ -1,22 +1,24 @@
 //! Queue pairs and completion queues used from several threads at once
 //! (device tests), and the `Send`/`Sync` promises of the handles.
 //!
-//! Threads: one (or two) posting sends on an RC QP, one polling the
-//! sender's CQ and handing the buffers back to their sender, one polling
-//! the receiver's CQ and re-posting receives. Every message carries its
+//! Threads: one (or two, sharing its send queue's handle in a `Mutex`)
+//! posting sends on an RC QP, one polling the sender's CQ and handing the
+//! buffers back to their sender, one polling the receiver's CQ and
+//! re-posting receives (through the receive queue's handle it owns). Every message carries its
 //! sender and sequence number; all must arrive in order and every buffer
 //! must come home.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, RecvTimeoutError};
 use ibverbs::{
     AccessFlags, AddressHandle, Completion, CompletionChannel, CompletionQueue, Completions,
-    Context, FrozenBuffer, LocalBuffer, MemoryRegion, ProtectionDomain, QpType, QueuePair,
-    RecvRequest, SendRequest, SharedBuffer, SharedReceiveQueue,
+    Context, FrozenBuffer, LocalBuffer, MemoryRegion, Polled, ProtectionDomain, QpType, QueuePair,
+    RecvQueue, RecvRequest, SendQueue, SendRequest, SharedBuffer, SharedReceiveQueue, Wr,
 };
 
 const MSG: usize = 64;
@@ -59,14 +61,12 @@ fn join<T>(h: crossbeam::thread::ScopedJoinHandle<'_, T>) -> T {
 }
 
 /// Polls `cq` once; yields the CPU when it was empty.
-fn poll_some<'a>(
-    cq: &CompletionQueue,
-    batch: &'a mut Completions,
-) -> impl Iterator<Item = Completion> + 'a {
-    if cq.poll(batch).expect("ibv_poll_cq") == 0 {
+fn poll_some<'a>(cq: &CompletionQueue, batch: &'a mut Completions) -> Polled<'a> {
+    let polled = cq.poll(batch).expect("ibv_poll_cq");
+    if polled.is_empty() {
         std::thread::yield_now();
     }
-    batch.drain()
+    polled
 }
 
 /// `senders` threads each send `per_sender` messages on one RC QP.
@@ -102,11 +102,16 @@ fn run(senders: usize, per_sender: u64) {
         );
     }
     let posted_first = first_recvs.len() as u64;
-    p.b.post_recv(&mut first_recvs).unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
+    rq.post_chain(&mut first_recvs).unwrap();
+    assert!(first_recvs.is_empty(), "every first receive posted");
+    // The send queue's handle, shared by the sending threads.
+    let sq = Mutex::new(p.a.send_queue().unwrap());
 
     let (pools, recvs) = crossbeam::scope(|s| {
         let p = &p;
         let abort = &abort;
+        let sq = &sq;
         let senders_h: Vec<_> = pools
             .into_iter()
             .zip(rxs)
@@ -133,7 +138,9 @@ fn run(senders: usize, per_sender: u64) {
                         let mut b = pool.pop().unwrap();
                         fill_message(&mut b, id, seq);
                         let wr_id = ((id as u64) << 32) | seq;
-                        p.a.post_send(SendRequest::send(b).wr_id(wr_id))
+                        sq.lock()
+                            .unwrap()
+                            .send(b, Wr::id(wr_id))
                             .unwrap_or_else(|e| {
                                 panic!("sender {id}: post_send {seq}: {}", e.error)
                             });
@@ -180,6 +187,7 @@ fn run(senders: usize, per_sender: u64) {
         // Polls the receiver's CQ, checks each message, re-posts receives.
         let receiver = s.spawn(move |_| {
             let _guard = AbortOnPanic(abort);
+            let mut rq = rq;
             let mut batch = Completions::with_capacity(32);
             let mut next = vec![0u64; senders];
             let mut posted = posted_first;
@@ -203,7 +211,7 @@ fn run(senders: usize, per_sender: u64) {
                     next[id] += 1;
                     got += 1;
                     if posted < total {
-                        p.b.post_recv(RecvRequest::new(b).wr_id(posted))
+                        rq.recv(b, posted)
                             .unwrap_or_else(|e| panic!("re-posting receive {posted}: {}", e.error));
                         posted += 1;
                     } else {
@@ -287,6 +295,9 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<LocalBuffer>();
     assert_send_sync::<SharedBuffer>();
     assert_send_sync::<FrozenBuffer>();
+    // The posting handles: shared in a `Mutex`, or moved to a thread.
+    assert_send_sync::<SendQueue>();
+    assert_send_sync::<RecvQueue>();
     // Completions (with the buffers they hand back) move between threads.
     assert_send::<Completion>();
     assert_send::<Completions>();

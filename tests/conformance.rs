@@ -10,8 +10,8 @@ mod common;
 
 use common::{device, pair, pattern, remote_all, wait, Pair};
 use ibverbs::{
-    AccessFlags, Error, LocalBuffer, QpAttr, QpCaps, QpState, QpType, QueuePair, RecvRequest,
-    RemoteKey, RemoteMemory, SendOp, SendOps, SendRequest, WcStatus,
+    AccessFlags, Error, LocalBuffer, Posted, QpAttr, QpCaps, QpState, QpType, QueuePair, RemoteKey,
+    RemoteMemory, SendOp, SendOps, SendQueue, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -36,14 +36,14 @@ const ALL: [Remote; 4] = [
 ];
 
 impl Remote {
-    fn request(self, buf: LocalBuffer, remote: RemoteMemory) -> SendRequest<'static> {
+    fn post(self, sq: &mut SendQueue, buf: LocalBuffer, remote: RemoteMemory, o: Wr) -> Posted {
         match self {
             // The word holds the pattern, not 0: the swap would not happen
             // anyway, but the request still needs the right.
-            Remote::CompareSwap => SendRequest::compare_and_swap(buf, remote, 0, 42),
-            Remote::FetchAdd => SendRequest::fetch_and_add(buf, remote, 1),
-            Remote::Read => SendRequest::read(buf, remote),
-            Remote::Write => SendRequest::write(buf, remote),
+            Remote::CompareSwap => sq.compare_and_swap(buf, remote, 0, 42, o),
+            Remote::FetchAdd => sq.fetch_and_add(buf, remote, 1, o),
+            Remote::Read => sq.read(buf, remote, o),
+            Remote::Write => sq.write(buf, remote, o),
         }
     }
 }
@@ -65,13 +65,17 @@ struct Refusal {
 /// that neither queue keeps anything outstanding, and that the target is
 /// unchanged. Returns the status and the responder's state.
 fn refuse(p: &Pair, op: Remote, remote: RemoteMemory, target: &ibverbs::SharedBuffer) -> Refusal {
-    p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(30))
+    p.b.recv_queue()
+        .unwrap()
+        .recv(p.pd.alloc(64, local()).unwrap(), 30)
         .unwrap();
     let mut buf = p.pd.alloc(8, local()).unwrap();
     buf.copy_from_slice(&[0xEE; 8]);
-    p.a.post_send(op.request(buf, remote).wr_id(10)).unwrap();
-    p.a.post_send(SendRequest::send(p.pd.alloc(16, local()).unwrap()).wr_id(11))
+    let mut sq = p.a.send_queue().unwrap();
+    op.post(&mut sq, buf, remote, Wr::id(10)).unwrap();
+    sq.send(p.pd.alloc(16, local()).unwrap(), Wr::id(11))
         .unwrap();
+    drop(sq);
     let got = wait(&p.cq_a, 2);
     let (mut first, mut second) = {
         let mut it = got.into_iter();
@@ -216,7 +220,8 @@ fn conformance_requests_with_every_right_succeed() {
     for op in ALL {
         let p = pair(QpType::Rc, remote_all(), |b| b);
         let (_t, word) = target(&p, remote_all());
-        p.a.post_send(op.request(p.pd.alloc(8, local()).unwrap(), word).wr_id(1))
+        let mut sq = p.a.send_queue().unwrap();
+        op.post(&mut sq, p.pd.alloc(8, local()).unwrap(), word, Wr::id(1))
             .unwrap();
         let mut c = common::wait_ok(&p.cq_a);
         assert_eq!(c.take_local().map(|b| b.len()), Some(8), "{op:?}");
@@ -495,27 +500,23 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
             .map(|_| ibverbs::Buf::Local(p.pd.alloc(8, local()).unwrap()))
             .collect::<Vec<_>>()
     };
-    let e =
-        p.b.post_recv(RecvRequest::sgl(bufs(max + 1)).wr_id(1))
-            .unwrap_err();
+    let mut rq = p.b.recv_queue().unwrap();
+    let e = rq.recv_sgl(bufs(max + 1), 1).unwrap_err();
     eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);
     assert!(
         matches!(e.error, Error::TooManySges { got, max: m } if got == max as usize + 1 && m == max),
         "{:?}",
         e.error
     );
-    match e.request.into_buffers() {
-        ibverbs::SgList::Many(v) => assert_eq!(v.len(), max as usize + 1),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(e.buf.len(), max as usize + 1, "every buffer comes back");
     assert_eq!(p.b.recv_outstanding(), 0);
 
     // Exactly max_recv_sge: accepted, and a send scatters over them.
-    p.b.post_recv(RecvRequest::sgl(bufs(max)).wr_id(2)).unwrap();
+    rq.recv_sgl(bufs(max), 2).unwrap();
     let total = 8 * max as usize;
     let mut src = p.pd.alloc(total, local()).unwrap();
     src.copy_from_slice(&pattern(total, 9));
-    p.a.post_send(SendRequest::send(src).wr_id(3)).unwrap();
+    p.a.send_queue().unwrap().send(src, Wr::id(3)).unwrap();
     common::wait_ok(&p.cq_a);
     let mut c = common::wait_ok(&p.cq_b);
     assert_eq!((c.wr_id(), c.wc().byte_len() as usize), (2, total));

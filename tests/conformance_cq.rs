@@ -12,8 +12,7 @@ mod common;
 
 use common::{device, TestDevice};
 use ibverbs::{
-    AccessFlags, AddressVector, CompletionQueue, Error, QpType, RecvRequest, SendRequest, WcFields,
-    WcOpcode,
+    AccessFlags, AddressVector, CompletionQueue, Error, QpType, UdDest, WcFields, WcOpcode, Wr,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -160,17 +159,20 @@ fn ud_receive(dev: &TestDevice, rcq: &CompletionQueue) -> (ibverbs::Completion, 
     let port = dev.ctx.query_port(dev.port).unwrap();
     let av = AddressVector::for_port(&port, &common::endpoint(dev, &rx, 0), dev.gid_index).unwrap();
     let ah = pd.create_ah(&av).unwrap();
-    rx.post_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(7))
+    rx.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap(), 7)
         .unwrap();
     let mut buf = pd.alloc(32, AccessFlags::LOCAL_WRITE).unwrap();
     buf.copy_from_slice(&common::pattern(32, 3));
-    tx.post_send(
-        SendRequest::send(buf)
-            .imm(0x1234_5678)
-            .wr_id(8)
-            .ud(&ah, rx.qp_num(), QKEY),
-    )
-    .unwrap();
+    tx.send_queue()
+        .unwrap()
+        .send_to(
+            buf,
+            &UdDest::new(&ah, rx.qp_num(), QKEY),
+            Wr::id(8).imm(0x1234_5678),
+        )
+        .unwrap();
     common::wait_ok(&scq);
     let mut c = common::wait_ok(rcq);
     assert_eq!(c.wr_id(), 7);

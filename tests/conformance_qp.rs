@@ -14,7 +14,7 @@ mod common;
 
 use common::{device, pair, remote_all, wait};
 use ibverbs::{
-    sys, AccessFlags, AddressVector, Error, QpCaps, QpState, QpType, SendOps, SendRequest, WcStatus,
+    sys, AccessFlags, AddressVector, Error, QpCaps, QpState, QpType, SendOps, WcStatus, Wr,
 };
 
 /// The operations an extended queue pair of `ty` is created with.
@@ -310,14 +310,19 @@ fn conformance_atomic_to_a_misaligned_address_fails() {
     let odd = target.remote().unwrap().slice(1, 8).unwrap();
     let result = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
     let e =
-        p.a.post_send(SendRequest::fetch_and_add(result, odd, 1))
+        p.a.send_queue()
+            .unwrap()
+            .fetch_and_add(result, odd, 1, Wr::id(0))
             .unwrap_err();
     assert!(
         matches!(e.error, Error::Misaligned { addr, align: 8 } if addr == odd.addr),
         "{:?}",
         e.error
     );
-    assert!(matches!(e.request.into_buffers(), ibverbs::SgList::One(_)));
+    assert!(
+        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 8),
+        "the result buffer comes back"
+    );
     assert_eq!(p.a.send_outstanding(), 0);
 
     let mut result = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();

@@ -17,7 +17,7 @@
 mod common;
 
 use common::traffic::{players, Atomic, CqKind, Players, Rdma, Via, UD_QKEY};
-use ibverbs::{AccessFlags, Error, QpState, QpType, RecvRequest, SendOps, SendRequest};
+use ibverbs::{AccessFlags, Error, QpState, QpType, SendOps, UdDest, Wr};
 
 /// pyverbs' iterations and message size.
 const ITERS: usize = 100;
@@ -34,25 +34,27 @@ fn ex(qp_type: QpType, ops: SendOps) -> Players {
 /// sends) is refused with `SendOpsRequired` naming the flag it lacks,
 /// before anything is posted, and handed back.
 fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOps) {
-    let (req, need) = if ops.contains(SendOps::SEND) {
-        (
-            SendRequest::send(p.buf(b"imm")).imm(1),
-            SendOps::SEND_WITH_IMM,
-        )
+    let (buf, o, need) = if ops.contains(SendOps::SEND) {
+        (p.buf(b"imm"), Wr::id(0).imm(1), SendOps::SEND_WITH_IMM)
     } else {
-        (SendRequest::send(p.buf(b"plain")), SendOps::SEND)
+        (p.buf(b"plain"), Wr::id(0), SendOps::SEND)
     };
-    let req = match &p.ah {
-        Some(ah) => req.ud(ah, p.server.qp.qp_num(), UD_QKEY),
-        None => req,
-    };
-    let e = p.client.qp.post_send(req).unwrap_err();
+    let len = buf.len();
+    let mut sq = p.client.qp.send_queue().unwrap();
+    let e = match &p.ah {
+        Some(ah) => sq.send_to(buf, &UdDest::new(ah, p.server.qp.qp_num(), UD_QKEY), o),
+        None => sq.send(buf, o),
+    }
+    .unwrap_err();
     assert!(
         matches!(e.error, Error::SendOpsRequired { needed, .. } if needed == need),
         "{ops:?}: {}",
         e.error
     );
-    assert!(matches!(e.request.into_buffers(), ibverbs::SgList::One(_)));
+    assert!(
+        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == len),
+        "the buffer comes back"
+    );
     assert_eq!(p.client.qp.send_outstanding(), 0);
 }
 
@@ -171,45 +173,46 @@ fn conformance_qpex_post_receive_in_reset_is_refused() {
     assert_eq!(qp.state().unwrap(), QpState::Rts);
     qp.reset().unwrap();
     let e = qp
-        .post_recv(RecvRequest::new(p.buf(&[0; 64])).wr_id(1))
+        .recv_queue()
+        .unwrap()
+        .recv(p.buf(&[0; 64]), 1)
         .unwrap_err();
     eprintln!("receive in RESET: {}", e.error);
     assert_eq!(e.error.verb(), Some("ibv_post_recv"), "{:?}", e.error);
     assert_eq!(e.error.raw_os_error(), Some(libc::EINVAL), "{:?}", e.error);
-    assert!(matches!(e.request.into_buffers(), ibverbs::SgList::One(_)));
+    assert!(
+        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 64),
+        "the buffer comes back"
+    );
     assert_eq!(qp.recv_outstanding(), 0);
     p.quiet();
 }
 
 /// pyverbs `test_post_send_qp_state_bad_flow`: an extended UD queue pair
 /// moved from RTS to RESET refuses a send. pyverbs gets the provider's
-/// `EINVAL`; the library refuses before the provider
-/// (`NotReadyToSend`), because rxe queues a send it refuses before RTS
-/// and runs it later (DESIGN.md, "Posting moves the buffer").
+/// `EINVAL`; the library refuses before the provider: no send-queue
+/// handle outside RTS (`NotReadyToSend`), because rxe queues a send it
+/// refuses before RTS and runs it later (DESIGN.md, "Posting moves the
+/// buffer"). The buffer never left the caller.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_post_send_in_reset_is_refused() {
     let p = ex(QpType::Ud, SendOps::SEND);
     let qp = &p.client.qp;
     qp.reset().unwrap();
-    let req = SendRequest::send(p.buf(&[7; 64])).ud(
-        p.ah.as_ref().unwrap(),
-        p.server.qp.qp_num(),
-        UD_QKEY,
-    );
-    let e = qp.post_send(req.wr_id(1)).unwrap_err();
-    eprintln!("send in RESET: {}", e.error);
+    let buf = p.buf(&[7; 64]);
+    let e = qp.send_queue().unwrap_err();
+    eprintln!("send in RESET: {e}");
     assert!(
         matches!(
-            e.error,
+            e,
             Error::NotReadyToSend {
                 state: QpState::Reset
             }
         ),
-        "{:?}",
-        e.error
+        "{e:?}"
     );
-    assert!(matches!(e.request.into_buffers(), ibverbs::SgList::One(_)));
+    assert_eq!(buf.len(), 64, "the buffer stays the caller's");
     assert_eq!(qp.send_outstanding(), 0);
     p.quiet();
 }
@@ -225,29 +228,32 @@ fn conformance_qpex_full_receive_queue_refuses_one_more() {
     let qp = &p.server.qp;
     let depth = qp.recv_capacity();
     assert!(qp.caps().max_recv_wr >= depth, "{:?}", qp.caps());
+    let mut rq = qp.recv_queue().unwrap();
     for i in 0..depth {
-        qp.post_recv(RecvRequest::new(p.buf(&[0; 64])).wr_id(u64::from(i)))
-            .unwrap();
+        rq.recv(p.buf(&[0; 64]), u64::from(i)).unwrap();
     }
-    let e = qp
-        .post_recv(RecvRequest::new(p.buf(&[0; 64])).wr_id(999))
-        .unwrap_err();
+    let e = rq.recv(p.buf(&[0; 64]), 999).unwrap_err();
     eprintln!("receive {} of {depth}: {}", depth + 1, e.error);
     assert!(
         matches!(e.error, Error::QueueFull { depth: d, .. } if d == depth),
         "{:?}",
         e.error
     );
-    assert!(matches!(e.request.into_buffers(), ibverbs::SgList::One(_)));
+    assert!(
+        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 64),
+        "the buffer comes back"
+    );
     assert_eq!(qp.recv_outstanding(), depth);
     // The queue still works: one datagram lands in the first receive.
     p.client
         .qp
-        .post_send(SendRequest::send(p.buf(&[5; 16])).ud(
-            p.ah.as_ref().unwrap(),
-            qp.qp_num(),
-            UD_QKEY,
-        ))
+        .send_queue()
+        .unwrap()
+        .send_to(
+            p.buf(&[5; 16]),
+            &UdDest::new(p.ah.as_ref().unwrap(), qp.qp_num(), UD_QKEY),
+            Wr::id(0),
+        )
         .unwrap();
     p.next_ok(&p.client.cq);
     let mut r = p.next_ok(&p.server.cq);
@@ -268,16 +274,13 @@ fn conformance_qpex_receive_with_more_sges_than_max_recv_sge_is_refused() {
     let bufs = (0..=max)
         .map(|_| ibverbs::Buf::Local(p.buf(&[0; 64])))
         .collect();
-    let e = qp.post_recv(RecvRequest::sgl(bufs)).unwrap_err();
+    let e = qp.recv_queue().unwrap().recv_sgl(bufs, 0).unwrap_err();
     eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);
     assert!(
         matches!(e.error, Error::TooManySges { got, max: m } if got == max as usize + 1 && m == max),
         "{:?}",
         e.error
     );
-    match e.request.into_buffers() {
-        ibverbs::SgList::Many(v) => assert_eq!(v.len(), max as usize + 1),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(e.buf.len(), max as usize + 1, "every buffer comes back");
     assert_eq!(qp.recv_outstanding(), 0);
 }

@@ -7,8 +7,8 @@ mod common;
 
 use common::{device, pair, pattern, remote_all, wait};
 use ibverbs::{
-    AccessFlags, ConnectOptions, Endpoint, LocalPort, QpState, QpType, RecvRequest, RemoteMemory,
-    SendRequest, WcStatus,
+    AccessFlags, ConnectOptions, Endpoint, LocalPort, Posted, QpState, QpType, RemoteMemory,
+    SendQueue, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -57,12 +57,14 @@ fn endpoints_and_memory_cross_as_bytes() {
     assert_eq!(Some(remote), target.remote());
     let mut src = pd.alloc(256, local()).unwrap();
     src.copy_from_slice(&pattern(256, 9));
-    b.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()).wr_id(1))
+    b.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(64, local()).unwrap(), 1)
         .unwrap();
-    a.post_send(SendRequest::write(src, remote.slice(512, 256).unwrap()).wr_id(2))
+    let mut sq = a.send_queue().unwrap();
+    sq.write(src, remote.slice(512, 256).unwrap(), Wr::id(2))
         .unwrap();
-    a.post_send(SendRequest::send_inline(b"done").wr_id(3))
-        .unwrap();
+    sq.send_inline(b"done", Wr::id(3)).unwrap();
     let got = wait(&cq, 3);
     assert!(got.iter().all(|c| c.is_success()), "{got:?}");
     let mut bytes = vec![0; 256];
@@ -77,8 +79,8 @@ fn endpoints_and_memory_cross_as_bytes() {
     assert!(RemoteMemory::from_bytes(&wire[..20]).is_err());
 }
 
-/// A request on a local buffer and a peer's memory.
-type Op = fn(ibverbs::LocalBuffer, RemoteMemory) -> SendRequest<'static>;
+/// A request on a local buffer and a peer's memory, posted on a send queue.
+type Op = fn(&mut SendQueue, ibverbs::LocalBuffer, RemoteMemory, Wr) -> Posted;
 
 /// One connection per operation the peer's queue pair was not connected
 /// to accept: `op(buf, remote)` builds the request `a` posts to `b`'s
@@ -89,8 +91,8 @@ fn refused_by_the_peers_queue_pair(op: Op) -> (WcStatus, QpState) {
     let p = pair(QpType::Rc, local(), |b| b);
     let target = p.pd.alloc_shared(64, remote_all()).unwrap();
     let remote = target.remote().unwrap().slice(0, 8).unwrap();
-    p.a.post_send(op(p.pd.alloc(8, local()).unwrap(), remote).wr_id(7))
-        .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    op(&mut sq, p.pd.alloc(8, local()).unwrap(), remote, Wr::id(7)).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!(c.wr_id(), 7);
     // The responder's side: give the device a moment to move it.
@@ -108,9 +110,9 @@ fn missing_remote_access_fails_the_peers_request() {
     let dev = device();
     let rxe = common::is_rxe(&dev);
     let cases: [(&str, Op); 3] = [
-        ("RDMA write", SendRequest::write),
-        ("RDMA read", SendRequest::read),
-        ("fetch-and-add", |b, r| SendRequest::fetch_and_add(b, r, 1)),
+        ("RDMA write", |sq, b, r, o| sq.write(b, r, o)),
+        ("RDMA read", |sq, b, r, o| sq.read(b, r, o)),
+        ("fetch-and-add", |sq, b, r, o| sq.fetch_and_add(b, r, 1, o)),
     ];
     for (what, op) in cases {
         let (status, peer) = refused_by_the_peers_queue_pair(op);
@@ -132,7 +134,9 @@ fn missing_remote_access_fails_the_peers_request() {
         p.pd.alloc_shared(64, local() | AccessFlags::REMOTE_READ)
             .unwrap();
     let remote = read_only.remote().unwrap().slice(0, 8).unwrap();
-    p.a.post_send(SendRequest::write(p.pd.alloc(8, local()).unwrap(), remote))
+    p.a.send_queue()
+        .unwrap()
+        .write(p.pd.alloc(8, local()).unwrap(), remote, Wr::id(0))
         .unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     eprintln!(
@@ -168,9 +172,10 @@ fn rd_atomic_sets_both_directions() {
     let mut source = pd.alloc_shared(4096, remote_all()).unwrap();
     source.copy_from_slice(0, &pattern(4096, 3)).unwrap();
     let remote = source.remote().unwrap();
+    let mut sq = a.send_queue().unwrap();
     for i in 0..4u64 {
         let r = remote.slice(i * 1024, 1024).unwrap();
-        a.post_send(SendRequest::read(pd.alloc(1024, local()).unwrap(), r).wr_id(i))
+        sq.read(pd.alloc(1024, local()).unwrap(), r, Wr::id(i))
             .unwrap();
     }
     let mut got = wait(&cq, 4);

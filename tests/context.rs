@@ -105,7 +105,7 @@ fn softroce_vm_rxe0_facts() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn async_event_srq_limit_reached() {
-    use ibverbs::{AsyncEventType, SendRequest};
+    use ibverbs::{AsyncEventType, Wr};
     use std::os::fd::AsRawFd;
     let t = common::device();
     let ctx = &t.ctx;
@@ -114,8 +114,9 @@ fn async_event_srq_limit_reached() {
     let (cq, sender) = (&setup.cq, &setup.sender);
     ctx.set_async_nonblocking(true).unwrap();
     assert!(ctx.get_async_event().is_err(), "no event before traffic");
+    let mut sq = sender.send_queue().unwrap();
     for i in 0..6u8 {
-        sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+        sq.send_inline(&[i], Wr::id(0)).unwrap();
     }
     common::wait(cq, 12);
     // Wait (bounded) for the async fd to become readable.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{connect_pair, device, is_rxe, pattern, TestDevice};
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, Completions, Error, ProtectionDomain, QpType,
-    QueuePair, RecvRequest, SendRequest, WcOpcode,
+    QueuePair, UdDest, WcOpcode, Wr,
 };
 
 /// A sender on `cq_a` and a receiver on `cq_b`; the sender's queue pair
@@ -64,16 +64,16 @@ fn raw_cqe(cq: &CompletionQueue) -> i32 {
 /// Posts `n` receives on `p.b` and `n` sends of `pattern(256, seed + i)`
 /// from `p.a`, wr_ids `seed + i`.
 fn post_messages(p: &Pair, n: u32, seed: u8) {
+    let mut rq = p.b.recv_queue().unwrap();
     for i in 0..n {
         let buf = p.pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap();
-        p.b.post_recv(RecvRequest::new(buf).wr_id(u64::from(i)))
-            .unwrap();
+        rq.recv(buf, u64::from(i)).unwrap();
     }
+    let mut sq = p.a.send_queue().unwrap();
     for i in 0..n {
         let mut buf = p.pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap();
         buf.copy_from_slice(&pattern(256, seed.wrapping_add(i as u8)));
-        p.a.post_send(SendRequest::send(buf).wr_id(u64::from(i)))
-            .unwrap();
+        sq.send(buf, Wr::id(u64::from(i))).unwrap();
     }
 }
 
@@ -100,8 +100,7 @@ fn check_messages(sends: Vec<Completion>, recvs: Vec<Completion>, n: u32, seed: 
 /// Polls `cq` once into a batch of 64 and returns what it gave.
 fn poll_once(cq: &CompletionQueue) -> Vec<Completion> {
     let mut batch = Completions::with_capacity(64);
-    cq.poll(&mut batch).unwrap();
-    batch.drain().collect()
+    common::poll_owned(cq, &mut batch)
 }
 
 #[test]
@@ -363,10 +362,11 @@ fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
         .unwrap();
     let ah = pd.create_ah(&av).unwrap();
     let mut outcomes = Vec::new();
+    let mut sq = a.send_queue().unwrap();
+    let dest = UdDest::new(&ah, b.qp_num(), 0x1111_1111);
     for round in 0..5 {
         for _ in 0..6 {
-            a.post_send(SendRequest::send_inline(b"pyverbs").ud(&ah, b.qp_num(), 0x1111_1111))
-                .unwrap();
+            sq.send_inline_to(b"pyverbs", &dest, Wr::id(0)).unwrap();
         }
         // SAFETY: live CQ; only this throwaway CQ's recorded capacity goes
         // stale, and nothing safe is posted on it after a shrink.
@@ -385,6 +385,6 @@ fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
             break;
         }
     }
-    drop((a, b, ah));
+    drop((sq, dest, a, b, ah));
     eprintln!("UD outcomes: {outcomes:?}");
 }

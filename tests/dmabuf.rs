@@ -9,7 +9,7 @@ mod common;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use common::{pair, pattern, remote_all, wait_ok};
-use ibverbs::{AccessFlags, Error, QpType, SendRequest};
+use ibverbs::{AccessFlags, Error, QpType, Wr};
 
 const LEN: usize = 16 * 4096;
 
@@ -141,7 +141,9 @@ fn dmabuf_registration_runs_traffic_or_is_refused_by_name() {
             let payload = pattern(8000, 5);
             let mut src = p.pd.alloc(8000, AccessFlags::LOCAL_WRITE).unwrap();
             src.copy_from_slice(&payload);
-            p.a.post_send(SendRequest::write(src, remote.slice(100, 8000).unwrap()))
+            p.a.send_queue()
+                .unwrap()
+                .write(src, remote.slice(100, 8000).unwrap(), Wr::id(0))
                 .unwrap();
             wait_ok(&p.cq_a);
             let bytes = memfd_bytes(&memfd, LEN);

@@ -7,8 +7,8 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok};
 use ibverbs::{
-    sys, AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SendRequest, SgList,
-    TransitionReason, WcStatus,
+    sys, AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SgList,
+    TransitionReason, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -23,8 +23,8 @@ fn wrong_rkey_is_a_remote_access_error() {
     let mut remote = target.remote().unwrap();
     remote.rkey = RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
     let src = p.pd.alloc(8, local()).unwrap();
-    p.a.post_send(SendRequest::write(src, remote).wr_id(3))
-        .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(src, remote, Wr::id(3)).unwrap();
     let mut c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!(c.status(), WcStatus::RemAccessErr, "{c:?}");
     assert!(matches!(
@@ -51,7 +51,8 @@ fn out_of_range_remote_address_is_a_remote_access_error() {
     remote.addr += 4096; // one past the end of the region
     remote.len = 64;
     let dst = p.pd.alloc(64, local()).unwrap();
-    p.a.post_send(SendRequest::read(dst, remote)).unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.read(dst, remote, Wr::id(0)).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!(c.status(), WcStatus::RemAccessErr, "{c:?}");
 }
@@ -60,9 +61,9 @@ fn out_of_range_remote_address_is_a_remote_access_error() {
 #[ignore = "needs an RDMA device"]
 fn receive_too_small_is_a_local_error_completion() {
     let p = pair(QpType::Rc, local(), |b| b);
-    p.b.post_recv(RecvRequest::new(p.pd.alloc(16, local()).unwrap()))
-        .unwrap();
-    p.a.post_send(SendRequest::send(p.pd.alloc(64, local()).unwrap()))
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
+    rq.recv(p.pd.alloc(16, local()).unwrap(), 0).unwrap();
+    sq.send(p.pd.alloc(64, local()).unwrap(), Wr::id(0))
         .unwrap();
     let mut r = wait(&p.cq_b, 1).pop().unwrap();
     // IBA and hardware (e.g. mlx5) report LOC_LEN_ERR; SoftRoCE in Linux
@@ -86,7 +87,8 @@ fn qp_in_error_flushes_and_returns_every_buffer() {
     let mut recvs: Vec<_> = (0..10)
         .map(|i| RecvRequest::new(p.pd.alloc(128, local()).unwrap()).wr_id(i))
         .collect();
-    p.b.post_recv(&mut recvs).unwrap();
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
+    rq.post_chain(&mut recvs).unwrap();
     p.b.to_err().unwrap();
     assert_eq!(p.b.state().unwrap(), QpState::Err);
     let flushed = wait(&p.cq_b, 10);
@@ -101,7 +103,7 @@ fn qp_in_error_flushes_and_returns_every_buffer() {
     assert_eq!(p.b.recv_outstanding(), 0);
     // Sends posted before the error are flushed on the other side too.
     p.a.to_err().unwrap();
-    p.a.post_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()).wr_id(99))
+    sq.send(p.pd.alloc(8, local()).unwrap(), Wr::id(99))
         .unwrap();
     let mut c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!((c.wr_id(), c.status()), (99, WcStatus::WrFlushErr));
@@ -119,13 +121,13 @@ fn invalid_arguments_are_rejected_before_posting() {
             .unwrap()
             .remote()
             .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    let (mut rq_a, mut rq_b) = (p.a.recv_queue().unwrap(), p.b.recv_queue().unwrap());
     // Misaligned atomics: the local result buffer and the remote target.
     let (_, odd) = p.pd.alloc(16, local()).unwrap().split_at(4);
     let (odd8, _) = odd.split_at(8);
     let odd_addr = odd8.addr();
-    let e =
-        p.a.post_send(SendRequest::fetch_and_add(odd8, remote, 1))
-            .unwrap_err();
+    let e = sq.fetch_and_add(odd8, remote, 1, Wr::id(0)).unwrap_err();
     assert!(
         matches!(e.error, Error::Misaligned { addr, align: 8 } if addr == odd_addr),
         "{}",
@@ -133,13 +135,8 @@ fn invalid_arguments_are_rejected_before_posting() {
     );
     let mut misaligned = remote;
     misaligned.addr += 4;
-    let e =
-        p.a.post_send(SendRequest::compare_and_swap(
-            p.pd.alloc(8, local()).unwrap(),
-            misaligned,
-            0,
-            1,
-        ))
+    let e = sq
+        .compare_and_swap(p.pd.alloc(8, local()).unwrap(), misaligned, 0, 1, Wr::id(0))
         .unwrap_err();
     assert!(
         matches!(e.error, Error::Misaligned { addr, align: 8 } if addr == misaligned.addr),
@@ -147,43 +144,42 @@ fn invalid_arguments_are_rejected_before_posting() {
         e.error
     );
     // The refused request comes back with its buffer.
-    assert_eq!(e.request.into_buffers().total_len(), 8);
+    assert_eq!(e.buf.len(), 8);
 
     // Inline data larger than the QP's cap.
     let cap = p.a.caps().max_inline_data as usize;
     let big = vec![0u8; cap + 1];
-    let e = p.a.post_send(SendRequest::send_inline(&big)).unwrap_err();
+    let e = sq.send_inline(&big, Wr::id(0)).unwrap_err();
     assert!(
-        matches!(e.error, Error::InlineTooLarge { len, max } if len as usize == cap + 1 && max as usize == cap),
-        "{}",
-        e.error
+        matches!(e, Error::InlineTooLarge { len, max } if len as usize == cap + 1 && max as usize == cap),
+        "{e}"
     );
     // More SGEs than the QP allows.
     let max_sge = p.a.caps().max_send_sge;
     let sges = (0..max_sge + 1)
         .map(|_| p.pd.alloc(8, local()).unwrap().into())
         .collect();
-    let e = p.a.post_send(SendRequest::send_sgl(sges)).unwrap_err();
+    let e = sq.send_sgl(sges, Wr::id(0)).unwrap_err();
     assert!(
         matches!(e.error, Error::TooManySges { got, max } if got == max_sge as usize + 1 && max == max_sge),
         "{}",
         e.error
     );
     // Unsignaled request with an exclusive buffer.
-    let e =
-        p.a.post_send(SendRequest::send(p.pd.alloc(8, local()).unwrap()).signaled(false))
-            .unwrap_err();
+    let e = sq
+        .send(p.pd.alloc(8, local()).unwrap(), Wr::id(0).unsignaled())
+        .unwrap_err();
     assert!(
         matches!(e.error, Error::UnsignaledExclusive { op: SendOp::Send }),
         "{}",
         e.error
     );
-    assert_eq!(e.request.into_buffers().total_len(), 8);
+    assert_eq!(e.buf.len(), 8);
     // A buffer of another protection domain.
     let other_pd = p.dev.ctx.alloc_pd().unwrap();
-    let e =
-        p.a.post_recv(RecvRequest::new(other_pd.alloc(8, local()).unwrap()))
-            .unwrap_err();
+    let e = rq_a
+        .recv(other_pd.alloc(8, local()).unwrap(), 0)
+        .unwrap_err();
     assert!(
         matches!(e.error, Error::ForeignProtectionDomain { what: "buffer" }),
         "{}",
@@ -193,7 +189,7 @@ fn invalid_arguments_are_rejected_before_posting() {
     let ro =
         p.pd.register(vec![0u8; 8], AccessFlags::REMOTE_READ)
             .unwrap();
-    let e = p.a.post_recv(RecvRequest::new(ro)).unwrap_err();
+    let e = rq_a.recv(ro, 0).unwrap_err();
     assert!(
         matches!(e.error, Error::MissingAccess { needed, .. } if needed == AccessFlags::LOCAL_WRITE),
         "{}",
@@ -210,7 +206,7 @@ fn invalid_arguments_are_rejected_before_posting() {
     let mut many: Vec<_> = (0..depth + 1)
         .map(|_| RecvRequest::new(p.pd.alloc(8, local()).unwrap()))
         .collect();
-    match p.b.post_recv(&mut many) {
+    match rq_b.post_chain(&mut many) {
         Err(Error::QueueFull { queue, depth: d }) => {
             assert_eq!(queue, "receive queue");
             assert_eq!(d as usize, depth);
@@ -231,16 +227,21 @@ fn invalid_arguments_are_rejected_before_posting() {
     // although the device's deeper queue would take it, and hands it back.
     let last = many.pop().unwrap();
     for r in many {
-        p.b.post_recv(r).unwrap();
+        rq_b.post_chain(&mut vec![r]).unwrap();
     }
-    let refused = p.b.post_recv(last).unwrap_err();
+    let mut last = vec![last];
+    let refused = rq_b.post_chain(&mut last).unwrap_err();
     assert!(
-        matches!(refused.error, Error::QueueFull { depth: d, .. } if d as usize == depth),
-        "{}",
-        refused.error
+        matches!(refused, Error::QueueFull { depth: d, .. } if d as usize == depth),
+        "{refused}"
     );
     assert!(
-        matches!(refused.request.into_buffers(), SgList::One(_)),
+        matches!(
+            last.pop()
+                .expect("the refused request stays")
+                .into_buffers(),
+            SgList::One(_)
+        ),
         "the refused request keeps its buffer"
     );
     assert_eq!(p.b.recv_outstanding() as usize, depth);
@@ -294,21 +295,17 @@ fn illegal_state_transitions_are_named() {
     assert!(e.to_string().contains("IBV_QP_PORT"), "{e}");
     qp.to_init(dev.port, 0, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Init);
-    // Posting a send before RTS is refused before the provider sees it.
-    let err = qp
-        .post_send(SendRequest::send(
-            pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(),
-        ))
-        .unwrap_err();
+    // Posting a send before RTS is refused before the provider sees it:
+    // the send queue's handle is not handed out in INIT.
+    let err = qp.send_queue().unwrap_err();
     assert!(
         matches!(
-            err.error,
+            err,
             Error::NotReadyToSend {
                 state: QpState::Init
             }
         ),
-        "{}",
-        err.error
+        "{err}"
     );
     assert_eq!(
         qp.send_outstanding(),
@@ -327,12 +324,13 @@ fn dropping_a_qp_with_outstanding_requests_releases_them_after_destroy() {
     let cq = dev.ctx.create_cq(256).build().unwrap();
     let qp = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     common::connect_self(&dev, &qp, AccessFlags::LOCAL_WRITE);
+    let mut rq = qp.recv_queue().unwrap();
     for _ in 0..4 {
-        qp.post_recv(RecvRequest::new(
-            pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
-        ))
-        .unwrap();
+        rq.recv(pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(), 0)
+            .unwrap();
     }
+    // The handle keeps the queue pair alive: it goes first.
+    drop(rq);
     drop(qp);
     drop(cq);
     // The buffers (and so their MRs) were released with the QP: the PD is
@@ -348,21 +346,22 @@ fn stale_completions_of_a_destroyed_qp_are_orphans() {
     let cq = dev.ctx.create_cq(256).build().unwrap();
     let old = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     common::connect_self(&dev, &old, AccessFlags::LOCAL_WRITE);
+    let (mut sq, mut rq) = (old.send_queue().unwrap(), old.recv_queue().unwrap());
     for i in 0..3u64 {
-        old.post_recv(RecvRequest::new(
-            pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(),
-        ))
-        .unwrap();
-        old.post_send(SendRequest::send_inline(&i.to_le_bytes()))
+        rq.recv(pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(), 0)
             .unwrap();
+        sq.send_inline(&i.to_le_bytes(), Wr::id(0)).unwrap();
     }
-    // Let the traffic complete into the CQ, unpolled, then destroy the QP.
+    // Let the traffic complete into the CQ, unpolled, then destroy the QP
+    // (its handles keep it alive: they go first).
     std::thread::sleep(std::time::Duration::from_millis(200));
+    drop((sq, rq));
     assert!(old.close().unwrap());
     // A new QP on the same CQ, with requests in flight of its own.
     let new = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
     common::connect_self(&dev, &new, AccessFlags::LOCAL_WRITE);
-    new.post_recv(RecvRequest::new(pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(500))
+    let (mut sq, mut rq) = (new.send_queue().unwrap(), new.recv_queue().unwrap());
+    rq.recv(pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(), 500)
         .unwrap();
     let stale = wait(&cq, 6);
     assert!(stale.iter().all(|c| c.is_orphan()), "{stale:?}");
@@ -371,8 +370,7 @@ fn stale_completions_of_a_destroyed_qp_are_orphans() {
         1,
         "the new QP's request is untouched"
     );
-    new.post_send(SendRequest::send_inline(b"fresh!!!"))
-        .unwrap();
+    sq.send_inline(b"fresh!!!", Wr::id(0)).unwrap();
     let mut got = wait(&cq, 2);
     got.sort_by_key(|c| c.wr_id());
     let mut r = got.pop().unwrap();
@@ -393,17 +391,16 @@ fn forgetting_a_buffer_or_request_is_harmless() {
     let p = pair(QpType::Rc, local(), |b| b);
     // Forgetting an unposted buffer leaks it; nothing else is affected.
     std::mem::forget(p.pd.alloc(64, local()).unwrap());
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
     // Forgetting a completion's buffer: the device is already done with it.
-    p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
-        .unwrap();
-    p.a.post_send(SendRequest::send_inline(b"x")).unwrap();
+    rq.recv(p.pd.alloc(64, local()).unwrap(), 0).unwrap();
+    sq.send_inline(b"x", Wr::id(0)).unwrap();
     let mut r = wait_ok(&p.cq_b);
     std::mem::forget(r.take_local());
     wait_ok(&p.cq_a);
     // The queue pair keeps working.
-    p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
-        .unwrap();
-    p.a.post_send(SendRequest::send_inline(b"y")).unwrap();
+    rq.recv(p.pd.alloc(64, local()).unwrap(), 0).unwrap();
+    sq.send_inline(b"y", Wr::id(0)).unwrap();
     wait_ok(&p.cq_b);
     wait_ok(&p.cq_a);
 }

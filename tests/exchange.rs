@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use common::{device, pattern, remote_all, wait};
 use ibverbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Endpoint, Error, LocalPort, Mesh, PeerInfo,
-    ProtectionDomain, QpType, Ranks, RecvRequest, RemoteMemory, SendRequest, SharedBuffer,
-    WcOpcode, WireProblem,
+    ProtectionDomain, QpType, Ranks, RemoteMemory, SharedBuffer, WcOpcode, WireProblem, Wr,
 };
 
 /// Bytes of each peer's slot in a rank's target memory.
@@ -102,22 +101,22 @@ fn traffic(r: &Rank, mesh: &mut Mesh) {
     for p in mesh.peers() {
         let buf = r.pd.alloc(MSG, AccessFlags::LOCAL_WRITE).unwrap();
         p.qp()
-            .post_recv(RecvRequest::new(buf).wr_id(p.rank() as u64))
+            .recv_queue()
+            .unwrap()
+            .recv(buf, p.rank() as u64)
             .unwrap();
     }
     mesh.barrier(Duration::from_secs(30)).unwrap();
     for p in mesh.peers() {
         let mut msg = r.pd.alloc(MSG, AccessFlags::LOCAL_WRITE).unwrap();
         msg.copy_from_slice(&pattern(MSG, seed(me, p.rank(), false)));
-        p.qp()
-            .post_send(SendRequest::send(msg).wr_id(1000 + p.rank() as u64))
-            .unwrap();
+        let mut sq = p.qp().send_queue().unwrap();
+        sq.send(msg, Wr::id(1000 + p.rank() as u64)).unwrap();
         let theirs = RemoteMemory::from_bytes(p.private()).unwrap();
         assert_eq!(theirs.len, SLOT as u64);
         let mut data = r.pd.alloc(SLOT, AccessFlags::LOCAL_WRITE).unwrap();
         data.copy_from_slice(&pattern(SLOT, seed(me, p.rank(), true)));
-        p.qp()
-            .post_send(SendRequest::write(data, theirs).wr_id(2000 + p.rank() as u64))
+        sq.write(data, theirs, Wr::id(2000 + p.rank() as u64))
             .unwrap();
     }
     let peers = mesh.peers().len();
@@ -288,11 +287,14 @@ fn exchange_connects_two_queue_pairs() {
     assert_eq!((pb.endpoint, &pb.private[..]), (ea, &b"a"[..]));
     a.connect(&ea, &pa.endpoint, &r.opts).unwrap();
     b.connect(&eb, &pb.endpoint, &r.opts).unwrap();
-    b.post_recv(RecvRequest::new(
-        r.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
-    a.post_send(SendRequest::send_inline(b"crossed!")).unwrap();
+    b.recv_queue()
+        .unwrap()
+        .recv(r.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap(), 0)
+        .unwrap();
+    a.send_queue()
+        .unwrap()
+        .send_inline(b"crossed!", Wr::id(0))
+        .unwrap();
     let mut got = None;
     for mut c in wait(&r.cq, 2) {
         c.result().unwrap();

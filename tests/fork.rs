@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{pair, path_tool, pattern, process, remote_all, wait};
 use ibverbs::{
-    AccessFlags, ForkStatus, LocalBuffer, QpType, RecvRequest, SendRequest, SharedBuffer, WcOpcode,
+    AccessFlags, ForkStatus, LocalBuffer, QpType, RecvQueue, SendQueue, SharedBuffer, WcOpcode, Wr,
 };
 
 /// Message size: a page each, so that each buffer is its own page set.
@@ -32,6 +32,9 @@ const K: usize = 4;
 /// reads back; every byte compared. Returns the buffers for the next round.
 struct Traffic {
     p: common::Pair,
+    /// The send queue of `p.a` and the receive queue of `p.b`.
+    sq: SendQueue,
+    rq: RecvQueue,
     sends: Vec<LocalBuffer>,
     recvs: Vec<LocalBuffer>,
     reads: Vec<LocalBuffer>,
@@ -50,8 +53,12 @@ impl Traffic {
         };
         let (sends, recvs, reads) = (alloc(K), alloc(K), alloc(K));
         let target = p.pd.alloc_shared(K * LEN, remote_all()).unwrap();
+        let sq = p.a.send_queue().unwrap();
+        let rq = p.b.recv_queue().unwrap();
         Traffic {
             p,
+            sq,
+            rq,
             sends,
             recvs,
             reads,
@@ -64,17 +71,11 @@ impl Traffic {
         let remote = self.target.remote().unwrap();
         for (k, mut r) in self.recvs.drain(..).enumerate() {
             r.fill(0xEE);
-            self.p
-                .b
-                .post_recv(RecvRequest::new(r).wr_id(k as u64))
-                .unwrap();
+            self.rq.recv(r, k as u64).unwrap();
         }
         for (k, mut s) in self.sends.drain(..).enumerate() {
             s.copy_from_slice(&pattern(LEN, seed(k)));
-            self.p
-                .a
-                .post_send(SendRequest::send(s).wr_id(k as u64))
-                .unwrap();
+            self.sq.send(s, Wr::id(k as u64)).unwrap();
         }
         let mut sends: Vec<Option<LocalBuffer>> = (0..K).map(|_| None).collect();
         for mut c in wait(&self.p.cq_a, K) {
@@ -100,10 +101,7 @@ impl Traffic {
             let mut s = s.expect("every send completed once");
             s.copy_from_slice(&pattern(LEN, seed(k) ^ 0x5A));
             let dst = remote.slice((k * LEN) as u64, LEN as u64).unwrap();
-            self.p
-                .a
-                .post_send(SendRequest::write(s, dst).wr_id(100 + k as u64))
-                .unwrap();
+            self.sq.write(s, dst, Wr::id(100 + k as u64)).unwrap();
         }
         let mut written: Vec<Option<LocalBuffer>> = (0..K).map(|_| None).collect();
         for mut c in wait(&self.p.cq_a, K) {
@@ -124,10 +122,7 @@ impl Traffic {
         for (k, mut r) in self.reads.drain(..).enumerate() {
             r.fill(0);
             let src = remote.slice((k * LEN) as u64, LEN as u64).unwrap();
-            self.p
-                .a
-                .post_send(SendRequest::read(r, src).wr_id(200 + k as u64))
-                .unwrap();
+            self.sq.read(r, src, Wr::id(200 + k as u64)).unwrap();
         }
         let mut reads: Vec<Option<LocalBuffer>> = (0..K).map(|_| None).collect();
         for mut c in wait(&self.p.cq_a, K) {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use ibverbs::{AccessFlags, AnonymousMemory, Error};
+use ibverbs::{AccessFlags, AnonymousMemory, Error, Wr};
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -191,25 +191,20 @@ fn regions_larger_than_4_gib() {
     let off = (4u64 << 30) + (12 << 10);
     let mut src = p.pd.alloc(4096, AccessFlags::LOCAL_WRITE).unwrap();
     src.copy_from_slice(&common::pattern(4096, 42));
-    p.a.post_send(ibverbs::SendRequest::write(
-        src,
-        remote.slice(off, 4096).unwrap(),
-    ))
-    .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(src, remote.slice(off, 4096).unwrap(), Wr::id(0))
+        .unwrap();
     common::wait_ok(&p.cq_a);
     let mut got = vec![0u8; 4096];
     big.copy_to_slice(off as usize, &mut got).unwrap();
     assert_eq!(got, common::pattern(4096, 42));
     let dst = p.pd.alloc(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(ibverbs::SendRequest::read(
-        dst,
-        remote.slice(off, 4096).unwrap(),
-    ))
-    .unwrap();
+    sq.read(dst, remote.slice(off, 4096).unwrap(), Wr::id(0))
+        .unwrap();
     let mut c = common::wait_ok(&p.cq_a);
     assert_eq!(&c.take_local().unwrap()[..], &common::pattern(4096, 42)[..]);
     // A single SGE cannot describe more than 4 GiB - 1: refused, not truncated.
-    let e = p.a.post_send(ibverbs::SendRequest::send(big)).unwrap_err();
+    let e = sq.send(big, Wr::id(0)).unwrap_err();
     assert!(
         matches!(e.error, Error::OutOfRange { value, max, .. }
             if value == 1 << 32 && max == u64::from(u32::MAX)),

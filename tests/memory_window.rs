@@ -6,8 +6,8 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok, Pair};
 use ibverbs::{
-    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendOps, SendRequest,
-    SharedBuffer, WcOpcode, WcStatus,
+    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendOps, SendQueue,
+    SharedBuffer, WcOpcode, WcStatus, Wr,
 };
 
 /// Rights of the region windows are bound over: local write plus MW_BIND,
@@ -34,12 +34,17 @@ fn require(p: &Pair, feature: Feature) -> bool {
     false
 }
 
-/// Writes `data` through `remote` from QP `b` and returns the status.
-fn write_from_b(p: &Pair, remote: RemoteMemory, data: &[u8]) -> WcStatus {
+/// The send queues of `p`'s two queue pairs (`a`, `b`).
+fn handles(p: &Pair) -> (SendQueue, SendQueue) {
+    (p.a.send_queue().unwrap(), p.b.send_queue().unwrap())
+}
+
+/// Writes `data` through `remote` from QP `b` (its send queue `sq_b`) and
+/// returns the status.
+fn write_from_b(p: &Pair, sq_b: &mut SendQueue, remote: RemoteMemory, data: &[u8]) -> WcStatus {
     let mut src = p.pd.alloc(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
     src.copy_from_slice(data);
-    p.b.post_send(SendRequest::write(src, remote).wr_id(7))
-        .unwrap();
+    sq_b.write(src, remote, Wr::id(7)).unwrap();
     let c = wait(&p.cq_b, 1).pop().unwrap();
     c.status()
 }
@@ -53,6 +58,7 @@ fn bind_and_use(kind: MwType) {
     if !require(&p, feature) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let target: SharedBuffer = p.pd.alloc_shared(4096, mw_region()).unwrap();
     assert_eq!(
         target.memory_region().rkey(),
@@ -61,7 +67,7 @@ fn bind_and_use(kind: MwType) {
     );
     let mw = p.pd.alloc_mw(kind).unwrap();
     let before = mw.rkey();
-    let remote = p.a.bind_mw(&mw, &target, window_rights(), 11).unwrap();
+    let remote = sq_a.bind_mw(&mw, &target, window_rights(), 11).unwrap();
     let c = wait_ok(&p.cq_a);
     assert_eq!((c.wr_id(), c.opcode()), (11, WcOpcode::BindMw));
     assert_ne!(remote.rkey, before, "a bind hands out a new key");
@@ -71,7 +77,7 @@ fn bind_and_use(kind: MwType) {
     // The peer writes through the window.
     let data = common::pattern(256, 3);
     assert_eq!(
-        write_from_b(&p, remote.slice(100, 256).unwrap(), &data),
+        write_from_b(&p, &mut sq_b, remote.slice(100, 256).unwrap(), &data),
         WcStatus::Success
     );
     let mut got = vec![0u8; 256];
@@ -79,7 +85,7 @@ fn bind_and_use(kind: MwType) {
     assert_eq!(got, data);
 
     // Revoke locally: the peer's next access fails.
-    p.a.invalidate_mw(&mw, 12).unwrap();
+    sq_a.invalidate_mw(&mw, 12).unwrap();
     let c = wait_ok(&p.cq_a);
     // Type 1 windows are unbound by a zero-length bind, type 2 by LOCAL_INV.
     let expect = match kind {
@@ -88,7 +94,7 @@ fn bind_and_use(kind: MwType) {
     };
     assert_eq!((c.wr_id(), c.opcode()), (12, expect));
     assert_eq!(mw.remote(), None);
-    let status = write_from_b(&p, remote.slice(0, 8).unwrap(), &[1; 8]);
+    let status = write_from_b(&p, &mut sq_b, remote.slice(0, 8).unwrap(), &[1; 8]);
     assert_eq!(
         status,
         WcStatus::RemAccessErr,
@@ -117,20 +123,22 @@ fn type2_window_remote_invalidate_revokes() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let target = p.pd.alloc_shared(1024, mw_region()).unwrap();
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
-    let remote = p.a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
+    let remote = sq_a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
     wait_ok(&p.cq_a);
-    assert_eq!(write_from_b(&p, remote, &[5; 1024]), WcStatus::Success);
+    assert_eq!(
+        write_from_b(&p, &mut sq_b, remote, &[5; 1024]),
+        WcStatus::Success
+    );
 
     // The peer sends with invalidate: A's receive reports the key.
     let rbuf = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_recv(ibverbs::RecvRequest::new(rbuf).wr_id(2))
-        .unwrap();
+    p.a.recv_queue().unwrap().recv(rbuf, 2).unwrap();
     let mut msg = p.pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
     msg.fill(9);
-    p.b.post_send(SendRequest::send(msg).invalidate(remote.rkey).wr_id(3))
-        .unwrap();
+    sq_b.send(msg, Wr::id(3).invalidate(remote.rkey)).unwrap();
     wait_ok(&p.cq_b);
     let c = wait_ok(&p.cq_a);
     assert_eq!(c.wr_id(), 2);
@@ -143,13 +151,13 @@ fn type2_window_remote_invalidate_revokes() {
     );
     // A type 2 window binds only when invalid (o10-37.2.40): this bind
     // succeeding shows the remote invalidation took effect.
-    let again = p.a.bind_mw(&mw, &target, window_rights(), 4).unwrap();
+    let again = sq_a.bind_mw(&mw, &target, window_rights(), 4).unwrap();
     wait_ok(&p.cq_a);
     assert_ne!(again.rkey, remote.rkey);
     // The old key is revoked: the peer's write fails (the access error
     // moves both QPs to ERR) and the memory is unchanged.
     assert_eq!(
-        write_from_b(&p, remote.slice(0, 16).unwrap(), &[6; 16]),
+        write_from_b(&p, &mut sq_b, remote.slice(0, 16).unwrap(), &[6; 16]),
         WcStatus::RemAccessErr
     );
     let mut got = [0u8; 16];
@@ -164,34 +172,35 @@ fn window_rights_follow_the_ownership_model() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
     // Remote write over exclusively owned memory: refused.
     let local = p.pd.alloc(256, mw_region()).unwrap();
-    let e =
-        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_WRITE, 1)
-            .unwrap_err();
+    let e = sq_a
+        .bind_mw(&mw, &local, AccessFlags::REMOTE_WRITE, 1)
+        .unwrap_err();
     assert!(matches!(e, Error::NeedsSharedBuffer { .. }), "{e}");
     assert!(e.to_string().contains("SharedBuffer"), "{e}");
     // Remote read of it is fine.
-    let remote =
-        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 2)
-            .unwrap();
+    let remote = sq_a
+        .bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 2)
+        .unwrap();
     wait_ok(&p.cq_a);
     // A region without MW_BIND: refused, naming the flag.
     let plain = p.pd.alloc_shared(256, AccessFlags::LOCAL_WRITE).unwrap();
     let mw2 = p.pd.alloc_mw(MwType::Type2).unwrap();
-    let e =
-        p.a.bind_mw(&mw2, &plain, AccessFlags::REMOTE_READ, 3)
-            .unwrap_err();
+    let e = sq_a
+        .bind_mw(&mw2, &plain, AccessFlags::REMOTE_READ, 3)
+        .unwrap_err();
     assert!(
         matches!(e, Error::MissingAccess { needed, .. } if needed == AccessFlags::MW_BIND),
         "{e}"
     );
     assert!(e.to_string().contains("MW_BIND"), "{e}");
     // Rights a window cannot grant.
-    let e =
-        p.a.bind_mw(&mw2, &local, AccessFlags::LOCAL_WRITE, 4)
-            .unwrap_err();
+    let e = sq_a
+        .bind_mw(&mw2, &local, AccessFlags::LOCAL_WRITE, 4)
+        .unwrap_err();
     assert!(
         matches!(e, Error::AccessNotAllowed { flags, .. } if flags == AccessFlags::LOCAL_WRITE),
         "{e}"
@@ -204,9 +213,9 @@ fn window_rights_follow_the_ownership_model() {
         .unwrap()
         .alloc_mw(MwType::Type2)
         .unwrap();
-    let e =
-        p.a.bind_mw(&other, &local, AccessFlags::REMOTE_READ, 5)
-            .unwrap_err();
+    let e = sq_a
+        .bind_mw(&other, &local, AccessFlags::REMOTE_READ, 5)
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -221,8 +230,7 @@ fn window_rights_follow_the_ownership_model() {
     drop(local);
     let mut dst = p.pd.alloc(256, AccessFlags::LOCAL_WRITE).unwrap();
     dst.fill(1);
-    p.b.post_send(SendRequest::read(dst, remote).wr_id(6))
-        .unwrap();
+    sq_b.read(dst, remote, Wr::id(6)).unwrap();
     let mut c = wait_ok(&p.cq_b);
     assert!(c.take_local().unwrap().iter().all(|&x| x == 0));
     drop(mw);
@@ -239,15 +247,16 @@ fn a_read_window_refuses_a_peers_write() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
     let mut local = p.pd.alloc(256, mw_region()).unwrap();
     local.fill(7);
-    let remote =
-        p.a.bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 1)
-            .unwrap();
+    let remote = sq_a
+        .bind_mw(&mw, &local, AccessFlags::REMOTE_READ, 1)
+        .unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(
-        write_from_b(&p, remote, &[0xAA; 64]),
+        write_from_b(&p, &mut sq_b, remote, &[0xAA; 64]),
         WcStatus::RemAccessErr
     );
     assert!(
@@ -263,12 +272,14 @@ fn windows_are_released_with_their_last_handle() {
     if !require(&p, Feature::MemoryWindowType1) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let target = p.pd.alloc_shared(512, mw_region()).unwrap();
     let windows: Vec<MemoryWindow> = (0..4)
         .map(|_| p.pd.alloc_mw(MwType::Type1).unwrap())
         .collect();
     for (i, mw) in windows.iter().enumerate() {
-        p.a.bind_mw(mw, &target, window_rights(), i as u64).unwrap();
+        sq_a.bind_mw(mw, &target, window_rights(), i as u64)
+            .unwrap();
     }
     assert_eq!(
         wait(&p.cq_a, 4).iter().filter(|c| c.is_success()).count(),
@@ -278,7 +289,7 @@ fn windows_are_released_with_their_last_handle() {
     // Deallocating a bound window revokes its key.
     drop(windows);
     assert_eq!(
-        write_from_b(&p, remote.slice(0, 8).unwrap(), &[1; 8]),
+        write_from_b(&p, &mut sq_b, remote.slice(0, 8).unwrap(), &[1; 8]),
         WcStatus::RemAccessErr
     );
 }
@@ -325,17 +336,18 @@ fn type2_window_dealloc_revokes_its_key() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let target = p.pd.alloc_shared(1024, mw_region()).unwrap();
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
-    let remote = p.a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
+    let remote = sq_a.bind_mw(&mw, &target, window_rights(), 1).unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(
-        write_from_b(&p, remote.slice(0, 8).unwrap(), &[3; 8]),
+        write_from_b(&p, &mut sq_b, remote.slice(0, 8).unwrap(), &[3; 8]),
         WcStatus::Success
     );
     drop(mw);
     assert_eq!(
-        write_from_b(&p, remote.slice(8, 8).unwrap(), &[4; 8]),
+        write_from_b(&p, &mut sq_b, remote.slice(8, 8).unwrap(), &[4; 8]),
         WcStatus::RemAccessErr,
         "a write through a deallocated window must fail"
     );
@@ -361,27 +373,28 @@ fn type2_window_bound_through_wr_bind_mw_refuses_a_write() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     assert!(p.a.send_ops().unwrap().contains(SendOps::BIND_MW));
     let mut mem = p.pd.alloc_shared(256, mw_region()).unwrap();
     mem.copy_from_slice(0, &[7; 256]).unwrap();
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
     let before = mw.rkey();
-    let remote =
-        p.a.bind_mw(&mw, &mem, AccessFlags::REMOTE_READ, 0x123)
-            .unwrap();
+    let remote = sq_a
+        .bind_mw(&mw, &mem, AccessFlags::REMOTE_READ, 0x123)
+        .unwrap();
     let c = wait_ok(&p.cq_a);
     assert_eq!((c.wr_id(), c.opcode()), (0x123, WcOpcode::BindMw));
     assert_ne!(remote.rkey, before, "a bind hands out a new key");
     assert_eq!(mw.rkey(), remote.rkey);
     // The peer reads through the window.
     let dst = p.pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.post_send(SendRequest::read(dst, remote.slice(0, 16).unwrap()).wr_id(5))
+    sq_b.read(dst, remote.slice(0, 16).unwrap(), Wr::id(5))
         .unwrap();
     let mut c = wait_ok(&p.cq_b);
     assert_eq!(&c.take_local().unwrap()[..], &[7; 16]);
     // Its write is refused.
     assert_eq!(
-        write_from_b(&p, remote.slice(0, 8).unwrap(), &[9; 8]),
+        write_from_b(&p, &mut sq_b, remote.slice(0, 8).unwrap(), &[9; 8]),
         WcStatus::RemAccessErr
     );
     let mut got = [0u8; 8];
@@ -399,28 +412,29 @@ fn type2_window_invalidated_through_wr_local_inv() {
     if !require(&p, Feature::MemoryWindowType2) {
         return;
     }
+    let (mut sq_a, mut sq_b) = handles(&p);
     let mem = p.pd.alloc_shared(256, mw_region()).unwrap();
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
-    let first = p.a.bind_mw(&mw, &mem, window_rights(), 1).unwrap();
+    let first = sq_a.bind_mw(&mw, &mem, window_rights(), 1).unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(
-        write_from_b(&p, first.slice(0, 8).unwrap(), &[1; 8]),
+        write_from_b(&p, &mut sq_b, first.slice(0, 8).unwrap(), &[1; 8]),
         WcStatus::Success
     );
-    p.a.invalidate_mw(&mw, 2).unwrap();
+    sq_a.invalidate_mw(&mw, 2).unwrap();
     let c = wait_ok(&p.cq_a);
     assert_eq!((c.wr_id(), c.opcode()), (2, WcOpcode::LocalInv));
     assert_eq!(mw.remote(), None);
-    let second = p.a.bind_mw(&mw, &mem, window_rights(), 3).unwrap();
+    let second = sq_a.bind_mw(&mw, &mem, window_rights(), 3).unwrap();
     wait_ok(&p.cq_a);
     assert_ne!(second.rkey, first.rkey);
     assert_eq!(
-        write_from_b(&p, second.slice(8, 8).unwrap(), &[2; 8]),
+        write_from_b(&p, &mut sq_b, second.slice(8, 8).unwrap(), &[2; 8]),
         WcStatus::Success
     );
     // The first key is revoked.
     assert_eq!(
-        write_from_b(&p, first.slice(16, 8).unwrap(), &[3; 8]),
+        write_from_b(&p, &mut sq_b, first.slice(16, 8).unwrap(), &[3; 8]),
         WcStatus::RemAccessErr
     );
     let mut got = [0u8; 24];

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ibverbs::{
     AccessFlags, ChannelProblem, ConnectOptions, Error, MessageChannel, QpType, QueuePair,
-    RecvRequest, SendRequest, WcStatus,
+    WcStatus, Wr,
 };
 
 /// Two channel ends of `slots` × `size` on the test device, connected.
@@ -260,10 +260,10 @@ fn channel_and_raw(slots: u32, size: usize) -> (MessageChannel, QueuePair, commo
     let er = common::endpoint(&dev, &raw, 0x200);
     let opts = common::options(&dev, AccessFlags::LOCAL_WRITE);
     raw.connect(&er, &ec, &opts).unwrap();
-    raw.post_recv(RecvRequest::new(
-        pd.alloc(size.max(12), AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
+    raw.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(size.max(12), AccessFlags::LOCAL_WRITE).unwrap(), 0)
+        .unwrap();
     ch.connect(&ec, &er, &opts).unwrap();
     (ch, raw, dev)
 }
@@ -280,7 +280,9 @@ fn hello(slots: u32, size: u32) -> Vec<u8> {
 
 /// Sends `bytes` with immediate data `imm` from the raw peer.
 fn raw_send(raw: &QueuePair, bytes: &[u8], imm: u32) {
-    raw.post_send(SendRequest::send_inline(bytes).imm(imm))
+    raw.send_queue()
+        .unwrap()
+        .send_inline(bytes, Wr::id(0).imm(imm))
         .unwrap();
 }
 

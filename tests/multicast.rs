@@ -21,7 +21,7 @@ use common::{assert_quiet, device_ipv4, example_bin, path_tool, run_bounded, wai
 use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace, UdParam};
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionQueue, Error, Gid, LocalBuffer,
-    ProtectionDomain, QpNumber, QpType, QueuePair, RecvRequest, SendRequest, WcOpcode,
+    ProtectionDomain, QpNumber, QpType, QueuePair, UdDest, WcOpcode, Wr,
 };
 
 /// Bytes of the global route header area in front of every UD receive.
@@ -67,19 +67,21 @@ fn ud_qp(pd: &ProtectionDomain) -> Ud {
 }
 
 fn post_recvs(r: &Ud, n: usize) {
+    let mut rq = r.qp.recv_queue().unwrap();
     for i in 0..n {
         let mut b = r.pd.alloc(GRH + 1024, AccessFlags::LOCAL_WRITE).unwrap();
         b.fill(0xEE);
-        r.qp.post_recv(RecvRequest::new(b).wr_id(i as u64)).unwrap();
+        rq.recv(b, i as u64).unwrap();
     }
 }
 
 fn send_all(s: &Ud, ah: &AddressHandle, qkey: u32) {
+    let mut sq = s.qp.send_queue().unwrap();
+    let dest = UdDest::new(ah, MCAST_QPN, qkey);
     for (i, len) in sizes().into_iter().enumerate() {
         let mut b: LocalBuffer = s.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&payload(i, len));
-        s.qp.post_send(SendRequest::send(b).wr_id(i as u64).ud(ah, MCAST_QPN, qkey))
-            .unwrap();
+        sq.send_to(b, &dest, Wr::id(i as u64)).unwrap();
         common::wait_ok(&s.cq);
     }
 }

@@ -1,5 +1,5 @@
-//! Prepared receive requests (`QueuePair::prepare_recv`,
-//! `SharedReceiveQueue::prepare_recv`, `PreparedRecv::post`): posted many
+//! Prepared receive requests (`RecvQueue::prepare` on a queue pair's or a
+//! shared receive queue's handle, `RecvQueue::post_prepared`): posted many
 //! times, each message's bytes reachable only once no posting is
 //! outstanding, refusals undone, flushes claimed (device tests).
 
@@ -7,8 +7,8 @@ mod common;
 
 use common::{pair, pattern, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, CompletionQueue, Error, QpType, RecvRequest, SendRequest, SgList, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, Completions, Error, QpType, RecvRequest, SendRequest, SgList,
+    WcOpcode, WcStatus, WorkCompletion, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -24,43 +24,66 @@ fn poll_into_ok(cq: &CompletionQueue, wc: &mut WorkCompletion) -> SgList {
     c.take_buffers()
 }
 
+/// As [`poll_into_ok`], with a borrowed batch poll (exactly one
+/// completion expected).
+fn poll_batch_into_ok(
+    cq: &CompletionQueue,
+    batch: &mut Completions,
+    wc: &mut WorkCompletion,
+) -> SgList {
+    common::poll_until(|| {
+        let polled = cq.poll(batch).unwrap();
+        assert!(polled.len() <= 1, "one completion at a time");
+        let mut sg = None;
+        for mut c in polled {
+            *wc = *c.wc();
+            c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            sg = Some(c.take_buffers());
+        }
+        sg
+    })
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn prepared_receives_repost_and_give_each_message_back() {
     let p = pair(QpType::Rc, local(), |b| b.max_recv_wr(4));
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     // Two receives, told apart by wr_id, as a ping-pong's buffers.
     let mut recvs: Vec<_> = (0..2u64)
         .map(|i| {
-            p.b.prepare_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(i))
+            rq.prepare(RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(i))
                 .unwrap()
         })
         .collect();
     for r in &mut recvs {
         assert!(!r.is_posted());
-        r.post().unwrap();
+        rq.post_prepared(r).unwrap();
         assert!(r.is_posted());
         assert!(r.bytes(0).is_none(), "bytes reachable while posted");
         assert!(r.bytes_mut(0).is_none());
         assert!(r.buffers().is_none());
     }
-    let mut send =
-        p.a.prepare_send(SendRequest::send(p.pd.alloc(64, local()).unwrap()))
-            .unwrap();
+    let mut send = sq
+        .prepare(SendRequest::send(p.pd.alloc(64, local()).unwrap()))
+        .unwrap();
     let mut wc = WorkCompletion::default();
+    let mut batch = Completions::with_capacity(4);
     for round in 0..40u8 {
         send.bytes_mut(0)
             .unwrap()
             .copy_from_slice(&pattern(64, round));
-        send.post().unwrap();
+        sq.post_prepared(&mut send).unwrap();
         drop(wait_ok(&p.cq_a));
-        // Alternate the claim paths: poll_one and the batch poll.
-        let (wr_id, sg, len, opcode) = if round % 2 == 0 {
-            let sg = poll_into_ok(&p.cq_b, &mut wc);
-            (wc.wr_id(), sg, wc.byte_len(), wc.opcode())
+        // Alternate the claim paths: poll_one (owned) and the batch poll
+        // (borrowed).
+        let sg = if round % 2 == 0 {
+            poll_into_ok(&p.cq_b, &mut wc)
         } else {
-            let mut c = wait_ok(&p.cq_b);
-            (c.wr_id(), c.take_buffers(), c.byte_len(), c.opcode())
+            poll_batch_into_ok(&p.cq_b, &mut batch, &mut wc)
         };
+        let (wr_id, len, opcode) = (wc.wr_id(), wc.byte_len(), wc.opcode());
         assert_eq!(
             (wr_id, len, opcode),
             (u64::from(round % 2), 64, WcOpcode::Recv),
@@ -74,7 +97,7 @@ fn prepared_receives_repost_and_give_each_message_back() {
         assert!(!r.is_posted(), "round {round}: the completion kept a count");
         assert_eq!(r.bytes(0).unwrap(), &pattern(64, round)[..]);
         r.bytes_mut(0).unwrap().fill(0);
-        r.post().unwrap();
+        rq.post_prepared(r).unwrap();
     }
     assert!(recvs.iter().all(|r| r.is_posted()));
 }
@@ -83,14 +106,16 @@ fn prepared_receives_repost_and_give_each_message_back() {
 #[ignore = "needs an RDMA device"]
 fn a_receive_posted_twice_shows_its_bytes_only_after_both_messages() {
     let p = pair(QpType::Rc, local(), |b| b.max_recv_wr(4));
-    let mut recv =
-        p.b.prepare_recv(RecvRequest::new(p.pd.alloc(32, local()).unwrap()).wr_id(3))
-            .unwrap();
-    recv.post().unwrap();
-    recv.post().unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
+    let mut recv = rq
+        .prepare(RecvRequest::new(p.pd.alloc(32, local()).unwrap()).wr_id(3))
+        .unwrap();
+    rq.post_prepared(&mut recv).unwrap();
+    rq.post_prepared(&mut recv).unwrap();
     for seed in [1u8, 2] {
         let msg = p.pd.register(pattern(32, seed), local()).unwrap();
-        p.a.post_send(SendRequest::send(msg)).unwrap();
+        sq.send(msg, Wr::id(0)).unwrap();
         drop(wait_ok(&p.cq_a));
         let c = wait_ok(&p.cq_b);
         assert_eq!(c.wr_id(), 3);
@@ -113,19 +138,24 @@ fn a_receive_posted_twice_shows_its_bytes_only_after_both_messages() {
 #[ignore = "needs an RDMA device"]
 fn prepared_receives_are_checked_once_and_refusals_are_undone() {
     let p = pair(QpType::Rc, local(), |b| b.max_recv_wr(2));
+    let mut rq = p.b.recv_queue().unwrap();
     // A buffer of another protection domain.
     let other = p.dev.ctx.alloc_pd().unwrap();
-    let e =
-        p.b.prepare_recv(RecvRequest::new(other.alloc(8, local()).unwrap()))
-            .unwrap_err();
+    let e = rq
+        .prepare(RecvRequest::new(other.alloc(8, local()).unwrap()))
+        .unwrap_err();
     assert!(
         matches!(e.error, Error::ForeignProtectionDomain { what: "buffer" }),
         "{}",
         e.error
     );
+    assert!(
+        matches!(e.buf, SgList::One(_)),
+        "the refused request keeps its buffer"
+    );
     // A buffer the device may not write.
-    let e =
-        p.b.prepare_recv(RecvRequest::new(
+    let e = rq
+        .prepare(RecvRequest::new(
             p.pd.alloc(8, AccessFlags::empty()).unwrap(),
         ))
         .unwrap_err();
@@ -134,41 +164,42 @@ fn prepared_receives_are_checked_once_and_refusals_are_undone() {
         "{}",
         e.error
     );
-    // A queue pair receiving through an SRQ: prepare there.
+    // A queue pair receiving through an SRQ has no receive queue handle
+    // to prepare on: prepare on the SRQ's.
     let srq = p.pd.create_srq(4).build().unwrap();
     let on_srq =
         p.pd.create_qp(QpType::Rc, &p.cq_b, &p.cq_b)
             .srq(&srq)
             .build()
             .unwrap();
-    let e = on_srq
-        .prepare_recv(RecvRequest::new(p.pd.alloc(8, local()).unwrap()))
-        .unwrap_err();
-    assert!(matches!(e.error, Error::ReceivesThroughSrq), "{}", e.error);
-    assert!(
-        matches!(e.request.into_buffers(), SgList::One(_)),
-        "the refused request keeps its buffer"
-    );
+    let e = on_srq.recv_queue().unwrap_err();
+    assert!(matches!(e, Error::ReceivesThroughSrq), "{e}");
 
-    // A full receive queue: the provider refuses, and the refused posting
+    // A full receive queue: refused (by the library, at the queue pair's
+    // receive capacity, before the provider), and the refused posting
     // leaves no count behind.
-    let mut recv =
-        p.b.prepare_recv(RecvRequest::new(p.pd.alloc(8, local()).unwrap()).wr_id(6))
-            .unwrap();
-    let depth = p.b.caps().max_recv_wr as usize;
+    let mut recv = rq
+        .prepare(RecvRequest::new(p.pd.alloc(8, local()).unwrap()).wr_id(6))
+        .unwrap();
+    let depth = p.b.recv_capacity() as usize;
     let mut posted = 0;
     let refused = loop {
-        match recv.post() {
+        match rq.post_prepared(&mut recv) {
             Ok(()) => posted += 1,
             Err(e) => break e,
         }
         assert!(posted <= depth, "posted {posted} into a queue of {depth}");
     };
     assert!(
-        matches!(&refused, Error::Verb { verb, .. } if *verb == "ibv_post_recv"),
+        matches!(&refused, Error::QueueFull { queue: "receive queue", depth: d } if *d as usize == depth),
         "{refused}"
     );
     assert_eq!(posted, depth);
+    assert_eq!(
+        p.b.recv_outstanding() as usize,
+        posted,
+        "the refusal took no entry"
+    );
     // Outstanding receives come back as flushes once the queue pair
     // fails: each flush gives its count back.
     p.b.to_err().unwrap();
@@ -198,19 +229,23 @@ fn a_prepared_receive_on_a_shared_receive_queue_serves_its_queue_pairs() {
         .unwrap();
     let client = pd.create_qp(QpType::Rc, &cq_c, &cq_c).build().unwrap();
     common::connect_pair(&dev, &server, &client, local());
-    let mut recv = srq
-        .prepare_recv(RecvRequest::new(pd.alloc(48, local()).unwrap()).wr_id(11))
+    let mut rq = srq.recv_queue().unwrap();
+    let mut sq = client.send_queue().unwrap();
+    let mut recv = rq
+        .prepare(RecvRequest::new(pd.alloc(48, local()).unwrap()).wr_id(11))
         .unwrap();
     for seed in 0..10u8 {
-        recv.post().unwrap();
+        rq.post_prepared(&mut recv).unwrap();
+        // Each posting takes an entry of the SRQ until it is claimed.
+        assert_eq!(srq.outstanding(), 1);
         let msg = pd.register(pattern(48, seed), local()).unwrap();
-        client.post_send(SendRequest::send(msg)).unwrap();
+        sq.send(msg, Wr::id(0)).unwrap();
         drop(wait_ok(&cq_c));
         let c = wait_ok(&cq_s);
         assert_eq!((c.wr_id(), c.qp_num()), (11, server.qp_num().0));
         assert_eq!(recv.bytes(0).unwrap(), &pattern(48, seed)[..]);
     }
-    // Receives posted this way take no slot of the SRQ's table.
+    // Every posting was claimed: nothing is left outstanding.
     assert_eq!(srq.outstanding(), 0);
 }
 
@@ -218,15 +253,16 @@ fn a_prepared_receive_on_a_shared_receive_queue_serves_its_queue_pairs() {
 #[ignore = "needs an RDMA device"]
 fn dropping_a_posted_receive_keeps_its_buffer_until_the_message() {
     let p = pair(QpType::Rc, local(), |b| b);
-    let mut recv =
-        p.b.prepare_recv(RecvRequest::new(p.pd.alloc(1 << 16, local()).unwrap()).wr_id(8))
-            .unwrap();
-    recv.post().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
+    let mut recv = rq
+        .prepare(RecvRequest::new(p.pd.alloc(1 << 16, local()).unwrap()).wr_id(8))
+        .unwrap();
+    rq.post_prepared(&mut recv).unwrap();
     // The device may write the buffer whenever a message comes: the
     // posting owns it now.
     drop(recv);
     let msg = p.pd.register(pattern(1 << 16, 4), local()).unwrap();
-    p.a.post_send(SendRequest::send(msg)).unwrap();
+    p.a.send_queue().unwrap().send(msg, Wr::id(0)).unwrap();
     drop(wait_ok(&p.cq_a));
     let mut c = wait_ok(&p.cq_b);
     assert_eq!((c.wr_id(), c.byte_len()), (8, 1 << 16));

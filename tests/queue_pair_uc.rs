@@ -11,12 +11,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Error, LocalBuffer, ProtectionDomain, QpType, RecvRequest, RemoteKey,
-    RemoteMemory, SendRequest, SharedBuffer, WcOpcode,
+    AccessFlags, Error, LocalBuffer, Posted, ProtectionDomain, QpType, RemoteKey, RemoteMemory,
+    SendQueue, SharedBuffer, WcOpcode, Wr,
 };
 
-/// Builds a request of one kind on `pd` aimed at `remote`.
-type MakeRequest = fn(&ProtectionDomain, RemoteMemory) -> SendRequest<'static>;
+/// Posts a request of one kind with a buffer of `pd` aimed at `remote`.
+type PostRequest = fn(&mut SendQueue, &ProtectionDomain, RemoteMemory) -> Posted;
 
 fn uc_pair() -> common::Pair {
     common::pair(
@@ -71,13 +71,13 @@ fn wait_bytes(s: &SharedBuffer, offset: usize, want: &[u8], what: &str) {
 #[ignore = "needs an RDMA device"]
 fn uc_send_recv() {
     let p = uc_pair();
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     // One packet, and a message spanning several MTU-sized packets.
     for (i, len) in [(1u64, 200usize), (2, 3000)] {
         let payload = common::pattern(len, i as u8);
-        p.b.post_recv(RecvRequest::new(blank(&p.pd, 4096)).wr_id(10 + i))
-            .unwrap();
-        p.a.post_send(SendRequest::send(filled(&p.pd, &payload)).wr_id(i))
-            .unwrap();
+        rq.recv(blank(&p.pd, 4096), 10 + i).unwrap();
+        sq.send(filled(&p.pd, &payload), Wr::id(i)).unwrap();
         let mut s = common::wait_ok(&p.cq_a);
         assert_eq!(
             (s.wr_id(), s.opcode()),
@@ -100,8 +100,8 @@ fn uc_send_recv() {
     }
     // Inline and with immediate.
     let payload = common::pattern(50, 77);
-    p.b.post_recv(RecvRequest::new(blank(&p.pd, 64))).unwrap();
-    p.a.post_send(SendRequest::send_inline(&payload).imm(0x0102_0304))
+    rq.recv(blank(&p.pd, 64), 0).unwrap();
+    sq.send_inline(&payload, Wr::id(0).imm(0x0102_0304))
         .unwrap();
     common::wait_ok(&p.cq_a);
     let mut r = common::wait_ok(&p.cq_b);
@@ -122,12 +122,17 @@ fn uc_rdma_write() {
     let p = uc_pair();
     let t = target(&p.pd, 8192);
     let remote = t.remote().expect("REMOTE_WRITE region has an rkey");
+    let mut sq = p.a.send_queue().unwrap();
     // A posted receive proves that a plain write consumes none.
-    p.b.post_recv(RecvRequest::new(blank(&p.pd, 16)).wr_id(99))
+    p.b.recv_queue()
+        .unwrap()
+        .recv(blank(&p.pd, 16), 99)
         .unwrap();
     let payload = common::pattern(5000, 21);
-    p.a.post_send(
-        SendRequest::write(filled(&p.pd, &payload), remote.slice(1000, 5000).unwrap()).wr_id(1),
+    sq.write(
+        filled(&p.pd, &payload),
+        remote.slice(1000, 5000).unwrap(),
+        Wr::id(1),
     )
     .unwrap();
     let mut s = common::wait_ok(&p.cq_a);
@@ -147,11 +152,8 @@ fn uc_rdma_write() {
         "bytes around the written range untouched"
     );
     // Inline write.
-    p.a.post_send(SendRequest::write_inline(
-        b"inline-uc",
-        remote.slice(7000, 9).unwrap(),
-    ))
-    .unwrap();
+    sq.write_inline(b"inline-uc", remote.slice(7000, 9).unwrap(), Wr::id(0))
+        .unwrap();
     common::wait_ok(&p.cq_a);
     wait_bytes(&t, 7000, b"inline-uc", "UC inline RDMA write");
     common::assert_quiet(&p.cq_b);
@@ -168,15 +170,16 @@ fn uc_rdma_write_with_immediate_consumes_a_receive() {
     let p = uc_pair();
     let t = target(&p.pd, 4096);
     let remote = t.remote().unwrap();
-    p.b.post_recv(RecvRequest::new(blank(&p.pd, 32)).wr_id(7))
-        .unwrap();
+    p.b.recv_queue().unwrap().recv(blank(&p.pd, 32), 7).unwrap();
     let payload = common::pattern(3000, 5);
-    p.a.post_send(
-        SendRequest::write(filled(&p.pd, &payload), remote.slice(512, 3000).unwrap())
-            .imm(0xCAFE_F00D)
-            .wr_id(3),
-    )
-    .unwrap();
+    p.a.send_queue()
+        .unwrap()
+        .write(
+            filled(&p.pd, &payload),
+            remote.slice(512, 3000).unwrap(),
+            Wr::id(3).imm(0xCAFE_F00D),
+        )
+        .unwrap();
     let s = common::wait_ok(&p.cq_a);
     assert_eq!((s.wr_id(), s.opcode()), (3, WcOpcode::RdmaWrite), "{s:?}");
     let mut r = common::wait_ok(&p.cq_b);
@@ -210,25 +213,26 @@ fn uc_read_and_atomics_are_rejected_before_posting() {
         len: 64,
         rkey: RemoteKey(0x77),
     };
-    let cases: [(&str, MakeRequest, u64); 3] = [
+    let cases: [(&str, PostRequest, usize); 3] = [
         (
             "RDMA read",
-            |pd, r| SendRequest::read(blank(pd, 64), r).wr_id(1),
+            |sq, pd, r| sq.read(blank(pd, 64), r, Wr::id(1)),
             64,
         ),
         (
             "compare-and-swap",
-            |pd, r| SendRequest::compare_and_swap(blank(pd, 8), r, 1, 2).wr_id(2),
+            |sq, pd, r| sq.compare_and_swap(blank(pd, 8), r, 1, 2, Wr::id(2)),
             8,
         ),
         (
             "fetch-and-add",
-            |pd, r| SendRequest::fetch_and_add(blank(pd, 8), r, 5).wr_id(3),
+            |sq, pd, r| sq.fetch_and_add(blank(pd, 8), r, 5, Wr::id(3)),
             8,
         ),
     ];
-    for (what, make, len) in cases {
-        let err = p.a.post_send(make(&p.pd, remote)).unwrap_err();
+    let mut sq = p.a.send_queue().unwrap();
+    for (what, post, len) in cases {
+        let err = post(&mut sq, &p.pd, remote).unwrap_err();
         assert!(
             matches!(
                 err.error,
@@ -241,7 +245,7 @@ fn uc_read_and_atomics_are_rejected_before_posting() {
             err.error
         );
         assert_eq!(
-            err.request.into_buffers().total_len(),
+            err.buf.len(),
             len,
             "UC {what}: the refused request hands its buffer back"
         );

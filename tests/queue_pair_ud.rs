@@ -8,8 +8,8 @@ mod common;
 
 use ibverbs::{
     AccessFlags, AddressHandle, AddressVector, CompletionQueue, Error, Gid, LinkLayer, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory, SendOption,
-    SendRequest, WcOpcode,
+    ProtectionDomain, QpType, QueuePair, RemoteKey, RemoteMemory, SendOption, SendRequest, UdDest,
+    WcOpcode, Wr,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -152,14 +152,18 @@ fn ud_send_recv_with_grh_both_ways() {
         (&t.a, &t.b, &t.ah_to_b, &t.cq_a, &t.cq_b, 1u64),
         (&t.b, &t.a, &t.ah_to_a, &t.cq_b, &t.cq_a, 2u64),
     ] {
-        to.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + payload.len())).wr_id(100 + wr))
+        to.recv_queue()
+            .unwrap()
+            .recv(recv_buf(&t.pd, GRH + payload.len()), 100 + wr)
             .unwrap();
-        from.post_send(SendRequest::send(filled(&t.pd, &payload)).wr_id(wr).ud(
-            ah,
-            to.qp_num(),
-            QKEY,
-        ))
-        .unwrap();
+        from.send_queue()
+            .unwrap()
+            .send_to(
+                filled(&t.pd, &payload),
+                &UdDest::new(ah, to.qp_num(), QKEY),
+                Wr::id(wr),
+            )
+            .unwrap();
         let mut s = common::wait_ok(cq_from);
         assert_eq!(s.wr_id(), wr, "send completion wr_id");
         assert_eq!(s.opcode(), WcOpcode::Send, "send completion opcode: {s:?}");
@@ -203,9 +207,17 @@ fn address_handle_reports_its_vector() {
         let av = AddressVector::roce(t.dev.port, t.gid, t.dev.gid_index);
         let ah = t.pd.create_ah(&av).unwrap();
         let payload = common::pattern(64, 99);
-        t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 64)))
+        t.b.recv_queue()
+            .unwrap()
+            .recv(recv_buf(&t.pd, GRH + 64), 0)
             .unwrap();
-        t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).ud(&ah, t.b.qp_num(), QKEY))
+        t.a.send_queue()
+            .unwrap()
+            .send_to(
+                filled(&t.pd, &payload),
+                &UdDest::new(&ah, t.b.qp_num(), QKEY),
+                Wr::id(0),
+            )
             .unwrap();
         common::wait_ok(&t.cq_a);
         let mut r = common::wait_ok(&t.cq_b);
@@ -223,14 +235,18 @@ fn address_handle_reports_its_vector() {
 fn ud_send_with_immediate() {
     let t = ud_pair(0);
     let payload = common::pattern(100, 3);
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 100)).wr_id(5))
+    t.b.recv_queue()
+        .unwrap()
+        .recv(recv_buf(&t.pd, GRH + 100), 5)
         .unwrap();
-    t.a.post_send(
-        SendRequest::send(filled(&t.pd, &payload))
-            .imm(0xDEAD_BEEF)
-            .ud(&t.ah_to_b, t.b.qp_num(), QKEY),
-    )
-    .unwrap();
+    t.a.send_queue()
+        .unwrap()
+        .send_to(
+            filled(&t.pd, &payload),
+            &UdDest::new(&t.ah_to_b, t.b.qp_num(), QKEY),
+            Wr::id(0).imm(0xDEAD_BEEF),
+        )
+        .unwrap();
     common::wait_ok(&t.cq_a);
     let mut r = common::wait_ok(&t.cq_b);
     assert_eq!(
@@ -250,18 +266,15 @@ fn ud_inline_sends() {
         "asked for 128 inline bytes, got {:?}",
         t.a.caps()
     );
+    let mut sq = t.a.send_queue().unwrap();
+    let mut rq = t.b.recv_queue().unwrap();
+    let to_b = UdDest::new(&t.ah_to_b, t.b.qp_num(), QKEY);
     // Inline data from a plain slice: no registration, free right after posting.
     let payload = common::pattern(120, 11);
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 120)))
-        .unwrap();
+    rq.recv(recv_buf(&t.pd, GRH + 120), 0).unwrap();
     {
         let scratch = payload.clone();
-        t.a.post_send(SendRequest::send_inline(&scratch).wr_id(9).ud(
-            &t.ah_to_b,
-            t.b.qp_num(),
-            QKEY,
-        ))
-        .unwrap();
+        sq.send_inline_to(&scratch, &to_b, Wr::id(9)).unwrap();
         drop(scratch); // copied at post time
     }
     let mut s = common::wait_ok(&t.cq_a);
@@ -272,14 +285,9 @@ fn ud_inline_sends() {
 
     // A registered buffer sent with the inline flag.
     let payload = common::pattern(64, 12);
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 64)))
+    rq.recv(recv_buf(&t.pd, GRH + 64), 0).unwrap();
+    sq.send_to(filled(&t.pd, &payload), &to_b, Wr::id(0).inline())
         .unwrap();
-    t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).inline(true).ud(
-        &t.ah_to_b,
-        t.b.qp_num(),
-        QKEY,
-    ))
-    .unwrap();
     let mut s = common::wait_ok(&t.cq_a);
     assert_eq!(&s.take_local().expect("buffer back")[..], &payload[..]);
     let mut r = common::wait_ok(&t.cq_b);
@@ -288,13 +296,10 @@ fn ud_inline_sends() {
     // More than the QP's inline capacity is refused before posting.
     let cap = t.a.caps().max_inline_data as usize;
     let big = vec![0u8; cap + 1];
-    let err =
-        t.a.post_send(SendRequest::send_inline(&big).ud(&t.ah_to_b, t.b.qp_num(), QKEY))
-            .unwrap_err();
+    let err = sq.send_inline_to(&big, &to_b, Wr::id(0)).unwrap_err();
     assert!(
-        matches!(err.error, Error::InlineTooLarge { len, max } if len == cap as u64 + 1 && max as usize == cap),
-        "oversized inline UD send: {}",
-        err.error
+        matches!(err, Error::InlineTooLarge { len, max } if len == cap as u64 + 1 && max as usize == cap),
+        "oversized inline UD send: {err}"
     );
     common::assert_quiet(&t.cq_a);
     common::assert_quiet(&t.cq_b);
@@ -305,12 +310,15 @@ fn ud_inline_sends() {
 fn wrong_qkey_is_not_delivered() {
     let t = ud_pair(0);
     let payload = common::pattern(32, 1);
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 32)).wr_id(77))
+    let mut sq = t.a.send_queue().unwrap();
+    t.b.recv_queue()
+        .unwrap()
+        .recv(recv_buf(&t.pd, GRH + 32), 77)
         .unwrap();
-    t.a.post_send(
-        SendRequest::send(filled(&t.pd, &common::pattern(32, 200)))
-            .wr_id(1)
-            .ud(&t.ah_to_b, t.b.qp_num(), WRONG_QKEY),
+    sq.send_to(
+        filled(&t.pd, &common::pattern(32, 200)),
+        &UdDest::new(&t.ah_to_b, t.b.qp_num(), WRONG_QKEY),
+        Wr::id(1),
     )
     .unwrap();
     // UD has no acknowledgements: the send completes locally either way.
@@ -323,11 +331,11 @@ fn wrong_qkey_is_not_delivered() {
         "a datagram with the wrong Q_Key must not consume the receive"
     );
     // The right Q_Key lands in that same receive.
-    t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).wr_id(2).ud(
-        &t.ah_to_b,
-        t.b.qp_num(),
-        QKEY,
-    ))
+    sq.send_to(
+        filled(&t.pd, &payload),
+        &UdDest::new(&t.ah_to_b, t.b.qp_num(), QKEY),
+        Wr::id(2),
+    )
     .unwrap();
     common::wait_ok(&t.cq_a);
     let mut r = common::wait_ok(&t.cq_b);
@@ -346,9 +354,17 @@ fn address_handle_outlives_its_handle_while_posted() {
     let ah =
         t.pd.create_ah(&AddressVector::for_port(&port_attr, &ep, t.dev.gid_index).unwrap())
             .unwrap();
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 48)))
+    t.b.recv_queue()
+        .unwrap()
+        .recv(recv_buf(&t.pd, GRH + 48), 0)
         .unwrap();
-    t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).ud(&ah, t.b.qp_num(), QKEY))
+    t.a.send_queue()
+        .unwrap()
+        .send_to(
+            filled(&t.pd, &payload),
+            &UdDest::new(&ah, t.b.qp_num(), QKEY),
+            Wr::id(0),
+        )
         .unwrap();
     drop(ah); // the posted request keeps the address handle alive
     common::wait_ok(&t.cq_a);
@@ -396,7 +412,9 @@ fn ud_rdma_and_atomics_are_rejected_before_posting() {
             } else {
                 req
             };
-            let err = t.a.post_send(req).unwrap_err();
+            // A request with a UD destination exists only as a chain's
+            // `SendRequest` (the typed RDMA methods take none).
+            let err = common::post_send(&t.a, req).unwrap_err();
             assert!(
                 matches!(
                     err.error,
@@ -409,7 +427,7 @@ fn ud_rdma_and_atomics_are_rejected_before_posting() {
                 err.error
             );
             assert_eq!(
-                err.request.into_buffers().total_len(),
+                err.buf.total_len(),
                 len,
                 "UD {what}: the refused request hands its buffer back"
             );
@@ -432,10 +450,9 @@ fn req_len(what: &str) -> u64 {
 #[ignore = "needs an RDMA device"]
 fn ud_send_without_destination_is_rejected() {
     let t = ud_pair(16);
+    let mut sq = t.a.send_queue().unwrap();
     let payload = common::pattern(16, 4);
-    let err =
-        t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).wr_id(3))
-            .unwrap_err();
+    let err = sq.send(filled(&t.pd, &payload), Wr::id(3)).unwrap_err();
     assert!(
         matches!(
             err.error,
@@ -447,25 +464,38 @@ fn ud_send_without_destination_is_rejected() {
         "a UD send without SendRequest::ud must be OptionRequired naming ud(..), got {}",
         err.error
     );
-    let buf = err.request.into_buffers().total_len();
+    let buf = err.buf.into_local().expect("the refused buffer").len();
     assert_eq!(buf, 16, "the refused request hands its buffer back");
-    let err =
-        t.a.post_send(SendRequest::send_inline(&payload))
-            .unwrap_err();
+    let err = sq.send_inline(&payload, Wr::id(0)).unwrap_err();
     assert!(
-        matches!(err.error, Error::OptionRequired { .. }),
-        "an inline UD send without destination: {}",
-        err.error
+        matches!(err, Error::OptionRequired { .. }),
+        "an inline UD send without destination: {err}"
     );
     // A multi-buffer send (gather list) without destination as well.
-    let err =
-        t.a.post_send(SendRequest::send_sgl(vec![filled(&t.pd, &payload).into()]))
-            .unwrap_err();
+    let err = sq
+        .send_sgl(vec![filled(&t.pd, &payload).into()], Wr::id(0))
+        .unwrap_err();
     assert!(
         matches!(err.error, Error::OptionRequired { .. }),
         "{}",
         err.error
     );
+    assert_eq!(err.buf.len(), 1, "the refused gather list comes back");
+    // A request built without `ud(..)` and posted in a chain as well.
+    drop(sq);
+    let err = common::post_send(&t.a, SendRequest::send(filled(&t.pd, &payload))).unwrap_err();
+    assert!(
+        matches!(
+            err.error,
+            Error::OptionRequired {
+                option: SendOption::UdDestination,
+                ..
+            }
+        ),
+        "a chained UD send without destination: {}",
+        err.error
+    );
+    assert_eq!(err.buf.total_len(), 16, "its buffer comes back");
     assert_eq!(t.a.send_outstanding(), 0);
     common::assert_quiet(&t.cq_a);
 }
@@ -480,7 +510,13 @@ fn address_handle_from_another_pd_is_rejected() {
     let av = AddressVector::for_port(&port_attr, &ep, t.dev.gid_index).unwrap();
     let foreign = other.create_ah(&av).unwrap();
     let err =
-        t.a.post_send(SendRequest::send(filled(&t.pd, &[0; 8])).ud(&foreign, t.b.qp_num(), QKEY))
+        t.a.send_queue()
+            .unwrap()
+            .send_to(
+                filled(&t.pd, &[0; 8]),
+                &UdDest::new(&foreign, t.b.qp_num(), QKEY),
+                Wr::id(0),
+            )
             .unwrap_err();
     assert!(
         matches!(
@@ -500,9 +536,17 @@ fn address_handle_from_another_pd_is_rejected() {
 fn completion_source_gid_is_the_senders() {
     let t = ud_pair(0);
     let payload = common::pattern(24, 8);
-    t.b.post_recv(RecvRequest::new(recv_buf(&t.pd, GRH + 24)))
+    t.b.recv_queue()
+        .unwrap()
+        .recv(recv_buf(&t.pd, GRH + 24), 0)
         .unwrap();
-    t.a.post_send(SendRequest::send(filled(&t.pd, &payload)).ud(&t.ah_to_b, t.b.qp_num(), QKEY))
+    t.a.send_queue()
+        .unwrap()
+        .send_to(
+            filled(&t.pd, &payload),
+            &UdDest::new(&t.ah_to_b, t.b.qp_num(), QKEY),
+            Wr::id(0),
+        )
         .unwrap();
     common::wait_ok(&t.cq_a);
     let mut r = common::wait_ok(&t.cq_b);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{device_ipv4, example_bin, path_tool, run_bounded, wait_ok};
 use ibverbs::cm::{CmEventType, CmId, CmOption, ConnParam, EventChannel};
-use ibverbs::{AccessFlags, Error, QpType, RecvRequest, SendRequest};
+use ibverbs::{AccessFlags, Error, QpType, Wr};
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
 static PORT: AtomicU16 = AtomicU16::new(17200);
@@ -46,7 +46,8 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
         let cq = ctx.create_cq(256).build()?;
         let qp = pd.create_qp(QpType::Rc, &cq, &cq).build()?;
         id.init_qp(&qp)?;
-        qp.post_recv(RecvRequest::new(pd.alloc(64, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
+        qp.recv_queue()?
+            .recv(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, 1)?;
         id.accept(&qp, &ConnParam::new())?;
         ch.get_event(T)?.expect(CmEventType::Established)?;
         let mut c = wait_ok(&cq);
@@ -56,12 +57,14 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
         let remote = ibverbs::RemoteMemory::from_bytes(&got[..n])?;
         let mut src = pd.alloc(got.len() - n, AccessFlags::LOCAL_WRITE)?;
         src.copy_from_slice(&got[n..]);
-        qp.post_send(SendRequest::write(
+        let mut sq = qp.send_queue()?;
+        sq.write(
             src,
             remote.slice(0, (got.len() - n) as u64).unwrap(),
-        ))?;
+            Wr::id(0),
+        )?;
         wait_ok(&cq);
-        qp.post_send(SendRequest::send_inline(b"done"))?;
+        sq.send_inline(b"done", Wr::id(0))?;
         wait_ok(&cq);
         ch.get_event(T)?.expect(CmEventType::Disconnected)?;
         Ok(got)
@@ -110,7 +113,9 @@ fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAtt
         .alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     id.init_qp(&qp).unwrap();
-    qp.post_recv(RecvRequest::new(pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap()).wr_id(RECV_ID))
+    qp.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap(), RECV_ID)
         .unwrap();
     id.connect(&qp, &ConnParam::new().private_data(b"hello"))
         .unwrap();
@@ -126,7 +131,7 @@ fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAtt
     let mut msg = pd.alloc(n + 11, AccessFlags::LOCAL_WRITE).unwrap();
     msg[..n].copy_from_slice(&sink.remote().unwrap().to_bytes());
     msg[n..].copy_from_slice(b"echo via cm");
-    qp.post_send(SendRequest::send(msg).wr_id(SEND_ID)).unwrap();
+    qp.send_queue().unwrap().send(msg, Wr::id(SEND_ID)).unwrap();
     // Our send's completion and the receive of the server's "done" (sent
     // after its write) share the CQ, in either order: rxe may deliver the
     // peer's next message before the ACK that completes our send.

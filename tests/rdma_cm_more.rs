@@ -15,7 +15,7 @@ use common::{device_ipv4, wait_ok};
 use ibverbs::cm::{AddrInfo, AddrInfoHints, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use ibverbs::{
     AccessFlags, Completion, CompletionQueue, Error, GidSelector, LocalBuffer, ProtectionDomain,
-    QpState, QueuePair, RecvRequest, RemoteMemory, SendRequest,
+    QpState, QueuePair, RemoteMemory, UdDest, Wr,
 };
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
@@ -59,10 +59,12 @@ impl Side {
         let qp = id
             .create_qp(&pd, &cq, &cq, |b| b.max_send_wr(16).max_recv_wr(16))
             .unwrap();
+        let mut rq = qp.recv_queue().unwrap();
         for i in 0..recvs {
             let b = pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
-            qp.post_recv(RecvRequest::new(b).wr_id(i as u64)).unwrap();
+            rq.recv(b, i as u64).unwrap();
         }
+        drop(rq);
         Side {
             id,
             pd,
@@ -92,7 +94,9 @@ impl Side {
         let mut b = self.pd.alloc(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(data);
         self.qp
-            .post_send(SendRequest::send(b).wr_id(SEND_ID))
+            .send_queue()
+            .unwrap()
+            .send(b, Wr::id(SEND_ID))
             .unwrap();
         self.next(true);
     }
@@ -269,10 +273,11 @@ fn rdma_cm_create_qp_on_both_sides_carries_sends_writes_and_reads() {
     target.copy_from_slice(0, &vec![b's'; len]).unwrap();
     server.send(&target.remote().unwrap().to_bytes());
     let remote = RemoteMemory::from_bytes(&client.recv(0)).unwrap();
+    let mut sq = client.qp.send_queue().unwrap();
     for round in 0..10u8 {
         // Read what the server has, then overwrite it.
         let dst = client.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
-        client.qp.post_send(SendRequest::read(dst, remote)).unwrap();
+        sq.read(dst, remote, Wr::id(0)).unwrap();
         let mut c = wait_ok(&client.cq);
         let got: LocalBuffer = c.take_local().unwrap();
         let want = if round == 0 {
@@ -283,10 +288,7 @@ fn rdma_cm_create_qp_on_both_sides_carries_sends_writes_and_reads() {
         assert_eq!(&got[..], &want[..], "read, round {round}");
         let mut src = client.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
         src.copy_from_slice(&common::pattern(len, round));
-        client
-            .qp
-            .post_send(SendRequest::write(src, remote))
-            .unwrap();
+        sq.write(src, remote, Wr::id(0)).unwrap();
         wait_ok(&client.cq);
         let mut seen = vec![0; len];
         target.copy_to_slice(0, &mut seen).unwrap();
@@ -362,10 +364,10 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
         .build()
         .unwrap();
     sid.init_qp(&sqp).unwrap();
-    sqp.post_recv(RecvRequest::new(
-        spd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
+    sqp.recv_queue()
+        .unwrap()
+        .recv(spd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(), 0)
+        .unwrap();
     sid.accept(&sqp, &ConnParam::new()).unwrap();
     // The response: RTR, RTS, rdma_establish, reported as Established.
     cch.get_event(T)
@@ -377,7 +379,9 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
         .unwrap()
         .expect(CmEventType::Established)
         .unwrap();
-    qp.post_send(SendRequest::send_inline(b"established"))
+    qp.send_queue()
+        .unwrap()
+        .send_inline(b"established", Wr::id(0))
         .unwrap();
     wait_ok(&cq);
     let mut c = wait_ok(&scq);
@@ -686,7 +690,9 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         b.copy_from_slice(&data);
         client
             .qp
-            .post_send(SendRequest::send(b).ud(&to_server, ud.qp_num, ud.qkey))
+            .send_queue()
+            .unwrap()
+            .send_to(b, &UdDest::new(&to_server, ud.qp_num, ud.qkey), Wr::id(0))
             .unwrap();
         wait_ok(&client.cq);
         let mut c = wait_ok(&server.cq);
@@ -697,9 +703,12 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         // Echo it back to the QPN it came from.
         let mut b = server.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&data);
+        let back = UdDest::new(&to_client, ibverbs::QpNumber(c.src_qp()), qkey);
         server
             .qp
-            .post_send(SendRequest::send(b).ud(&to_client, ibverbs::QpNumber(c.src_qp()), qkey))
+            .send_queue()
+            .unwrap()
+            .send_to(b, &back, Wr::id(0))
             .unwrap();
         wait_ok(&server.cq);
         assert_eq!(client.recv(GRH), data, "echo {i}");

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait_ok};
-use ibverbs::{AccessFlags, Error, QpType, RegisterOptions, RemoteMemory, SendRequest};
+use ibverbs::{AccessFlags, Error, QpType, RegisterOptions, RemoteMemory, Wr};
 
 const TARGET_IOVA: u64 = 0x7_0000_0000;
 const SOURCE_IOVA: u64 = 0x10_0000_0000;
@@ -41,11 +41,9 @@ fn iova_addresses_the_right_bytes() {
     let (_pad, source) = source.split_at(100);
     assert_eq!(source.addr(), SOURCE_IOVA + 100);
 
-    p.a.post_send(SendRequest::write(
-        source,
-        remote.slice(1000, 3000).unwrap(),
-    ))
-    .unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(source, remote.slice(1000, 3000).unwrap(), Wr::id(0))
+        .unwrap();
     wait_ok(&p.cq_a);
     let got = target.to_vec();
     assert_eq!(&got[1000..4000], &payload[..], "written at iova + 1000");
@@ -63,7 +61,7 @@ fn iova_addresses_the_right_bytes() {
             RegisterOptions::new(AccessFlags::LOCAL_WRITE).iova(SOURCE_IOVA + (1 << 20)),
         )
         .unwrap();
-    p.a.post_send(SendRequest::read(dst, remote.slice(5000, 2000).unwrap()))
+    sq.read(dst, remote.slice(5000, 2000).unwrap(), Wr::id(0))
         .unwrap();
     let mut c = wait_ok(&p.cq_a);
     let dst = c.take_local().unwrap();
@@ -110,7 +108,8 @@ fn iova_at_the_top_of_the_address_space() {
     let last = remote.slice(LEN - 8, 8).unwrap();
     let mut src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
     src.copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
-    p.a.post_send(SendRequest::write(src, last)).unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(src, last, Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let mut word = [0u64];
     target.read_into(LEN as usize - 8, &mut word).unwrap();
@@ -120,7 +119,7 @@ fn iova_at_the_top_of_the_address_space() {
         .write_from(LEN as usize - 8, &[0x99aa_bbcc_ddee_ff00u64])
         .unwrap();
     let dst = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.a.post_send(SendRequest::read(dst, last)).unwrap();
+    sq.read(dst, last, Wr::id(0)).unwrap();
     let dst = wait_ok(&p.cq_a).take_local().unwrap();
     assert_eq!(&dst[..], &0x99aa_bbcc_ddee_ff00u64.to_le_bytes());
 }
@@ -139,12 +138,13 @@ fn relaxed_ordering_regions_carry_rc_traffic() {
     let payload = pattern(4096, 3);
     let mut src = p.pd.alloc(4096, AccessFlags::LOCAL_WRITE | ro).unwrap();
     src.copy_from_slice(&payload);
-    p.a.post_send(SendRequest::write(src, remote)).unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    sq.write(src, remote, Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(target.to_vec(), payload, "write on relaxed-ordering memory");
 
     let dst = p.pd.alloc(4096, AccessFlags::LOCAL_WRITE | ro).unwrap();
-    p.a.post_send(SendRequest::read(dst, remote)).unwrap();
+    sq.read(dst, remote, Wr::id(0)).unwrap();
     let mut c = wait_ok(&p.cq_a);
     assert_eq!(&c.take_local().unwrap()[..], &payload[..], "read back");
 }

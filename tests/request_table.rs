@@ -5,8 +5,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Error, Polled, QpType, QueuePair, RecvRequest, RemoteKey, RemoteMemory,
-    RequestTable, SendRequest, SendStream, WcStatus,
+    AccessFlags, Error, LocalBuffer, QpType, QueuePair, Reaped, RecvQueue, RecvRequest, RemoteKey,
+    RemoteMemory, RequestTable, SendQueue, SendRequest, SendStream, SgList, WcStatus, Wr,
 };
 
 /// What a test's value says of its request.
@@ -35,7 +35,7 @@ fn block_bytes(block: usize, round: u8) -> Vec<u8> {
 }
 
 /// Polls `table` until it yields something (10 s at most).
-fn next<T>(table: &mut RequestTable<T>) -> Polled<T> {
+fn next<T>(table: &mut RequestTable<T>) -> Reaped<T> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(p) = table.poll().expect("poll") {
@@ -45,19 +45,21 @@ fn next<T>(table: &mut RequestTable<T>) -> Polled<T> {
     }
 }
 
-/// Posts `(request, value)` on the send queue of `qp`, polling the table
-/// while it is full (the refusal hands both back); every value polled
-/// meanwhile goes to `done`.
+/// Posts `(request(buffers), value)` through `sq`, polling the table
+/// while it is full (the refusal hands the buffers and the value back;
+/// `request` builds the request again from the buffers); every value
+/// polled meanwhile goes to `done`.
 fn post_send_polling<'a>(
     table: &mut RequestTable<Op>,
-    qp: &QueuePair,
-    mut request: SendRequest<'a>,
+    sq: &mut SendQueue,
+    mut buffers: SgList,
+    request: impl Fn(SgList) -> SendRequest<'a>,
     mut value: Op,
     max_seen: &mut u32,
-    done: &mut impl FnMut(Polled<Op>),
+    done: &mut impl FnMut(Reaped<Op>),
 ) {
     loop {
-        match table.post_send(qp, request, value) {
+        match table.post_send(sq, request(buffers), value) {
             Ok(()) => {
                 *max_seen = (*max_seen).max(table.len());
                 return;
@@ -68,11 +70,18 @@ fn post_send_polling<'a>(
                     "{e}"
                 );
                 assert_eq!(table.len(), DEPTH);
-                (request, value) = (e.request, e.value);
+                (buffers, value) = (e.buffers, e.value);
                 done(next(table));
             }
         }
     }
+}
+
+/// The one local buffer of a request handed back.
+fn local(buffers: SgList) -> LocalBuffer {
+    buffers
+        .into_local()
+        .expect("the request's buffer came back")
 }
 
 #[test]
@@ -103,6 +112,9 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     for (qp, peer) in qps.iter().zip(&peers) {
         common::connect_pair(&dev, qp, peer, common::remote_all());
     }
+    let mut sqs: Vec<SendQueue> = qps.iter().map(|qp| qp.send_queue().unwrap()).collect();
+    let mut rqs: Vec<RecvQueue> = qps.iter().map(|qp| qp.recv_queue().unwrap()).collect();
+    let mut peer_sqs: Vec<SendQueue> = peers.iter().map(|qp| qp.send_queue().unwrap()).collect();
     let store = pd
         .alloc_shared(BLOCKS * BLOCK, common::remote_all())
         .unwrap();
@@ -118,7 +130,7 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
     let e = table
         .post_recv(
-            &peers[0],
+            &mut peers[0].recv_queue().unwrap(),
             RecvRequest::new(buf),
             Op::Recv { qp: 0, seq: 9999 },
         )
@@ -134,26 +146,26 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     );
     assert_eq!(e.value, Op::Recv { qp: 0, seq: 9999 });
     assert_eq!(
-        e.request.into_buffers().into_local().map(|b| b.len()),
+        e.buffers.into_local().map(|b| b.len()),
         Some(64),
         "the buffer came back"
     );
     assert!(table.is_empty());
 
     // Receives through the table on every queue pair; the peers send.
-    for (i, qp) in qps.iter().enumerate() {
+    for (i, rq) in rqs.iter_mut().enumerate() {
         let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
         table
-            .post_recv(qp, RecvRequest::new(buf), Op::Recv { qp: i, seq })
+            .post_recv(rq, RecvRequest::new(buf), Op::Recv { qp: i, seq })
             .unwrap();
         seq += 1;
         let msg = pd.alloc_frozen_pattern(i);
-        peers[i].post_send(SendRequest::send(msg)).unwrap();
+        peer_sqs[i].send(msg, Wr::id(0)).unwrap();
     }
     let mut got = 0;
     while got < QPS {
         match next(&mut table) {
-            Polled::Done(op @ Op::Recv { qp, seq }, mut c) => {
+            Reaped::Done(op @ Op::Recv { qp, seq }, mut c) => {
                 c.result().unwrap();
                 assert_eq!(c.byte_len(), 64);
                 let buf = c.take_local().expect("receive buffer back");
@@ -169,8 +181,8 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     // Writes of every block, then reads of every block, spread over the
     // queue pairs, 16 outstanding at most.
     let mut max_seen = 0;
-    let check = |p: Polled<Op>, seen: &mut Vec<u32>| match p {
-        Polled::Done(op, mut c) => {
+    let check = |p: Reaped<Op>, seen: &mut Vec<u32>| match p {
+        Reaped::Done(op, mut c) => {
             c.result().unwrap_or_else(|e| panic!("{op:?}: {e}"));
             let buf = c.take_local().expect("buffer back");
             if let Op::Read { block, .. } = op {
@@ -183,23 +195,28 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     for phase in 0..2 {
         for block in 0..BLOCKS {
             let mut buf = pd.alloc(BLOCK, AccessFlags::LOCAL_WRITE).unwrap();
-            let qp = &qps[(block + phase) % QPS];
-            let (request, value) = if phase == 0 {
+            let sq = &mut sqs[(block + phase) % QPS];
+            let remote = block_at(block);
+            let value = if phase == 0 {
                 buf.copy_from_slice(&block_bytes(block, 1));
-                (
-                    SendRequest::write(buf, block_at(block)),
-                    Op::Write { block, seq },
-                )
+                Op::Write { block, seq }
             } else {
-                (
-                    SendRequest::read(buf, block_at(block)),
-                    Op::Read { block, seq },
-                )
+                Op::Read { block, seq }
+            };
+            let request = |b| match value {
+                Op::Write { .. } => SendRequest::write(local(b), remote),
+                _ => SendRequest::read(local(b), remote),
             };
             seq += 1;
-            post_send_polling(&mut table, qp, request, value, &mut max_seen, &mut |p| {
-                check(p, &mut seen)
-            });
+            post_send_polling(
+                &mut table,
+                sq,
+                SgList::One(buf.into()),
+                request,
+                value,
+                &mut max_seen,
+                &mut |p| check(p, &mut seen),
+            );
         }
         // Every write has landed before a read of its block is posted.
         while !table.is_empty() {
@@ -261,26 +278,27 @@ fn request_table_error_completions_give_back_values_and_buffers() {
     let target = p.pd.alloc_shared(4096, common::remote_all()).unwrap();
     let remote = target.remote().unwrap();
     let mut table = RequestTable::<&'static str>::new(&p.cq_a, DEPTH);
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.a.recv_queue().unwrap());
     let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
     table
-        .post_recv(&p.a, RecvRequest::new(buf(128)), "receive")
+        .post_recv(&mut rq, RecvRequest::new(buf(128)), "receive")
         .unwrap();
     table
         .post_send(
-            &p.a,
+            &mut sq,
             SendRequest::write(buf(64), bad_key(remote)),
             "bad write",
         )
         .unwrap();
     for name in ["after 1", "after 2", "after 3"] {
         table
-            .post_send(&p.a, SendRequest::write(buf(64), remote), name)
+            .post_send(&mut sq, SendRequest::write(buf(64), remote), name)
             .unwrap();
     }
     let mut back = Vec::new();
     while back.len() < 5 {
         match next(&mut table) {
-            Polled::Done(name, mut c) => {
+            Reaped::Done(name, mut c) => {
                 let buffer = c.take_local().map(|b| b.len());
                 back.push((name, c.status(), buffer));
             }
@@ -302,21 +320,24 @@ fn request_table_error_completions_give_back_values_and_buffers() {
     assert!(table.poll().unwrap().is_none());
 }
 
-/// Posts `(request, value)` on `stream`, polling the table while it is
-/// full; every value polled goes to `done`. Any other refusal fails.
+/// Posts `(request(buffers), value)` on `stream`, polling the table while
+/// it is full (the refusal hands the buffers and the value back; `request`
+/// builds the request again from the buffers); every value polled goes to
+/// `done`. Any other refusal fails.
 fn post_stream_polling<'a>(
     table: &mut RequestTable<usize>,
     stream: &mut SendStream,
-    mut request: SendRequest<'a>,
+    mut buffers: SgList,
+    request: impl Fn(SgList) -> SendRequest<'a>,
     mut value: usize,
-    done: &mut impl FnMut(Polled<usize>),
+    done: &mut impl FnMut(Reaped<usize>),
 ) {
     loop {
-        match table.post_stream(stream, request, value) {
+        match table.post_stream(stream, request(buffers), value) {
             Ok(()) => return,
             Err(e) => {
                 assert!(matches!(e.error, Error::RequestTableFull { .. }), "{e}");
-                (request, value) = (e.request, e.value);
+                (buffers, value) = (e.buffers, e.value);
                 done(next(table));
             }
         }
@@ -335,12 +356,12 @@ fn request_table_stream_of_10000_inline_writes_signals_every_8th() {
     let target = p.pd.alloc_shared(SLOTS * 8, common::remote_all()).unwrap();
     let remote = target.remote().unwrap();
     let mut table = RequestTable::<usize>::new(&p.cq_a, 64);
-    let mut stream = table.send_stream(&p.a, EVERY).unwrap();
+    let mut stream = table.send_stream(p.a.send_queue().unwrap(), EVERY).unwrap();
     assert_eq!(stream.every(), EVERY);
     let mut seen = vec![0u8; WRITES];
     let (mut done, mut covered) = (0usize, 0usize);
-    let mut count = |polled: Polled<usize>| match polled {
-        Polled::Done(i, mut c) => {
+    let mut count = |polled: Reaped<usize>| match polled {
+        Reaped::Done(i, mut c) => {
             c.result().unwrap_or_else(|e| panic!("write {i}: {e}"));
             if i % 1000 == 999 {
                 let b = c
@@ -351,11 +372,11 @@ fn request_table_stream_of_10000_inline_writes_signals_every_8th() {
             seen[i] += 1;
             done += 1;
         }
-        Polled::Covered(i) => {
+        Reaped::Covered(i) => {
             seen[i] += 1;
             covered += 1;
         }
-        Polled::Foreign(c) => panic!("foreign {c:?}"),
+        Reaped::Foreign(c) => panic!("foreign {c:?}"),
     };
     for i in 0..WRITES {
         let data = (i as u64).to_le_bytes();
@@ -364,14 +385,32 @@ fn request_table_stream_of_10000_inline_writes_signals_every_8th() {
             stream.signal_next();
         }
         // Every 1000th carries a buffer of its own: the stream signals it.
-        let request = if i % 1000 == 999 {
+        if i % 1000 == 999 {
             let mut b = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
             b.copy_from_slice(&data);
-            SendRequest::write(b, slot)
+            let request = |b| SendRequest::write(local(b), slot);
+            post_stream_polling(
+                &mut table,
+                &mut stream,
+                SgList::One(b.into()),
+                request,
+                i,
+                &mut count,
+            );
         } else {
-            SendRequest::write_inline(&data, slot)
-        };
-        post_stream_polling(&mut table, &mut stream, request, i, &mut count);
+            let request = |b: SgList| {
+                assert!(matches!(b, SgList::Empty), "inline data has no buffer");
+                SendRequest::write_inline(&data, slot)
+            };
+            post_stream_polling(
+                &mut table,
+                &mut stream,
+                SgList::Empty,
+                request,
+                i,
+                &mut count,
+            );
+        }
         assert!(p.a.send_outstanding() <= DEPTH);
         while let Some(polled) = table.poll().unwrap() {
             count(polled);
@@ -408,7 +447,7 @@ fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_erro
     let target = p.pd.alloc_shared(4096, common::remote_all()).unwrap();
     let remote = target.remote().unwrap();
     let mut table = RequestTable::<usize>::new(&p.cq_a, 32);
-    let mut stream = table.send_stream(&p.a, DEPTH).unwrap();
+    let mut stream = table.send_stream(p.a.send_queue().unwrap(), DEPTH).unwrap();
     // Another table's stream is refused, request and value back.
     let mut other = RequestTable::<usize>::new(&p.cq_a, 1);
     let e = other
@@ -429,9 +468,9 @@ fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_erro
     let mut events = Vec::new();
     while events.len() < 8 {
         events.push(match next(&mut table) {
-            Polled::Done(i, c) => (i, Some(c.status())),
-            Polled::Covered(i) => (i, None),
-            Polled::Foreign(c) => panic!("foreign {c:?}"),
+            Reaped::Done(i, c) => (i, Some(c.status())),
+            Reaped::Covered(i) => (i, None),
+            Reaped::Foreign(c) => panic!("foreign {c:?}"),
         });
     }
     // Before the failure: completed (covered by the last one's completion,
@@ -467,29 +506,28 @@ fn request_table_foreign_completions_are_handed_back_not_attributed() {
     let target = p.pd.alloc_shared(4096, common::remote_all()).unwrap();
     let remote = target.remote().unwrap();
     let mut table = RequestTable::<u32>::new(&p.cq_a, 4);
+    let mut sq = p.a.send_queue().unwrap();
     let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
     table
-        .post_send(&p.a, SendRequest::write(buf(8), remote), 1)
+        .post_send(&mut sq, SendRequest::write(buf(8), remote), 1)
         .unwrap();
     let stale = match next(&mut table) {
-        Polled::Done(1, c) => c.wr_id(),
+        Reaped::Done(1, c) => c.wr_id(),
         other => panic!("unexpected {other:?}"),
     };
     // The slot is reused under a new generation, then the old wr_id posted
     // directly, then an unrelated plain post.
     table
-        .post_send(&p.a, SendRequest::write(buf(16), remote), 2)
+        .post_send(&mut sq, SendRequest::write(buf(16), remote), 2)
         .unwrap();
-    p.a.post_send(SendRequest::write(buf(24), remote).wr_id(stale))
-        .unwrap();
-    p.a.post_send(SendRequest::write(buf(32), remote).wr_id(5))
-        .unwrap();
+    sq.write(buf(24), remote, Wr::id(stale)).unwrap();
+    sq.write(buf(32), remote, Wr::id(5)).unwrap();
     let mut got = Vec::new();
     while got.len() < 3 {
         got.push(match next(&mut table) {
-            Polled::Done(v, mut c) => (Some(v), c.wr_id() == stale, c.take_local().unwrap().len()),
-            Polled::Foreign(mut c) => (None, c.wr_id() == stale, c.take_local().unwrap().len()),
-            Polled::Covered(v) => panic!("covered {v}"),
+            Reaped::Done(v, mut c) => (Some(v), c.wr_id() == stale, c.take_local().unwrap().len()),
+            Reaped::Foreign(mut c) => (None, c.wr_id() == stale, c.take_local().unwrap().len()),
+            Reaped::Covered(v) => panic!("covered {v}"),
         });
     }
     assert_eq!(
@@ -532,16 +570,20 @@ fn request_table_wait_sleeps_until_a_completion_or_the_deadline() {
     );
     let into = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
     table
-        .post_recv(&a, RecvRequest::new(into), "receive")
+        .post_recv(
+            &mut a.recv_queue().unwrap(),
+            RecvRequest::new(into),
+            "receive",
+        )
         .unwrap();
     let sender = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
-        b.post_send(SendRequest::send(pd.alloc_frozen_pattern(3)))
-            .unwrap();
+        let mut sq = b.send_queue().unwrap();
+        sq.send(pd.alloc_frozen_pattern(3), Wr::id(0)).unwrap();
         common::wait_ok(&peer_cq);
     });
     match table.wait(Some(Duration::from_secs(10))).unwrap() {
-        Some(Polled::Done("receive", mut c)) => {
+        Some(Reaped::Done("receive", mut c)) => {
             c.result().unwrap();
             assert_eq!(&c.take_local().unwrap()[..], &common::pattern(64, 3)[..]);
         }

@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AsyncEventType, Completion, CompletionQueue, Completions, Error, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest, SgList, SharedReceiveQueue,
-    WcOpcode,
+    AccessFlags, AsyncEventType, Completion, CompletionQueue, CompletionRef, Completions, Error,
+    LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue, SharedReceiveQueue,
+    WcOpcode, Wr,
 };
 
 const MSG: usize = 256;
@@ -94,8 +94,7 @@ fn wait_any(cqs: &[CompletionQueue], n: usize) -> Vec<Completion> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while out.len() < n {
         for cq in cqs {
-            cq.poll(&mut batch).unwrap();
-            out.extend(batch.drain());
+            out.extend(cq.poll(&mut batch).unwrap().map(CompletionRef::into_owned));
         }
         assert!(
             Instant::now() < deadline,
@@ -115,13 +114,12 @@ fn three_qps_share_one_receive_pool() {
         assert_eq!(s.recv_outstanding(), 0, "an SRQ QP has no receive queue");
     }
     // The pool: 16 receive buffers, 6 posted one by one and 10 as a list.
+    let mut rq = f.srq.recv_queue().unwrap();
     let mut pool_addrs = HashSet::new();
     for i in 0..6u64 {
         let b = blank(&f.pd, MSG);
         pool_addrs.insert(b.addr());
-        f.srq
-            .post_recv(RecvRequest::new(b).wr_id(1000 + i))
-            .unwrap();
+        rq.recv(b, 1000 + i).unwrap();
     }
     let mut list: Vec<RecvRequest> = (6..16u64)
         .map(|i| {
@@ -130,7 +128,7 @@ fn three_qps_share_one_receive_pool() {
             RecvRequest::new(b).wr_id(1000 + i)
         })
         .collect();
-    f.srq.post_recv(&mut list).unwrap();
+    rq.post_chain(&mut list).unwrap();
     assert!(list.is_empty(), "posted requests are drained from the list");
     assert_eq!(f.srq.outstanding(), 16, "16 receives in the pool");
 
@@ -141,12 +139,11 @@ fn three_qps_share_one_receive_pool() {
         .enumerate()
         .map(|(i, s)| (s.qp_num().0, i))
         .collect();
+    let mut sqs: Vec<SendQueue> = f.clients.iter().map(|c| c.send_queue().unwrap()).collect();
     for k in 0..4 {
-        for (c, qp) in f.clients.iter().enumerate() {
-            qp.post_send(
-                SendRequest::send(filled(&f.pd, &message(c, k))).wr_id((c * 10 + k) as u64),
-            )
-            .unwrap();
+        for (c, sq) in sqs.iter_mut().enumerate() {
+            sq.send(filled(&f.pd, &message(c, k)), Wr::id((c * 10 + k) as u64))
+                .unwrap();
         }
     }
     for s in common::wait(&f.client_cq, 12) {
@@ -204,28 +201,21 @@ fn three_qps_share_one_receive_pool() {
 fn posting_on_an_srq_queue_pair_is_invalid() {
     let f = fan(1, 16, false);
     let qp = &f.servers[0];
-    let err = qp
-        .post_recv(RecvRequest::new(blank(&f.pd, 64)).wr_id(1))
-        .unwrap_err();
+    // An SRQ-attached QP has no receive queue to post to: its handle is
+    // refused, so no receive (single or chain) can reach it.
+    let err = qp.recv_queue().unwrap_err();
     assert!(
-        matches!(err.error, Error::ReceivesThroughSrq),
-        "post_recv on an SRQ-attached QP must be ReceivesThroughSrq, got {}",
-        err.error
+        matches!(err, Error::ReceivesThroughSrq),
+        "recv_queue of an SRQ-attached QP must be ReceivesThroughSrq, got {err}"
     );
-    assert!(
-        matches!(err.request.into_buffers(), SgList::One(ref b) if b.len() == 64),
-        "the refused receive hands its buffer back"
-    );
+    assert_eq!((qp.recv_outstanding(), f.srq.outstanding()), (0, 0));
+    // The SRQ itself takes them.
     let mut list = vec![
         RecvRequest::new(blank(&f.pd, 64)),
         RecvRequest::new(blank(&f.pd, 64)),
     ];
-    let err = qp.post_recv(&mut list).unwrap_err();
-    assert!(matches!(err, Error::ReceivesThroughSrq), "list: {err}");
-    assert_eq!(list.len(), 2, "nothing of the list was posted");
-    assert_eq!((qp.recv_outstanding(), f.srq.outstanding()), (0, 0));
-    // The SRQ itself takes them.
-    f.srq.post_recv(&mut list).unwrap();
+    f.srq.recv_queue().unwrap().post_chain(&mut list).unwrap();
+    assert!(list.is_empty());
     assert_eq!(f.srq.outstanding(), 2);
 }
 
@@ -260,18 +250,16 @@ fn query_and_arm_limit() {
 #[ignore = "needs an RDMA device"]
 fn limit_event_when_the_pool_runs_low() {
     let f = fan(1, 16, false);
+    let mut rq = f.srq.recv_queue().unwrap();
     for i in 0..6 {
-        f.srq
-            .post_recv(RecvRequest::new(blank(&f.pd, 64)).wr_id(i))
-            .unwrap();
+        rq.recv(blank(&f.pd, 64), i).unwrap();
     }
     f.srq.arm_limit(4).unwrap();
     f.dev.ctx.set_async_nonblocking(true).unwrap();
     // 3 receives consumed: 3 left < limit 4.
+    let mut sq = f.clients[0].send_queue().unwrap();
     for k in 0..3u8 {
-        f.clients[0]
-            .post_send(SendRequest::send(filled(&f.pd, &[k; 32])))
-            .unwrap();
+        sq.send(filled(&f.pd, &[k; 32]), Wr::id(0)).unwrap();
     }
     for c in common::wait(&f.client_cq, 3) {
         c.result().unwrap();
@@ -318,8 +306,9 @@ fn over_posting_is_queue_full() {
     let srq = pd.create_srq(8).build().unwrap();
     let cap = srq.capacity();
     assert!(cap >= 8, "capacity {cap}");
+    let mut rq = srq.recv_queue().unwrap();
     for i in 0..cap - 1 {
-        srq.post_recv(RecvRequest::new(blank(&pd, 16)).wr_id(u64::from(i)))
+        rq.recv(blank(&pd, 16), u64::from(i))
             .unwrap_or_else(|e| panic!("receive {i} of {cap}: {}", e.error));
     }
     // Two more do not fit in the one free slot: nothing of the list is posted.
@@ -327,7 +316,7 @@ fn over_posting_is_queue_full() {
         RecvRequest::new(blank(&pd, 16)),
         RecvRequest::new(blank(&pd, 16)),
     ];
-    let err = srq.post_recv(&mut list).unwrap_err();
+    let err = rq.post_chain(&mut list).unwrap_err();
     assert!(
         matches!(err, Error::QueueFull { queue: "shared receive queue", depth } if depth == cap),
         "over-posting a list: {err}"
@@ -339,19 +328,18 @@ fn over_posting_is_queue_full() {
     );
     assert_eq!(srq.outstanding(), cap - 1);
     // The last slot takes one; the next one is refused and handed back.
-    srq.post_recv(list.pop().unwrap()).unwrap();
+    let mut one = vec![list.pop().unwrap()];
+    rq.post_chain(&mut one).unwrap();
+    assert!(one.is_empty());
     assert_eq!(srq.outstanding(), cap);
-    let err = srq.post_recv(list.pop().unwrap().wr_id(42)).unwrap_err();
+    let last = list.pop().unwrap().into_buffers().into_local().unwrap();
+    let err = rq.recv(last, 42).unwrap_err();
     assert!(
         matches!(err.error, Error::QueueFull { queue: "shared receive queue", depth } if depth == cap),
         "over-posting one: {}",
         err.error
     );
-    assert_eq!(
-        err.request.into_buffers().total_len(),
-        16,
-        "request handed back"
-    );
+    assert_eq!(err.buf.len(), 16, "request handed back");
     assert_eq!(srq.outstanding(), cap);
 }
 
@@ -367,13 +355,17 @@ fn queue_pairs_keep_a_dropped_srq_alive() {
         servers,
         clients,
     } = fan(2, 16, false);
+    let mut rq = srq.recv_queue().unwrap();
     for i in 0..4 {
-        srq.post_recv(RecvRequest::new(blank(&pd, MSG)).wr_id(i))
-            .unwrap();
+        rq.recv(blank(&pd, MSG), i).unwrap();
     }
+    // The handle keeps the SRQ alive too: dropped first.
+    drop(rq);
     drop(srq); // the QPs still hold it
     for (c, qp) in clients.iter().enumerate() {
-        qp.post_send(SendRequest::send(filled(&pd, &message(c, 0))))
+        qp.send_queue()
+            .unwrap()
+            .send(filled(&pd, &message(c, 0)), Wr::id(0))
             .unwrap();
     }
     for s in common::wait(&client_cq, 2) {

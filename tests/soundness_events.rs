@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{channel_qp, connect_pair, pattern, plain_qp};
 use ibverbs::{
     AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, AsyncEvents, AsyncQueuePair, Context,
-    Error, ProtectionDomain, QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode,
+    Error, ProtectionDomain, QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -82,8 +82,11 @@ fn soundness_ev_forgotten_events_do_not_block_teardown() {
         receiver,
     } = common::srq_with_limit(&t);
     ctx.set_async_nonblocking(true).unwrap();
-    for i in 0..6u8 {
-        sender.post_send(SendRequest::send_inline(&[i])).unwrap();
+    {
+        let mut sq = sender.send_queue().unwrap();
+        for i in 0..6u8 {
+            sq.send_inline(&[i], Wr::id(0)).unwrap();
+        }
     }
     for c in common::wait(&cq, 12) {
         c.result().unwrap();
@@ -137,11 +140,16 @@ async fn soundness_ev_direct_post_with_a_colliding_wr_id_does_not_resolve_a_futu
         .post_recv(RecvRequest::new(pd.alloc(4096, local()).unwrap()))
         .unwrap();
     let id = incoming.wr_id();
-    // The colliding request: a 64-byte send, posted around the dispatcher.
-    b.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+    // The colliding request: a 64-byte send, posted around the dispatcher
+    // (which took only the receive queue's handle, at its first post_recv).
+    b.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(64, local()).unwrap(), 0)
         .unwrap();
     qa.queue_pair()
-        .post_send(SendRequest::send(filled(&pd, 64, 9)).wr_id(id))
+        .send_queue()
+        .unwrap()
+        .send(filled(&pd, 64, 9), Wr::id(id))
         .unwrap();
     let got = common::wait_ok(b.recv_cq());
     assert_eq!(got.byte_len(), 64);
@@ -164,7 +172,10 @@ async fn soundness_ev_direct_post_with_a_colliding_wr_id_does_not_resolve_a_futu
         "the receive future resolved before any message arrived: {early:?}"
     );
     // Its own completion: the peer's message, in its own 4096-byte buffer.
-    b.post_send(SendRequest::send(filled(&pd, 100, 5))).unwrap();
+    b.send_queue()
+        .unwrap()
+        .send(filled(&pd, 100, 5), Wr::id(0))
+        .unwrap();
     let mut c = tokio::time::timeout(Duration::from_secs(10), incoming)
         .await
         .expect("no receive completion within 10 s")
@@ -234,7 +245,10 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
         let incoming = second
             .post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
             .unwrap();
-        b.post_send(SendRequest::send(filled(&pd, 64, 2))).unwrap();
+        b.send_queue()
+            .unwrap()
+            .send(filled(&pd, 64, 2), Wr::id(0))
+            .unwrap();
         let mut c = tokio::time::timeout(Duration::from_secs(10), incoming)
             .await
             .expect("no receive completion within 10 s")
@@ -288,12 +302,14 @@ fn soundness_ev_cm_event_is_not_for_a_new_id_at_the_same_address() {
     eprintln!("a new id got the destroyed id's address: {reused}");
 }
 
-/// `PreparedSend::post` takes no lock; a move to RESET on another thread
-/// closes that path and waits out the postings inside the provider (mlx5
-/// resets its send-queue indices without its own lock). Here: one thread
-/// posts a prepared RDMA read as fast as it can while another resets and
-/// reconnects the queue pair (connected to itself) 40 times. Nothing may
-/// hang, and the queue pair is still destroyed at once.
+/// `SendQueue::post_prepared` takes no lock; a move to RESET on another
+/// thread must never run while a posting is inside the provider (mlx5
+/// resets its send-queue indices without its own lock): it is refused
+/// (`HandleLive`) while a send-queue handle lives, and no handle is given
+/// out outside RTS. Here: one thread takes a handle and posts a prepared
+/// RDMA read as fast as it can while another resets (retrying while the
+/// handle lives) and reconnects the queue pair (connected to itself) 40
+/// times. Nothing may hang, and the queue pair is still destroyed at once.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn soundness_ev_prepared_posting_races_reset() {
@@ -315,7 +331,9 @@ fn soundness_ev_prepared_posting_races_reset() {
         .unwrap();
     let remote = source.memory_region().remote().unwrap();
     let mut read = qp
-        .prepare_send(
+        .send_queue()
+        .unwrap()
+        .prepare(
             SendRequest::read(pd.alloc(64, local()).unwrap(), remote.slice(0, 64).unwrap())
                 .wr_id(5),
         )
@@ -323,15 +341,22 @@ fn soundness_ev_prepared_posting_races_reset() {
     let stop = Arc::new(AtomicBool::new(false));
     let (posted, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let poster = {
-        let (stop, posted, refused, cq) = (
+        let (stop, posted, refused, cq, qp) = (
             Arc::clone(&stop),
             Arc::clone(&posted),
             Arc::clone(&refused),
             cq.clone(),
+            qp.clone(),
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                match read.post() {
+                // A handle for each posting: refused outside RTS
+                // (`NotReadyToSend`), and while it lives the resetter's
+                // move to RESET is refused (`HandleLive`).
+                let result = qp
+                    .send_queue()
+                    .and_then(|mut sq| sq.post_prepared(&mut read));
+                match result {
                     Ok(()) => posted.fetch_add(1, Ordering::Relaxed),
                     Err(_) => refused.fetch_add(1, Ordering::Relaxed),
                 };
@@ -347,7 +372,15 @@ fn soundness_ev_prepared_posting_races_reset() {
         let (dev, qp) = (common::device(), qp.clone());
         move || {
             for _ in 0..40 {
-                qp.reset().unwrap();
+                // Refused while the poster holds its handle: again until
+                // the handle is dropped between two postings.
+                loop {
+                    match qp.reset() {
+                        Ok(()) => break,
+                        Err(Error::HandleLive { .. }) => std::thread::yield_now(),
+                        Err(e) => panic!("reset: {e}"),
+                    }
+                }
                 std::thread::sleep(Duration::from_millis(2));
                 common::connect_self(&dev, &qp, access);
                 std::thread::sleep(Duration::from_millis(5));

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::{assert_quiet, connect_pair, device, pair, poll_until, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Buf, Completions, Error, QpType, QueuePair, RecvRequest, SendRequest, SgList,
-    WcStatus,
+    AccessFlags, Buf, Completions, Error, LocalBuffer, QpType, QueuePair, RecvRequest, SendQueue,
+    SgList, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -75,46 +75,22 @@ fn soundness_q_four_pollers_share_one_cq_and_get_every_buffer_back_once() {
             let mut pool: Vec<_> = (0..POOL).map(|_| pd.alloc(64, local()).unwrap()).collect();
             let remote = remote.slice(64 * me as u64, 64).unwrap();
             std::thread::spawn(move || {
+                // This thread's queue pair, posted to through its handle.
+                let mut sq = qp.send_queue().unwrap();
                 let mut posted = 0u64;
                 let mut batch = Completions::with_capacity(4);
                 let mut turn = 0u64;
                 let total = POLLERS as u64 * PER_QP;
-                while done.load(Ordering::Relaxed) < total && !failed.load(Ordering::Relaxed) {
-                    assert!(Instant::now() < deadline, "timed out");
-                    pool.extend(back.try_iter());
-                    while posted < PER_QP {
-                        let Some(buf) = pool.pop() else { break };
-                        let wr_id = (me as u64) << 32 | posted;
-                        match qp
-                            .post_send(SendRequest::write(buf, remote).wr_id(wr_id).signaled(true))
-                        {
-                            Ok(()) => posted += 1,
-                            // The ring's tail waits for a completion another
-                            // thread polled but has not claimed yet: the
-                            // queue counts as full meanwhile. Back-pressure.
-                            Err(e) if matches!(e.error, Error::QueueFull { .. }) => {
-                                pool.push(e.request.into_buffers().into_local().unwrap());
-                                break;
-                            }
-                            Err(e) => panic!("posting {wr_id:#x}: {}", e.error),
-                        }
-                    }
-                    // Alternate the two claim paths: poll (a batch claimed
-                    // under the registry lock) and poll_one.
-                    turn += 1;
-                    let got: Vec<_> = if turn % 2 == 0 {
-                        cq.poll(&mut batch).unwrap();
-                        batch.drain().collect()
-                    } else {
-                        cq.poll_one().unwrap().into_iter().collect()
-                    };
-                    for mut c in got {
-                        if c.result().is_err() {
+                // One claimed completion: its `wr_id`, whether it succeeded,
+                // the buffer `take_local` gave back, and itself to print.
+                let settle =
+                    |wr_id: u64, ok: bool, buf: Option<LocalBuffer>, c: &dyn std::fmt::Debug| {
+                        if !ok {
                             failed.store(true, Ordering::Relaxed);
                             panic!("failed completion: {c:?}");
                         }
-                        let (owner, seq) = ((c.wr_id() >> 32) as usize, c.wr_id() & 0xffff_ffff);
-                        match c.take_local() {
+                        let (owner, seq) = ((wr_id >> 32) as usize, wr_id & 0xffff_ffff);
+                        match buf {
                             Some(buf) => {
                                 seen[owner][seq as usize].fetch_add(1, Ordering::Relaxed);
                                 // The owner may have finished: then the
@@ -126,6 +102,37 @@ fn soundness_q_four_pollers_share_one_cq_and_get_every_buffer_back_once() {
                             }
                         }
                         done.fetch_add(1, Ordering::Relaxed);
+                    };
+                while done.load(Ordering::Relaxed) < total && !failed.load(Ordering::Relaxed) {
+                    assert!(Instant::now() < deadline, "timed out");
+                    pool.extend(back.try_iter());
+                    while posted < PER_QP {
+                        let Some(buf) = pool.pop() else { break };
+                        let wr_id = (me as u64) << 32 | posted;
+                        match sq.write(buf, remote, Wr::id(wr_id)) {
+                            Ok(()) => posted += 1,
+                            // The ring's tail waits for a completion another
+                            // thread polled but has not claimed yet: the
+                            // queue counts as full meanwhile. Back-pressure.
+                            Err(e) if matches!(e.error, Error::QueueFull { .. }) => {
+                                pool.push(e.buf.into_local().unwrap());
+                                break;
+                            }
+                            Err(e) => panic!("posting {wr_id:#x}: {}", e.error),
+                        }
+                    }
+                    // Alternate the two claim paths: poll (each completion
+                    // claimed as the walk reaches it, borrowed) and poll_one
+                    // (owned).
+                    turn += 1;
+                    if turn % 2 == 0 {
+                        for mut c in cq.poll(&mut batch).unwrap() {
+                            let buf = c.take_local();
+                            settle(c.wr_id(), c.result().is_ok(), buf, &c);
+                        }
+                    } else if let Some(mut c) = cq.poll_one().unwrap() {
+                        let buf = c.take_local();
+                        settle(c.wr_id(), c.result().is_ok(), buf, &c);
                     }
                 }
             })
@@ -167,10 +174,11 @@ fn soundness_q_four_pollers_share_one_cq_and_get_every_buffer_back_once() {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_take_of_the_wrong_kind_leaves_the_buffer() {
     let p = pair(QpType::Rc, local(), |b| b);
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     let shared = p.pd.alloc_shared(64, local()).unwrap();
-    p.b.post_recv(RecvRequest::new(shared).wr_id(1)).unwrap();
-    p.a.post_send(SendRequest::send_inline(b"shared").signaled(true))
-        .unwrap();
+    rq.recv(shared, 1).unwrap();
+    sq.send_inline(b"shared", Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let mut c = wait_ok(&p.cq_b);
     assert!(c.take_local().is_none(), "a shared buffer is not local");
@@ -180,9 +188,8 @@ fn soundness_q_take_of_the_wrong_kind_leaves_the_buffer() {
     );
 
     let mine = p.pd.alloc(64, local()).unwrap();
-    p.b.post_recv(RecvRequest::new(mine).wr_id(2)).unwrap();
-    p.a.post_send(SendRequest::send_inline(b"local").signaled(true))
-        .unwrap();
+    rq.recv(mine, 2).unwrap();
+    sq.send_inline(b"local", Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let mut c = wait_ok(&p.cq_b);
     assert!(c.take_shared().is_none(), "a local buffer is not shared");
@@ -198,12 +205,13 @@ fn soundness_q_take_of_the_wrong_kind_leaves_the_buffer() {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_take_buf_leaves_a_scatter_list_whole() {
     let p = pair(QpType::Rc, local(), |b| b.max_recv_sge(2));
+    let mut sq = p.a.send_queue().unwrap();
+    let mut rq = p.b.recv_queue().unwrap();
     let first = p.pd.alloc(4, local()).unwrap();
     let second = p.pd.alloc(60, local()).unwrap();
-    p.b.post_recv(RecvRequest::sgl(vec![Buf::Local(first), Buf::Local(second)]).wr_id(3))
+    rq.recv_sgl(vec![Buf::Local(first), Buf::Local(second)], 3)
         .unwrap();
-    p.a.post_send(SendRequest::send_inline(b"abcdefgh").signaled(true))
-        .unwrap();
+    sq.send_inline(b"abcdefgh", Wr::id(0)).unwrap();
     wait_ok(&p.cq_a);
     let mut c = wait_ok(&p.cq_b);
     assert!(c.take_buf().is_none(), "take_buf split a scatter list");
@@ -233,23 +241,21 @@ fn is_in_error(e: &Error) -> bool {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_receive_after_err_is_refused_and_earlier_ones_flush() {
     let p = pair(QpType::Rc, local(), |b| b);
+    let mut rq = p.b.recv_queue().unwrap();
     let early = p.pd.alloc(64, local()).unwrap();
-    p.b.post_recv(RecvRequest::new(early).wr_id(10)).unwrap();
-    let mut prepared =
-        p.b.prepare_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(11))
-            .unwrap();
-    prepared.post().unwrap();
+    rq.recv(early, 10).unwrap();
+    let mut prepared = rq
+        .prepare(RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(11))
+        .unwrap();
+    rq.post_prepared(&mut prepared).unwrap();
     p.b.to_err().unwrap();
 
     let late = p.pd.alloc(64, local()).unwrap();
-    let refused = p.b.post_recv(RecvRequest::new(late).wr_id(12)).unwrap_err();
+    let refused = rq.recv(late, 12).unwrap_err();
     assert!(is_in_error(&refused.error), "{}", refused.error);
-    assert!(
-        refused.request.into_buffers().into_local().is_some(),
-        "buffer not handed back"
-    );
+    assert!(refused.buf.into_local().is_some(), "buffer not handed back");
     let mut list = vec![RecvRequest::new(p.pd.alloc(64, local()).unwrap()).wr_id(13)];
-    let e = p.b.post_recv(&mut list).unwrap_err();
+    let e = rq.post_chain(&mut list).unwrap_err();
     assert!(is_in_error(&e), "{e}");
     assert_eq!(list.len(), 1, "the refused request stays in the list");
 
@@ -273,17 +279,21 @@ fn soundness_q_receive_after_err_is_refused_and_earlier_ones_flush() {
         "the prepared posting was not flushed"
     );
     // Now the prepared receive is refused too, and nothing else arrives.
-    let e = prepared.post().unwrap_err();
+    let e = rq.post_prepared(&mut prepared).unwrap_err();
     assert!(is_in_error(&e), "{e}");
     assert!(!prepared.is_posted());
     assert_quiet(&p.cq_b);
 
     // Reset clears the refusal (RESET itself may refuse receives, for its
-    // own reason).
+    // own reason). The receive queue's handle goes first: a RESET is
+    // refused while it lives.
+    assert!(
+        matches!(p.b.reset(), Err(Error::HandleLive { .. })),
+        "reset with a live receive handle"
+    );
+    drop(rq);
     p.b.reset().unwrap();
-    if let Err(e) =
-        p.b.post_recv(RecvRequest::new(p.pd.alloc(64, local()).unwrap()))
-    {
+    if let Err(e) = common::post_recv(&p.b, RecvRequest::new(p.pd.alloc(64, local()).unwrap())) {
         assert!(
             !is_in_error(&e.error),
             "still refused after reset: {}",
@@ -320,7 +330,7 @@ fn soundness_q_a_second_move_to_err_flushes_a_late_receive() {
     unsafe { p.b.post_recv_raw(&mut wr) }.unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let mut batch = Completions::with_capacity(4);
-    let before = p.cq_b.poll(&mut batch).unwrap();
+    let before = p.cq_b.poll(&mut batch).unwrap().len();
     if common::is_rxe(&p.dev) {
         // The premise of the refusal: rxe's user-space post_recv makes no
         // system call, so nothing flushes a receive posted in ERR.
@@ -352,16 +362,17 @@ fn soundness_q_prepared_receives_racing_a_move_to_err_all_come_back() {
             .build()
             .unwrap();
         connect_pair(&dev, &qp, &peer, local());
+        let mut rq = qp.recv_queue().unwrap();
         let mut recvs: Vec<_> = (0..32u64)
             .map(|i| {
-                qp.prepare_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()).wr_id(i))
+                rq.prepare(RecvRequest::new(pd.alloc(64, local()).unwrap()).wr_id(i))
                     .unwrap()
             })
             .collect();
         let poster = std::thread::spawn(move || {
             let mut accepted = 0;
             for r in &mut recvs {
-                match r.post() {
+                match rq.post_prepared(r) {
                     Ok(()) => accepted += 1,
                     Err(e) => assert!(is_in_error(&e), "{e}"),
                 }
@@ -449,17 +460,19 @@ fn soundness_q_undersized_cq_behind_an_srq_is_refused() {
         .unwrap_err();
     assert!(matches!(err, Error::CqTooSmall { .. }), "{err}");
     // The SRQ still works with its two QPs.
-    srq.post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+    srq.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(64, local()).unwrap(), 0)
         .unwrap();
     assert_eq!(srq.outstanding(), 1);
 }
 
-/// `n` signaled 8-byte RDMA writes from `qp`, request `i` writing `i + 1`
-/// into word `i` of `target` (wr_id `i`): what gets refused comes back
-/// with its error, the rest is posted.
+/// `n` signaled 8-byte RDMA writes through `sq`, request `i` writing
+/// `i + 1` into word `i` of `target` (wr_id `i`): what gets refused comes
+/// back with its error, the rest is posted.
 fn post_writes(
     pd: &ibverbs::ProtectionDomain,
-    qp: &QueuePair,
+    sq: &mut SendQueue,
     target: &ibverbs::RemoteMemory,
     n: u32,
 ) -> Result<(), Error> {
@@ -467,12 +480,8 @@ fn post_writes(
         let mut buf = pd.alloc(8, local()).unwrap();
         buf.copy_from_slice(&(u64::from(i) + 1).to_le_bytes());
         let word = target.slice(u64::from(i) * 8, 8).unwrap();
-        if let Err(e) = qp.post_send(SendRequest::write(buf, word).wr_id(u64::from(i))) {
-            let back: SgList = e.request.into_buffers();
-            assert!(
-                matches!(back, SgList::One(_)),
-                "the refused buffer came back"
-            );
+        if let Err(e) = sq.write(buf, word, Wr::id(u64::from(i))) {
+            assert!(e.buf.into_local().is_some(), "the refused buffer came back");
             return Err(e.error);
         }
     }
@@ -501,8 +510,12 @@ fn landed(target: &ibverbs::SharedBuffer, n: u32) {
 fn poll_empty_of_orphans(cq: &ibverbs::CompletionQueue) -> usize {
     let mut batch = Completions::with_capacity(16);
     let mut orphans = 0;
-    while cq.poll(&mut batch).unwrap() > 0 {
-        for c in batch.drain() {
+    loop {
+        let polled = cq.poll(&mut batch).unwrap();
+        if polled.is_empty() {
+            break;
+        }
+        for c in polled {
             assert!(c.is_orphan(), "a discarded request matched a slot: {c:?}");
             orphans += 1;
         }
@@ -522,8 +535,7 @@ fn buffers_back(cq: &ibverbs::CompletionQueue, n: u32) -> usize {
             Instant::now() < deadline,
             "{back} of {n} buffers came back ({orphans} orphans): the CQ overran"
         );
-        cq.poll(&mut batch).unwrap();
-        for mut c in batch.drain() {
+        for mut c in cq.poll(&mut batch).unwrap() {
             if c.is_orphan() {
                 orphans += 1;
                 continue;
@@ -589,13 +601,15 @@ fn sender(
 }
 
 impl Filled {
-    /// Fills the CQ with `depth` completions of `a`'s writes, unpolled.
-    fn fill(&self, a: &QueuePair) {
-        post_writes(&self.pd, a, &self.remote, self.depth).unwrap();
+    /// Fills the CQ with `depth` completions of writes posted through
+    /// `sq`, unpolled.
+    fn fill(&self, sq: &mut SendQueue) {
+        post_writes(&self.pd, sq, &self.remote, self.depth).unwrap();
         landed(&self.target, self.depth);
     }
 
-    /// Zeroes the target and reconnects `a` to the receiver (both reset).
+    /// Zeroes the target and reconnects `a` to the receiver (both reset;
+    /// `a`'s handles must be gone).
     fn reconnect(&mut self, a: &QueuePair) {
         self.target
             .copy_from_slice(0, &vec![0; self.depth as usize * 8])
@@ -616,11 +630,20 @@ impl Filled {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_reset_with_completions_queued_cannot_overrun_the_cq() {
     let (mut f, a) = filled_cq();
-    f.fill(&a);
+    let mut sq = a.send_queue().unwrap();
+    f.fill(&mut sq);
+    // A RESET is refused while the send queue's handle lives: dropped
+    // first, taken again once the queue pair is reconnected.
+    assert!(
+        matches!(a.reset(), Err(Error::HandleLive { .. })),
+        "reset with a live send handle"
+    );
+    drop(sq);
     a.reset().unwrap();
     f.reconnect(&a);
     assert_eq!(a.send_outstanding(), 0, "the reset released every request");
-    let first = post_writes(&f.pd, &a, &f.remote, f.depth);
+    let mut sq = a.send_queue().unwrap();
+    let first = post_writes(&f.pd, &mut sq, &f.remote, f.depth);
     if let Err(e) = &first {
         assert!(
             matches!(e, Error::QueueHeldAfterReset { held, depth, .. }
@@ -630,7 +653,7 @@ fn soundness_q_reset_with_completions_queued_cannot_overrun_the_cq() {
         // Polled empty: the stale completions are orphans, then paid.
         let orphans = poll_empty_of_orphans(&f.cq);
         assert!(orphans <= f.depth as usize, "{orphans} orphans");
-        post_writes(&f.pd, &a, &f.remote, f.depth).unwrap();
+        post_writes(&f.pd, &mut sq, &f.remote, f.depth).unwrap();
     }
     // Accepted at once, the writes would overrun the CQ here.
     buffers_back(&f.cq, f.depth);
@@ -640,7 +663,7 @@ fn soundness_q_reset_with_completions_queued_cannot_overrun_the_cq() {
     );
     // Nothing jammed: the whole queue again.
     assert_eq!(a.send_outstanding(), 0);
-    post_writes(&f.pd, &a, &f.remote, f.depth).unwrap();
+    post_writes(&f.pd, &mut sq, &f.remote, f.depth).unwrap();
     assert_eq!(buffers_back(&f.cq, f.depth), 0);
     assert_quiet(&f.cq);
 }
@@ -654,7 +677,10 @@ fn soundness_q_reset_with_completions_queued_cannot_overrun_the_cq() {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_destroy_with_completions_queued_cannot_overrun_the_cq() {
     let (mut f, a) = filled_cq();
-    f.fill(&a);
+    let mut sq = a.send_queue().unwrap();
+    f.fill(&mut sq);
+    // The handle keeps the queue pair alive: both go.
+    drop(sq);
     drop(a);
     let depth = f.depth;
     let rx = f.dev.ctx.create_cq(4).build().unwrap();
@@ -680,7 +706,8 @@ fn soundness_q_destroy_with_completions_queued_cannot_overrun_the_cq() {
     }
     let a = sender(&f.pd, &f.cq, depth, &f.dev);
     f.reconnect(&a);
-    post_writes(&f.pd, &a, &f.remote, depth).unwrap();
+    let mut sq = a.send_queue().unwrap();
+    post_writes(&f.pd, &mut sq, &f.remote, depth).unwrap();
     // Admitted at once, this queue pair's writes would overrun the CQ.
     buffers_back(&f.cq, depth);
     assert!(
@@ -699,7 +726,10 @@ fn soundness_q_destroy_with_completions_queued_cannot_overrun_the_cq() {
 #[ignore = "needs an RDMA device"]
 fn soundness_q_resize_under_the_debt_of_a_destroyed_queue() {
     let (mut f, a) = filled_cq();
-    f.fill(&a);
+    let mut sq = a.send_queue().unwrap();
+    f.fill(&mut sq);
+    // The handle keeps the queue pair alive: both go.
+    drop(sq);
     drop(a);
     let depth = f.depth;
     match f.cq.resize(depth - 1) {
@@ -712,7 +742,8 @@ fn soundness_q_resize_under_the_debt_of_a_destroyed_queue() {
     assert!(grown > 2 * depth);
     let a = sender(&f.pd, &f.cq, depth, &f.dev);
     f.reconnect(&a);
-    post_writes(&f.pd, &a, &f.remote, depth).unwrap();
+    let mut sq = a.send_queue().unwrap();
+    post_writes(&f.pd, &mut sq, &f.remote, depth).unwrap();
     // The stale completions come first, then every new buffer.
     let orphans = buffers_back(&f.cq, depth);
     assert!(orphans <= depth as usize, "{orphans} orphans");

@@ -16,8 +16,8 @@ use std::time::Duration;
 use common::{connect_pair, pair, pattern, remote_all, wait, wait_ok, Pair};
 use ibverbs::{
     AccessFlags, CompletionQueue, Completions, Error, Feature, MemoryWindow, MwType,
-    ProtectionDomain, QpType, QueuePair, RemoteKey, RemoteMemory, SendRequest, SharedBuffer,
-    WcOpcode, WcStatus,
+    ProtectionDomain, QpType, QueuePair, RemoteKey, RemoteMemory, SendQueue, SharedBuffer,
+    WcOpcode, WcStatus, Wr,
 };
 
 const LEN: usize = 4096;
@@ -65,6 +65,13 @@ fn assert_untouched(victims: &[Vec<u8>], freed: u64) {
     }
 }
 
+/// A send queue handle of `qp` for one request: these tests reset and
+/// reconnect their queue pairs between requests, which a live handle
+/// would refuse (`Error::HandleLive`), so none is kept.
+fn sq(qp: &QueuePair) -> SendQueue {
+    qp.send_queue().unwrap()
+}
+
 /// RDMA-writes `data` through `remote` from `qp` and returns the status.
 fn write(
     pd: &ProtectionDomain,
@@ -75,8 +82,7 @@ fn write(
 ) -> WcStatus {
     let mut src = pd.alloc(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
     src.copy_from_slice(data);
-    qp.post_send(SendRequest::write(src, remote).wr_id(77))
-        .unwrap();
+    sq(qp).write(src, remote, Wr::id(77)).unwrap();
     let c = wait(cq, 1).pop().unwrap();
     assert_eq!(c.wr_id(), 77);
     c.status()
@@ -126,8 +132,12 @@ fn second_pair(p: &Pair) -> Second {
 fn drain_orphans(cq: &CompletionQueue) {
     std::thread::sleep(Duration::from_millis(50));
     let mut batch = Completions::with_capacity(16);
-    while cq.poll(&mut batch).unwrap() > 0 {
-        for c in batch.drain() {
+    loop {
+        let polled = cq.poll(&mut batch).unwrap();
+        if polled.is_empty() {
+            break;
+        }
+        for c in polled {
             assert!(c.is_orphan(), "a discarded request matched a slot: {c:?}");
         }
     }
@@ -152,11 +162,11 @@ fn soundness_mw_type1_failed_rebind_keeps_the_old_region() {
     let a_addr = mem_a.addr();
     let mem_b = heap_region(&p.pd);
     let mw = p.pd.alloc_mw(MwType::Type1).unwrap();
-    let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
+    let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     wait_ok(&p.cq_a);
 
     fail_behind_the_back(&p);
-    p.a.bind_mw(&mw, &mem_b, rights(), 2).unwrap();
+    sq(&p.a).bind_mw(&mw, &mem_b, rights(), 2).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!((c.wr_id(), c.status()), (2, WcStatus::WrFlushErr));
     assert_eq!(mw.rkey(), grant.rkey, "a failed bind changes no key");
@@ -173,7 +183,7 @@ fn soundness_mw_type1_failed_rebind_keeps_the_old_region() {
     // The window's key is still the device's: a rebind from a healthy
     // queue pair succeeds, and then the original key is revoked.
     fresh(&p, &s.c, &s.d);
-    let again = s.c.bind_mw(&mw, &mem_b, rights(), 3).unwrap();
+    let again = sq(&s.c).bind_mw(&mw, &mem_b, rights(), 3).unwrap();
     let c = wait_ok(&s.cq_c);
     assert_eq!((c.wr_id(), c.opcode()), (3, WcOpcode::BindMw));
     assert_eq!(mw.remote(), Some(again));
@@ -213,13 +223,13 @@ fn failed_type2_bind(p: Pair) {
     let a_addr = mem_a.addr();
     let mem_b = heap_region(&p.pd);
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();
-    let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
+    let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     wait_ok(&p.cq_a);
 
     // A type 2 window binds only when invalid (o10-37.2.30). The status is
     // MW_BIND_ERR per IBA; rxe (Linux 6.12) moves the QP to ERR and
     // reports the failed bind itself as WR_FLUSH_ERR.
-    p.a.bind_mw(&mw, &mem_b, rights(), 2).unwrap();
+    sq(&p.a).bind_mw(&mw, &mem_b, rights(), 2).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!(c.wr_id(), 2);
     assert!(
@@ -239,7 +249,7 @@ fn failed_type2_bind(p: Pair) {
 
     // The invalidate names the key the device holds, so it revokes it.
     fresh(&p, &p.a, &p.b);
-    p.a.invalidate_mw(&mw, 3).unwrap();
+    sq(&p.a).invalidate_mw(&mw, 3).unwrap();
     let c = wait_ok(&p.cq_a);
     assert_eq!((c.wr_id(), c.opcode()), (3, WcOpcode::LocalInv));
     assert_eq!(mw.remote(), None);
@@ -262,11 +272,11 @@ fn failed_invalidate(kind: MwType) {
     let mem_a = heap_region(&p.pd);
     let a_addr = mem_a.addr();
     let mw = p.pd.alloc_mw(kind).unwrap();
-    let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
+    let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     wait_ok(&p.cq_a);
 
     fail_behind_the_back(&p);
-    p.a.invalidate_mw(&mw, 2).unwrap();
+    sq(&p.a).invalidate_mw(&mw, 2).unwrap();
     let c = wait(&p.cq_a, 1).pop().unwrap();
     assert_eq!((c.wr_id(), c.status()), (2, WcStatus::WrFlushErr));
     assert_eq!(
@@ -285,7 +295,7 @@ fn failed_invalidate(kind: MwType) {
     assert_untouched(&victims, a_addr);
 
     fresh(&p, &p.a, &p.b);
-    p.a.invalidate_mw(&mw, 3).unwrap();
+    sq(&p.a).invalidate_mw(&mw, 3).unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(mw.remote(), None);
     assert_eq!(
@@ -323,12 +333,12 @@ fn soundness_mw_type1_cross_qp_rebind_waits_for_the_first() {
     let a_addr = mem_a.addr();
     let mem_b = heap_region(&p.pd);
     let mw = p.pd.alloc_mw(MwType::Type1).unwrap();
-    let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
+    let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     // Outstanding until its completion is polled, on every queue pair.
     for e in [
-        s.c.bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
-        s.c.invalidate_mw(&mw, 3).unwrap_err(),
-        p.a.bind_mw(&mw, &mem_b, rights(), 4).unwrap_err(),
+        sq(&s.c).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
+        sq(&s.c).invalidate_mw(&mw, 3).unwrap_err(),
+        sq(&p.a).bind_mw(&mw, &mem_b, rights(), 4).unwrap_err(),
     ] {
         assert!(matches!(e, Error::WindowBusy), "{e}");
     }
@@ -338,9 +348,9 @@ fn soundness_mw_type1_cross_qp_rebind_waits_for_the_first() {
     assert_eq!(mw.remote(), Some(grant));
 
     // Rebind on the other QP; A stays held until that completion is polled.
-    let again = s.c.bind_mw(&mw, &mem_b, rights(), 5).unwrap();
+    let again = sq(&s.c).bind_mw(&mw, &mem_b, rights(), 5).unwrap();
     assert!(matches!(
-        p.a.invalidate_mw(&mw, 6).unwrap_err(),
+        sq(&p.a).invalidate_mw(&mw, 6).unwrap_err(),
         Error::WindowBusy
     ));
     drop(mem_a);
@@ -381,13 +391,13 @@ fn reset_with_bind_outstanding(kind: MwType) {
     let a_addr = mem_a.addr();
     let mem_b = heap_region(&p.pd);
     let mw: MemoryWindow = p.pd.alloc_mw(kind).unwrap();
-    let grant = p.a.bind_mw(&mw, &mem_a, rights(), 1).unwrap();
+    let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     p.a.reset().unwrap();
     drain_orphans(&p.cq_a);
     fresh(&p, &p.a, &p.b);
     for e in [
-        p.a.bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
-        p.a.invalidate_mw(&mw, 3).unwrap_err(),
+        sq(&p.a).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
+        sq(&p.a).invalidate_mw(&mw, 3).unwrap_err(),
     ] {
         assert!(matches!(e, Error::WindowIndeterminate), "{e}");
     }

@@ -8,8 +8,8 @@ mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Advice, Error, Feature, MwType, OdpGeneralCaps, QpType, RegisterOptions,
-    SendRequest, WcOpcode, WcStatus,
+    AccessFlags, Advice, Error, Feature, MwType, OdpGeneralCaps, QpType, RegisterOptions, WcOpcode,
+    WcStatus, Wr,
 };
 
 /// The refusal every ODP path gives on a device without ODP.
@@ -93,11 +93,14 @@ fn odp_capability_and_refusals() {
     src.memory_region()
         .advise(Advice::Prefetch, true, &[(0, 3000)])
         .unwrap();
-    p.a.post_send(SendRequest::write(
-        src,
-        target.remote().unwrap().slice(100, 3000).unwrap(),
-    ))
-    .unwrap();
+    p.a.send_queue()
+        .unwrap()
+        .write(
+            src,
+            target.remote().unwrap().slice(100, 3000).unwrap(),
+            Wr::id(0),
+        )
+        .unwrap();
     wait_ok(&p.cq_a);
     let mut got = vec![0u8; 3000];
     target.copy_to_slice(100, &mut got).unwrap();
@@ -161,9 +164,9 @@ fn rereg_access_refused_by_name_and_region_still_usable() {
     let data = pattern(4096, 9);
     buf.copy_from_slice(&data);
     let rbuf = p.pd.alloc(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.post_recv(ibverbs::RecvRequest::new(rbuf).wr_id(1))
-        .unwrap();
-    p.a.post_send(SendRequest::send(buf).wr_id(2)).unwrap();
+    let mut sq = p.a.send_queue().unwrap();
+    p.b.recv_queue().unwrap().recv(rbuf, 1).unwrap();
+    sq.send(buf, Wr::id(2)).unwrap();
     let mut sent = wait_ok(&p.cq_a);
     let mut recvd = wait_ok(&p.cq_b);
     assert_eq!(&recvd.take_local().unwrap()[..], &data[..]);
@@ -172,8 +175,7 @@ fn rereg_access_refused_by_name_and_region_still_usable() {
     let mut peer = p.pd.alloc_shared(4096, remote_all()).unwrap();
     let other = pattern(4096, 33);
     peer.copy_from_slice(0, &other).unwrap();
-    p.a.post_send(SendRequest::read(buf, peer.remote().unwrap()).wr_id(3))
-        .unwrap();
+    sq.read(buf, peer.remote().unwrap(), Wr::id(3)).unwrap();
     let mut c = wait_ok(&p.cq_a);
     assert_eq!(&c.take_local().unwrap()[..], &other[..]);
     // A SharedBuffer's path reaches the provider too.
@@ -214,7 +216,9 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
     assert_eq!(target.addr(), IOVA);
     let mw = p.pd.alloc_mw(kind).unwrap();
     let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    let remote = p.a.bind_mw(&mw, &target, rights, 1).unwrap();
+    let mut sq_a = p.a.send_queue().unwrap();
+    let mut sq_b = p.b.send_queue().unwrap();
+    let remote = sq_a.bind_mw(&mw, &target, rights, 1).unwrap();
     let c = wait_ok(&p.cq_a);
     assert_eq!(c.opcode(), WcOpcode::BindMw);
     assert_eq!(
@@ -227,7 +231,7 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
     let data = pattern(2000, kind as u8);
     let mut src = p.pd.alloc(2000, AccessFlags::LOCAL_WRITE).unwrap();
     src.copy_from_slice(&data);
-    p.b.post_send(SendRequest::write(src, remote.slice(1000, 2000).unwrap()))
+    sq_b.write(src, remote.slice(1000, 2000).unwrap(), Wr::id(0))
         .unwrap();
     wait_ok(&p.cq_b);
     let mut got = vec![0u8; 8192];
@@ -243,18 +247,18 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
     let second = pattern(1500, 77);
     target.copy_from_slice(5000, &second).unwrap();
     let dst = p.pd.alloc(1500, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.post_send(SendRequest::read(dst, remote.slice(5000, 1500).unwrap()))
+    sq_b.read(dst, remote.slice(5000, 1500).unwrap(), Wr::id(0))
         .unwrap();
     let mut c = wait_ok(&p.cq_b);
     assert_eq!(&c.take_local().unwrap()[..], &second[..], "{kind:?}: read");
 
     // Unbinding (a zero-length bind at the region's IOVA for type 1)
     // revokes the key.
-    p.a.invalidate_mw(&mw, 2).unwrap();
+    sq_a.invalidate_mw(&mw, 2).unwrap();
     wait_ok(&p.cq_a);
     assert_eq!(mw.remote(), None);
     let src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
-    p.b.post_send(SendRequest::write(src, remote.slice(0, 8).unwrap()))
+    sq_b.write(src, remote.slice(0, 8).unwrap(), Wr::id(0))
         .unwrap();
     let c = wait(&p.cq_b, 1).pop().unwrap();
     assert_eq!(c.status(), WcStatus::RemAccessErr, "{kind:?}: revoked");
@@ -310,13 +314,9 @@ fn xrc_domain_capability_and_refusals() {
     assert_eq!(opened.qp_num(), rqp.qp_num());
     let sqp = pd.create_qp(QpType::XrcSend, &cq, &cq).build().unwrap();
     assert_eq!(sqp.qp_type(), QpType::XrcSend);
-    // An XRC send queue pair receives nothing; an XRC SRQ serves no
-    // ordinary queue pair.
-    let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
-    assert!(matches!(
-        sqp.post_recv(ibverbs::RecvRequest::new(buf)),
-        Err(e) if matches!(e.error, Error::ReceivesThroughSrq)
-    ));
+    // An XRC send queue pair receives nothing (it has no receive queue
+    // handle); an XRC SRQ serves no ordinary queue pair.
+    assert!(matches!(sqp.recv_queue(), Err(Error::ReceivesThroughSrq)));
     assert!(matches!(
         pd.create_qp(QpType::Rc, &cq, &cq).srq(&srq).build(),
         Err(Error::WrongQpType { .. })

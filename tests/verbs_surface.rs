@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{connect_pair, device, is_rxe, pair, remote_all, wait_ok, TestDevice};
 use ibverbs::{
     AccessFlags, CounterDescription, CounterSource, Ece, Error, PortCounters, PortNumber, QpType,
-    RecvRequest, SendRequest, WcOpcode,
+    WcOpcode, Wr,
 };
 
 /// Reads the port's counters until `moved` holds for the change since
@@ -83,10 +83,10 @@ fn surface_port_counters_move_with_traffic() {
     const WRITES: u64 = 8;
     let target = p.pd.alloc_shared(LEN, remote_all()).unwrap();
     let remote = target.remote().unwrap();
+    let mut sq = p.a.send_queue().unwrap();
     for i in 0..WRITES {
         let src = p.pd.alloc(LEN, AccessFlags::LOCAL_WRITE).unwrap();
-        p.a.post_send(SendRequest::write(src, remote).wr_id(i))
-            .unwrap();
+        sq.write(src, remote, Wr::id(i)).unwrap();
         let c = wait_ok(&p.cq_a);
         assert_eq!(c.opcode(), WcOpcode::RdmaWrite);
     }
@@ -124,15 +124,17 @@ fn surface_port_counters_count_rnr_naks() {
     let b = pd.create_qp(QpType::Rc, &cq_b, &cq_b).build().unwrap();
     connect_pair(&dev, &a, &b, AccessFlags::LOCAL_WRITE);
     let before = dev.ctx.port_counters(dev.port).unwrap();
-    a.post_send(SendRequest::send_inline(b"late receive"))
+    a.send_queue()
+        .unwrap()
+        .send_inline(b"late receive", Wr::id(0))
         .unwrap();
     let delta = counters_until(&dev, &before, |d| {
         d.rnr_naks_sent().unwrap_or(0) >= 1 && d.rnr_naks_received().unwrap_or(0) >= 1
     });
-    b.post_recv(RecvRequest::new(
-        pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
+    b.recv_queue()
+        .unwrap()
+        .recv(pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(), 0)
+        .unwrap();
     let mut got = wait_ok(&cq_b);
     assert_eq!(&got.take_local().unwrap()[..12], b"late receive");
     wait_ok(&cq_a);
@@ -200,11 +202,13 @@ fn surface_ece_refused_by_name() {
     // libibverbs itself refuses vendor 0, before the provider.
     assert_refused_by_name(p.a.set_ece(Ece::default()), "ibv_set_ece");
     // The queue pair is unharmed.
-    p.b.post_recv(RecvRequest::new(
-        p.pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap(),
-    ))
-    .unwrap();
-    p.a.post_send(SendRequest::send_inline(b"after ece"))
+    p.b.recv_queue()
+        .unwrap()
+        .recv(p.pd.alloc(16, AccessFlags::LOCAL_WRITE).unwrap(), 0)
+        .unwrap();
+    p.a.send_queue()
+        .unwrap()
+        .send_inline(b"after ece", Wr::id(0))
         .unwrap();
     wait_ok(&p.cq_a);
     wait_ok(&p.cq_b);

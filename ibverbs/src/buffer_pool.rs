@@ -115,12 +115,16 @@ fn slot_index(base: u64, size: usize, count: usize, addr: u64, len: usize) -> Op
 /// let pool = pd.alloc_pool(64, 4096, AccessFlags::LOCAL_WRITE).build()?;
 /// let mut buf = pool.get().expect("64 free buffers");
 /// buf[..5].copy_from_slice(b"hello");
-/// qp.post_send(SendRequest::write(buf, remote).wr_id(1))?; // the QP owns it now
+/// let mut sq = qp.send_queue()?;
+/// sq.write(buf, remote, Wr::id(1))?; // the QP owns it now
 /// let mut done = Completions::with_capacity(16);
-/// while cq.poll(&mut done)? == 0 {}
-/// let mut c = done.pop().unwrap();
-/// pool.put(c.take_local().unwrap())?; // back in the pool, whatever the status
-/// c.result()?;
+/// loop {
+///     if let Some(mut c) = cq.poll(&mut done)?.next() {
+///         pool.put(c.take_local().unwrap())?; // back in the pool, whatever the status
+///         c.result()?;
+///         break;
+///     }
+/// }
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -23,13 +23,16 @@
 //! ```no_run
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut rq = qp.recv_queue()?;
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! qp.post_recv(RecvRequest::new(buf))?;
+//! rq.recv(buf, 1)?;
 //! let mut done = Completions::with_capacity(1);
-//! while cq.poll(&mut done)? == 0 {}
-//! let mut c = done.pop().unwrap();
-//! c.result()?;
-//! let mut buf = c.take_local().unwrap();
+//! let mut buf = loop {
+//!     if let Some(mut c) = cq.poll(&mut done)?.next() {
+//!         c.result()?;
+//!         break c.take_local().unwrap();
+//!     }
+//! };
 //! buf[0] = 1; // ours again
 //! # Ok(()) }
 //! ```
@@ -63,7 +66,8 @@
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let first = buf[0]; // copy out before posting
-//! qp.post_recv(RecvRequest::new(buf))?;
+//! let mut rq = qp.recv_queue()?;
+//! rq.recv(buf, 1)?;
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
@@ -152,8 +156,9 @@
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
-//! qp.post_send(SendRequest::send(frozen.clone()))?; // the device only reads it
-//! println!("{}", frozen[0]);                         // and so may we
+//! let mut sq = qp.send_queue()?;
+//! sq.send(frozen.clone(), Wr::id(1))?; // the device only reads it
+//! println!("{}", frozen[0]);           // and so may we
 //! # Ok(()) }
 //! ```
 //!
@@ -169,7 +174,8 @@
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::read(buf, remote))?;
+//! let mut sq = qp.send_queue()?;
+//! sq.read(buf, remote, Wr::id(1))?;
 //! # Ok(()) }
 //! ```
 //!
@@ -185,7 +191,8 @@
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let result = pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::fetch_and_add(result, remote, 1))?;
+//! let mut sq = qp.send_queue()?;
+//! sq.fetch_and_add(result, remote, 1, Wr::id(1))?;
 //! # Ok(()) }
 //! ```
 //!
@@ -209,7 +216,9 @@
 //!
 //! # 12. Inline data that dies before the post
 //!
-//! Inline requests borrow their bytes until `post_send` copies them.
+//! A [`SendRequest`](crate::SendRequest) with inline data (for a chain)
+//! borrows its bytes until `post_chain` copies them; the typed
+//! `send_inline`/`write_inline` copy them before they return.
 //!
 //! ```ignore
 #![doc = include_str!("../tests/ui/12_inline_data_dies_before_post.rs")]
@@ -218,9 +227,13 @@
 //! ```no_run
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut sq = qp.send_queue()?;
 //! let data = vec![1u8; 16];
-//! qp.post_send(SendRequest::send_inline(&data))?;
-//! drop(data); // copied into the work request during post_send
+//! sq.send_inline(&data, Wr::id(1))?; // copied before it returns
+//! let mut chain = vec![SendRequest::send_inline(&data)];
+//! sq.post_chain(&mut chain)?; // copied into the work request during the post
+//! drop(chain);
+//! drop(data);
 //! # Ok(()) }
 //! ```
 //!
@@ -237,8 +250,9 @@
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let (a, mut b) = buf.split_at(32);
-//! qp.post_recv(RecvRequest::new(a))?; // the device writes the first half
-//! b[0] = 1;                           // while we use the second
+//! let mut rq = qp.recv_queue()?;
+//! rq.recv(a, 1)?; // the device writes the first half
+//! b[0] = 1;       // while we use the second
 //! # Ok(()) }
 //! ```
 //!
@@ -256,7 +270,9 @@
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut done = Completions::with_capacity(16);
-//! cq.poll(&mut done)?; // every completion claimed, buffers back
+//! for mut c in cq.poll(&mut done)? { // every completion claimed,
+//!     let _buffers = c.take_buffers(); // its buffers back
+//! }
 //! # Ok(()) }
 //! ```
 //!
@@ -279,7 +295,8 @@
 //! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
 //! buf.as_mut_slice_of::<u32>()?[0] = 1; // the view ends here
 //! let first = buf.as_slice_of::<f32>()?[0]; // a copy
-//! qp.post_send(SendRequest::send(buf))?;
+//! let mut sq = qp.send_queue()?;
+//! sq.send(buf, Wr::id(1))?;
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
@@ -333,14 +350,16 @@
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let (mut chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
 //! let last = chunks.pop().unwrap();
-//! qp.post_recv(RecvRequest::new(last))?; // the device writes one chunk
-//! chunks[0][0] = 1;                      // while we use another
+//! let mut rq = qp.recv_queue()?;
+//! rq.recv(last, 1)?; // the device writes one chunk
+//! chunks[0][0] = 1;  // while we use another
 //! # Ok(()) }
 //! ```
 //!
 //! # 19. Keeping a buffer across posting it in a chain
 //!
-//! A chain (`post_send(&mut Vec<SendRequest>)`) moves each buffer into its
+//! A chain ([`SendQueue::post_chain`](crate::SendQueue::post_chain) of a
+//! `Vec<SendRequest>`) moves each buffer into its
 //! request as a single request does; the posted requests leave the `Vec`,
 //! so nothing in it reaches a posted buffer either.
 //!
@@ -354,7 +373,8 @@
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let first = buf[0];
 //! let mut chain = vec![SendRequest::write(buf, remote)];
-//! qp.post_send(&mut chain)?;
+//! let mut sq = qp.send_queue()?;
+//! sq.post_chain(&mut chain)?;
 //! assert!(chain.is_empty()); // every request posted: its buffer is the QP's
 //! println!("{first}");
 //! # Ok(()) }
@@ -362,8 +382,8 @@
 //!
 //! # 20. Using a buffer after posting it through a request table
 //!
-//! [`RequestTable`](crate::RequestTable) posts the request as `post_send`
-//! does: the buffer moves into it and comes back only in the completion
+//! [`RequestTable`](crate::RequestTable) posts the request as the send
+//! queue does: the buffer moves into it and comes back only in the completion
 //! handed out with the request's value.
 //!
 //! ```ignore
@@ -373,11 +393,12 @@
 //! ```no_run
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut sq = qp.send_queue()?;
 //! let mut table = RequestTable::new(cq, 16);
 //! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-//! table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+//! table.post_send(&mut sq, SendRequest::read(buf, remote), 7u32)?;
 //! loop {
-//!     if let Some(Polled::Done(7, mut c)) = table.poll()? {
+//!     if let Some(Reaped::Done(7, mut c)) = table.poll()? {
 //!         c.result()?;
 //!         let mut buf = c.take_local().unwrap();
 //!         buf[0] = 1; // ours again
@@ -400,11 +421,12 @@
 //! ```no_run
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
+//! let mut sq = qp.send_queue()?;
 //! let mut table = RequestTable::new(cq, 16);
 //! let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
 //! let before = buf[0]; // a copy, not a borrow
-//! table.post_send(qp, SendRequest::read(buf, remote), before)?;
-//! if let Some(Polled::Done(before, mut c)) = table.poll()? {
+//! table.post_send(&mut sq, SendRequest::read(buf, remote), before)?;
+//! if let Some(Reaped::Done(before, mut c)) = table.poll()? {
 //!     println!("{before} -> {}", c.take_local().unwrap()[0]);
 //! }
 //! # Ok(()) }
@@ -424,10 +446,14 @@
 //! # use ibverbs::*;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
-//! qp.post_recv(RecvRequest::new(buf))?;
+//! let mut rq = qp.recv_queue()?;
+//! rq.recv(buf, 1)?;
 //! let mut done = Completions::with_capacity(1);
-//! while cq.poll(&mut done)? == 0 {}
-//! let mut buf = done.pop().unwrap().take_local().unwrap();
+//! let mut buf = loop {
+//!     if let Some(mut c) = cq.poll(&mut done)?.next() {
+//!         break c.take_local().unwrap();
+//!     }
+//! };
 //! buf[0] = 1; // ours again, until it goes back
 //! pool.put(buf)?;
 //! # Ok(()) }
@@ -476,7 +502,8 @@
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let first = buf.as_slice_of::<u32>()?[0];
-//! qp.post_send(SendRequest::write(buf, remote))?;
+//! let mut sq = qp.send_queue()?;
+//! sq.write(buf, remote, Wr::id(1))?;
 //! println!("{first}");
 //! # Ok(()) }
 //! ```
@@ -664,10 +691,14 @@
 //! # use ibverbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue) -> Result<()> {
 //! let buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::send(buf))?;
+//! let mut sq = qp.send_queue()?;
+//! sq.send(buf, Wr::id(1))?;
 //! let mut done = Completions::with_capacity(1);
-//! while cq.poll(&mut done)? == 0 {}
-//! let mut buf = done.pop().unwrap().take_local().unwrap();
+//! let mut buf = loop {
+//!     if let Some(mut c) = cq.poll(&mut done)?.next() {
+//!         break c.take_local().unwrap();
+//!     }
+//! };
 //! buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?; // ours again
 //! # Ok(()) }
 //! ```
@@ -703,5 +734,63 @@
 //! # let _ = fd;
 //! ctx.set_async_nonblocking(true)?;
 //! let _event = ctx.get_async_event(); // read through libibverbs, acknowledged
+//! # Ok(()) }
+//! ```
+//!
+//! # 35. Holding a polled completion across the next poll
+//!
+//! [`CompletionQueue::poll`](crate::CompletionQueue::poll) lends its
+//! completions from the [`Completions`](crate::Completions) storage it
+//! polled into: a [`CompletionRef`](crate::CompletionRef) borrows its
+//! entry there, so it cannot be kept across the next poll into the same
+//! storage (which overwrites the entries), nor outlive the storage.
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui/35a_completion_across_next_poll.rs")]
+//! ```
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui/35b_completion_outlives_storage.rs")]
+//! ```
+//!
+//! Take what is needed during the walk, or keep the completion as an owned
+//! [`Completion`](crate::Completion):
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(cq: &CompletionQueue) -> Result<()> {
+//! let mut done = Completions::with_capacity(16);
+//! let kept: Vec<Completion> = cq.poll(&mut done)?.map(CompletionRef::into_owned).collect();
+//! for c in cq.poll(&mut done)? { // the storage is free again
+//!     println!("{}", c.wr_id());
+//! }
+//! for mut c in kept {
+//!     c.result()?;
+//!     let _buf = c.take_local();
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # 36. Two threads posting through one send queue handle
+//!
+//! A [`SendQueue`](crate::SendQueue) owns its queue's ring without a lock:
+//! every post takes it `&mut`, so two threads cannot post through it at
+//! once. (Taking a second handle of the same queue is refused at run time,
+//! `Error::QueueTaken`.)
+//!
+//! ```ignore
+#![doc = include_str!("../tests/ui/36_two_threads_one_send_queue.rs")]
+//! ```
+//!
+//! Share it in a `Mutex` (it is `Send + Sync`), or move it to one thread:
+//!
+//! ```no_run
+//! # use ibverbs::*;
+//! # fn f(qp: &QueuePair) -> Result<()> {
+//! let sq = std::sync::Mutex::new(qp.send_queue()?);
+//! std::thread::scope(|s| {
+//!     s.spawn(|| sq.lock().unwrap().send_inline(b"one", Wr::id(1)));
+//!     s.spawn(|| sq.lock().unwrap().send_inline(b"two", Wr::id(2)));
+//! });
 //! # Ok(()) }
 //! ```

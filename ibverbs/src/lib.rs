@@ -45,50 +45,62 @@
 //!     &ConnectOptions::new(port).local_port(&local).remote_access(remote_rights))?;
 //! let mut done = Completions::with_capacity(16);
 //!
+//! // Posting handles, one per queue, exclusive: the send queue's once the
+//! // queue pair can send (RTS); kept, every post takes them `&mut`.
+//! let mut sq = qp.send_queue()?;
+//! let mut rq = qp.recv_queue()?;
+//!
 //! // Send / receive (ibv_post_recv, ibv_post_send, ibv_poll_cq).
 //! let recv = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
 //! let mut send = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
 //! send[..5].copy_from_slice(b"hello");
-//! qp.post_recv(RecvRequest::new(recv).wr_id(1))?;
-//! qp.post_send(SendRequest::send(send).wr_id(2).imm(7))?;
-//! while done.len() < 2 { cq.poll(&mut done)?; }
-//! for mut c in done.drain() {
-//!     c.result()?;                                   // typed WcStatus on error
-//!     if c.opcode() == WcOpcode::Recv {
-//!         assert_eq!(c.imm_data(), Some(7));
-//!         assert_eq!(&c.take_local().unwrap()[..5], b"hello");
+//! rq.recv(recv, 1)?;                                 // wr_id 1
+//! sq.send(send, Wr::id(2).imm(7))?;
+//! let mut seen = 0;
+//! while seen < 2 {
+//!     for mut c in cq.poll(&mut done)? {             // one walk, borrowed entries
+//!         seen += 1;
+//!         c.result()?;                               // typed WcStatus on error
+//!         if c.opcode() == WcOpcode::Recv {
+//!             assert_eq!(c.imm_data(), Some(7));
+//!             assert_eq!(&c.take_local().unwrap()[..5], b"hello");
+//!         }                                          // what is not taken is freed
 //!     }
 //! }
 //!
-//! // Inline send: the bytes are copied during post_send.
-//! qp.post_send(SendRequest::send_inline(b"tiny"))?;
+//! // Inline send: the bytes are copied before send_inline returns.
+//! sq.send_inline(b"tiny", Wr::id(3))?;
 //!
 //! // RDMA write and read: the peer shares memory and sends its RemoteMemory.
 //! let target = pd.alloc_shared(4096, remote_rights)?;    // ibv_reg_mr
 //! let remote = target.remote().unwrap();
-//! qp.post_send(SendRequest::write(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote))?;
-//! qp.post_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote))?;
+//! sq.write(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote, Wr::id(4))?;
+//! sq.read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote, Wr::id(5))?;
 //!
 //! // Atomics on an 8-byte aligned word; the old value lands in `result`.
 //! let word = remote.slice(0, 8).unwrap();
 //! let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::fetch_and_add(result, word, 1))?;
+//! sq.fetch_and_add(result, word, 1, Wr::id(6))?;
 //! let result = pd.alloc(8, AccessFlags::LOCAL_WRITE)?;
-//! qp.post_send(SendRequest::compare_and_swap(result, word, 1, 42))?;
+//! sq.compare_and_swap(result, word, 1, 42, Wr::id(7))?;
 //!
-//! // A chain of requests with one doorbell; periodic signaling with a
-//! // frozen (shared read-only) buffer.
+//! // Periodic signaling with a frozen (shared read-only) buffer, one post
+//! // at a time or as a chain of requests with one doorbell.
 //! let msg = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.freeze();
+//! for i in 0..8 {
+//!     let o = if i == 7 { Wr::id(i) } else { Wr::id(i).unsignaled() };
+//!     sq.write(msg.clone(), remote, o)?;
+//! }
 //! let mut chain: Vec<SendRequest> = (0..8)
 //!     .map(|i| SendRequest::write(msg.clone(), remote).signaled(i == 7))
 //!     .collect();
-//! qp.post_send(&mut chain)?;
+//! sq.post_chain(&mut chain)?;                           // posted ones leave `chain`
 //!
 //! // One request, many postings: checked and built once (as C code reuses
 //! // one ibv_send_wr); the bytes are reachable when nothing is outstanding.
 //! let mut read =
-//!     qp.prepare_send(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))?;
-//! read.post()?;
+//!     sq.prepare(SendRequest::read(pd.alloc(64, AccessFlags::LOCAL_WRITE)?, remote).wr_id(9))?;
+//! sq.post_prepared(&mut read)?;
 //! let c = loop {
 //!     match cq.poll_one()? { Some(c) if c.wr_id() == 9 => break c, _ => {} }
 //! };
@@ -97,26 +109,29 @@
 //!
 //! // The same for receives: one buffer, re-posted after each message.
 //! let mut recv =
-//!     qp.prepare_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
-//! recv.post()?;                                         // bytes(0) is None until it completes
+//!     rq.prepare(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?).wr_id(1))?;
+//! rq.post_prepared(&mut recv)?;                         // bytes(0) is None until it completes
 //!
 //! // Completion events: sleep on a channel instead of spinning. `wait`
 //! // polls, arms (ibv_req_notify_cq), polls again, sleeps on the channel's
-//! // fd and reads the event (ibv_get_cq_event, acked in batches); 0 on timeout.
+//! // fd and reads the event (ibv_get_cq_event, acked in batches); an empty
+//! // batch on timeout.
 //! let channel = ctx.create_comp_channel()?;             // ibv_create_comp_channel
 //! let cq2 = ctx.create_cq(16).channel(&channel).build()?;
-//! let _n = cq2.wait(&mut done, Some(std::time::Duration::from_millis(10)))?;
+//! let _n = cq2.wait(&mut done, Some(std::time::Duration::from_millis(10)))?.len();
 //!
-//! // Shared receive queue for many QPs.
+//! // Shared receive queue for many QPs: its own receive handle.
 //! let srq = pd.create_srq(64).build()?;                 // ibv_create_srq
 //! let qp2 = pd.create_qp(QpType::Rc, &cq, &cq).srq(&srq).build()?;
-//! srq.post_recv(RecvRequest::new(pd.alloc(256, AccessFlags::LOCAL_WRITE)?))?;
+//! let mut srq_rq = srq.recv_queue()?;
+//! srq_rq.recv(pd.alloc(256, AccessFlags::LOCAL_WRITE)?, 10)?;
 //!
 //! // UD: an address handle per destination.
 //! let ud = pd.create_qp(QpType::Ud, &cq, &cq).build()?;
 //! ud.activate_ud(port, 0x1111_1111, 0)?;
 //! let ah = pd.create_ah(&AddressVector::roce(port, me.gid, gid_index))?; // ibv_create_ah
-//! ud.post_send(SendRequest::send_inline(b"dgram").ud(&ah, ud.qp_num(), 0x1111_1111))?;
+//! let mut ud_sq = ud.send_queue()?;
+//! ud_sq.send_inline_to(b"dgram", &UdDest::new(&ah, ud.qp_num(), 0x1111_1111), Wr::id(11))?;
 //! # drop((qp2, ah)); Ok(()) }
 //! ```
 //!
@@ -156,7 +171,7 @@
 //! with the numbers that decided ([`Error::TooManySges`],
 //! [`Error::OutOfRange`], [`Error::QueueFull`],
 //! [`Error::InvalidTransition`], …), and [`Error::Unsupported`]. A refused
-//! request comes back in a [`PostError`], which `?` turns into an
+//! request's buffers come back in a [`Refused`], which `?` turns into an
 //! [`Error`], an [`std::io::Error`] or a `Box<dyn std::error::Error>`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
@@ -248,7 +263,7 @@ pub use queue_pair::{
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
-pub use request_table::{Reaped, RequestTable, SendStream};
+pub use request_table::{Reaped, RequestTable, SendStream, TableRefused};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};

@@ -4,8 +4,9 @@
 //! A window is allocated in a protection domain and *bound* to a range of a
 //! region registered with [`AccessFlags::MW_BIND`]. The bind hands out a new
 //! remote key; invalidating the window (locally with
-//! [`QueuePair::invalidate_mw`], or by the peer with a send-with-invalidate)
-//! revokes it, after which a peer's access fails with a remote access error.
+//! [`SendQueue::invalidate_mw`](crate::SendQueue::invalidate_mw), or by the
+//! peer with a send-with-invalidate) revokes it, after which a peer's access
+//! fails with a remote access error.
 //!
 //! Ownership: a window keeps every region the device may reach through it
 //! registered (it holds their `Arc`s) until a bind or invalidate of it
@@ -44,8 +45,9 @@ use binding::{Binding, Bound, Outcome};
 /// `ibv_alloc_mw(3)`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MwType {
-    /// Type 1: bound with [`QueuePair::bind_mw`] (`ibv_bind_mw`), tied to
-    /// the protection domain; re-binding replaces the binding.
+    /// Type 1: bound with [`SendQueue::bind_mw`](crate::SendQueue::bind_mw)
+    /// (`ibv_bind_mw`), tied to the protection domain; re-binding replaces
+    /// the binding.
     Type1,
     /// Type 2: bound by a work request (`IBV_WR_BIND_MW`), tied to the QP
     /// that bound it; must be invalidated before it is bound again.

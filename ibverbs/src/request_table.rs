@@ -558,18 +558,21 @@ impl<T> RequestTable<T> {
                 })
             }
         };
-        let mut one = vec![request.wr_id(wr_id)];
-        match rq.post_chain(&mut one) {
-            Ok(()) => {
+        let mut one = [request.wr_id(wr_id)];
+        match rq.post_requests(&mut one) {
+            (1, _) => {
                 let mut none = Chain::EMPTY;
                 self.core.fill(idx, value, true, &mut none);
                 Ok(())
             }
-            Err(error) => Err(TableRefused {
-                error,
-                buffers: one.pop().map(RecvRequest::into_buffers).unwrap_or_default(),
-                value,
-            }),
+            (_, result) => {
+                let [r] = one;
+                Err(TableRefused {
+                    error: result.err().unwrap_or(Error::Unsupported("refused")),
+                    buffers: r.into_buffers(),
+                    value,
+                })
+            }
         }
     }
 
@@ -751,10 +754,11 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 /// ```no_run
 /// # fn demo(qp: &ibverbs::QueuePair, cq: &ibverbs::CompletionQueue,
 /// #         remote: ibverbs::RemoteMemory) -> ibverbs::Result<()> {
-/// use ibverbs::{Polled, RequestTable, SendRequest};
+/// use ibverbs::{Reaped, RequestTable, SendRequest};
 ///
 /// let mut table = RequestTable::<u64>::new(cq, qp.send_capacity());
-/// let mut stream = table.send_stream(qp, 8)?; // a completion every 8th write
+/// // The stream keeps the send queue's handle: a completion every 8th write.
+/// let mut stream = table.send_stream(qp.send_queue()?, 8)?;
 /// for i in 0..10_000u64 {
 ///     if i == 9_999 {
 ///         stream.signal_next(); // the last one covers the rest
@@ -763,9 +767,9 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 ///     table.post_stream(&mut stream, SendRequest::write_inline(&bytes, remote), i)?;
 ///     while let Some(polled) = table.poll()? {
 ///         match polled {
-///             Polled::Done(_, c) => c.result()?, // every 8th, or one that failed
-///             Polled::Covered(_) => {}           // done, no completion of its own
-///             Polled::Foreign(_) => {}
+///             Reaped::Done(_, c) => c.result()?, // every 8th, or one that failed
+///             Reaped::Covered(_) => {}           // done, no completion of its own
+///             Reaped::Foreign(_) => {}
 ///         }
 ///     }
 /// }
@@ -794,6 +798,22 @@ impl SendStream {
     /// The queue pair.
     pub fn qp(&self) -> &QueuePair {
         self.sq.qp()
+    }
+
+    /// The stream's send queue, for requests posted beside the stream
+    /// (through [`RequestTable::post_send`] or directly). A signaled one
+    /// retires the stream's uncovered requests in the queue pair; their
+    /// values still come back, as [`Reaped::Covered`], when the stream's
+    /// next signaled request completes.
+    pub fn send_queue(&mut self) -> &mut SendQueue {
+        &mut self.sq
+    }
+
+    /// Ends the stream, giving its send queue back. The values of
+    /// requests no signaled one covered stay in the table
+    /// ([`signal_next`](Self::signal_next) before the last post).
+    pub fn into_send_queue(self) -> SendQueue {
+        self.sq
     }
 
     /// A completion is asked for every this many requests.

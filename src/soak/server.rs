@@ -171,7 +171,7 @@ fn session(
         let polled = cq
             .poll(&mut batch)
             .map_err(|e| (id, Totals::default(), e.to_string()))?;
-        let idle = polled.len() == 0;
+        let idle = polled.is_empty();
         for mut comp in polled {
             let buf = comp.take_local();
             let Some(&q) = index.get(&comp.qp_num()) else {

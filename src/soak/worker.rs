@@ -159,7 +159,7 @@ impl Worker {
                     None
                 }
             };
-            let got = polled.as_ref().is_some_and(|p| p.len() > 0);
+            let got = polled.as_ref().is_some_and(|p| !p.is_empty());
             for mut comp in polled.into_iter().flatten() {
                 last_progress = Instant::now();
                 let Some(&i) = index.get(&comp.qp_num()) else {

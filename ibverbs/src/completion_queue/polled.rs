@@ -90,6 +90,12 @@ impl<'a> Iterator for Polled<'a> {
 
 impl ExactSizeIterator for Polled<'_> {}
 
+impl std::fmt::Debug for Polled<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Polled").field("left", &self.len()).finish()
+    }
+}
+
 impl Drop for Polled<'_> {
     #[inline]
     fn drop(&mut self) {

@@ -64,7 +64,7 @@ impl<'a> QueuePairBuilder<'a> {
         self
     }
     /// Creates the QP with `ibv_create_qp_ex` and these `ibv_wr_*`
-    /// operations (`send_ops_flags`): [`QueuePair::post_send`] then posts
+    /// operations (`send_ops_flags`): its [`SendQueue`](crate::SendQueue) then posts
     /// through `ibv_wr_start` … `ibv_wr_complete` (the only way to atomic
     /// write and flush) and refuses operations not listed. Empty (the
     /// default) creates a classic QP, posted to with `ibv_post_send`.

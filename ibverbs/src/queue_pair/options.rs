@@ -1,7 +1,7 @@
 //! Which send-request options each operation takes on each queue pair
 //! type: DESIGN.md's request-option table, as one pure function.
 //!
-//! Every posting path ([`QueuePair::post_send`](crate::QueuePair::post_send),
+//! Every posting path (the typed posts of [`SendQueue`](crate::SendQueue),
 //! chains, [`PreparedSend`](crate::PreparedSend), the extended `ibv_wr_*`
 //! path) runs it through `check_send` before the provider sees a request.
 //! The table matters for memory safety, not only for tidiness: an inline

@@ -13,7 +13,7 @@ use super::send_queue::{no_room, Posted, Refused};
 use crate::buffer::{Buf, DeviceWritable, SgList};
 use crate::error::{Error, Result};
 use crate::inflight::{Payload, Reserved, Ring};
-use crate::{QueuePair, SharedReceiveQueue};
+use crate::{QpState, QueuePair, SharedReceiveQueue};
 
 /// A provider's `post_recv` or `post_srq_recv`, with the queue as an
 /// untyped pointer (the two differ only in its type, which the ABI does
@@ -350,12 +350,17 @@ impl RecvQueue {
     /// The provider's refusal, named by its verb.
     #[cold]
     fn verb_error(&self, rc: i32) -> Error {
-        let verb = if self.qp_queue {
-            "ibv_post_recv"
-        } else {
-            "ibv_post_srq_recv"
-        };
-        crate::error::errno_error(verb, rc)
+        if !self.qp_queue {
+            return crate::error::errno_error("ibv_post_srq_recv", rc);
+        }
+        let e = crate::error::errno_error("ibv_post_recv", rc);
+        // Providers that check the state refuse receives in RESET (IBA
+        // C10-97.2.1) with a bare EINVAL: say so.
+        let reset = rc == libc::EINVAL
+            && matches!(&self.owner, Owner::Qp(qp) if matches!(qp.state(), Ok(QpState::Reset)));
+        e.with_hint(
+            reset.then(|| "the queue pair is in RESET: receives need INIT or later".to_string()),
+        )
     }
 
     /// The next free slot: the head of a queue pair's queue (it completes
@@ -388,7 +393,7 @@ impl RecvQueue {
 
     /// Posts `wrs` with one doorbell: how many the device took (from the
     /// front), and the error if not all.
-    pub(super) fn post_requests(&mut self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
+    pub(crate) fn post_requests(&mut self, wrs: &mut [RecvRequest]) -> (usize, Result<()>) {
         let n = wrs.len();
         if n == 0 {
             return (0, Ok(()));

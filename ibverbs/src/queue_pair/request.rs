@@ -108,7 +108,7 @@ impl std::fmt::Display for SendOption {
             SendOption::Solicited => "IBV_SEND_SOLICITED",
             SendOption::Fence => "IBV_SEND_FENCE",
             SendOption::Invalidate => "a remote key to invalidate (IBV_WR_SEND_WITH_INV)",
-            SendOption::UdDestination => "a UD destination (SendRequest::ud)",
+            SendOption::UdDestination => "a UD destination (SendQueue::send_to, SendRequest::ud)",
             SendOption::XrcSrq => "a remote XRC SRQ (SendRequest::xrc_srqn)",
         })
     }

@@ -301,7 +301,7 @@ impl SendQueue {
     pub fn send_to(&mut self, buf: impl DeviceReadable, dest: &UdDest, o: Wr) -> Posted {
         let mut r = o.request(Op::Send, SgList::One(buf.into()));
         r.ud = Some(Dest::Ud(dest.clone()));
-        self.post_general(r).map_err(|r| r.map(|sg| one(sg)))
+        self.post_general(r).map_err(|r| r.map(one))
     }
 
     /// A UD send of inline `data` to `dest`.

@@ -12,8 +12,9 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
-    qp.post_send(SendRequest::send(buf))?;
+    sq.send(buf, Wr::id(1))?;
     drop(buf);
     Ok(())
 }

@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
     let view: &[u8] = &buf;
-    qp.post_recv(RecvRequest::new(buf))?;
+    rq.recv(buf, 1)?;
     println!("{}", view[0]);
     Ok(())
 }

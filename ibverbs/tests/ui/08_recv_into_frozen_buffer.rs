@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let frozen = pd
         .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?
         .freeze();
-    qp.post_recv(RecvRequest::new(frozen))?;
+    rq.recv(frozen, 1)?;
     Ok(())
 }

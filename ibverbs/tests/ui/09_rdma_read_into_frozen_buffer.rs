@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let frozen = pd
         .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?
         .freeze();
-    qp.post_send(SendRequest::read(frozen, remote))?;
+    sq.read(frozen, remote, Wr::id(1))?;
     Ok(())
 }

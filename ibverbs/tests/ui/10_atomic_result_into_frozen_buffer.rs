@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let frozen = pd
         .register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?
         .freeze();
-    qp.post_send(SendRequest::fetch_and_add(frozen, remote, 1))?;
+    sq.fetch_and_add(frozen, remote, 1, Wr::id(1))?;
     Ok(())
 }

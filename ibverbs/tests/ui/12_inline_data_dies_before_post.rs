@@ -1,5 +1,6 @@
 // Hazard 12, "Inline data that dies before the post": an inline request
-// borrows its bytes until `post_send` copies them.
+// (a `SendRequest`, for a chain) borrows its bytes until `post_chain` copies
+// them.
 // Expected: E0597.
 #![allow(unused)]
 use ibverbs::*;
@@ -12,10 +13,11 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let wr = {
         let data = vec![1u8; 16];
         SendRequest::send_inline(&data)
     };
-    qp.post_send(wr)?;
+    sq.post_chain(&mut vec![wr])?;
     Ok(())
 }

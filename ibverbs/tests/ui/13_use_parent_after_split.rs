@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
     let (a, b) = buf.split_at(32);
-    qp.post_recv(RecvRequest::new(a))?;
+    rq.recv(a, 1)?;
     println!("{}", buf[0]);
     Ok(())
 }

@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
     let floats: &[f32] = buf.as_slice_of()?;
-    qp.post_recv(RecvRequest::new(buf))?;
+    rq.recv(buf, 1)?;
     println!("{}", floats[0]); // the device may be writing it
     Ok(())
 }

@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
     let words: &mut [u32] = buf.as_mut_slice_of()?;
-    qp.post_send(SendRequest::send(buf))?;
+    sq.send(buf, Wr::id(1))?;
     words[0] = 1; // the device may be reading it
     Ok(())
 }

@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let (chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
     let whole = LocalBuffer::join(chunks).unwrap();
-    qp.post_recv(RecvRequest::new(whole))?;
+    rq.recv(whole, 1)?;
     println!("{}", chunks[0][0]);
     Ok(())
 }

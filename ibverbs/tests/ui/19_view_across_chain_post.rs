@@ -12,10 +12,11 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
     let view: &[u8] = &buf;
     let mut chain = vec![SendRequest::write(buf, remote)];
-    qp.post_send(&mut chain)?;
+    sq.post_chain(&mut chain)?;
     println!("{}", view[0]);
     Ok(())
 }

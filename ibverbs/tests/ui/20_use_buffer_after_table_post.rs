@@ -1,5 +1,5 @@
 // Hazard 20, "Using a buffer after posting it through a request table": a
-// request table's post moves the buffer as `post_send` does.
+// request table's post moves the buffer as a post on the send queue does.
 // Expected: E0382.
 #![allow(unused)]
 use ibverbs::*;
@@ -12,9 +12,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let mut table = RequestTable::new(cq, 16);
     let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
-    table.post_send(qp, SendRequest::read(buf, remote), 7u32)?;
+    table.post_send(&mut sq, SendRequest::read(buf, remote), 7u32)?;
     buf[0] = 1; // the device may be writing it
     Ok(())
 }

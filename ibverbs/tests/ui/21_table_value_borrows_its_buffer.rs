@@ -13,11 +13,12 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let mut table = RequestTable::new(cq, 16);
     let buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
     let view: &[u8] = &buf;
-    table.post_send(qp, SendRequest::read(buf, remote), view)?;
-    if let Some(Polled::Done(view, _)) = table.poll()? {
+    table.post_send(&mut sq, SendRequest::read(buf, remote), view)?;
+    if let Some(Reaped::Done(view, _)) = table.poll()? {
         println!("{}", view[0]);
     }
     Ok(())

@@ -13,8 +13,9 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut rq = qp.recv_queue()?;
     let mut buf = pool.get().unwrap();
-    qp.post_recv(RecvRequest::new(buf))?;
+    rq.recv(buf, 1)?;
     buf[0] = 1; // the device may be writing it
     Ok(())
 }

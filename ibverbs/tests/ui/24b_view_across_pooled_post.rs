@@ -13,9 +13,10 @@ fn proof(
     cq: &CompletionQueue,
     remote: RemoteMemory,
 ) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let buf = pool.get().unwrap();
     let view: &[u8] = &buf;
-    qp.post_send(SendRequest::write(buf, remote))?;
+    sq.write(buf, remote, Wr::id(1))?;
     println!("{}", view[0]);
     Ok(())
 }

@@ -8,8 +8,9 @@ use ibverbs::*;
 fn main() {}
 
 fn proof(pd: &ProtectionDomain, qp: &QueuePair) -> Result<()> {
+    let mut sq = qp.send_queue()?;
     let mut buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
-    qp.post_send(SendRequest::send(buf))?;
+    sq.send(buf, Wr::id(1))?;
     buf.rereg_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
     Ok(())
 }

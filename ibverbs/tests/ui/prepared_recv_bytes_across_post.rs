@@ -1,5 +1,6 @@
 // `PreparedRecv`: a borrow of a prepared receive's buffers cannot live across
-// `post()`, which takes `&mut self`: a peer's message may land under it.
+// `post_prepared(&mut recv)`, which takes it mutably: a peer's message may
+// land under it.
 // Expected: E0502.
 #![allow(unused)]
 use ibverbs::*;
@@ -7,9 +8,10 @@ use ibverbs::*;
 fn main() {}
 
 fn proof(qp: &QueuePair, buf: LocalBuffer) -> Result<()> {
-    let mut recv = qp.prepare_recv(RecvRequest::new(buf))?;
+    let mut rq = qp.recv_queue()?;
+    let mut recv = rq.prepare(RecvRequest::new(buf))?;
     let bytes = recv.bytes(0).unwrap();
-    recv.post()?; // a peer's message may land under `bytes`
+    rq.post_prepared(&mut recv)?; // a peer's message may land under `bytes`
     println!("{}", bytes[0]);
     Ok(())
 }

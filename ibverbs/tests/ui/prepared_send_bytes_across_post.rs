@@ -1,5 +1,6 @@
 // `PreparedSend`: a shared borrow of a prepared read's buffers cannot live
-// across `post()` either: Rust would see the bytes change under it.
+// across `post_prepared(&mut read)` either: Rust would see the bytes change
+// under it.
 // Expected: E0502.
 #![allow(unused)]
 use ibverbs::*;
@@ -7,9 +8,10 @@ use ibverbs::*;
 fn main() {}
 
 fn proof(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-    let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
+    let mut sq = qp.send_queue()?;
+    let mut read = sq.prepare(SendRequest::read(buf, remote))?;
     let bytes = read.bytes(0).unwrap();
-    read.post()?; // a read Rust sees change under it
+    sq.post_prepared(&mut read)?; // a read Rust sees change under it
     println!("{}", bytes[0]);
     Ok(())
 }

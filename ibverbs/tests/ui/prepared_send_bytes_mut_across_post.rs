@@ -1,6 +1,6 @@
 // `PreparedSend`: a mutable borrow of a prepared request's buffers cannot
-// live across `post()`, which takes `&mut self`: the device may write what
-// it borrows.
+// live across `post_prepared(&mut read)`, which takes it mutably: the device
+// may write what it borrows.
 // Expected: E0499.
 #![allow(unused)]
 use ibverbs::*;
@@ -8,9 +8,10 @@ use ibverbs::*;
 fn main() {}
 
 fn proof(qp: &QueuePair, buf: LocalBuffer, remote: RemoteMemory) -> Result<()> {
-    let mut read = qp.prepare_send(SendRequest::read(buf, remote))?;
+    let mut sq = qp.send_queue()?;
+    let mut read = sq.prepare(SendRequest::read(buf, remote))?;
     let bytes = read.bytes_mut(0).unwrap();
-    read.post()?; // the device may write what `bytes` borrows
+    sq.post_prepared(&mut read)?; // the device may write what `bytes` borrows
     bytes[0] = 1;
     Ok(())
 }
