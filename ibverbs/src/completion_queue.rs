@@ -504,7 +504,7 @@ impl CompletionQueue {
     #[doc(alias = "ibv_start_poll")]
     #[doc(alias = "ibv_next_poll")]
     #[doc(alias = "ibv_end_poll")]
-    #[inline]
+    #[inline(always)]
     pub fn poll<'a>(&self, out: &'a mut Completions) -> Result<Polled<'a>> {
         let n = self.fill(out)?;
         Ok(self.lend(out, n))

@@ -92,6 +92,7 @@ const FIRST: u32 = 64;
 /// Segments: the largest has `FIRST << 21` = 2^27 slots, all the offset
 /// field of a `wr_id` can name.
 const SEGMENTS: usize = 22;
+const _: () = assert!(SEGMENTS <= wr_id::SEGMENT_MASK as usize + 1);
 
 /// Flag: the request asked for no completion.
 pub(crate) const UNSIGNALED: u8 = 1;
@@ -106,7 +107,8 @@ const WINDOW: u8 = 8;
 const EXTRAS: u8 = HAS_AH | WINDOW;
 
 /// One request's place (one cache line; see the module docs for who owns
-/// the fields behind `state`).
+/// the fields behind `state`). Whoever stores [`FREE`] leaves the payload
+/// empty first.
 #[repr(C, align(64))]
 pub(crate) struct Slot {
     pub(crate) state: AtomicU64,
@@ -143,7 +145,8 @@ impl Slot {
     /// The slot at `offset` of `segment`; `None` where none is allocated.
     #[inline(always)]
     fn at(segment: u32, offset: u32) -> Option<&'static Slot> {
-        let base = STORE.get(segment as usize)?.load(Ordering::Acquire);
+        // Every 5-bit segment number indexes the table (no bounds test).
+        let base = STORE[segment as usize & (STORE.len() - 1)].load(Ordering::Acquire);
         if base.is_null() || offset >= FIRST << segment {
             return None;
         }
@@ -153,9 +156,11 @@ impl Slot {
     }
 }
 
-/// The segments (null until allocated, then never changed).
-static STORE: [AtomicPtr<Slot>; SEGMENTS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; SEGMENTS];
+/// The segments (null until allocated, then never changed), indexed by
+/// every value of the `wr_id`'s segment field: those from [`SEGMENTS`] on
+/// stay null.
+static STORE: [AtomicPtr<Slot>; wr_id::SEGMENT_MASK as usize + 1] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; wr_id::SEGMENT_MASK as usize + 1];
 
 /// The free ranges of the allocated segments (control path only).
 static FREE_RANGES: Mutex<Vec<Span>> = Mutex::new(Vec::new());
@@ -399,6 +404,31 @@ impl Ring {
             *r.slot.user.get() = user;
             // A free slot's payload is empty: overwrite without a drop.
             std::ptr::write(r.slot.payload.get(), payload);
+            *r.slot.flags.get() = flags;
+            *r.slot.owner.get() = 0;
+        }
+    }
+
+    /// [`fill`](Self::fill) for a signaled request without buffers (a
+    /// prepared request's posting): a free slot's payload is empty already.
+    #[inline(always)]
+    pub(crate) fn fill_empty(&mut self, r: &Reserved, user: u64) {
+        let mut flags = 0;
+        if self.after_unsignaled {
+            flags |= AFTER_UNSIGNALED;
+            self.note_prev(r);
+        }
+        self.after_unsignaled = false;
+        // SAFETY: as in `fill`.
+        unsafe {
+            debug_assert!(matches!(
+                &*r.slot.payload.get(),
+                Payload {
+                    held: Held::Sg(SgList::Empty),
+                    ah: None
+                }
+            ));
+            *r.slot.user.get() = user;
             *r.slot.flags.get() = flags;
             *r.slot.owner.get() = 0;
         }
@@ -652,6 +682,13 @@ impl Claim {
     pub(crate) fn has_extras(&self) -> bool {
         // SAFETY: as in `user`.
         unsafe { *self.slot.flags.get() & EXTRAS != 0 }
+    }
+
+    /// Whether nothing is left to take (no buffers, no window): dropping
+    /// the claim then frees the slot.
+    #[inline(always)]
+    pub(crate) fn holds_nothing(&mut self) -> bool {
+        matches!(self.payload().held, Held::Sg(SgList::Empty))
     }
 
     /// The address handle and window are settled (taken out).

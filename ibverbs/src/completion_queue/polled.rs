@@ -22,17 +22,33 @@ use super::fix_rxe_inv_flag;
 /// them, and its buffers only that one.
 pub struct Polled<'a> {
     wcs: std::slice::IterMut<'a, sys::ibv_wc>,
-    /// Timestamps, by entry, when the CQ reads them.
-    stamps: Option<std::slice::Iter<'a, u64>>,
+    /// The next entry's timestamp, when the CQ reads them (one per entry
+    /// from here on); null when it does not.
+    stamps: *const u64,
     rxe: bool,
+    _stamps: std::marker::PhantomData<&'a [u64]>,
 }
+
+// SAFETY: `stamps` is a shared borrow of `[u64]` (Sync) for 'a.
+unsafe impl Send for Polled<'_> {}
+// SAFETY: as above; `&Polled` reads nothing through it.
+unsafe impl Sync for Polled<'_> {}
 
 impl<'a> Polled<'a> {
     pub(super) fn new(wcs: &'a mut [sys::ibv_wc], stamps: Option<&'a [u64]>, rxe: bool) -> Self {
+        let stamps = match stamps {
+            Some(s) => {
+                // Both sliced to the same count by `lend`: never fails.
+                assert!(s.len() >= wcs.len(), "a timestamp per entry");
+                s.as_ptr()
+            }
+            None => std::ptr::null(),
+        };
         Polled {
             wcs: wcs.iter_mut(),
-            stamps: stamps.map(|s| s.iter()),
+            stamps,
             rxe,
+            _stamps: std::marker::PhantomData,
         }
     }
 
@@ -40,8 +56,9 @@ impl<'a> Polled<'a> {
     pub(super) fn none() -> Polled<'static> {
         Polled {
             wcs: [].iter_mut(),
-            stamps: None,
+            stamps: std::ptr::null(),
             rxe: false,
+            _stamps: std::marker::PhantomData,
         }
     }
 
@@ -64,20 +81,38 @@ impl<'a> Iterator for Polled<'a> {
     #[inline(always)]
     fn next(&mut self) -> Option<CompletionRef<'a>> {
         let wc = self.wcs.next()?;
-        let stamp = self.stamps.as_mut().and_then(|s| s.next().copied());
+        let stamp = if self.stamps.is_null() {
+            None
+        } else {
+            // SAFETY: one timestamp per entry (`new`), and this entry is
+            // the one `stamps` points at: inside the borrowed slice.
+            unsafe {
+                let t = *self.stamps;
+                self.stamps = self.stamps.add(1);
+                Some(t)
+            }
+        };
         if self.rxe {
             fix_rxe_inv_flag(wc);
         }
         let mut claim = inflight::claim(wc.wr_id);
+        let mut owner = None;
         if let Some(c) = &mut claim {
             wc.wr_id = c.user();
+            owner = Some(c.owner());
             if c.has_extras() {
                 settle(c, wc.status);
+            }
+            if c.holds_nothing() {
+                // Nothing to take (a prepared posting, inline data): the
+                // slot is free again at once, for a post in this walk.
+                claim = None;
             }
         }
         Some(CompletionRef {
             wc: WorkCompletion::from_raw_ref(wc),
             claim,
+            owner,
             stamp,
         })
     }
@@ -133,11 +168,18 @@ fn settle(c: &mut Claim, status: u32) {
 
 /// One completion of a [`Polled`] batch: the entry (its `wr_id` the
 /// caller's), with the buffers of its request still in the request's slot
-/// until taken. Dropping it drops what was not taken and frees the slot;
-/// [`into_owned`](Self::into_owned) keeps it as a [`Completion`].
+/// until taken. The slot is free again as soon as nothing is left in it
+/// (at once for a request without buffers; when they are taken
+/// otherwise), so the next post of a queue as deep as its outstanding
+/// requests may come inside the walk. Dropping it drops what was not taken
+/// and frees the slot; [`into_owned`](Self::into_owned) keeps it as a
+/// [`Completion`].
 pub struct CompletionRef<'a> {
     wc: &'a WorkCompletion,
+    /// The request's slot, while it still holds buffers.
     claim: Option<Claim>,
+    /// Who posted it; `None` for an orphan.
+    owner: Option<u8>,
     stamp: Option<u64>,
 }
 
@@ -166,13 +208,21 @@ impl CompletionRef<'_> {
     /// request's, or a stale one of a destroyed or reset queue).
     #[inline]
     pub fn is_orphan(&self) -> bool {
-        self.claim.is_none()
+        self.owner.is_none()
     }
 
     /// Who posted the request (0: the caller); `None` for an orphan.
     #[inline]
     pub(crate) fn owner(&self) -> Option<u8> {
-        self.claim.as_ref().map(Claim::owner)
+        self.owner
+    }
+
+    /// Frees the slot once nothing is left in it.
+    #[inline(always)]
+    fn release_if_empty(&mut self) {
+        if self.claim.as_mut().is_some_and(Claim::holds_nothing) {
+            self.claim = None;
+        }
     }
 
     /// The completion timestamp, when the CQ reads it (see
@@ -204,13 +254,17 @@ impl CompletionRef<'_> {
 
     /// Takes the request's buffers (all of them).
     pub fn take_buffers(&mut self) -> SgList {
-        self.sg().map(std::mem::take).unwrap_or_default()
+        let sg = self.sg().map(std::mem::take).unwrap_or_default();
+        self.release_if_empty();
+        sg
     }
 
     /// Takes the buffer back when the request had exactly one; `None`
     /// otherwise, the buffers left for [`take_buffers`](Self::take_buffers).
     pub fn take_buf(&mut self) -> Option<Buf> {
-        sg_take_one_if(self.sg()?, |_| true)
+        let b = sg_take_one_if(self.sg()?, |_| true);
+        self.release_if_empty();
+        b
     }
 
     /// Takes the buffer back as a [`LocalBuffer`](crate::LocalBuffer) when
@@ -220,21 +274,28 @@ impl CompletionRef<'_> {
     pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
         let sg = self.sg()?;
         let SgList::One(Buf::Local(b)) = sg else {
-            return take_local_other(sg);
+            let b = take_local_other(sg);
+            self.release_if_empty();
+            return b;
         };
         // SAFETY: `b` is read out once and its place overwritten at once
         // with a value that owns nothing: neither is dropped twice.
-        unsafe {
+        let b = unsafe {
             let b = std::ptr::read(b);
             std::ptr::write(sg, SgList::Empty);
-            Some(b)
-        }
+            b
+        };
+        // Empty now: dropping the claim frees the slot.
+        self.claim = None;
+        Some(b)
     }
 
     /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer)
     /// when the request had exactly one and it is shared.
     pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
-        sg_take_one_if(self.sg()?, |b| matches!(b, Buf::Shared(_))).and_then(Buf::into_shared)
+        let b = sg_take_one_if(self.sg()?, |b| matches!(b, Buf::Shared(_)));
+        self.release_if_empty();
+        b.and_then(Buf::into_shared)
     }
 
     /// For a UD receive with a GRH: the sender's GID (see

@@ -20,7 +20,7 @@ use super::request::{RecvRequest, SendOp, SendRequest};
 use super::send_queue::{Refused, SendQueue};
 use crate::buffer::{Buf, SgList};
 use crate::error::{Error, Result};
-use crate::inflight::{Payload, Reserved};
+use crate::inflight::Reserved;
 use crate::{AddressHandle, QueuePair};
 
 /// A posting of a prepared request: its slot's state and its `wr_id`.
@@ -243,9 +243,9 @@ impl SendQueue {
     /// [`Error::Verb`] naming `ibv_post_send`. Nothing was posted then.
     #[inline]
     pub fn post_prepared(&mut self, p: &mut PreparedSend) -> Result<()> {
-        if p.ring_id != self.qp().inner.send_ring.id()
-            || !std::sync::Arc::ptr_eq(&p.qp.inner, &self.qp().inner)
-        {
+        // Ring ids are unique among live rings, and `p` keeps its own
+        // queue pair's alive.
+        if p.ring_id != self.ring_id {
             return Err(Error::NotThisQueue {
                 what: "prepared request",
             });
@@ -255,7 +255,7 @@ impl SendQueue {
         let Some(slot) = ring.reserve_head() else {
             return Err(super::send_queue::no_room(ring, "send queue"));
         };
-        ring.fill(&slot, wr_id, Payload::default(), true);
+        ring.fill_empty(&slot, wr_id);
         ring.publish(&slot);
         p.wr.0.wr_id = slot.wr_id;
         let rc = self.post_raw_one(&mut p.wr.0);
@@ -264,7 +264,8 @@ impl SendQueue {
             ring.unpublish(slot);
             return Err(crate::error::errno_error("ibv_post_send", rc));
         }
-        p.postings.record(Posting::of(&slot));
+        // A send queue completes in order: the last posting is enough.
+        p.postings.last = Some(Posting::of(&slot));
         ring.advance_one();
         Ok(())
     }
@@ -483,7 +484,7 @@ impl RecvQueue {
         let wr_id = p.wr_id;
         let slot = self.reserve_prepared()?;
         let ring = self.ring();
-        ring.fill(&slot.0, wr_id, Payload::default(), true);
+        ring.fill_empty(&slot.0, wr_id);
         ring.publish(&slot.0);
         p.wr.0.wr_id = slot.0.wr_id;
         let rc = self.post_raw_one(&mut p.wr.0);

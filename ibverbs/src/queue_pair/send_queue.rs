@@ -176,6 +176,8 @@ pub type Posted<B = Buf> = std::result::Result<(), Refused<B>>;
 /// `ibv_post_send(3)`, `ibv_wr_post(3)`
 pub struct SendQueue {
     ring: NonNull<Ring>,
+    /// The ring's id (a prepared request names the ring it was built for).
+    pub(super) ring_id: u32,
     post_fn: PostSendFn,
     qp_ptr: *mut sys::ibv_qp,
     /// The queue pair's protection domain, compared with each buffer's.
@@ -242,6 +244,7 @@ impl QueuePair {
         let caps = &self.inner.caps;
         Ok(SendQueue {
             ring,
+            ring_id: self.inner.send_ring.id(),
             post_fn: self.inner.post_send_fn,
             qp_ptr: self.as_ptr(),
             pd: Arc::as_ptr(&self.inner.pd.inner).cast(),
