@@ -22,6 +22,7 @@
 //! `target/instr/raw/`; `--reanalyze` rebuilds the report from them.
 
 mod callgrind;
+mod guarantees;
 mod history;
 mod lines;
 mod report;

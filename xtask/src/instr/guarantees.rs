@@ -1,0 +1,335 @@
+//! What each guarantee of the safe paths costs, measured: every instruction the measured program
+//! executes in its own code is charged to a source line (`lines.rs`), and each line to the
+//! guarantee it serves by the rules below. A path's floor is C's count plus what its guarantees
+//! cost; what no rule claims (loops, iterator and `Result` plumbing, prologues, spills) is
+//! overhead above the floor.
+
+use super::lines::Line;
+
+/// A guarantee (or what a path owes its API) and what it is.
+pub struct Guarantee {
+    pub key: &'static str,
+    pub what: &'static str,
+}
+
+pub const GUARANTEES: &[Guarantee] = &[
+    Guarantee {
+        key: "result",
+        what: "the verb's return code tested and an `Ok` returned (C hands the code back untested)",
+    },
+    Guarantee {
+        key: "checks",
+        what: "the checks a safe post owes: the buffer's protection domain and length, the \
+               operation and options the common case takes; a prepared request's queue",
+    },
+    Guarantee {
+        key: "template",
+        what: "the C request's per-operation fields written (the buffer's SGE, remote address, \
+               opcode, flags): C builds its request once",
+    },
+    Guarantee {
+        key: "slot",
+        what: "the in-flight slot (DESIGN.md, *The in-flight store*): the room test, the slot \
+               filled and published before the doorbell, the head moved; from the completion, \
+               one compare-and-swap claims it (stale, duplicate and foreign ids fail), the \
+               caller's `wr_id` restored, the slot freed when the completion is dropped",
+    },
+    Guarantee {
+        key: "buffer",
+        what: "the buffer moved: out of the program's record into the slot, back out of the \
+               slot into the record (C's buffer never moves)",
+    },
+    Guarantee {
+        key: "rxe",
+        what: "rxe's invalidate bit moved where libibverbs reads it (rxe only)",
+    },
+];
+
+/// `(file, text the line contains, guarantee)`: the first rule that matches a line charges it.
+/// An empty text matches every line of the file.
+const RULES: &[(&str, &str, &str)] = &[
+    // The return code.
+    ("ibverbs/src/error.rs", "if rc == 0", "result"),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "if rc != 0",
+        "result",
+    ),
+    ("ibverbs/src/queue_pair/prepared.rs", "if rc != 0", "result"),
+    // rxe's quirk.
+    ("ibverbs/src/completion_queue.rs", "csum", "rxe"),
+    ("ibverbs/src/completion_queue/polled.rs", "self.rxe", "rxe"),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "fix_rxe_inv_flag",
+        "rxe",
+    ),
+    // The common case's checks.
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "let common = self.fast",
+        "checks",
+    ),
+    ("ibverbs/src/queue_pair/send_queue.rs", "o.bits &", "checks"),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "region.mr.pd",
+        "checks",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "region.len() <=",
+        "checks",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "Buf::Frozen",
+        "checks",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "region.mr.access",
+        "checks",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "buf.region()",
+        "checks",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "p.ring_id !=",
+        "checks",
+    ),
+    // The template's changing fields.
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "self.sge =",
+        "template",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "self.wr.",
+        "template",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "remote_addr:",
+        "template",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "rkey: m.rkey",
+        "template",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "let (opcode, remote)",
+        "template",
+    ),
+    ("ibverbs/src/queue_pair/send_queue.rs", "Op::", "template"),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "if let Some(m) = remote",
+        "template",
+    ),
+    ("ibverbs/src/buffer.rs", "", "template"),
+    // The slot.
+    ("ibverbs/src/inflight.rs", "", "slot"),
+    ("ibverbs/src/inflight/wr_id.rs", "", "slot"),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "reserve_head()",
+        "slot",
+    ),
+    ("ibverbs/src/queue_pair/send_queue.rs", "ring.fill(", "slot"),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "ring.publish(",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "advance_one()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "self.ring.as_mut()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "let signaled =",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "Payload::bufs(",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/send_queue.rs",
+        "let ring = self.ring()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "reserve_head()",
+        "slot",
+    ),
+    ("ibverbs/src/queue_pair/prepared.rs", "fill_empty(", "slot"),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "ring.publish(",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "advance_one()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "postings.last",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "wr_id = slot.wr_id",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "let ring = self.ring()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/queue_pair/prepared.rs",
+        "let wr_id = p.wr_id",
+        "slot",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "inflight::claim",
+        "slot",
+    ),
+    ("ibverbs/src/completion_queue/polled.rs", "c.user()", "slot"),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "has_extras()",
+        "slot",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "if let Some(c) = &mut claim",
+        "slot",
+    ),
+    // The buffer's move.
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "payload().held",
+        "buffer",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "let sg = self.sg()",
+        "buffer",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "SgList::One(Buf::Local(b))",
+        "buffer",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "std::ptr::read(b)",
+        "buffer",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "std::ptr::write(sg",
+        "buffer",
+    ),
+    (
+        "ibverbs/src/completion_queue/polled.rs",
+        "Some(b)",
+        "buffer",
+    ),
+    ("examples/opcost.rs", "r.buf.take()", "buffer"),
+    ("examples/opcost.rs", "r.buf = c.take_local()", "buffer"),
+    ("examples/opcost.rs", "lane.owned.get_mut(", "buffer"),
+];
+
+/// The guarantee a line serves, if any.
+fn guarantee_of(l: &Line) -> Option<&'static str> {
+    let file = l.location.rsplit_once(':').map_or("", |(f, _)| f);
+    RULES
+        .iter()
+        .find(|(f, text, _)| *f == file && l.source.contains(text))
+        .map(|(_, _, key)| *key)
+}
+
+/// Instructions per operation charged to each guarantee, in [`GUARANTEES`] order (those with
+/// none left out).
+pub fn charge(lines: &[Line]) -> Vec<(&'static Guarantee, f64)> {
+    GUARANTEES
+        .iter()
+        .map(|g| {
+            let n = lines
+                .iter()
+                .filter(|l| guarantee_of(l) == Some(g.key))
+                .map(|l| l.per_op)
+                .sum::<f64>();
+            (g, n)
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(location: &str, source: &str, per_op: f64) -> Line {
+        Line {
+            location: location.into(),
+            source: source.into(),
+            per_op,
+        }
+    }
+
+    #[test]
+    fn lines_are_charged_by_file_and_text_and_the_rest_is_overhead() {
+        let lines = [
+            line(
+                "ibverbs/src/inflight.rs:338",
+                "if slot.state.load(Ordering::Acquire) != FREE {",
+                3.0,
+            ),
+            line(
+                "ibverbs/src/inflight/wr_id.rs:48",
+                "if wr_id & OURS == 0 {",
+                2.0,
+            ),
+            line(
+                "ibverbs/src/queue_pair/send_queue.rs:557",
+                "if rc != 0 {",
+                2.0,
+            ),
+            line("ibverbs/src/error.rs:1170", "if rc == 0 {", 2.0),
+            line("examples/opcost.rs:250", "r.buf = c.take_local();", 8.0),
+            line("examples/opcost.rs:328", "for r in reqs {", 6.0),
+            line("(std::thread::functions::sleep)", "", 2.5),
+        ];
+        let charged = charge(&lines);
+        let by = |k: &str| charged.iter().find(|(g, _)| g.key == k).map(|(_, n)| *n);
+        assert_eq!(by("slot"), Some(5.0));
+        assert_eq!(by("result"), Some(4.0));
+        assert_eq!(by("buffer"), Some(8.0));
+        assert_eq!(by("template"), None);
+        // The loop and the sleep are nobody's guarantee.
+        let total: f64 = charged.iter().map(|(_, n)| n).sum();
+        assert_eq!(total, 17.0);
+    }
+}
