@@ -360,9 +360,12 @@ fn soundness_ev_prepared_posting_races_reset() {
                     Ok(()) => posted.fetch_add(1, Ordering::Relaxed),
                     Err(_) => refused.fetch_add(1, Ordering::Relaxed),
                 };
-                // Claim what completed (a reset discards the rest).
+                // Claim what completed (a reset discards the rest). A
+                // completion a reset left in the CQ names a slot the reset
+                // took back: an orphan (DESIGN.md, teardown), never
+                // another request's.
                 while let Some(c) = cq.poll_one().unwrap() {
-                    assert_eq!(c.wr_id(), 5, "{c:?}");
+                    assert!(c.wr_id() == 5 || c.is_orphan(), "{c:?}");
                 }
             }
             read

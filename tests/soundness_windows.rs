@@ -335,11 +335,11 @@ fn soundness_mw_type1_cross_qp_rebind_waits_for_the_first() {
     let mw = p.pd.alloc_mw(MwType::Type1).unwrap();
     let grant = sq(&p.a).bind_mw(&mw, &mem_a, rights(), 1).unwrap();
     // Outstanding until its completion is polled, on every queue pair.
-    for e in [
-        sq(&s.c).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
-        sq(&s.c).invalidate_mw(&mw, 3).unwrap_err(),
-        sq(&p.a).bind_mw(&mw, &mem_b, rights(), 4).unwrap_err(),
-    ] {
+    // One statement each: a handle lives to the end of its statement.
+    let bind_c = sq(&s.c).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err();
+    let invalidate_c = sq(&s.c).invalidate_mw(&mw, 3).unwrap_err();
+    let bind_a = sq(&p.a).bind_mw(&mw, &mem_b, rights(), 4).unwrap_err();
+    for e in [bind_c, invalidate_c, bind_a] {
         assert!(matches!(e, Error::WindowBusy), "{e}");
     }
     assert_eq!(mw.remote(), None, "not bound before its completion");
@@ -395,10 +395,10 @@ fn reset_with_bind_outstanding(kind: MwType) {
     p.a.reset().unwrap();
     drain_orphans(&p.cq_a);
     fresh(&p, &p.a, &p.b);
-    for e in [
-        sq(&p.a).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err(),
-        sq(&p.a).invalidate_mw(&mw, 3).unwrap_err(),
-    ] {
+    // One statement each: a handle lives to the end of its statement.
+    let bind = sq(&p.a).bind_mw(&mw, &mem_b, rights(), 2).unwrap_err();
+    let invalidate = sq(&p.a).invalidate_mw(&mw, 3).unwrap_err();
+    for e in [bind, invalidate] {
         assert!(matches!(e, Error::WindowIndeterminate), "{e}");
     }
 
