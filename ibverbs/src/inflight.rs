@@ -105,6 +105,10 @@ const HAS_AH: u8 = 4;
 const WINDOW: u8 = 8;
 /// What a claim must settle before the buffers (see [`Claim::has_extras`]).
 const EXTRAS: u8 = HAS_AH | WINDOW;
+/// Flag: the payload may hold something; clear only while it holds
+/// nothing (set by `fill` for a non-empty payload, cleared by the one take
+/// that empties it), so a claim tests one byte, not the payload.
+const HOLDS: u8 = 16;
 
 /// One request's place (one cache line; see the module docs for who owns
 /// the fields behind `state`). Whoever stores [`FREE`] leaves the payload
@@ -392,6 +396,9 @@ impl Ring {
         }
         if let Held::Window(_) = payload.held {
             flags |= WINDOW;
+        }
+        if !matches!(payload.held, Held::Sg(SgList::Empty)) {
+            flags |= HOLDS;
         }
         if self.after_unsignaled {
             flags |= AFTER_UNSIGNALED;
@@ -684,17 +691,38 @@ impl Claim {
         unsafe { *self.slot.flags.get() & EXTRAS != 0 }
     }
 
-    /// Whether nothing is left to take (no buffers, no window): dropping
-    /// the claim then frees the slot.
+    /// Whether the slot was filled with nothing to take (no buffers, no
+    /// window, as a prepared posting's): dropping the claim then frees it.
     #[inline(always)]
-    pub(crate) fn holds_nothing(&mut self) -> bool {
+    pub(crate) fn holds_nothing(&self) -> bool {
+        // SAFETY: as in `user`.
+        unsafe { *self.slot.flags.get() & HOLDS == 0 }
+    }
+
+    /// Whether nothing is left in the payload (after takes).
+    #[inline]
+    pub(crate) fn is_empty(&mut self) -> bool {
         matches!(self.payload().held, Held::Sg(SgList::Empty))
+    }
+
+    /// The payload's only buffer was taken out (its place left empty):
+    /// dropping the claim frees the slot without looking at the payload.
+    #[inline(always)]
+    pub(crate) fn emptied(&mut self) {
+        debug_assert!(self.is_empty());
+        // SAFETY: as in `user`.
+        unsafe { *self.slot.flags.get() &= !HOLDS };
     }
 
     /// The address handle and window are settled (taken out).
     pub(crate) fn extras_settled(&mut self) {
+        let clear = if self.is_empty() {
+            EXTRAS | HOLDS
+        } else {
+            EXTRAS
+        };
         // SAFETY: as in `user`.
-        unsafe { *self.slot.flags.get() &= !EXTRAS };
+        unsafe { *self.slot.flags.get() &= !clear };
     }
 }
 
@@ -703,9 +731,8 @@ impl Drop for Claim {
     fn drop(&mut self) {
         // SAFETY: claimed: ours until the FREE store below.
         let flags = unsafe { *self.slot.flags.get() };
-        // SAFETY: as above.
-        let held = unsafe { &(*self.slot.payload.get()).held };
-        if flags & (AFTER_UNSIGNALED | EXTRAS) != 0 || !matches!(held, Held::Sg(SgList::Empty)) {
+        // HOLDS clear: the payload is empty (see `HOLDS`).
+        if flags & (AFTER_UNSIGNALED | EXTRAS | HOLDS) != 0 {
             return self.release_rest(flags);
         }
         self.slot.state.store(FREE, Ordering::Release);

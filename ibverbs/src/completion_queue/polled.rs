@@ -220,7 +220,7 @@ impl CompletionRef<'_> {
     /// Frees the slot once nothing is left in it.
     #[inline(always)]
     fn release_if_empty(&mut self) {
-        if self.claim.as_mut().is_some_and(Claim::holds_nothing) {
+        if self.claim.as_mut().is_some_and(Claim::is_empty) {
             self.claim = None;
         }
     }
@@ -286,6 +286,9 @@ impl CompletionRef<'_> {
             b
         };
         // Empty now: dropping the claim frees the slot.
+        if let Some(c) = &mut self.claim {
+            c.emptied();
+        }
         self.claim = None;
         Some(b)
     }
