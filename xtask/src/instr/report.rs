@@ -133,9 +133,11 @@ fn floors(s: &mut String, rows: &[Row]) {
          (the tables *by source line* at the end), and each line to the guarantee it serves \
          (`xtask/src/instr/guarantees.rs`); what no guarantee claims (loops, iterator and \
          `Result` plumbing, prologues, spills) is overhead. A path's floor is C plus what its \
-         guarantees cost as measured here, so what it executes above the floor is overhead \
-         that a better build of the same guarantees could remove; a target below the floor \
-         needs a guarantee made cheaper, not the overhead removed.\n\n\
+         guarantees cost in this build, as measured: what it executes above the floor is \
+         overhead that a better build of the same code could remove, and a target below the \
+         floor needs a guarantee's own lines made cheaper. The floor is this implementation's, \
+         not a proven minimum: a line charged to a guarantee counts whole, its address \
+         arithmetic and spills included.\n\n\
          | path | per op | guarantees | floor | floor ×C | target ×C | above the floor |\n\
          |---|---:|---:|---:|---:|---:|---:|"
     );
