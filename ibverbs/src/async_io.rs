@@ -479,16 +479,11 @@ impl AsyncQueuePair {
         let id = self.track();
         let mut wr = wr.wr_id(id).signaled(true);
         wr.owner = DISPATCHER;
-        let mut one = [wr];
-        match sq.post_requests(&mut one) {
-            (1, _) => Ok(self.future(id)),
-            (_, result) => {
+        match sq.post_general(wr) {
+            Ok(()) => Ok(self.future(id)),
+            Err(refused) => {
                 self.untrack(id);
-                let [wr] = one;
-                Err(Refused {
-                    error: result.err().unwrap_or(Error::Unsupported("refused")),
-                    buf: wr.into_buffers(),
-                })
+                Err(refused)
             }
         }
     }
@@ -521,15 +516,11 @@ impl AsyncQueuePair {
         let id = self.track();
         let mut wr = wr.wr_id(id);
         wr.owner = DISPATCHER;
-        let mut one = vec![wr];
-        match rq.post_chain(&mut one) {
+        match rq.post_one(wr) {
             Ok(()) => Ok(self.future(id)),
-            Err(error) => {
+            Err(refused) => {
                 self.untrack(id);
-                Err(Refused {
-                    error,
-                    buf: one.pop().map(RecvRequest::into_buffers).unwrap_or_default(),
-                })
+                Err(refused)
             }
         }
     }

@@ -511,20 +511,16 @@ impl<T> RequestTable<T> {
                 })
             }
         };
-        let mut one = [request.wr_id(wr_id).signaled(signaled)];
-        match sq.post_requests(&mut one) {
-            (1, _) => {
+        match sq.post_general(request.wr_id(wr_id).signaled(signaled)) {
+            Ok(()) => {
                 self.core.fill(idx, value, signaled, chain);
                 Ok(())
             }
-            (_, result) => {
-                let [r] = one;
-                Err(TableRefused {
-                    error: result.err().unwrap_or(Error::Unsupported("refused")),
-                    buffers: r.into_buffers(),
-                    value,
-                })
-            }
+            Err(r) => Err(TableRefused {
+                error: r.error,
+                buffers: r.buf,
+                value,
+            }),
         }
     }
 
@@ -558,21 +554,17 @@ impl<T> RequestTable<T> {
                 })
             }
         };
-        let mut one = [request.wr_id(wr_id)];
-        match rq.post_requests(&mut one) {
-            (1, _) => {
+        match rq.post_one(request.wr_id(wr_id)) {
+            Ok(()) => {
                 let mut none = Chain::EMPTY;
                 self.core.fill(idx, value, true, &mut none);
                 Ok(())
             }
-            (_, result) => {
-                let [r] = one;
-                Err(TableRefused {
-                    error: result.err().unwrap_or(Error::Unsupported("refused")),
-                    buffers: r.into_buffers(),
-                    value,
-                })
-            }
+            Err(r) => Err(TableRefused {
+                error: r.error,
+                buffers: r.buf,
+                value,
+            }),
         }
     }
 

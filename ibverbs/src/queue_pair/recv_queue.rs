@@ -376,8 +376,9 @@ impl RecvQueue {
         (0..ring.depth()).find_map(|k| ring.reserve(k).map(|s| (s, k)))
     }
 
-    /// One request through the general path.
-    fn post_one(&mut self, r: RecvRequest) -> Posted<SgList> {
+    /// One request through the general path; refused, its buffers come
+    /// back.
+    pub(crate) fn post_one(&mut self, r: RecvRequest) -> Posted<SgList> {
         let mut one = [r];
         match self.post_requests(&mut one) {
             (1, _) => Ok(()),

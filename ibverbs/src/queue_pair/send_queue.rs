@@ -600,8 +600,12 @@ impl SendQueue {
         self.post_general(r).map_err(|r| r.error)
     }
 
-    /// One request of any kind: checked, then posted as a chain of one.
-    fn post_general(&mut self, r: SendRequest<'_>) -> std::result::Result<(), Refused<SgList>> {
+    /// One request of any kind: checked, then posted as a chain of one;
+    /// refused, its buffers come back.
+    pub(crate) fn post_general(
+        &mut self,
+        r: SendRequest<'_>,
+    ) -> std::result::Result<(), Refused<SgList>> {
         let mut one = [r];
         match self.post_requests(&mut one) {
             (1, _) => Ok(()),
