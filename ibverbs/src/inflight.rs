@@ -455,8 +455,10 @@ impl Ring {
         unsafe { *r.slot.prev.get() = prev };
     }
 
-    /// Marks a filled slot as posted by a runtime (`owner` ≠ 0).
+    /// Marks a filled slot as posted by a runtime (`owner` ≠ 0; `u8::MAX`
+    /// is a polled completion's orphan mark).
     pub(crate) fn set_owner(&mut self, r: &Reserved, owner: u8) {
+        debug_assert!(owner != 0 && owner != u8::MAX);
         // SAFETY: as in `fill`: not yet published.
         unsafe { *r.slot.owner.get() = owner };
     }
@@ -733,26 +735,26 @@ impl Drop for Claim {
         let flags = unsafe { *self.slot.flags.get() };
         // HOLDS clear: the payload is empty (see `HOLDS`).
         if flags & (AFTER_UNSIGNALED | EXTRAS | HOLDS) != 0 {
-            return self.release_rest(flags);
+            // By value: the claim's address never escapes, so a poll walk
+            // keeps it in registers.
+            return release_rest(self.slot, self.wr_id, flags);
         }
         self.slot.state.store(FREE, Ordering::Release);
     }
 }
 
-impl Claim {
-    /// [`Drop`] of a claim that still holds something, or releases the
-    /// unsignaled requests before it.
-    #[cold]
-    #[inline(never)]
-    fn release_rest(&mut self, flags: u8) {
-        if flags & AFTER_UNSIGNALED != 0 {
-            release_unsignaled_before(self.slot, self.wr_id);
-        }
-        // SAFETY: claimed: ours until the FREE store below.
-        let left = std::mem::take(unsafe { &mut *self.slot.payload.get() });
-        self.slot.state.store(FREE, Ordering::Release);
-        drop(left);
+/// [`Drop`] of a claim (of `slot`, by `wr_id`) that still holds something,
+/// or releases the unsignaled requests before it.
+#[cold]
+#[inline(never)]
+fn release_rest(slot: &'static Slot, wr_id: u64, flags: u8) {
+    if flags & AFTER_UNSIGNALED != 0 {
+        release_unsignaled_before(slot, wr_id);
     }
+    // SAFETY: claimed by the dropped claim: ours until the FREE store below.
+    let left = std::mem::take(unsafe { &mut *slot.payload.get() });
+    slot.state.store(FREE, Ordering::Release);
+    drop(left);
 }
 
 /// Releases the unsignaled requests posted on `slot`'s ring just before

@@ -23,11 +23,20 @@ use super::fix_rxe_inv_flag;
 pub struct Polled<'a> {
     wcs: std::slice::IterMut<'a, sys::ibv_wc>,
     /// The next entry's timestamp, when the CQ reads them (one per entry
-    /// from here on); null when it does not.
+    /// from here on); [`NO_STAMP`] when it does not.
     stamps: *const u64,
+    /// 1 with timestamps, 0 without: the walk moves `stamps` without a
+    /// branch.
+    stride: usize,
     rxe: bool,
     _stamps: std::marker::PhantomData<&'a [u64]>,
 }
+
+/// Where a [`CompletionRef`] without a timestamp points.
+static NO_STAMP: u64 = 0;
+
+/// A [`CompletionRef`]'s owner when no request matched (an orphan).
+const ORPHAN: u8 = u8::MAX;
 
 // SAFETY: `stamps` is a shared borrow of `[u64]` (Sync) for 'a.
 unsafe impl Send for Polled<'_> {}
@@ -36,17 +45,18 @@ unsafe impl Sync for Polled<'_> {}
 
 impl<'a> Polled<'a> {
     pub(super) fn new(wcs: &'a mut [sys::ibv_wc], stamps: Option<&'a [u64]>, rxe: bool) -> Self {
-        let stamps = match stamps {
+        let (stamps, stride) = match stamps {
             Some(s) => {
                 // Both sliced to the same count by `lend`: never fails.
                 assert!(s.len() >= wcs.len(), "a timestamp per entry");
-                s.as_ptr()
+                (s.as_ptr(), 1)
             }
-            None => std::ptr::null(),
+            None => (&raw const NO_STAMP, 0),
         };
         Polled {
             wcs: wcs.iter_mut(),
             stamps,
+            stride,
             rxe,
             _stamps: std::marker::PhantomData,
         }
@@ -56,7 +66,8 @@ impl<'a> Polled<'a> {
     pub(super) fn none() -> Polled<'static> {
         Polled {
             wcs: [].iter_mut(),
-            stamps: std::ptr::null(),
+            stamps: &raw const NO_STAMP,
+            stride: 0,
             rxe: false,
             _stamps: std::marker::PhantomData,
         }
@@ -81,39 +92,32 @@ impl<'a> Iterator for Polled<'a> {
     #[inline(always)]
     fn next(&mut self) -> Option<CompletionRef<'a>> {
         let wc = self.wcs.next()?;
-        let stamp = if self.stamps.is_null() {
-            None
-        } else {
-            // SAFETY: one timestamp per entry (`new`), and this entry is
-            // the one `stamps` points at: inside the borrowed slice.
-            unsafe {
-                let t = *self.stamps;
-                self.stamps = self.stamps.add(1);
-                Some(t)
-            }
-        };
+        // This entry's timestamp (one per entry, `new`), or NO_STAMP
+        // (stride 0): inside the borrowed slice or the static.
+        let stamp = self.stamps;
+        self.stamps = self.stamps.wrapping_add(self.stride);
         if self.rxe {
             fix_rxe_inv_flag(wc);
         }
-        let mut claim = inflight::claim(wc.wr_id);
-        let mut owner = None;
-        if let Some(c) = &mut claim {
-            wc.wr_id = c.user();
-            owner = Some(c.owner());
-            if c.has_extras() {
-                settle(c, wc.status);
-            }
-            if c.holds_nothing() {
+        let (claim, owner) = match inflight::claim(wc.wr_id) {
+            None => (None, ORPHAN),
+            Some(mut c) => {
+                wc.wr_id = c.user();
+                let owner = c.owner();
+                if c.has_extras() {
+                    c = settle(c, wc.status);
+                }
                 // Nothing to take (a prepared posting, inline data): the
                 // slot is free again at once, for a post in this walk.
-                claim = None;
+                (if c.holds_nothing() { None } else { Some(c) }, owner)
             }
-        }
+        };
         Some(CompletionRef {
             wc: WorkCompletion::from_raw_ref(wc),
             claim,
             owner,
             stamp,
+            _stamp: std::marker::PhantomData,
         })
     }
 
@@ -136,18 +140,21 @@ impl Drop for Polled<'_> {
     fn drop(&mut self) {
         // Fully walked (the common case): one comparison.
         if self.wcs.len() != 0 {
-            self.drop_rest();
+            // By value: the batch's address never escapes, so a walk
+            // keeps it in registers.
+            drop_rest(Polled {
+                wcs: std::mem::take(&mut self.wcs),
+                ..*self
+            });
         }
     }
 }
 
-impl Polled<'_> {
-    /// What the walk did not reach: claimed and dropped.
-    #[cold]
-    #[inline(never)]
-    fn drop_rest(&mut self) {
-        for _ in self.by_ref() {}
-    }
+/// What the walk did not reach: claimed and dropped.
+#[cold]
+#[inline(never)]
+fn drop_rest(mut rest: Polled<'_>) {
+    for _ in rest.by_ref() {}
 }
 
 /// What a claimed request kept alive besides its buffers: its address
@@ -155,7 +162,7 @@ impl Polled<'_> {
 /// ended (its regions are released only on success).
 #[cold]
 #[inline(never)]
-fn settle(c: &mut Claim, status: u32) {
+fn settle(mut c: Claim, status: u32) -> Claim {
     let p = c.payload();
     drop(p.ah.take());
     if let Held::Window(_) = p.held {
@@ -164,6 +171,7 @@ fn settle(c: &mut Claim, status: u32) {
         }
     }
     c.extras_settled();
+    c
 }
 
 /// One completion of a [`Polled`] batch: the entry (its `wr_id` the
@@ -178,10 +186,17 @@ pub struct CompletionRef<'a> {
     wc: &'a WorkCompletion,
     /// The request's slot, while it still holds buffers.
     claim: Option<Claim>,
-    /// Who posted it; `None` for an orphan.
-    owner: Option<u8>,
-    stamp: Option<u64>,
+    /// Who posted it; [`ORPHAN`] when nobody did.
+    owner: u8,
+    /// Its timestamp, or [`NO_STAMP`].
+    stamp: *const u64,
+    _stamp: std::marker::PhantomData<&'a u64>,
 }
+
+// SAFETY: `stamp` is a shared borrow of a `u64` (Sync) for 'a.
+unsafe impl Send for CompletionRef<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionRef<'_> {}
 
 impl std::ops::Deref for CompletionRef<'_> {
     type Target = WorkCompletion;
@@ -208,13 +223,13 @@ impl CompletionRef<'_> {
     /// request's, or a stale one of a destroyed or reset queue).
     #[inline]
     pub fn is_orphan(&self) -> bool {
-        self.owner.is_none()
+        self.owner == ORPHAN
     }
 
     /// Who posted the request (0: the caller); `None` for an orphan.
     #[inline]
     pub(crate) fn owner(&self) -> Option<u8> {
-        self.owner
+        (self.owner != ORPHAN).then_some(self.owner)
     }
 
     /// Frees the slot once nothing is left in it.
@@ -229,7 +244,8 @@ impl CompletionRef<'_> {
     /// [`Completion::timestamp`]).
     #[inline]
     pub fn timestamp(&self) -> Option<u64> {
-        self.stamp
+        // SAFETY: `stamp` borrows the batch's timestamp or the static.
+        (!std::ptr::eq(self.stamp, &raw const NO_STAMP)).then(|| unsafe { *self.stamp })
     }
 
     /// `Ok(())` on success, else
@@ -313,7 +329,7 @@ impl CompletionRef<'_> {
     pub fn into_owned(mut self) -> Completion {
         let sg = self.take_buffers();
         let owner = self.owner();
-        Completion::new(self.wc.raw, sg, self.stamp, owner)
+        Completion::new(self.wc.raw, sg, self.timestamp(), owner)
     }
 }
 
