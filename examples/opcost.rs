@@ -5,7 +5,7 @@
 //! `xtask/c/opcost.c` is the same program on libibverbs in C.
 //!
 //! ```text
-//! opcost --path request|prepared|raw [--qps N] [--depth D] [--threads T]
+//! opcost --path request|prepared|raw|floor-prepared|floor-request [--qps N] [--depth D] [--threads T]
 //!        [--rounds R] [--size BYTES] [--events] [--calibrate K] [-d DEV] [-i PORT] [-x GID]
 //! ```
 //!
@@ -23,8 +23,12 @@
 //! queue pair's send queue handle (`sq.write(buf, remote, Wr::id(i))`) and
 //! takes it back from its borrowed completion; `prepared` re-posts a
 //! [`PreparedSend`](ibverbs::PreparedSend) on the handle; `raw` posts a reused
-//! C work request through the unsafe raw path. One line of `key=value`
-//! results goes to stdout (setup and teardown times, RSS, counts).
+//! C work request through the unsafe raw path. `floor-prepared` and
+//! `floor-request` measure what the guarantees of those two paths cost at
+//! least: the same in-flight slot protocol, checks and buffer moves written
+//! by hand on the raw path, as tightly as we could (module `floor`). One
+//! line of `key=value` results goes to stdout (setup and teardown times,
+//! RSS, counts).
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -48,6 +52,20 @@ enum Path {
     Request,
     Prepared,
     Raw,
+    FloorPrepared,
+    FloorRequest,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Request => "request",
+            Path::Prepared => "prepared",
+            Path::Raw => "raw",
+            Path::FloorPrepared => "floor-prepared",
+            Path::FloorRequest => "floor-request",
+        }
+    }
 }
 
 struct Args {
@@ -87,6 +105,8 @@ fn parse_args() -> Result<Args> {
                     "request" => Path::Request,
                     "prepared" => Path::Prepared,
                     "raw" => Path::Raw,
+                    "floor-prepared" => Path::FloorPrepared,
+                    "floor-request" => Path::FloorRequest,
                     other => return Err(format!("unknown path {other:?}").into()),
                 }
             }
@@ -111,7 +131,7 @@ fn parse_args() -> Result<Args> {
     if a.events && (a.qps != 1 || a.depth != 1 || a.threads != 1) {
         return Err("--events measures one queue pair at depth 1".into());
     }
-    if a.events && a.path == Path::Raw {
+    if a.events && matches!(a.path, Path::Raw) {
         return Err("--events takes the safe paths".into());
     }
     Ok(a)
@@ -145,6 +165,10 @@ struct Lane {
     raw: Vec<Raw>,
     /// The raw path's buffers (its requests point into them).
     bufs: Vec<LocalBuffer>,
+    /// The floor paths' queues, requests and slots.
+    fqs: Vec<floor::Queue>,
+    fprepared: Vec<floor::Prepared>,
+    store: floor::Store,
     remote: RemoteMemory,
     comps: Completions,
     wcs: [WorkCompletion; BATCH],
@@ -295,6 +319,329 @@ path!(
     }
 );
 
+path!(
+    /// The prepared path's guarantees, by hand (module `floor`).
+    floor_prepared,
+    reqs(lane) -> (floor::Queue, floor::Prepared) { (&mut lane.fqs, &mut lane.fprepared) },
+    post(q, p) {
+        q.post_prepared(p)
+    },
+    poll(lane) {
+        // SAFETY: only the floor's requests are posted to this lane's
+        // queue pairs, the only ones reporting to its CQ.
+        let n = unsafe { lane.cq.poll_raw(&mut lane.wcs) }?;
+        for wc in floor::raw_wcs(&mut lane.wcs[..n]) {
+            if let Some(slot) = lane.store.claim(wc) {
+                slot.free();
+            }
+            if wc.status != sys::IBV_WC_SUCCESS {
+                return Err(format!("write failed: {}", wc.status).into());
+            }
+        }
+        Ok(n)
+    }
+);
+
+path!(
+    /// The request path's guarantees, by hand (module `floor`).
+    floor_request,
+    reqs(lane) -> (floor::Queue, Owned) { (&mut lane.fqs, &mut lane.owned) },
+    post(q, r) {
+        let buf = r.buf.take().ok_or("buffer not back")?;
+        q.write(buf, r.remote, r.wr_id)
+    },
+    poll(lane) {
+        // SAFETY: as in `floor_prepared`.
+        let n = unsafe { lane.cq.poll_raw(&mut lane.wcs) }?;
+        let owned = &mut lane.owned;
+        for wc in floor::raw_wcs(&mut lane.wcs[..n]) {
+            let back = lane.store.claim(wc).and_then(floor::Slot::take_and_free);
+            if wc.status != sys::IBV_WC_SUCCESS {
+                return Err(format!("write failed: {}", wc.status).into());
+            }
+            let r = owned.get_mut(wc.wr_id as usize).ok_or("unknown wr_id")?;
+            r.buf = back;
+        }
+        Ok(n)
+    }
+);
+
+/// The floor: what the prepared and request paths guarantee, written by
+/// hand on the unsafe raw path as tightly as we could, to measure what the
+/// guarantees cost at least (`cargo xtask instr` reports it beside the
+/// paths). Not the library's code and not a design to copy: one flat store
+/// per lane, signaled requests only (no flag for unsignaled requests,
+/// address handles or windows), no teardown protocol. What it keeps of
+/// DESIGN.md's in-flight store: a slot per outstanding request whose state
+/// is the request's `wr_id` (bit 63, a generation, the slot's index),
+/// filled and published before the doorbell, taken back when the provider
+/// refuses; one compare-and-swap of the completion's `wr_id` claims it
+/// (stale, duplicate and foreign ids fail, an index outside the store is
+/// refused before any access), the caller's `wr_id` restored, the buffer
+/// taken out, the slot freed. The request path adds the checks a safe post
+/// owes (the buffer's registration, its length), the C request's
+/// per-operation fields, and the buffer moved into the slot and back out.
+mod floor {
+    use std::cell::UnsafeCell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    const OURS: u64 = 1 << 63;
+    const FREE: u64 = 0;
+    const CLAIMING: u64 = 1;
+
+    /// One request's place (one cache line).
+    #[repr(C, align(64))]
+    #[derive(Default)]
+    pub struct Slot {
+        state: AtomicU64,
+        user: UnsafeCell<u64>,
+        buf: UnsafeCell<Option<LocalBuffer>>,
+    }
+
+    /// The lane's slots; a queue owns `depth` of them from `first` on.
+    /// Never freed (as the library's store): a queue's slots outlive it.
+    #[derive(Default)]
+    pub struct Store {
+        slots: &'static [Slot],
+    }
+
+    impl Store {
+        pub fn new(n: usize) -> Store {
+            Store {
+                slots: Box::leak((0..n).map(|_| Slot::default()).collect()),
+            }
+        }
+
+        /// Claims the slot `wc`'s `wr_id` names and restores the caller's
+        /// `wr_id`; `None` (the entry left as it is, an orphan) for an id of
+        /// no outstanding request.
+        #[inline(always)]
+        pub fn claim(&self, wc: &mut sys::ibv_wc) -> Option<&'static Slot> {
+            let id = wc.wr_id;
+            if id & OURS == 0 {
+                return None;
+            }
+            let slot = self.slots.get(id as u32 as usize)?;
+            slot.state
+                .compare_exchange(id, CLAIMING, Ordering::Acquire, Ordering::Relaxed)
+                .ok()?;
+            // SAFETY: the swap gave this poller the slot until FREE.
+            wc.wr_id = unsafe { *slot.user.get() };
+            Some(slot)
+        }
+    }
+
+    impl Slot {
+        /// Frees a claimed slot (its buffer taken or never there).
+        #[inline(always)]
+        pub fn free(&self) {
+            self.state.store(FREE, Ordering::Release);
+        }
+
+        /// Takes a claimed slot's buffer out and frees it.
+        #[inline(always)]
+        pub fn take_and_free(&self) -> Option<LocalBuffer> {
+            // SAFETY: claimed: ours until FREE; the read leaves `None`
+            // behind, so the buffer is not owned twice.
+            let b = unsafe { std::ptr::replace(self.buf.get(), None) };
+            self.free();
+            b
+        }
+    }
+
+    // SAFETY: a slot's fields are touched only by whoever its state word
+    // gives them to (the owning queue while FREE, the claimer while
+    // CLAIMING), with Acquire/Release on the word.
+    unsafe impl Sync for Slot {}
+
+    /// A queue pair's send side: its ring of slots and its C request.
+    pub struct Queue {
+        qp: QueuePair,
+        /// The slot of position 0.
+        base: *const Slot,
+        depth: u32,
+        head: u32,
+        /// The `wr_id` of position 0 in the current lap.
+        lap: u64,
+        /// Which queue this is (a prepared request names its own).
+        id: u32,
+        /// Stands for the protection domain: the lkey of the lane's
+        /// registration.
+        lkey: u32,
+        wr: sys::ibv_send_wr,
+        sge: sys::ibv_sge,
+    }
+
+    // SAFETY: the slots are the lane's, used by one thread at a time.
+    unsafe impl Send for Queue {}
+
+    impl Queue {
+        pub fn new(
+            qp: &QueuePair,
+            store: &Store,
+            first: usize,
+            depth: usize,
+            lkey: u32,
+            remote: RemoteMemory,
+        ) -> Queue {
+            let mut wr = sys::ibv_send_wr {
+                opcode: sys::IBV_WR_RDMA_WRITE,
+                num_sge: 1,
+                send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                ..Default::default()
+            };
+            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: remote.addr,
+                rkey: remote.rkey.0,
+            };
+            Queue {
+                qp: qp.clone(),
+                base: &store.slots[first],
+                depth: depth as u32,
+                head: 0,
+                lap: OURS | first as u64,
+                id: first as u32,
+                lkey,
+                wr,
+                sge: sys::ibv_sge::default(),
+            }
+        }
+
+        /// The head's slot, if free, and its `wr_id`.
+        #[inline(always)]
+        fn reserve(&self) -> Option<(&'static Slot, u64)> {
+            // SAFETY: `head` < `depth`: inside the queue's share of the
+            // store, which is never freed.
+            let slot = unsafe { &*self.base.add(self.head as usize) };
+            if slot.state.load(Ordering::Acquire) != FREE {
+                return None;
+            }
+            Some((slot, self.lap + u64::from(self.head)))
+        }
+
+        #[inline(always)]
+        fn advance(&mut self) {
+            self.head += 1;
+            if self.head == self.depth {
+                self.head = 0;
+                self.lap = self.lap.wrapping_add(1 << 32) | OURS;
+            }
+        }
+
+        #[inline(always)]
+        pub fn post_prepared(&mut self, p: &mut Prepared) -> Result<()> {
+            if p.queue != self.id {
+                return Err(refused("a prepared request of another queue"));
+            }
+            let Some((slot, id)) = self.reserve() else {
+                return Err(refused("queue full"));
+            };
+            // SAFETY: a FREE slot of this ring is ours until published.
+            unsafe { *slot.user.get() = p.user };
+            slot.state.store(id, Ordering::Release);
+            p.wr.wr_id = id;
+            // SAFETY: one request; its SGE names a registered buffer the
+            // prepared request keeps until `last` completed.
+            if let Err(e) = unsafe { self.qp.post_send_raw(&mut p.wr) } {
+                slot.state.store(FREE, Ordering::Release);
+                return Err(e.into());
+            }
+            p.last = id;
+            self.advance();
+            Ok(())
+        }
+
+        #[inline(always)]
+        pub fn write(&mut self, buf: LocalBuffer, remote: RemoteMemory, user: u64) -> Result<()> {
+            if buf.lkey() != self.lkey || buf.len() > u32::MAX as usize {
+                return Err(refused("not this protection domain, or too long"));
+            }
+            let Some((slot, id)) = self.reserve() else {
+                return Err(refused("queue full"));
+            };
+            self.sge = sys::ibv_sge {
+                addr: buf.addr(),
+                length: buf.len() as u32,
+                lkey: buf.lkey(),
+            };
+            self.wr.wr_id = id;
+            self.wr.sg_list = &mut self.sge;
+            self.wr.opcode = sys::IBV_WR_RDMA_WRITE;
+            self.wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            self.wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: remote.addr,
+                rkey: remote.rkey.0,
+            };
+            // SAFETY: a FREE slot of this ring is ours until published;
+            // its buffer is `None`.
+            unsafe {
+                *slot.user.get() = user;
+                std::ptr::write(slot.buf.get(), Some(buf));
+            }
+            slot.state.store(id, Ordering::Release);
+            // SAFETY: one request; its SGE names the buffer the slot owns.
+            if let Err(e) = unsafe { self.qp.post_send_raw(&mut self.wr) } {
+                // SAFETY: never reached the device: still ours.
+                drop(unsafe { (*slot.buf.get()).take() });
+                slot.state.store(FREE, Ordering::Release);
+                return Err(e.into());
+            }
+            self.advance();
+            Ok(())
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refused(why: &str) -> Error {
+        why.into()
+    }
+
+    /// A request built once and re-posted: its buffer stays in it.
+    pub struct Prepared {
+        wr: sys::ibv_send_wr,
+        user: u64,
+        queue: u32,
+        /// The `wr_id` of its last posting (it may be dropped once that
+        /// one completed).
+        last: u64,
+        _sge: Box<sys::ibv_sge>,
+        _buf: LocalBuffer,
+    }
+
+    impl Prepared {
+        pub fn new(q: &Queue, buf: LocalBuffer, remote: RemoteMemory, user: u64) -> Prepared {
+            let mut sge = Box::new(sys::ibv_sge {
+                addr: buf.addr(),
+                length: buf.len() as u32,
+                lkey: buf.lkey(),
+            });
+            let mut wr = q.wr;
+            wr.sg_list = &mut *sge;
+            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: remote.addr,
+                rkey: remote.rkey.0,
+            };
+            Prepared {
+                wr,
+                user,
+                queue: q.id,
+                last: 0,
+                _sge: sge,
+                _buf: buf,
+            }
+        }
+    }
+
+    /// The entries as the C structs they are.
+    pub fn raw_wcs(wcs: &mut [WorkCompletion]) -> &mut [sys::ibv_wc] {
+        // SAFETY: WorkCompletion is repr(transparent) over ibv_wc.
+        unsafe { std::slice::from_raw_parts_mut(wcs.as_mut_ptr().cast(), wcs.len()) }
+    }
+}
+
 /// Waits for the lane's completion event and re-arms.
 #[inline(never)]
 fn instr_wait(lane: &mut Lane) -> Result<()> {
@@ -309,6 +656,8 @@ fn run_lane(lane: &mut Lane, path: Path, rounds: u64, calibrate: u64, events: bo
         Path::Request => run_path::<request::P>(lane, rounds, calibrate, events),
         Path::Prepared => run_path::<prepared::P>(lane, rounds, calibrate, events),
         Path::Raw => run_path::<raw::P>(lane, rounds, calibrate, events),
+        Path::FloorPrepared => run_path::<floor_prepared::P>(lane, rounds, calibrate, events),
+        Path::FloorRequest => run_path::<floor_request::P>(lane, rounds, calibrate, events),
     }
 }
 
@@ -410,6 +759,9 @@ fn build_lane(
         prepared: Vec::new(),
         raw: Vec::new(),
         bufs: Vec::new(),
+        fqs: Vec::new(),
+        fprepared: Vec::new(),
+        store: floor::Store::default(),
         remote,
         comps: Completions::with_capacity(BATCH),
         wcs: [WorkCompletion::default(); BATCH],
@@ -428,14 +780,25 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
         bufs.push(head);
         rest = tail;
     }
-    if a.path != Path::Raw {
-        for qp in &lane.qps {
-            lane.sqs.push(qp.send_queue()?);
+    match a.path {
+        Path::Request | Path::Prepared => {
+            for qp in &lane.qps {
+                lane.sqs.push(qp.send_queue()?);
+            }
         }
+        Path::FloorPrepared | Path::FloorRequest => {
+            lane.store = floor::Store::new(n);
+            let lkey = bufs.first().map_or(0, LocalBuffer::lkey);
+            for (i, qp) in lane.qps.iter().enumerate() {
+                let q = floor::Queue::new(qp, &lane.store, i * a.depth, a.depth, lkey, lane.remote);
+                lane.fqs.push(q);
+            }
+        }
+        Path::Raw => {}
     }
     for (i, buf) in bufs.into_iter().enumerate() {
         match a.path {
-            Path::Request => lane.owned.push(Owned {
+            Path::Request | Path::FloorRequest => lane.owned.push(Owned {
                 buf: Some(buf),
                 remote: lane.remote,
                 wr_id: i as u64,
@@ -444,6 +807,10 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
                 let sq = &mut lane.sqs[i / a.depth];
                 let p = sq.prepare(SendRequest::write(buf, lane.remote).wr_id(i as u64))?;
                 lane.prepared.push(p);
+            }
+            Path::FloorPrepared => {
+                let p = floor::Prepared::new(&lane.fqs[i / a.depth], buf, lane.remote, i as u64);
+                lane.fprepared.push(p);
             }
             Path::Raw => {
                 let mut sge = Box::new(sys::ibv_sge {
@@ -527,6 +894,8 @@ fn run(a: Args) -> Result<()> {
         lane.owned.clear();
         lane.prepared.clear();
         lane.raw.clear();
+        lane.fprepared.clear();
+        lane.fqs.clear();
         lane.sqs.clear();
         lane.qps.clear();
     }
@@ -538,11 +907,7 @@ fn run(a: Args) -> Result<()> {
          posts={ops} completions={ops} polls={polls} short_polls={short} calibrate={} \
          setup_us={} teardown_us={} run_us={} rss_base_kib={rss_base} rss_qps_kib={rss_qps} \
          rss_bufs_kib={rss_bufs}",
-        match a.path {
-            Path::Request => "request",
-            Path::Prepared => "prepared",
-            Path::Raw => "raw",
-        },
+        a.path.name(),
         a.qps,
         a.depth,
         a.threads,

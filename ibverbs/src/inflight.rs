@@ -707,13 +707,19 @@ impl Claim {
         matches!(self.payload().held, Held::Sg(SgList::Empty))
     }
 
-    /// The payload's only buffer was taken out (its place left empty):
-    /// dropping the claim frees the slot without looking at the payload.
+    /// Frees the slot whose payload's only buffer was taken out (its place
+    /// left empty): the payload is not looked at again.
     #[inline(always)]
-    pub(crate) fn emptied(&mut self) {
+    pub(crate) fn release_emptied(mut self) {
         debug_assert!(self.is_empty());
         // SAFETY: as in `user`.
-        unsafe { *self.slot.flags.get() &= !HOLDS };
+        let flags = unsafe { *self.slot.flags.get() } & !HOLDS;
+        let (slot, wr_id) = (self.slot, self.wr_id);
+        std::mem::forget(self);
+        if flags & (AFTER_UNSIGNALED | EXTRAS) != 0 {
+            return release_rest(slot, wr_id, flags);
+        }
+        slot.state.store(FREE, Ordering::Release);
     }
 
     /// The address handle and window are settled (taken out).

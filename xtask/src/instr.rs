@@ -63,15 +63,39 @@ pub enum Imp {
     Request,
     Prepared,
     Raw,
+    /// The prepared path's guarantees written by hand on the raw path (opcost's `floor`).
+    FloorPrepared,
+    /// The request path's, likewise.
+    FloorRequest,
 }
 
 impl Imp {
+    pub const ALL: [Imp; 6] = [
+        Imp::C,
+        Imp::Request,
+        Imp::Prepared,
+        Imp::Raw,
+        Imp::FloorPrepared,
+        Imp::FloorRequest,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Imp::C => "C",
             Imp::Request => "request",
             Imp::Prepared => "prepared",
             Imp::Raw => "raw",
+            Imp::FloorPrepared => "floor-prepared",
+            Imp::FloorRequest => "floor-request",
+        }
+    }
+
+    /// The floor prototype of a safe path.
+    pub fn floor(self) -> Option<Imp> {
+        match self {
+            Imp::Prepared => Some(Imp::FloorPrepared),
+            Imp::Request => Some(Imp::FloorRequest),
+            _ => None,
         }
     }
 }
@@ -127,9 +151,7 @@ impl Config {
             "--path".to_string(),
             match self.imp {
                 Imp::C => "c",
-                Imp::Request => "request",
-                Imp::Prepared => "prepared",
-                Imp::Raw => "raw",
+                imp => imp.name(),
             }
             .into(),
         ];
@@ -198,9 +220,18 @@ fn configs(set: &str, quick: bool) -> Vec<Config> {
     };
     let all = [Imp::C, Imp::Request, Imp::Prepared, Imp::Raw];
     let safe = [Imp::C, Imp::Request, Imp::Prepared];
+    let floors = [Imp::FloorPrepared, Imp::FloorRequest];
     match set {
-        "paths" => all.iter().map(|&i| c(i, 16, 1, 1, false)).collect(),
-        "events" => safe.iter().map(|&i| c(i, 1, 1, 1, true)).collect(),
+        "paths" => all
+            .iter()
+            .chain(&floors)
+            .map(|&i| c(i, 16, 1, 1, false))
+            .collect(),
+        "events" => safe
+            .iter()
+            .chain(&floors)
+            .map(|&i| c(i, 1, 1, 1, true))
+            .collect(),
         "qps" => {
             let ns: &[u32] = if quick { &[1, 16] } else { &[1, 16, 256, 1024] };
             ns.iter()
@@ -733,11 +764,8 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
     }
     let mut rows = Vec::new();
     for (key, imp, qps, depth, threads, events) in &plan.configs {
-        let imp = match imp.as_str() {
-            "C" => Imp::C,
-            "request" => Imp::Request,
-            "prepared" => Imp::Prepared,
-            _ => Imp::Raw,
+        let Some(imp) = Imp::ALL.into_iter().find(|i| i.name() == imp) else {
+            bail!("instr: plan names an unknown path {imp:?}");
         };
         let cfg = Config {
             imp,

@@ -301,11 +301,10 @@ impl CompletionRef<'_> {
             std::ptr::write(sg, SgList::Empty);
             b
         };
-        // Empty now: dropping the claim frees the slot.
-        if let Some(c) = &mut self.claim {
-            c.emptied();
+        // Empty now: the slot is free again.
+        if let Some(c) = self.claim.take() {
+            c.release_emptied();
         }
-        self.claim = None;
         Some(b)
     }
 
