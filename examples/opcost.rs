@@ -6,8 +6,17 @@
 //!
 //! ```text
 //! opcost --path request|prepared|raw|floor-prepared|floor-request [--qps N] [--depth D] [--threads T]
-//!        [--rounds R] [--size BYTES] [--events] [--calibrate K] [-d DEV] [-i PORT] [-x GID]
+//!        [--rounds R] [--size BYTES] [--events] [--shared-cq] [--calibrate K]
+//!        [-d DEV] [-i PORT] [-x GID]
 //! ```
+//!
+//! With `--shared-cq` every thread's queue pairs report to one CQ: each
+//! round, every thread posts, all wait until all have posted and slept,
+//! then each polls as many completions as it posted (whoever's they are:
+//! every poll comes back full), and all wait again before the next round
+//! (a prepared request is re-posted only after its completion was claimed,
+//! by any thread). For the paths whose completions need nothing of the
+//! thread that posted: prepared, raw, floor-prepared.
 //!
 //! The work of one request happens in two functions that are never inlined,
 //! `instr_post` (one request) and `instr_poll` (one poll of up to 16), so
@@ -76,6 +85,7 @@ struct Args {
     rounds: u64,
     size: usize,
     events: bool,
+    shared_cq: bool,
     calibrate: u64,
     device: Option<String>,
     port: Option<u8>,
@@ -91,6 +101,7 @@ fn parse_args() -> Result<Args> {
         rounds: 100,
         size: 64,
         events: false,
+        shared_cq: false,
         calibrate: 0,
         device: None,
         port: None,
@@ -117,6 +128,7 @@ fn parse_args() -> Result<Args> {
             "--size" => a.size = value()?.parse()?,
             "--calibrate" => a.calibrate = value()?.parse()?,
             "--events" => a.events = true,
+            "--shared-cq" => a.shared_cq = true,
             "-d" => a.device = Some(value()?),
             "-i" => a.port = Some(value()?.parse()?),
             "-x" => a.gid = Some(value()?.parse()?),
@@ -130,6 +142,15 @@ fn parse_args() -> Result<Args> {
     }
     if a.events && (a.qps != 1 || a.depth != 1 || a.threads != 1) {
         return Err("--events measures one queue pair at depth 1".into());
+    }
+    if a.shared_cq
+        && (a.events || !matches!(a.path, Path::Prepared | Path::Raw | Path::FloorPrepared))
+    {
+        return Err("--shared-cq takes the prepared, raw and floor-prepared paths, no --events".into());
+    }
+    if a.shared_cq && (a.qps / a.threads * a.depth) % BATCH != 0 {
+        // Each thread takes what it posted in full polls.
+        return Err("--shared-cq: each thread's requests per round must be a multiple of 16".into());
     }
     if a.events && matches!(a.path, Path::Raw) {
         return Err("--events takes the safe paths".into());
@@ -172,6 +193,8 @@ struct Lane {
     remote: RemoteMemory,
     comps: Completions,
     wcs: [WorkCompletion; BATCH],
+    /// With a shared CQ: the lanes' rendezvous, and how many there are.
+    sync: Option<(std::sync::Arc<std::sync::Barrier>, u32)>,
     short_polls: u64,
     polls: u64,
 }
@@ -684,10 +707,17 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
                 left = depth;
             }
         }
+        let threads = lane.sync.as_ref().map_or(1, |(b, n)| {
+            b.wait();
+            *n
+        });
         if events {
             instr_wait(lane)?;
         } else {
-            std::thread::sleep(settle * per_round as u32);
+            std::thread::sleep(settle * (per_round as u32 * threads));
+        }
+        if let Some((b, _)) = &lane.sync {
+            b.wait();
         }
         let mut got = 0;
         let started = Instant::now();
@@ -705,6 +735,10 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
                 }
             }
         }
+        // Every request of the round claimed before any is posted again.
+        if let Some((b, _)) = &lane.sync {
+            b.wait();
+        }
     }
     Ok(())
 }
@@ -716,6 +750,7 @@ fn build_lane(
     port: PortNumber,
     gid: GidIndex,
     remote: RemoteMemory,
+    shared: Option<&(CompletionQueue, std::sync::Arc<std::sync::Barrier>)>,
 ) -> Result<Lane> {
     let per = a.qps / a.threads;
     let channel = if a.events {
@@ -725,9 +760,10 @@ fn build_lane(
     };
     // The receive queue (one entry, never used) counts too.
     let cqe = (per * (a.depth + 1)) as u32;
-    let cq = match &channel {
-        Some(ch) => ctx.create_cq(cqe).channel(ch).build()?,
-        None => ctx.create_cq(cqe).build()?,
+    let cq = match (&channel, shared) {
+        (_, Some((cq, _))) => cq.clone(),
+        (Some(ch), None) => ctx.create_cq(cqe).channel(ch).build()?,
+        (None, None) => ctx.create_cq(cqe).build()?,
     };
     if a.events {
         cq.req_notify(false)?;
@@ -765,6 +801,7 @@ fn build_lane(
         remote,
         comps: Completions::with_capacity(BATCH),
         wcs: [WorkCompletion::default(); BATCH],
+        sync: shared.map(|(_, b)| (b.clone(), a.threads as u32)),
         short_polls: 0,
         polls: 0,
     })
@@ -862,8 +899,16 @@ fn run(a: Args) -> Result<()> {
     let rss_base = rss_kib();
 
     let t = Instant::now();
+    // One CQ for every lane, as deep as all their queues.
+    let shared = if a.shared_cq {
+        let cqe = (a.qps * (a.depth + 1)) as u32;
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(a.threads));
+        Some((ctx.create_cq(cqe).build()?, barrier))
+    } else {
+        None
+    };
     let mut lanes = (0..a.threads)
-        .map(|_| build_lane(&ctx, &pd, &a, port, gid, remote))
+        .map(|_| build_lane(&ctx, &pd, &a, port, gid, remote, shared.as_ref()))
         .collect::<Result<Vec<_>>>()?;
     let setup = t.elapsed();
     let rss_qps = rss_kib();

@@ -403,14 +403,22 @@ impl Ring {
         if self.after_unsignaled {
             flags |= AFTER_UNSIGNALED;
             self.note_prev(r);
+            self.after_unsignaled = !signaled;
+        } else if !signaled {
+            self.after_unsignaled = true;
         }
-        self.after_unsignaled = !signaled;
+        let Payload { held, ah } = payload;
         // SAFETY: the slot is FREE and this ring its only producer: the
         // fields are ours until the state is published.
         unsafe {
             *r.slot.user.get() = user;
-            // A free slot's payload is empty: overwrite without a drop.
-            std::ptr::write(r.slot.payload.get(), payload);
+            // A free slot's payload is empty (no address handle either):
+            // overwrite without a drop.
+            let p = r.slot.payload.get();
+            std::ptr::write(&raw mut (*p).held, held);
+            if ah.is_some() {
+                std::ptr::write(&raw mut (*p).ah, ah);
+            }
             *r.slot.flags.get() = flags;
             *r.slot.owner.get() = 0;
         }
@@ -424,8 +432,8 @@ impl Ring {
         if self.after_unsignaled {
             flags |= AFTER_UNSIGNALED;
             self.note_prev(r);
+            self.after_unsignaled = false;
         }
-        self.after_unsignaled = false;
         // SAFETY: as in `fill`.
         unsafe {
             debug_assert!(matches!(
@@ -699,6 +707,15 @@ impl Claim {
     pub(crate) fn holds_nothing(&self) -> bool {
         // SAFETY: as in `user`.
         unsafe { *self.slot.flags.get() & HOLDS == 0 }
+    }
+
+    /// Whether the slot holds nothing, has nothing to settle and releases
+    /// nothing before it (a prepared posting's): one test of the flags,
+    /// after which [`release_emptied`](Self::release_emptied) frees it.
+    #[inline(always)]
+    pub(crate) fn is_plain_empty(&self) -> bool {
+        // SAFETY: as in `user`.
+        unsafe { *self.slot.flags.get() & (AFTER_UNSIGNALED | EXTRAS | HOLDS) == 0 }
     }
 
     /// Whether nothing is left in the payload (after takes).

@@ -108,6 +108,8 @@ pub struct Config {
     pub depth: u32,
     pub threads: u32,
     pub events: bool,
+    /// Every thread's queue pairs on one CQ (opcost's `--shared-cq`).
+    pub shared: bool,
 }
 
 impl Config {
@@ -121,17 +123,18 @@ impl Config {
             self.threads,
             if self.threads == 1 { "" } else { "s" },
             if self.events { ", events" } else { "" }
-        )
+        ) + if self.shared { ", one CQ" } else { "" }
     }
 
     fn key(&self) -> String {
         format!(
-            "op-{}-q{}-d{}-t{}{}",
+            "op-{}-q{}-d{}-t{}{}{}",
             self.imp.name().to_lowercase(),
             self.qps,
             self.depth,
             self.threads,
-            if self.events { "-ev" } else { "" }
+            if self.events { "-ev" } else { "" },
+            if self.shared { SHARED } else { "" }
         )
     }
 
@@ -170,9 +173,15 @@ impl Config {
         if self.events {
             a.push("--events".into());
         }
+        if self.shared {
+            a.push("--shared-cq".into());
+        }
         a
     }
 }
+
+/// The key's suffix of a shared-CQ configuration (the plan keeps no other mark).
+const SHARED: &str = "-shared";
 
 /// A ping-pong pair measured whole-process in event mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +217,15 @@ const PINGPONGS: &[Pingpong] = &[
 ];
 
 /// The measurement sets (`--only` selects by name).
-pub const SETS: &[&str] = &["paths", "events", "qps", "depth", "threads", "pingpong"];
+pub const SETS: &[&str] = &[
+    "paths",
+    "events",
+    "qps",
+    "depth",
+    "threads",
+    "threads-shared",
+    "pingpong",
+];
 
 fn configs(set: &str, quick: bool) -> Vec<Config> {
     let c = |imp, qps, depth, threads, events| Config {
@@ -217,6 +234,7 @@ fn configs(set: &str, quick: bool) -> Vec<Config> {
         depth,
         threads,
         events,
+        shared: false,
     };
     let all = [Imp::C, Imp::Request, Imp::Prepared, Imp::Raw];
     let safe = [Imp::C, Imp::Request, Imp::Prepared];
@@ -248,6 +266,18 @@ fn configs(set: &str, quick: bool) -> Vec<Config> {
             let ts: &[u32] = if quick { &[1, 2] } else { &[1, 2, 4] };
             ts.iter()
                 .flat_map(|&t| safe.iter().map(move |&i| c(i, 4 * t, 16, t, false)))
+                .collect()
+        }
+        // The paths whose completions any thread may take (opcost's `--shared-cq`).
+        "threads-shared" => {
+            let ts: &[u32] = if quick { &[1, 2] } else { &[1, 2, 4] };
+            ts.iter()
+                .flat_map(|&t| {
+                    [Imp::Raw, Imp::Prepared].map(|i| Config {
+                        shared: true,
+                        ..c(i, 4 * t, 16, t, false)
+                    })
+                })
                 .collect()
         }
         _ => Vec::new(),
@@ -773,6 +803,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
             depth: *depth,
             threads: *threads,
             events: *events,
+            shared: key.ends_with(SHARED),
         };
         match measure(&raw, key, provider.as_ref()) {
             Ok(mut m) => {

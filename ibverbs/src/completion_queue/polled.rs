@@ -22,43 +22,60 @@ use super::fix_rxe_inv_flag;
 /// them, and its buffers only that one.
 pub struct Polled<'a> {
     wcs: std::slice::IterMut<'a, sys::ibv_wc>,
-    /// The next entry's timestamp, when the CQ reads them (one per entry
-    /// from here on); [`NO_STAMP`] when it does not.
-    stamps: *const u64,
-    /// 1 with timestamps, 0 without: the walk moves `stamps` without a
-    /// branch.
-    stride: usize,
+    /// Where a completion's timestamp is: what the walk never touches.
+    stamps: Stamps<'a>,
     rxe: bool,
-    _stamps: std::marker::PhantomData<&'a [u64]>,
 }
 
-/// Where a [`CompletionRef`] without a timestamp points.
-static NO_STAMP: u64 = 0;
+/// The batch's timestamps, one per entry, when the CQ reads them: a
+/// [`CompletionRef`] finds its own from its entry's place in the batch, so
+/// the walk moves nothing for them.
+#[derive(Clone, Copy)]
+struct Stamps<'a> {
+    /// The batch's first entry.
+    first: *const sys::ibv_wc,
+    /// Its timestamp; null without timestamps.
+    stamps: *const u64,
+    _borrow: std::marker::PhantomData<&'a [u64]>,
+}
+
+impl Stamps<'_> {
+    /// The timestamp of `wc`, an entry of the batch.
+    fn of(&self, wc: &sys::ibv_wc) -> Option<u64> {
+        if self.stamps.is_null() {
+            return None;
+        }
+        // SAFETY: `wc` is an entry of the batch that starts at `first`,
+        // and `stamps` has one timestamp per entry (`Polled::new`).
+        unsafe {
+            let i = std::ptr::from_ref(wc).offset_from(self.first);
+            Some(*self.stamps.offset(i))
+        }
+    }
+}
 
 /// A [`CompletionRef`]'s owner when no request matched (an orphan).
 const ORPHAN: u8 = u8::MAX;
 
-// SAFETY: `stamps` is a shared borrow of `[u64]` (Sync) for 'a.
-unsafe impl Send for Polled<'_> {}
-// SAFETY: as above; `&Polled` reads nothing through it.
-unsafe impl Sync for Polled<'_> {}
 
 impl<'a> Polled<'a> {
     pub(super) fn new(wcs: &'a mut [sys::ibv_wc], stamps: Option<&'a [u64]>, rxe: bool) -> Self {
-        let (stamps, stride) = match stamps {
+        let stamps = match stamps {
             Some(s) => {
                 // Both sliced to the same count by `lend`: never fails.
                 assert!(s.len() >= wcs.len(), "a timestamp per entry");
-                (s.as_ptr(), 1)
+                s.as_ptr()
             }
-            None => (&raw const NO_STAMP, 0),
+            None => std::ptr::null(),
         };
         Polled {
-            wcs: wcs.iter_mut(),
-            stamps,
-            stride,
             rxe,
-            _stamps: std::marker::PhantomData,
+            stamps: Stamps {
+                first: wcs.as_ptr(),
+                stamps,
+                _borrow: std::marker::PhantomData,
+            },
+            wcs: wcs.iter_mut(),
         }
     }
 
@@ -66,10 +83,12 @@ impl<'a> Polled<'a> {
     pub(super) fn none() -> Polled<'static> {
         Polled {
             wcs: [].iter_mut(),
-            stamps: &raw const NO_STAMP,
-            stride: 0,
             rxe: false,
-            _stamps: std::marker::PhantomData,
+            stamps: Stamps {
+                first: std::ptr::null(),
+                stamps: std::ptr::null(),
+                _borrow: std::marker::PhantomData,
+            },
         }
     }
 
@@ -92,32 +111,31 @@ impl<'a> Iterator for Polled<'a> {
     #[inline(always)]
     fn next(&mut self) -> Option<CompletionRef<'a>> {
         let wc = self.wcs.next()?;
-        // This entry's timestamp (one per entry, `new`), or NO_STAMP
-        // (stride 0): inside the borrowed slice or the static.
-        let stamp = self.stamps;
-        self.stamps = self.stamps.wrapping_add(self.stride);
-        if self.rxe {
+        // The entry's own flag first: clear on every send completion.
+        if wc.wc_flags & sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0 != 0 && self.rxe {
             fix_rxe_inv_flag(wc);
         }
         let (claim, owner) = match inflight::claim(wc.wr_id) {
             None => (None, ORPHAN),
-            Some(mut c) => {
+            Some(c) => {
                 wc.wr_id = c.user();
                 let owner = c.owner();
-                if c.has_extras() {
-                    c = settle(c, wc.status);
-                }
                 // Nothing to take (a prepared posting, inline data): the
                 // slot is free again at once, for a post in this walk.
-                (if c.holds_nothing() { None } else { Some(c) }, owner)
+                let c = if c.is_plain_empty() {
+                    c.release_emptied();
+                    None
+                } else {
+                    keep(c, wc.status)
+                };
+                (c, owner)
             }
         };
         Some(CompletionRef {
             wc: WorkCompletion::from_raw_ref(wc),
             claim,
             owner,
-            stamp,
-            _stamp: std::marker::PhantomData,
+            stamps: self.stamps,
         })
     }
 
@@ -144,7 +162,8 @@ impl Drop for Polled<'_> {
             // keeps it in registers.
             drop_rest(Polled {
                 wcs: std::mem::take(&mut self.wcs),
-                ..*self
+                stamps: self.stamps,
+                rxe: self.rxe,
             });
         }
     }
@@ -155,6 +174,19 @@ impl Drop for Polled<'_> {
 #[inline(never)]
 fn drop_rest(mut rest: Polled<'_>) {
     for _ in rest.by_ref() {}
+}
+
+/// A claim that holds something or has something to settle: kept when
+/// buffers are left to take, else dropped (which frees the slot).
+#[inline(always)]
+fn keep(mut c: Claim, status: u32) -> Option<Claim> {
+    if c.has_extras() {
+        c = settle(c, status);
+    }
+    if c.holds_nothing() {
+        return None;
+    }
+    Some(c)
 }
 
 /// What a claimed request kept alive besides its buffers: its address
@@ -188,15 +220,14 @@ pub struct CompletionRef<'a> {
     claim: Option<Claim>,
     /// Who posted it; [`ORPHAN`] when nobody did.
     owner: u8,
-    /// Its timestamp, or [`NO_STAMP`].
-    stamp: *const u64,
-    _stamp: std::marker::PhantomData<&'a u64>,
+    stamps: Stamps<'a>,
 }
 
-// SAFETY: `stamp` is a shared borrow of a `u64` (Sync) for 'a.
-unsafe impl Send for CompletionRef<'_> {}
+// SAFETY: `Stamps` points into the batch's entries and timestamps, shared
+// borrows of plain data (Sync) for 'a, read only.
+unsafe impl Send for Stamps<'_> {}
 // SAFETY: as above.
-unsafe impl Sync for CompletionRef<'_> {}
+unsafe impl Sync for Stamps<'_> {}
 
 impl std::ops::Deref for CompletionRef<'_> {
     type Target = WorkCompletion;
@@ -244,8 +275,7 @@ impl CompletionRef<'_> {
     /// [`Completion::timestamp`]).
     #[inline]
     pub fn timestamp(&self) -> Option<u64> {
-        // SAFETY: `stamp` borrows the batch's timestamp or the static.
-        (!std::ptr::eq(self.stamp, &raw const NO_STAMP)).then(|| unsafe { *self.stamp })
+        self.stamps.of(&self.wc.raw)
     }
 
     /// `Ok(())` on success, else

@@ -113,7 +113,11 @@ impl QueuePair {
             pd: Arc::as_ptr(&self.inner.pd.inner).cast(),
             qp_queue: true,
             max_sge: caps.max_recv_sge,
-            wr: sys::ibv_recv_wr::default(),
+            // One SGE, never empty (`recv`): set once.
+            wr: sys::ibv_recv_wr {
+                num_sge: 1,
+                ..Default::default()
+            },
             sge: sys::ibv_sge::default(),
             scratch: RecvScratch::new(cell.depth(), caps.max_recv_sge),
             owner: Owner::Qp(self.clone()),
@@ -138,7 +142,11 @@ impl SharedReceiveQueue {
             pd: Arc::as_ptr(&self.pd().inner).cast(),
             qp_queue: false,
             max_sge: self.max_sge(),
-            wr: sys::ibv_recv_wr::default(),
+            // One SGE, never empty (`recv`): set once.
+            wr: sys::ibv_recv_wr {
+                num_sge: 1,
+                ..Default::default()
+            },
             sge: sys::ibv_sge::default(),
             scratch: RecvScratch::new(cell.depth(), self.max_sge()),
             owner: Owner::Srq(self.clone()),
@@ -166,7 +174,9 @@ impl RecvQueue {
         let region = buf.region();
         let common = self.max_sge >= 1
             && std::ptr::eq(Arc::as_ptr(&region.mr.pd.inner).cast(), self.pd)
-            && region.len() <= u32::MAX as usize
+            // 1 ..= u32::MAX bytes in one compare: an empty buffer goes
+            // without an SGE, through the general path.
+            && region.len().wrapping_sub(1) < u32::MAX as usize
             && !matches!(buf, Buf::Frozen(_))
             && region.mr.access.contains(crate::AccessFlags::LOCAL_WRITE);
         if !common {
@@ -190,7 +200,6 @@ impl RecvQueue {
         self.sge = region.sge_prechecked();
         self.wr.wr_id = slot.wr_id;
         self.wr.sg_list = &mut self.sge;
-        self.wr.num_sge = i32::from(region.len() != 0);
         let ring = self.ring();
         ring.fill(&slot, wr_id, Payload::bufs(SgList::One(buf), None), true);
         ring.publish(&slot);

@@ -252,7 +252,11 @@ impl QueuePair {
                 && caps.max_send_sge >= 1
                 && self.inner.qpx.is_none()
                 && !self.inner.sq_sig_all,
-            wr: sys::ibv_send_wr::default(),
+            // One SGE, never empty (`post_buf`): set once.
+            wr: sys::ibv_send_wr {
+                num_sge: 1,
+                ..Default::default()
+            },
             sge: sys::ibv_sge::default(),
             scratch: SendScratch::new(self.send_capacity(), caps.max_send_sge),
             qp: self.clone(),
@@ -505,7 +509,9 @@ impl SendQueue {
         let common = self.fast
             && o.bits & !(FENCE | HAS_IMM | UNSIGNALED) == 0
             && std::ptr::eq(Arc::as_ptr(&region.mr.pd.inner).cast(), self.pd)
-            && region.len() <= u32::MAX as usize
+            // 1 ..= u32::MAX bytes in one compare: an empty buffer goes
+            // without an SGE, through the general path (see fill_sges).
+            && region.len().wrapping_sub(1) < u32::MAX as usize
             && if device_writes {
                 o.bits & (HAS_IMM | UNSIGNALED) == 0
                     && !matches!(buf, Buf::Frozen(_))
@@ -532,8 +538,6 @@ impl SendQueue {
         self.sge = region.sge_prechecked();
         self.wr.wr_id = slot.wr_id;
         self.wr.sg_list = &mut self.sge;
-        // An empty buffer goes as no SGE (see fill_sges).
-        self.wr.num_sge = i32::from(region.len() != 0);
         self.wr.opcode = opcode;
         self.wr.send_flags = (o.bits & (FENCE | UNSIGNALED)) ^ UNSIGNALED;
         self.wr.__bindgen_anon_1.imm_data = o.data.to_be();

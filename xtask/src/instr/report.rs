@@ -423,7 +423,23 @@ pub fn markdown(
         "threads, each with its own CQ and 4 QPs (depth 16)",
         1,
         |r| {
-            (r.cfg.qps == 4 * r.cfg.threads && r.cfg.depth == 16 && !r.cfg.events)
+            (r.cfg.qps == 4 * r.cfg.threads
+                && r.cfg.depth == 16
+                && !r.cfg.events
+                && !r.cfg.shared)
+                .then_some(r.cfg.threads)
+        },
+    );
+    scaling(
+        &mut s,
+        rows,
+        "threads",
+        "threads, each with 4 QPs (depth 16), all on one CQ: each thread takes whichever \
+         completions it polls (the paths whose completions need nothing of the thread that \
+         posted)",
+        1,
+        |r| {
+            (r.cfg.qps == 4 * r.cfg.threads && r.cfg.depth == 16 && r.cfg.shared)
                 .then_some(r.cfg.threads)
         },
     );
