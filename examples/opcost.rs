@@ -193,10 +193,19 @@ struct Lane {
     remote: RemoteMemory,
     comps: Completions,
     wcs: [WorkCompletion; BATCH],
-    /// With a shared CQ: the lanes' rendezvous, and how many there are.
-    sync: Option<(std::sync::Arc<std::sync::Barrier>, u32)>,
+    /// With a shared CQ: what the lanes share.
+    sync: Option<std::sync::Arc<Shared>>,
     short_polls: u64,
     polls: u64,
+}
+
+/// What the lanes of a shared CQ share: a rendezvous, their number and
+/// the completions all of them took so far.
+struct Shared {
+    cq: CompletionQueue,
+    barrier: std::sync::Barrier,
+    threads: usize,
+    taken: std::sync::atomic::AtomicUsize,
 }
 
 /// A request of the request path: `buf` written by a typed post.
@@ -690,12 +699,16 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
             return Err("calibration found a completion".into());
         }
     }
+    // Nobody posts on a shared CQ before every lane calibrated.
+    if let Some(sh) = &lane.sync {
+        sh.barrier.wait();
+    }
     let per_round = P::reqs(lane).1.len();
     let depth = lane.depth;
     // Settling time per outstanding request; doubled when a poll comes
     // back short (counted), so the counts stay deterministic.
     let mut settle = Duration::from_micros(40);
-    for _ in 0..rounds {
+    for round in 0..rounds as usize {
         // Request `i` is queue `i / depth`'s (one pass, no division).
         let (queues, reqs) = P::reqs(lane);
         let (mut q, mut left) = (0, depth);
@@ -707,17 +720,14 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
                 left = depth;
             }
         }
-        let threads = lane.sync.as_ref().map_or(1, |(b, n)| {
-            b.wait();
-            *n
-        });
+        if let Some(sh) = lane.sync.clone() {
+            run_shared::<P>(lane, &sh, round, per_round, settle)?;
+            continue;
+        }
         if events {
             instr_wait(lane)?;
         } else {
-            std::thread::sleep(settle * (per_round as u32 * threads));
-        }
-        if let Some((b, _)) = &lane.sync {
-            b.wait();
+            std::thread::sleep(settle * per_round as u32);
         }
         let mut got = 0;
         let started = Instant::now();
@@ -735,11 +745,51 @@ fn run_path<P: Ops>(lane: &mut Lane, rounds: u64, calibrate: u64, events: bool) 
                 }
             }
         }
-        // Every request of the round claimed before any is posted again.
-        if let Some((b, _)) = &lane.sync {
-            b.wait();
+    }
+    Ok(())
+}
+
+/// The rest of a round on a shared CQ, after the lane posted: all lanes
+/// wait for each other and sleep, then poll until all the round's
+/// completions were taken (by whichever lane), and wait for each other
+/// again so that nothing is re-posted before it was claimed. A poll that
+/// another lane left short is counted short. A lane that fails ends the
+/// process: the others would wait for it forever.
+fn run_shared<P: Ops>(
+    lane: &mut Lane,
+    sh: &Shared,
+    round: usize,
+    per_round: usize,
+    settle: Duration,
+) -> Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let fail = |e: Error| -> ! {
+        eprintln!("opcost: {e}");
+        std::process::exit(1)
+    };
+    sh.barrier.wait();
+    std::thread::sleep(settle * (per_round * sh.threads) as u32);
+    sh.barrier.wait();
+    let goal = (round + 1) * per_round * sh.threads;
+    let started = Instant::now();
+    loop {
+        let got = sh.taken.load(Relaxed);
+        if got >= goal {
+            break;
+        }
+        let want = BATCH.min(goal - got);
+        let n = P::poll(lane).unwrap_or_else(|e| fail(e));
+        lane.polls += 1;
+        sh.taken.fetch_add(n, Relaxed);
+        if n < want {
+            lane.short_polls += 1;
+            std::thread::sleep(Duration::from_micros(100));
+            if started.elapsed() > Duration::from_secs(30) {
+                fail(format!("only {got} of {goal} completions in 30 s").into());
+            }
         }
     }
+    sh.barrier.wait();
     Ok(())
 }
 
@@ -750,7 +800,7 @@ fn build_lane(
     port: PortNumber,
     gid: GidIndex,
     remote: RemoteMemory,
-    shared: Option<&(CompletionQueue, std::sync::Arc<std::sync::Barrier>)>,
+    shared: Option<&std::sync::Arc<Shared>>,
 ) -> Result<Lane> {
     let per = a.qps / a.threads;
     let channel = if a.events {
@@ -761,7 +811,7 @@ fn build_lane(
     // The receive queue (one entry, never used) counts too.
     let cqe = (per * (a.depth + 1)) as u32;
     let cq = match (&channel, shared) {
-        (_, Some((cq, _))) => cq.clone(),
+        (_, Some(sh)) => sh.cq.clone(),
         (Some(ch), None) => ctx.create_cq(cqe).channel(ch).build()?,
         (None, None) => ctx.create_cq(cqe).build()?,
     };
@@ -801,7 +851,7 @@ fn build_lane(
         remote,
         comps: Completions::with_capacity(BATCH),
         wcs: [WorkCompletion::default(); BATCH],
-        sync: shared.map(|(_, b)| (b.clone(), a.threads as u32)),
+        sync: shared.cloned(),
         short_polls: 0,
         polls: 0,
     })
@@ -902,8 +952,12 @@ fn run(a: Args) -> Result<()> {
     // One CQ for every lane, as deep as all their queues.
     let shared = if a.shared_cq {
         let cqe = (a.qps * (a.depth + 1)) as u32;
-        let barrier = std::sync::Arc::new(std::sync::Barrier::new(a.threads));
-        Some((ctx.create_cq(cqe).build()?, barrier))
+        Some(std::sync::Arc::new(Shared {
+            cq: ctx.create_cq(cqe).build()?,
+            barrier: std::sync::Barrier::new(a.threads),
+            threads: a.threads,
+            taken: std::sync::atomic::AtomicUsize::new(0),
+        }))
     } else {
         None
     };
@@ -922,7 +976,18 @@ fn run(a: Args) -> Result<()> {
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = lanes
             .iter_mut()
-            .map(|lane| s.spawn(move || run_lane(lane, path, rounds, calibrate, events)))
+            .map(|lane| {
+                s.spawn(move || {
+                    let shared = lane.sync.is_some();
+                    let r = run_lane(lane, path, rounds, calibrate, events);
+                    if let (true, Err(e)) = (shared, &r) {
+                        // The other lanes would wait for this one forever.
+                        eprintln!("opcost: {e}");
+                        std::process::exit(1);
+                    }
+                    r
+                })
+            })
             .collect();
         for h in handles {
             h.join().map_err(|_| "a lane panicked")??;
