@@ -146,11 +146,15 @@ fn parse_args() -> Result<Args> {
     if a.shared_cq
         && (a.events || !matches!(a.path, Path::Prepared | Path::Raw | Path::FloorPrepared))
     {
-        return Err("--shared-cq takes the prepared, raw and floor-prepared paths, no --events".into());
+        return Err(
+            "--shared-cq takes the prepared, raw and floor-prepared paths, no --events".into(),
+        );
     }
     if a.shared_cq && (a.qps / a.threads * a.depth) % BATCH != 0 {
         // Each thread takes what it posted in full polls.
-        return Err("--shared-cq: each thread's requests per round must be a multiple of 16".into());
+        return Err(
+            "--shared-cq: each thread's requests per round must be a multiple of 16".into(),
+        );
     }
     if a.events && matches!(a.path, Path::Raw) {
         return Err("--events takes the safe paths".into());

@@ -296,6 +296,61 @@ fn unsignaled_sends_with_periodic_signaling() {
     back[0] = 0;
 }
 
+/// The unsignaled requests before a signaled one are released when its
+/// completion is claimed, however its buffer comes back: here taken from
+/// the borrowed completion with `take_local`, for many times the queue's
+/// depth (a slot not released would fill the ring).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn unsignaled_sends_released_when_the_next_buffer_is_taken_back() {
+    let p = pair(QpType::Rc, local(), |b| b.max_send_wr(8).max_recv_wr(64));
+    let mut msg = p.pd.alloc(16, local()).unwrap();
+    msg.copy_from_slice(&pattern(16, 7));
+    let frozen: FrozenBuffer = msg.freeze();
+    let (mut sq, mut rq) = (p.a.send_queue().unwrap(), p.b.recv_queue().unwrap());
+    let mut own = p.pd.alloc(16, local()).unwrap();
+    let mut comps = Completions::with_capacity(4);
+    for round in 0..24u64 {
+        for k in 0..3 {
+            rq.recv(p.pd.alloc(16, local()).unwrap(), round * 3 + k)
+                .unwrap();
+        }
+        sq.send(frozen.clone(), Wr::id(1000 + round).unsignaled())
+            .unwrap();
+        sq.send(frozen.clone(), Wr::id(2000 + round).unsignaled())
+            .unwrap();
+        sq.send(own, Wr::id(round)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        own = loop {
+            let mut back = None;
+            for mut c in p.cq_a.poll(&mut comps).unwrap() {
+                c.result().unwrap();
+                assert_eq!(c.wr_id(), round, "only the signaled send completes");
+                back = c.take_local();
+            }
+            if let Some(b) = back {
+                break b;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no completion"
+            );
+        };
+        for c in wait(&p.cq_b, 3) {
+            c.result().unwrap();
+        }
+    }
+    common::assert_quiet(&p.cq_a);
+    assert_eq!(
+        p.a.send_outstanding(),
+        0,
+        "each signaled completion released the unsignaled sends before it"
+    );
+    frozen
+        .try_unfreeze()
+        .expect("no posted request holds the frozen buffer any more");
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn batch_polling_into_small_caller_storage() {

@@ -57,7 +57,6 @@ impl Stamps<'_> {
 /// A [`CompletionRef`]'s owner when no request matched (an orphan).
 const ORPHAN: u8 = u8::MAX;
 
-
 impl<'a> Polled<'a> {
     pub(super) fn new(wcs: &'a mut [sys::ibv_wc], stamps: Option<&'a [u64]>, rxe: bool) -> Self {
         let stamps = match stamps {

@@ -74,6 +74,16 @@ fn target(imp: Imp, events: bool) -> Option<(f64, Option<f64>)> {
     }
 }
 
+/// The implementations of a path table, in its order: C first, the floors last.
+const SHOWN: [Imp; 6] = [
+    Imp::C,
+    Imp::Raw,
+    Imp::Prepared,
+    Imp::Request,
+    Imp::FloorPrepared,
+    Imp::FloorRequest,
+];
+
 fn find(rows: &[Row], imp: Imp, qps: u32, depth: u32, threads: u32, events: bool) -> Option<&Row> {
     rows.iter().find(|r| {
         r.cfg.imp == imp
@@ -132,23 +142,19 @@ fn floors(s: &mut String, rows: &[Row]) {
          Every instruction a path executes in its own code is charged to its source line \
          (the tables *by source line* at the end), and each line to the guarantee it serves \
          (`xtask/src/instr/guarantees.rs`); what no guarantee claims (loops, iterator and \
-         `Result` plumbing, prologues, spills) is overhead. A path's floor is C plus what its \
-         guarantees cost in this build, as measured: what it executes above the floor is \
-         overhead that a better build of the same code could remove, and a target below the \
-         floor needs a guarantee's own lines made cheaper. The floor is this implementation's, \
-         not a proven minimum: a line charged to a guarantee counts whole, its address \
-         arithmetic and spills included.\n\n\
-         | path | per op | guarantees | floor | floor ×C | target ×C | above the floor |\n\
+         `Result` plumbing, prologues, spills) is overhead. *C + guarantees* is C's count \
+         plus what a path's guarantees cost in this build (a line charged to a guarantee \
+         counts whole, its address arithmetic and spills included): what the path executes \
+         above it is overhead a better build of the same code could remove. The floor \
+         prototypes (*floor-prepared*, *floor-request*) are the same guarantees written by \
+         hand: the least they were measured to cost, the floor each target is held against in \
+         the verdicts above, and the second table below says how far each path is above its \
+         floor.\n\n\
+         | path | per op | guarantees | C + guarantees | ×C | target ×C | above it |\n\
          |---|---:|---:|---:|---:|---:|---:|"
     );
-    let paths = [
-        Imp::Raw,
-        Imp::Prepared,
-        Imp::Request,
-        Imp::FloorPrepared,
-        Imp::FloorRequest,
-    ];
-    for imp in paths {
+    let paths = &SHOWN[1..];
+    for &imp in paths {
         let Some(r) = find(rows, imp, 16, 1, 1, false) else {
             continue;
         };
@@ -171,7 +177,7 @@ fn floors(s: &mut String, rows: &[Row]) {
     }
     s.push('\n');
     prototype_floors(s, rows, c);
-    for imp in paths {
+    for &imp in paths {
         let Some(r) = find(rows, imp, 16, 1, 1, false) else {
             continue;
         };
@@ -236,14 +242,7 @@ fn path_table(s: &mut String, rows: &[Row], qps: u32, depth: u32, threads: u32, 
         "|---|---:|---:|{}---:|---:|---:|---:|---|---:|",
         if events { "---:|" } else { "" }
     );
-    for imp in [
-        Imp::C,
-        Imp::Raw,
-        Imp::Prepared,
-        Imp::Request,
-        Imp::FloorPrepared,
-        Imp::FloorRequest,
-    ] {
+    for imp in SHOWN {
         let Some(r) = find(rows, imp, qps, depth, threads, events) else {
             continue;
         };
@@ -423,10 +422,7 @@ pub fn markdown(
         "threads, each with its own CQ and 4 QPs (depth 16)",
         1,
         |r| {
-            (r.cfg.qps == 4 * r.cfg.threads
-                && r.cfg.depth == 16
-                && !r.cfg.events
-                && !r.cfg.shared)
+            (r.cfg.qps == 4 * r.cfg.threads && r.cfg.depth == 16 && !r.cfg.events && !r.cfg.shared)
                 .then_some(r.cfg.threads)
         },
     );
@@ -633,16 +629,9 @@ fn signed(v: f64) -> String {
 /// runs (one queue pair), so that every instruction above a floor, and every one the event
 /// path adds over C, can be found in the code.
 fn by_line(s: &mut String, rows: &[Row]) {
-    let imps = [
-        Imp::C,
-        Imp::Raw,
-        Imp::Prepared,
-        Imp::Request,
-        Imp::FloorPrepared,
-        Imp::FloorRequest,
-    ];
     let pick = |qps: u32, events: bool| -> Vec<&Row> {
-        imps.into_iter()
+        SHOWN
+            .into_iter()
             .filter_map(|i| find(rows, i, qps, 1, 1, events))
             .filter(|r| !r.m.lines.is_empty())
             .collect()
