@@ -282,12 +282,6 @@ const RULES: &[(&str, &str, &str)] = &[
     ("examples/opcost.rs", "slot.free()", "slot"),
     ("examples/opcost.rs", "self.free()", "slot"),
     ("examples/opcost.rs", "self.state.store(FREE", "slot"),
-    ("examples/opcost.rs", "let slot = self.slots.get(id", "slot"),
-    (
-        "examples/opcost.rs",
-        "wc.wr_id = unsafe { *slot.user.get() }",
-        "slot",
-    ),
     ("examples/opcost.rs", "let id = wc.wr_id", "slot"),
     ("examples/opcost.rs", "if id & OURS == 0", "slot"),
     ("examples/opcost.rs", "self.slots.get(id", "slot"),
