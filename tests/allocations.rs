@@ -5,7 +5,8 @@
 //! the test harness's own threads never count). After a warm-up, 1000
 //! iterations of post → poll → take the buffers back must allocate nothing:
 //! posting through the queue pairs' handles (typed methods, chains,
-//! prepared requests), polling with borrowed completions (or `poll_one`).
+//! prepared requests), polling with borrowed completions (or `poll_one`),
+//! and the Tokio dispatcher's futures.
 //! The poll loop is written here without allocating (`common::wait` builds
 //! a `Vec`).
 
@@ -529,4 +530,56 @@ fn request_table_and_stream_do_not_allocate() {
         }
     };
     steady_state_allocates_nothing("request table post/poll and stream", iteration);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn async_queue_pair_send_and_recv_do_not_allocate() {
+    // The Tokio dispatcher's path: post a receive and a send, await both
+    // futures (driving the completion channel, re-arming, filing each
+    // completion in the dispatcher's slab, waking), reuse both buffers.
+    use ibverbs::AsyncQueuePair;
+    let t = common::device();
+    let pd = t.ctx.alloc_pd().unwrap();
+    let (a, b) = (
+        common::channel_qp(&t, &pd, 16),
+        common::channel_qp(&t, &pd, 16),
+    );
+    common::connect_pair(&t, &a, &b, AccessFlags::LOCAL_WRITE);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _in_runtime = rt.enter();
+    let (a, b) = (
+        AsyncQueuePair::new(a).unwrap(),
+        AsyncQueuePair::new(b).unwrap(),
+    );
+    let mut bufs = Some((
+        pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
+        pd.alloc(64, AccessFlags::LOCAL_WRITE).unwrap(),
+    ));
+
+    let iteration = |i: usize| {
+        let (mut s, r) = bufs.take().expect("both buffers back");
+        s[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let incoming = b.post_recv(RecvRequest::new(r)).expect("post_recv");
+        let sent = a.post_send(SendRequest::send(s)).expect("post_send");
+        let (sent, incoming) = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                (sent.await, incoming.await)
+            })
+            .await
+            .unwrap_or_else(|_| panic!("iteration {i} timed out"))
+        });
+        let s = sent.expect("send").take_local().expect("send buffer back");
+        let r = incoming
+            .expect("recv")
+            .take_local()
+            .expect("receive buffer back");
+        assert_eq!(r[..8], (i as u64).to_le_bytes(), "message {i}");
+        bufs = Some((s, r));
+    };
+    steady_state_allocates_nothing("AsyncQueuePair send/recv", iteration);
+    assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
 }

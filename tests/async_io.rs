@@ -366,6 +366,55 @@ async fn async_dropped_future_keeps_its_buffer_until_the_completion() {
     assert_eq!((p.a.outstanding(), p.b.outstanding()), (0, 0));
 }
 
+/// A queue pair wrapped again after its first wrapper was dropped with a
+/// receive outstanding: that receive's completion carries the dispatcher's
+/// mark and a `wr_id` the new wrapper could also give, and must not resolve
+/// the new wrapper's future.
+#[tokio::test]
+#[ignore = "needs an RDMA device"]
+async fn async_a_queue_pair_wrapped_again_never_resolves_with_the_first_wrappers_completion() {
+    let dev = device();
+    let pd = dev.ctx.alloc_pd().unwrap();
+    let a = channel_qp(&dev, &pd, 16);
+    let b = channel_qp(&dev, &pd, 16);
+    connect_pair(&dev, &a, &b, local());
+    let a = AsyncQueuePair::new(a).unwrap();
+    let first = AsyncQueuePair::new(b.clone()).unwrap();
+    let abandoned = first
+        .post_recv(RecvRequest::new(pd.alloc(64, local()).unwrap()))
+        .unwrap();
+    let first_id = abandoned.wr_id();
+    drop((abandoned, first));
+    assert_eq!(b.recv_outstanding(), 1, "the store keeps its buffer");
+    let again = AsyncQueuePair::new(b).unwrap();
+    // 128 bytes: not the 64 of the first wrapper's receive.
+    let mut next = again
+        .post_recv(RecvRequest::new(pd.alloc(128, local()).unwrap()))
+        .unwrap();
+    assert_ne!(next.wr_id(), first_id);
+    ok(
+        "send 1",
+        a.post_send(SendRequest::send(filled(&pd, 64, 1))).unwrap(),
+    )
+    .await;
+    // The first wrapper's receive took send 1: `next` waits on.
+    if let Ok(done) = tokio::time::timeout(Duration::from_millis(100), &mut next).await {
+        panic!("resolved by the first wrapper's receive: {done:?}");
+    }
+    assert_eq!(again.queue_pair().recv_outstanding(), 1, "only next's");
+    ok(
+        "send 2",
+        a.post_send(SendRequest::send(filled(&pd, 96, 2))).unwrap(),
+    )
+    .await;
+    let mut c = ok("next", next).await;
+    let buf = c.take_local().unwrap();
+    assert_eq!((buf.len(), c.byte_len()), (128, 96), "its own buffer");
+    assert_eq!(&buf[..96], &pattern(96, 2)[..]);
+    assert_eq!(again.outstanding(), 0);
+    assert_eq!(again.queue_pair().recv_outstanding(), 0);
+}
+
 #[tokio::test]
 #[ignore = "needs an RDMA device"]
 async fn async_error_completions_resolve_every_waiter() {

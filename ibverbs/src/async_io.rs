@@ -14,12 +14,10 @@
 //! queue pair, so one of them always drives the dispatcher, whichever was
 //! last to register with the reactor and whether or not it is still alive.
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
@@ -33,6 +31,9 @@ use crate::context::{AsyncEvent, Context};
 use crate::error::{Error, Result};
 use crate::queue_pair::{QueuePair, RecvQueue, RecvRequest, Refused, SendQueue, SendRequest};
 
+mod requests;
+use requests::{index, Requests, Slot, Wakers};
+
 /// The owner mark the dispatcher puts on its requests' slots: no public
 /// API sets it, so a request posted any other way is never taken for one
 /// of the dispatcher's, whatever its `wr_id`.
@@ -41,11 +42,22 @@ pub(crate) const DISPATCHER: u8 = 1;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
-/// The `wr_id`s the dispatchers give, unique in the process. A completion
-/// is matched to a future only when its slot says the dispatcher posted it
-/// (its owner mark, [`DISPATCHER`]): a request posted directly on the queue
-/// pair with the same `wr_id` never resolves a future.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// The dispatchers' tags (the high half of their `wr_id`s, see
+/// [`requests`]). A completion is matched to a future only when its slot
+/// says a dispatcher posted it (its owner mark, [`DISPATCHER`]) and its
+/// `wr_id` carries this dispatcher's tag: a request posted directly on the
+/// queue pair, or by an earlier dispatcher of it, never resolves a future.
+static NEXT_TAG: AtomicU32 = AtomicU32::new(1);
+
+/// A new dispatcher's tag: never 0 (wraps after 2^32 - 1 dispatchers).
+fn next_tag() -> u32 {
+    loop {
+        let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        if tag != 0 {
+            return tag;
+        }
+    }
+}
 
 /// Verbs objects whose descriptor stays open, and the same, for as long as
 /// the object lives: `as_raw_fd` reads an immutable field of the C object
@@ -140,47 +152,49 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The wakers of the futures waiting on one queue pair, by `wr_id`. As a
-/// [`Waker`] itself (given to the reactor) it wakes all of them.
-#[derive(Default)]
+/// The wakers of the futures waiting on one queue pair, by slot (see
+/// [`Wakers`]). As a [`Waker`] itself (given to the reactor) it wakes all
+/// of them.
 struct Waiters {
-    map: Mutex<HashMap<u64, Waker>>,
+    wakers: Mutex<Wakers<Waker>>,
+    /// Reused to wake outside the lock without allocating. Taken with
+    /// `try_lock`: a waker that runs its task at once finds it busy and
+    /// wakes from a new list.
+    spare: Mutex<Vec<Waker>>,
 }
 
 impl Waiters {
-    fn set(&self, id: u64, waker: &Waker) {
-        let mut map = lock(&self.map);
-        let old = match map.entry(id) {
-            Entry::Occupied(e) if e.get().will_wake(waker) => None,
-            Entry::Occupied(mut e) => Some(e.insert(waker.clone())),
-            Entry::Vacant(e) => {
-                e.insert(waker.clone());
-                None
-            }
-        };
-        drop(map);
+    fn new() -> Self {
+        Waiters {
+            wakers: Mutex::new(Wakers::new()),
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn set(&self, slot: usize, waker: &Waker) {
+        let old = lock(&self.wakers).set(slot, |w| w.will_wake(waker), || waker.clone());
         drop(old); // outside the lock: dropping a waker may run task code
     }
 
-    fn remove(&self, id: u64) {
-        let old = lock(&self.map).remove(&id);
-        drop(old);
+    /// Wakes the wakers `pick` copies out of the set, outside its lock.
+    fn wake_picked(&self, pick: impl FnOnce(&Wakers<Waker>, &mut Vec<Waker>)) {
+        let mut fresh = Vec::new();
+        let mut spare = self.spare.try_lock().ok();
+        let list = spare.as_deref_mut().unwrap_or(&mut fresh);
+        pick(&lock(&self.wakers), list);
+        list.drain(..).for_each(Waker::wake);
     }
 
     fn wake_ids(&self, ids: &[u64]) {
-        if ids.is_empty() {
-            return;
+        if !ids.is_empty() {
+            self.wake_picked(|set, list| {
+                list.extend(ids.iter().filter_map(|&id| set.get(index(id)).cloned()))
+            });
         }
-        let wakers: Vec<Waker> = {
-            let map = lock(&self.map);
-            ids.iter().filter_map(|id| map.get(id).cloned()).collect()
-        };
-        wakers.into_iter().for_each(Waker::wake);
     }
 
     fn wake_every(&self) {
-        let wakers: Vec<Waker> = lock(&self.map).values().cloned().collect();
-        wakers.into_iter().for_each(Waker::wake);
+        self.wake_picked(|set, list| list.extend(set.all().cloned()));
     }
 }
 
@@ -193,22 +207,22 @@ impl Wake for Waiters {
     }
 }
 
-/// What the dispatcher knows about one posted request.
-enum Slot {
-    /// Posted; its future is alive and has not seen the completion.
-    Waiting,
-    /// Completed; the future has not collected it yet.
-    Done(Completion),
-    /// Its future was dropped: the completion is dropped when it arrives
-    /// (the queue pair owns the buffers until then).
-    Abandoned,
-}
-
 struct State {
-    slots: HashMap<u64, Slot>,
+    requests: Requests<Completion>,
     batch: Completions,
     /// Whether every CQ is armed since the last consumed event.
     armed: bool,
+}
+
+/// What a drive leaves to do once the state is unlocked, kept between
+/// drives so that a steady state allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    /// The futures to wake, by id.
+    wake: Vec<u64>,
+    /// Completions to drop: of abandoned requests, or not this
+    /// dispatcher's.
+    dropped: Vec<Completion>,
 }
 
 struct Shared {
@@ -219,6 +233,9 @@ struct Shared {
     /// registered.
     channels: Vec<Registered<CompletionChannel>>,
     state: Mutex<State>,
+    /// Reused by each poll; taken with `try_lock` (a concurrent poll
+    /// uses a new one).
+    scratch: Mutex<Scratch>,
     /// The queue pair's posting handles, taken at the first post (the
     /// queue pair is connected by then); posts take them in turn.
     sq: Mutex<Option<SendQueue>>,
@@ -230,15 +247,10 @@ struct Shared {
 
 impl Shared {
     /// Consumes channel events, re-arms, polls the CQs until empty and files
-    /// each completion under its `wr_id`. Returns the ids of the futures to
-    /// wake and the completions of abandoned requests (to drop after the
-    /// lock is released). Leaves the reactor waker registered.
-    fn drive(
-        &self,
-        st: &mut State,
-        wake: &mut Vec<u64>,
-        drop_later: &mut Vec<Completion>,
-    ) -> Result<()> {
+    /// each completion under its `wr_id`. Leaves in `scratch` the ids of
+    /// the futures to wake and the completions to drop after the lock is
+    /// released. Leaves the reactor waker registered.
+    fn drive(&self, st: &mut State, scratch: &mut Scratch) -> Result<()> {
         let mut cx = TaskContext::from_waker(&self.reactor_waker);
         for Registered { fd, .. } in &self.channels {
             while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
@@ -273,28 +285,27 @@ impl Shared {
                 let n = polled.len();
                 for c in polled {
                     let c = c.into_owned();
+                    let id = c.wr_id();
                     if c.owner() != Some(DISPATCHER) {
                         // Not posted through an AsyncQueuePair, whatever
                         // its wr_id: never handed to a future.
-                        drop_later.push(c);
+                        scratch.dropped.push(c);
                         continue;
                     }
-                    match st.slots.entry(c.wr_id()) {
-                        Entry::Occupied(mut e) => match e.get() {
-                            Slot::Waiting => {
-                                wake.push(*e.key());
-                                e.insert(Slot::Done(c));
-                            }
-                            Slot::Abandoned => {
-                                e.remove();
-                                drop_later.push(c);
-                            }
-                            // wr_ids are unique; keep the first.
-                            Slot::Done(_) => drop_later.push(c),
-                        },
-                        // Untracked (another dispatcher's cannot reach
-                        // these CQs: see `claim`).
-                        Entry::Vacant(_) => drop_later.push(c),
+                    match st.requests.get_mut(id) {
+                        Some(slot @ Slot::Waiting) => {
+                            *slot = Slot::Done(c);
+                            scratch.wake.push(id);
+                        }
+                        Some(Slot::Abandoned) => {
+                            st.requests.remove(id);
+                            scratch.dropped.push(c);
+                        }
+                        // The store hands a completion out once; keep the
+                        // first.
+                        Some(Slot::Done(_)) => scratch.dropped.push(c),
+                        // An earlier dispatcher's (its tag differs).
+                        None => scratch.dropped.push(c),
                     }
                 }
                 if n < POLL_BATCH {
@@ -399,17 +410,18 @@ impl AsyncQueuePair {
             ch.set_nonblocking(true)?;
             channels.push(register(ch, "AsyncQueuePair")?);
         }
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(Waiters::new());
         Ok(AsyncQueuePair {
             shared: Arc::new(Shared {
                 qp,
                 cqs,
                 channels,
                 state: Mutex::new(State {
-                    slots: HashMap::new(),
+                    requests: Requests::new(next_tag()),
                     batch: Completions::with_capacity(POLL_BATCH),
                     armed: false,
                 }),
+                scratch: Mutex::new(Scratch::default()),
                 sq: Mutex::new(None),
                 rq: Mutex::new(None),
                 reactor_waker: Waker::from(Arc::clone(&waiters)),
@@ -428,17 +440,21 @@ impl AsyncQueuePair {
     /// Requests posted through this wrapper (all clones) whose completion
     /// has not been collected yet, abandoned ones included.
     pub fn outstanding(&self) -> usize {
-        lock(&self.shared.state).slots.len()
+        lock(&self.shared.state).requests.len()
     }
 
-    fn track(&self) -> u64 {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        lock(&self.shared.state).slots.insert(id, Slot::Waiting);
-        id
+    fn track(&self) -> Result<u64> {
+        lock(&self.shared.state)
+            .requests
+            .insert()
+            .ok_or(Error::QueueFull {
+                queue: "AsyncQueuePair's requests",
+                depth: u32::MAX - 1,
+            })
     }
 
     fn untrack(&self, id: u64) {
-        lock(&self.shared.state).slots.remove(&id);
+        lock(&self.shared.state).requests.remove(id);
     }
 
     fn future(&self, id: u64) -> CompletionFuture {
@@ -450,13 +466,14 @@ impl AsyncQueuePair {
     }
 
     /// Posts a send-queue request now and returns the future of its
-    /// completion. The request gets a unique `wr_id` (replacing its own) and
-    /// is made signaled. The first post takes the queue pair's send queue
+    /// completion. The request gets the dispatcher's `wr_id` (replacing its
+    /// own: [`CompletionFuture::wr_id`]) and is made signaled. The first post takes the queue pair's send queue
     /// handle ([`QueuePair::send_queue`]) for the wrapper's life.
     ///
     /// # Errors
     /// As [`SendQueue::post_chain`]: the request's buffers are handed back
-    /// in the [`Refused`]. The future resolves to an error as described on
+    /// in the [`Refused`]; [`Error::QueueFull`] when 2^32 - 1 requests of
+    /// the wrapper are uncollected. The future resolves to an error as described on
     /// [`CompletionFuture`].
     ///
     /// # References
@@ -476,7 +493,15 @@ impl AsyncQueuePair {
             }
         }
         let sq = sq.as_mut().expect("taken above");
-        let id = self.track();
+        let id = match self.track() {
+            Ok(id) => id,
+            Err(error) => {
+                return Err(Refused {
+                    error,
+                    buf: wr.into_buffers(),
+                })
+            }
+        };
         let mut wr = wr.wr_id(id).signaled(true);
         wr.owner = DISPATCHER;
         match sq.post_general(wr) {
@@ -489,12 +514,14 @@ impl AsyncQueuePair {
     }
 
     /// Posts a receive request now and returns the future of its
-    /// completion (the request's `wr_id` is replaced by a unique one). The
+    /// completion (the request's `wr_id` is replaced by the dispatcher's). The
     /// first post takes the receive queue's handle
     /// ([`QueuePair::recv_queue`]) for the wrapper's life.
     ///
     /// # Errors
-    /// As [`RecvQueue::post_chain`], with the buffers handed back.
+    /// As [`RecvQueue::post_chain`], with the buffers handed back;
+    /// [`Error::QueueFull`] when 2^32 - 1 requests of the wrapper are
+    /// uncollected.
     ///
     /// # References
     /// `ibv_post_recv(3)`
@@ -513,7 +540,15 @@ impl AsyncQueuePair {
             }
         }
         let rq = rq.as_mut().expect("taken above");
-        let id = self.track();
+        let id = match self.track() {
+            Ok(id) => id,
+            Err(error) => {
+                return Err(Refused {
+                    error,
+                    buf: wr.into_buffers(),
+                })
+            }
+        };
         let mut wr = wr.wr_id(id);
         wr.owner = DISPATCHER;
         match rq.post_one(wr) {
@@ -570,27 +605,11 @@ pub struct CompletionFuture {
 }
 
 impl CompletionFuture {
-    /// The unique `wr_id` the request was posted with (what
-    /// [`Completion::wr_id`] reports).
+    /// The `wr_id` the request was posted with (what [`Completion::wr_id`]
+    /// reports): unique among the wrapper's uncollected requests, and never
+    /// another wrapper's.
     pub fn wr_id(&self) -> u64 {
         self.id
-    }
-
-    fn take_done(st: &mut State, id: u64) -> Option<Completion> {
-        match st.slots.remove(&id) {
-            Some(Slot::Done(c)) => Some(c),
-            Some(other) => {
-                st.slots.insert(id, other);
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn finish(&mut self, result: Result<Completion>) -> Poll<Result<Completion>> {
-        self.finished = true;
-        self.shared.waiters.remove(self.id);
-        Poll::Ready(result)
     }
 }
 
@@ -602,41 +621,49 @@ impl Future for CompletionFuture {
         if this.finished {
             return Poll::Ready(Err(Error::PolledAfterCompletion));
         }
-        let shared = Arc::clone(&this.shared);
+        let shared = &*this.shared;
+        let slot = index(this.id);
         // Registered before driving: a wake-up between driving and
         // returning Pending is not lost.
-        shared.waiters.set(this.id, cx.waker());
-        let mut wake = Vec::new();
-        let mut drop_later = Vec::new();
+        shared.waiters.set(slot, cx.waker());
+        let mut fresh = Scratch::default();
+        let mut spare = shared.scratch.try_lock().ok();
+        let scratch = spare.as_deref_mut().unwrap_or(&mut fresh);
         let mut st = lock(&shared.state);
-        let mut done = Self::take_done(&mut st, this.id);
+        let mut done = st.requests.take_done(this.id);
         let mut failed = None;
         if done.is_none() {
-            match shared.drive(&mut st, &mut wake, &mut drop_later) {
-                Ok(()) => done = Self::take_done(&mut st, this.id),
+            match shared.drive(&mut st, scratch) {
+                Ok(()) => done = st.requests.take_done(this.id),
                 Err(e) => {
                     // Not collected here any more: a later completion is dropped.
-                    if let Some(slot) = st.slots.get_mut(&this.id) {
-                        *slot = Slot::Abandoned;
+                    if let Some(s) = st.requests.get_mut(this.id) {
+                        *s = Slot::Abandoned;
                     }
                     failed = Some(e);
                 }
             }
         }
+        this.finished = done.is_some() || failed.is_some();
+        // Removed in the critical section that frees or abandons the slot
+        // (see `Wakers`).
+        let own = match this.finished {
+            true => lock(&shared.waiters.wakers).remove(slot),
+            false => None,
+        };
         drop(st);
-        drop(drop_later);
-        wake.retain(|&id| id != this.id);
-        shared.waiters.wake_ids(&wake);
+        drop(own);
+        scratch.dropped.clear();
+        scratch.wake.retain(|&id| id != this.id);
+        shared.waiters.wake_ids(&scratch.wake);
+        scratch.wake.clear();
         if let Some(e) = failed {
             // Every waiting future drives in turn and reports the failure.
             shared.waiters.wake_every();
-            return this.finish(Err(e));
+            return Poll::Ready(Err(e));
         }
         match done {
-            Some(c) => {
-                let result = c.result().map(|()| c);
-                this.finish(result)
-            }
+            Some(c) => Poll::Ready(c.result().map(|()| c)),
             None => Poll::Pending,
         }
     }
@@ -647,19 +674,21 @@ impl Drop for CompletionFuture {
         if self.finished {
             return;
         }
-        let leftover = {
+        let (leftover, waker) = {
             let mut st = lock(&self.shared.state);
-            match st.slots.get_mut(&self.id) {
+            let leftover = match st.requests.get_mut(self.id) {
                 Some(slot @ Slot::Waiting) => {
                     *slot = Slot::Abandoned;
                     None
                 }
-                Some(Slot::Done(_)) => st.slots.remove(&self.id),
+                Some(Slot::Done(_)) => st.requests.remove(self.id),
                 _ => None,
-            }
+            };
+            // With the slot's change (see `Wakers`).
+            let waker = lock(&self.shared.waiters.wakers).remove(index(self.id));
+            (leftover, waker)
         };
-        drop(leftover);
-        self.shared.waiters.remove(self.id);
+        drop((leftover, waker));
     }
 }
 
@@ -812,7 +841,7 @@ mod tests {
             }
         }
         let count = Arc::new(Count(0.into()));
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(Waiters::new());
         let w = Waker::from(Arc::clone(&count));
         waiters.set(1, &w);
         waiters.set(2, &w);
@@ -821,8 +850,8 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 2);
         waiters.wake_ids(&[2, 3]);
         assert_eq!(count.0.load(Ordering::SeqCst), 3);
-        waiters.remove(1);
-        waiters.remove(2);
+        lock(&waiters.wakers).remove(1);
+        lock(&waiters.wakers).remove(2);
         Waker::from(Arc::clone(&waiters)).wake();
         assert_eq!(count.0.load(Ordering::SeqCst), 3);
     }
