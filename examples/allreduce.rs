@@ -34,9 +34,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::bytemuck::cast_slice;
-use ibverbs::{
-    AccessFlags, ConnectOptions, GidIndex, LocalPort, Ranks, Received, RemoteMemory, WriteChannel,
-};
+use ibverbs::{AccessFlags, ConnectOptions, GidIndex, LocalPort, RemoteMemory};
+use ibverbs_runtime::{Ranks, Received, WriteChannel};
 use ibverbs_suite::perf::{main_with, stats, Result};
 
 /// Inbox slots per channel: a writer may be two steps ahead.

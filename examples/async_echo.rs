@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::{
-    AccessFlags, AsyncQueuePair, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer,
-    LocalPort, PortNumber, ProtectionDomain, QpType, RecvRequest, SendRequest,
+    AccessFlags, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer, LocalPort, PortNumber,
+    ProtectionDomain, QpType, RecvRequest, SendRequest,
 };
+use ibverbs_tokio::AsyncQueuePair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -276,7 +277,7 @@ async fn client(
         let (mut s, mut r) = bounded(limit, &format!("message {i}"), async {
             let s = sent.await?;
             let r = echo.await?;
-            Ok::<_, ibverbs::Error>((s, r))
+            Ok::<_, ibverbs_tokio::Error>((s, r))
         })
         .await?;
         out = s

@@ -60,9 +60,10 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use ibverbs::{
     AccessFlags, BufferPool, Completion, Completions, ConnectOptions, Context, Endpoint, GidIndex,
-    LocalPort, MwType, PortNumber, ProtectionDomain, QpType, QueuePair, Reaped, RemoteMemory,
-    RequestTable, SendQueue, SendRequest, SharedBuffer,
+    LocalPort, MwType, PortNumber, ProtectionDomain, QpType, QueuePair, RemoteMemory, SendQueue,
+    SendRequest, SharedBuffer,
 };
+use ibverbs_runtime::{Reaped, RequestTable};
 use ibverbs_suite::perf::{main_with, stats, Result};
 
 /// Bytes per block.
@@ -174,7 +175,7 @@ impl Server {
             .build()?;
         self.live.lock().unwrap().push(qp.clone());
         let me = self.local.endpoint(&qp, Endpoint::random_psn())?;
-        let peer = me.exchange(&mut tcp, &self.private, self.timeout)?;
+        let peer = ibverbs_runtime::exchange(&mut tcp, &me, &self.private, self.timeout)?;
         qp.connect(&me, &peer.endpoint, &self.opts)?;
         let mw = self.pd.alloc_mw(MwType::Type2)?;
         let free = self.free.1.lock().unwrap().recv_timeout(self.timeout);
@@ -435,7 +436,7 @@ fn client(c: Common, host: &str, depth: usize, ops: usize, ratio: f64) -> Result
         }
     };
     let me = local.endpoint(&qp, Endpoint::random_psn())?;
-    let peer = me.exchange(&mut tcp, &[], c.timeout())?;
+    let peer = ibverbs_runtime::exchange(&mut tcp, &me, &[], c.timeout())?;
     qp.connect(&me, &peer.endpoint, &opts)?;
     let w = RemoteMemory::WIRE_LEN;
     let store = RemoteMemory::from_bytes(peer.private.get(..w).ok_or("short private bytes")?)?;

@@ -1,4 +1,4 @@
-//! The Tokio integration (`ibverbs` feature `tokio`): `AsyncQueuePair`
+//! The Tokio integration (`ibverbs-tokio`): `AsyncQueuePair`
 //! futures for every verb, many at once, cancellation (a dropped future
 //! leaves its buffer with the queue pair until the completion arrives),
 //! error completions, `AsyncEvents`, and the `async_echo` example run as
@@ -15,9 +15,10 @@ use std::time::Duration;
 use common::process::{self, device_args, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
-    AccessFlags, AsyncEventType, AsyncEvents, AsyncQueuePair, Completion, CompletionFuture, Error,
-    ProtectionDomain, QpState, QpType, RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
+    AccessFlags, AsyncEventType, Completion, Error, ProtectionDomain, QpState, QpType, RecvRequest,
+    SendRequest, WcOpcode, WcStatus, Wr,
 };
+use ibverbs_tokio::{AsyncEvents, AsyncQueuePair, CompletionFuture};
 
 /// Longest any single await may take here.
 const BOUND: Duration = Duration::from_secs(10);
@@ -430,7 +431,9 @@ async fn async_error_completions_resolve_every_waiter() {
     p.b.queue_pair().to_err().unwrap();
     for t in [t1, t2] {
         match within("flushed recv", t).await.unwrap() {
-            Err(Error::WorkCompletion { status, .. }) => assert_eq!(status, WcStatus::WrFlushErr),
+            Err(ibverbs_tokio::Error::Verbs(Error::WorkCompletion { status, .. })) => {
+                assert_eq!(status, WcStatus::WrFlushErr)
+            }
             other => panic!("expected a flush error, got {other:?}"),
         }
     }
@@ -448,7 +451,7 @@ async fn async_error_completions_resolve_every_waiter() {
     )
     .await
     {
-        Err(Error::WorkCompletion { status, wr_id, .. }) => {
+        Err(ibverbs_tokio::Error::Verbs(Error::WorkCompletion { status, wr_id, .. })) => {
             assert_eq!(status, WcStatus::RemAccessErr);
             assert_ne!(wr_id, 0);
         }
@@ -465,14 +468,14 @@ fn async_construction_errors() {
     // Outside a runtime: an error, not a panic.
     let qp = channel_qp(&dev, &pd, 4);
     match AsyncQueuePair::new(qp.clone()) {
-        Err(Error::NoRuntime {
+        Err(ibverbs_tokio::Error::NoRuntime {
             by: "AsyncQueuePair",
         }) => {}
         other => panic!("expected NoRuntime, got {other:?}"),
     }
     assert!(matches!(
         AsyncEvents::new(&dev.ctx),
-        Err(Error::NoRuntime { by: "AsyncEvents" })
+        Err(ibverbs_tokio::Error::NoRuntime { by: "AsyncEvents" })
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -483,9 +486,9 @@ fn async_construction_errors() {
         let cq = dev.ctx.create_cq(256).build().unwrap();
         let plain = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         match AsyncQueuePair::new(plain) {
-            Err(Error::NoCompletionChannel {
+            Err(ibverbs_tokio::Error::Verbs(Error::NoCompletionChannel {
                 which: "AsyncQueuePair's send CQ",
-            }) => {}
+            })) => {}
             other => panic!("expected NoCompletionChannel, got {other:?}"),
         }
         // One AsyncQueuePair per channel.
@@ -494,7 +497,7 @@ fn async_construction_errors() {
         assert!(
             matches!(
                 second,
-                Error::AlreadyDriven {
+                ibverbs_tokio::Error::AlreadyDriven {
                     by: "AsyncQueuePair",
                     ..
                 }
@@ -531,7 +534,7 @@ async fn async_events_stream() {
     assert!(
         matches!(
             twice,
-            Error::AlreadyDriven {
+            ibverbs_tokio::Error::AlreadyDriven {
                 by: "AsyncEvents",
                 ..
             }

@@ -402,7 +402,7 @@ async fn async_route_tokio_next_unrouted_routes() {
     let pd = dev.ctx.alloc_pd().unwrap();
     let mut a = srq_side(&dev, &pd, 8, 4);
     let rx = a.srq.async_events();
-    let mut events = ibverbs::AsyncEvents::new(&dev.ctx).unwrap();
+    let mut events = ibverbs_tokio::AsyncEvents::new(&dev.ctx).unwrap();
     for i in 0..5u8 {
         a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }

@@ -160,7 +160,7 @@ fn intrude(port: u16) -> Intruder {
             .local_port(&local)
             .rd_atomic(16);
         let me = local.endpoint(&qp, Endpoint::random_psn()).unwrap();
-        let peer = me.exchange(&mut tcp, &[], Duration::from_secs(10)).unwrap();
+        let peer = ibverbs_runtime::exchange(&mut tcp, &me, &[], Duration::from_secs(10)).unwrap();
         qp.connect(&me, &peer.endpoint, &opts).unwrap();
         let store = RemoteMemory::from_bytes(&peer.private[..RemoteMemory::WIRE_LEN]).unwrap();
         let mut grant = [0u8; RemoteMemory::WIRE_LEN];

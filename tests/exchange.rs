@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::{device, pattern, remote_all, wait};
 use ibverbs::{
-    AccessFlags, CompletionQueue, ConnectOptions, Endpoint, Error, LocalPort, Mesh, PeerInfo,
-    ProtectionDomain, QpType, Ranks, RemoteMemory, SharedBuffer, WcOpcode, WireProblem, Wr,
+    AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort, ProtectionDomain, QpType,
+    RemoteMemory, SharedBuffer, WcOpcode, WireProblem, Wr,
 };
+use ibverbs_runtime::{Error, Mesh, PeerInfo, Ranks};
 
 /// Bytes of each peer's slot in a rank's target memory.
 const SLOT: usize = 512;
@@ -280,8 +281,10 @@ fn exchange_connects_two_queue_pairs() {
         r.local.endpoint(&a, Endpoint::random_psn()).unwrap(),
         r.local.endpoint(&b, Endpoint::random_psn()).unwrap(),
     );
-    let t = thread::spawn(move || eb.exchange(&mut sb, b"b", Duration::from_secs(10)));
-    let pa = ea.exchange(&mut sa, b"a", Duration::from_secs(10)).unwrap();
+    let t = thread::spawn(move || {
+        ibverbs_runtime::exchange(&mut sb, &eb, b"b", Duration::from_secs(10))
+    });
+    let pa = ibverbs_runtime::exchange(&mut sa, &ea, b"a", Duration::from_secs(10)).unwrap();
     let pb: PeerInfo = t.join().unwrap().unwrap();
     assert_eq!((pa.endpoint, &pa.private[..]), (eb, &b"b"[..]));
     assert_eq!((pb.endpoint, &pb.private[..]), (ea, &b"a"[..]));
@@ -431,7 +434,7 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     assert!(
         matches!(
             of_rank_1(e),
-            Error::MissingRemoteAddress { needed: "GID", .. }
+            Error::Verbs(ibverbs::Error::MissingRemoteAddress { needed: "GID", .. })
         ),
         "a zero GID was connected"
     );

@@ -8,10 +8,8 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use ibverbs::{
-    AccessFlags, ChannelProblem, ConnectOptions, Error, MessageChannel, QpType, QueuePair,
-    WcStatus, Wr,
-};
+use ibverbs::{AccessFlags, ConnectOptions, Error, QpType, QueuePair, WcStatus, Wr};
+use ibverbs_runtime::{ChannelProblem, MessageChannel};
 
 /// Two channel ends of `slots` × `size` on the test device, connected.
 fn channel_pair(slots: u32, size: usize) -> (MessageChannel, MessageChannel) {
@@ -78,7 +76,7 @@ fn both_ways_end(mut ch: MessageChannel, mine: u64, theirs: u64, done: &Barrier)
                     sent += 1;
                     message(mine, sent, SLOT, &mut out);
                 }
-                Err(Error::TimedOut { .. }) => {
+                Err(ibverbs_runtime::Error::TimedOut { .. }) => {
                     blocked += 1;
                     // No credit: sleep until something arrives.
                     wait = Some(Duration::from_millis(50));
@@ -163,7 +161,7 @@ fn message_channel_oversize_messages_are_refused_and_the_channel_goes_on() {
     let (mut a, mut b) = channel_pair(2, 100);
     let big = vec![1u8; 101];
     match a.send(&big, Some(Duration::ZERO)) {
-        Err(Error::MessageTooLarge { len: 101, max: 100 }) => {}
+        Err(ibverbs_runtime::Error::MessageTooLarge { len: 101, max: 100 }) => {}
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
     a.send(&big[..100], Some(Duration::from_secs(10))).unwrap();
@@ -209,22 +207,25 @@ fn message_channel_a_peer_that_goes_away_is_an_error() {
     // completion for 20 s, so there the flush times out.
     let flushed = a.flush(Some(Duration::from_secs(5)));
     eprintln!("send: {error}; flush: {flushed:?}");
-    let failed = |e: &Error| {
+    let failed = |e: &ibverbs_runtime::Error| {
         matches!(
             e,
-            Error::WorkCompletion {
+            ibverbs_runtime::Error::Verbs(Error::WorkCompletion {
                 status: WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr,
                 ..
-            }
+            })
         )
     };
     match (&error, &flushed) {
         (e, _) if failed(e) => {}
-        (Error::TimedOut { .. }, Err(e)) if failed(e) => {}
-        (Error::TimedOut { .. }, Err(Error::QueuePairInError { .. })) => {}
+        (ibverbs_runtime::Error::TimedOut { .. }, Err(e)) if failed(e) => {}
         (
-            Error::TimedOut { .. },
-            Err(Error::TimedOut {
+            ibverbs_runtime::Error::TimedOut { .. },
+            Err(ibverbs_runtime::Error::Verbs(Error::QueuePairInError { .. })),
+        ) => {}
+        (
+            ibverbs_runtime::Error::TimedOut { .. },
+            Err(ibverbs_runtime::Error::TimedOut {
                 op: "MessageChannel::flush",
                 ..
             }),
@@ -235,9 +236,16 @@ fn message_channel_a_peer_that_goes_away_is_an_error() {
         // Broken for good, with a typed error, never a panic.
         assert!(matches!(
             a.send(b"x", None),
-            Err(Error::QueuePairInError { .. })
+            Err(ibverbs_runtime::Error::Verbs(
+                Error::QueuePairInError { .. }
+            ))
         ));
-        assert!(matches!(a.recv(None), Err(Error::QueuePairInError { .. })));
+        assert!(matches!(
+            a.recv(None),
+            Err(ibverbs_runtime::Error::Verbs(
+                Error::QueuePairInError { .. }
+            ))
+        ));
     }
 }
 
@@ -288,7 +296,7 @@ fn raw_send(raw: &QueuePair, bytes: &[u8], imm: u32) {
 
 fn protocol_error(ch: &mut MessageChannel) -> ChannelProblem {
     match ch.recv(Some(Duration::from_secs(5))) {
-        Err(Error::ChannelProtocol { problem }) => problem,
+        Err(ibverbs_runtime::Error::ChannelProtocol { problem }) => problem,
         other => panic!("expected a protocol error, got {other:?}"),
     }
 }
@@ -305,7 +313,12 @@ fn message_channel_peers_that_break_the_protocol_are_typed_errors() {
             what: "a message before the peer's hello"
         }
     );
-    assert!(matches!(ch.recv(None), Err(Error::QueuePairInError { .. })));
+    assert!(matches!(
+        ch.recv(None),
+        Err(ibverbs_runtime::Error::Verbs(
+            Error::QueuePairInError { .. }
+        ))
+    ));
 
     // A hello of another window.
     let (mut ch, raw, _dev) = channel_and_raw(SLOTS, 64);
@@ -363,7 +376,7 @@ fn message_channel_peers_that_break_the_protocol_are_typed_errors() {
                 // Keep the receive: forgetting leaks it (never reposted).
                 std::mem::forget(m);
             }
-            Err(Error::ChannelProtocol { problem }) => break problem,
+            Err(ibverbs_runtime::Error::ChannelProtocol { problem }) => break problem,
             other => panic!("after {got} messages: {other:?}"),
         }
     };

@@ -5,9 +5,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Error, LocalBuffer, QpType, QueuePair, Reaped, RecvQueue, RecvRequest, RemoteKey,
-    RemoteMemory, RequestTable, SendQueue, SendRequest, SendStream, SgList, WcStatus, Wr,
+    AccessFlags, LocalBuffer, QpType, QueuePair, RecvQueue, RecvRequest, RemoteKey, RemoteMemory,
+    SendQueue, SendRequest, SgList, WcStatus, Wr,
 };
+use ibverbs_runtime::{Reaped, RequestTable, SendStream};
 
 /// What a test's value says of its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +67,10 @@ fn post_send_polling<'a>(
             }
             Err(e) => {
                 assert!(
-                    matches!(e.error, Error::RequestTableFull { capacity: DEPTH }),
+                    matches!(
+                        e.error,
+                        ibverbs_runtime::Error::RequestTableFull { capacity: DEPTH }
+                    ),
                     "{e}"
                 );
                 assert_eq!(table.len(), DEPTH);
@@ -138,7 +142,7 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     assert!(
         matches!(
             e.error,
-            Error::CompletionQueueMismatch {
+            ibverbs_runtime::Error::CompletionQueueMismatch {
                 queue: "receive queue"
             }
         ),
@@ -336,7 +340,10 @@ fn post_stream_polling<'a>(
         match table.post_stream(stream, request(buffers), value) {
             Ok(()) => return,
             Err(e) => {
-                assert!(matches!(e.error, Error::RequestTableFull { .. }), "{e}");
+                assert!(
+                    matches!(e.error, ibverbs_runtime::Error::RequestTableFull { .. }),
+                    "{e}"
+                );
                 (buffers, value) = (e.buffers, e.value);
                 done(next(table));
             }
@@ -453,7 +460,10 @@ fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_erro
     let e = other
         .post_stream(&mut stream, SendRequest::write_inline(b"x", remote), 77)
         .unwrap_err();
-    assert!(matches!(e.error, Error::StreamOfAnotherTable), "{e}");
+    assert!(
+        matches!(e.error, ibverbs_runtime::Error::StreamOfAnotherTable),
+        "{e}"
+    );
     assert_eq!(e.value, 77);
     for i in 0..8 {
         let to = if i == 3 { bad_key(remote) } else { remote };

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use common::{channel_qp, connect_pair, pattern, plain_qp};
 use ibverbs::{
-    AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, AsyncEvents, AsyncQueuePair, Context,
-    Error, ProtectionDomain, QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
+    AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, Context, Error, ProtectionDomain,
+    QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
 };
+use ibverbs_tokio::{AsyncEvents, AsyncQueuePair};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -215,7 +216,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
         .unwrap();
     let events = rt1.block_on(async { AsyncEvents::new(&dev.ctx) }).unwrap();
     match rt2.block_on(async { AsyncQueuePair::new(a.clone()) }) {
-        Err(Error::AlreadyDriven {
+        Err(ibverbs_tokio::Error::AlreadyDriven {
             by: "AsyncQueuePair",
             descriptor: "completion channel",
         }) => {}
@@ -224,7 +225,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
     // Through another handle of the same context, too.
     let ctx2 = pd.context().clone();
     match rt2.block_on(async { AsyncEvents::new(&ctx2) }) {
-        Err(e @ Error::AlreadyDriven { .. }) => {
+        Err(e @ ibverbs_tokio::Error::AlreadyDriven { .. }) => {
             assert!(e.to_string().contains("AsyncEvents"), "{e}")
         }
         other => panic!("a second AsyncEvents on another runtime: {other:?}"),

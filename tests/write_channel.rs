@@ -8,7 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, ChannelProblem, Error, WriteChannel};
+use ibverbs::{AccessFlags, Error};
+use ibverbs_runtime::{ChannelProblem, WriteChannel};
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
 
@@ -65,7 +66,7 @@ fn write_channel_both_ways() {
                 }
                 match ch.send(&out[..len], Some(Duration::ZERO)) {
                     Ok(()) => *sent += 1,
-                    Err(Error::TimedOut { .. }) => {}
+                    Err(ibverbs_runtime::Error::TimedOut { .. }) => {}
                     Err(e) => panic!("send {sent}: {e}"),
                 }
             }
@@ -177,18 +178,18 @@ fn write_channel_refusals() {
     let pd = dev.ctx.alloc_pd().unwrap();
     assert!(matches!(
         WriteChannel::create(&pd, 0, 64),
-        Err(Error::OutOfRange { .. })
+        Err(ibverbs_runtime::Error::Verbs(Error::OutOfRange { .. }))
     ));
     let mut a = WriteChannel::create(&pd, 2, 64).unwrap();
     let b = WriteChannel::create(&pd, 2, 128).unwrap();
     assert!(matches!(
         a.send(b"early", T),
-        Err(Error::NotReadyToSend { .. })
+        Err(ibverbs_runtime::Error::Verbs(Error::NotReadyToSend { .. }))
     ));
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     common::connect_pair(&dev, a.queue_pair(), b.queue_pair(), access);
     match a.start(b.inbox()) {
-        Err(Error::ChannelProtocol {
+        Err(ibverbs_runtime::Error::ChannelProtocol {
             problem:
                 ChannelProblem::Hello {
                     field: "inbox",
@@ -200,17 +201,20 @@ fn write_channel_refusals() {
     }
     drop((a, b));
     let (mut a, mut c) = channel_pair(2, 64);
-    assert!(matches!(a.start(c.inbox()), Err(Error::QueueFull { .. })));
+    assert!(matches!(
+        a.start(c.inbox()),
+        Err(ibverbs_runtime::Error::Verbs(Error::QueueFull { .. }))
+    ));
     assert!(matches!(
         a.send(&[0; 65], T),
-        Err(Error::MessageTooLarge { len: 65, max: 64 })
+        Err(ibverbs_runtime::Error::MessageTooLarge { len: 65, max: 64 })
     ));
     a.send(&[7; 64], T).unwrap();
     let w = c.recv(T).unwrap().unwrap();
     let mut x = [0u8; 64];
     assert!(matches!(
         w.copy_to_slice(1, &mut x),
-        Err(Error::OutOfBounds { .. })
+        Err(ibverbs_runtime::Error::Verbs(Error::OutOfBounds { .. }))
     ));
     w.copy_to_slice(0, &mut x).unwrap();
     assert_eq!(x, [7; 64]);

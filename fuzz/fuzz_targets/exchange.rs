@@ -1,4 +1,4 @@
-//! `Endpoint::exchange` against a peer whose bytes are the input (over an
+//! `ibverbs_runtime::exchange` against a peer whose bytes are the input (over an
 //! in-memory `TimedStream`): never a panic; what it accepts is a message
 //! that this side would write back byte for byte (the bytes after it left
 //! unread); what it refuses is a malformed message (`BadWireFormat` of the
@@ -8,7 +8,8 @@
 use std::io::{self, Cursor, Read, Write};
 use std::time::Duration;
 
-use ibverbs::{Endpoint, Error, Gid, QpNumber, TimedStream, MAX_PRIVATE_LEN};
+use ibverbs::{Endpoint, Gid, QpNumber};
+use ibverbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
 use libfuzzer_sys::fuzz_target;
 
 /// The peer's bytes to read; what this side writes is discarded.
@@ -46,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
         gid: Gid([4; 16]),
     };
     let mut peer = Peer(Cursor::new(data));
-    match me.exchange(&mut peer, b"mine", Duration::from_secs(1)) {
+    match exchange(&mut peer, &me, b"mine", Duration::from_secs(1)) {
         Ok(p) => {
             assert!(p.private.len() <= MAX_PRIVATE_LEN);
             let used = peer.0.position() as usize;

@@ -674,7 +674,7 @@ impl CompletionQueue {
     /// non-blocking, so that reading an event cannot block past the
     /// deadline ([`CompletionChannel::get_event`] on it then returns
     /// `EAGAIN` instead of blocking). Its events are the wait's: one read
-    /// elsewhere (`get_event`, an `AsyncQueuePair` on the channel, the C
+    /// elsewhere (`get_event`, `ibverbs-tokio`'s `AsyncQueuePair` on the channel, the C
     /// API) may leave a wait asleep until its deadline, never past it. The
     /// CQ is left armed; the next wait reads the event that raises.
     ///

@@ -215,22 +215,6 @@ pub enum Error {
         /// Its capacity.
         depth: u32,
     },
-    /// A completion channel (or a context's async-event descriptor) is
-    /// already driven by an `AsyncQueuePair` (an
-    /// `AsyncEvents`) in this process, on this or another Tokio runtime:
-    /// two readers would steal each other's events and completions. Drop
-    /// the first (all its clones) before wrapping again.
-    #[error(
-        "{by}: this {descriptor} is already driven by another {by} in this process \
-         (one per completion channel or context, across runtimes)"
-    )]
-    AlreadyDriven {
-        /// The wrapper refused (`AsyncQueuePair`, `AsyncEvents`).
-        by: &'static str,
-        /// What it wanted to drive (`completion channel`,
-        /// `context's async events`).
-        descriptor: &'static str,
-    },
     /// A send (or window bind) posted to a queue pair that cannot send
     /// yet: RESET, INIT or RTR. Refused by the library, not handed to the
     /// provider (rxe would keep such a request and run it once the queue
@@ -445,15 +429,8 @@ pub enum Error {
     /// Invalidating a type 1 memory window that is not bound.
     #[error("this type 1 memory window is not bound: there is nothing to invalidate")]
     WindowNotBound,
-    /// An async wrapper created outside a Tokio runtime (or one without
-    /// IO enabled).
-    #[error("{by} needs a Tokio runtime: create it from within one (with IO enabled)")]
-    NoRuntime {
-        /// The wrapper (`"AsyncQueuePair"`, `"AsyncEvents"`).
-        by: &'static str,
-    },
     /// A completion queue without a completion channel where one is
-    /// needed: under an `AsyncQueuePair` (feature `tokio`), or
+    /// needed: under `ibverbs-tokio`'s `AsyncQueuePair`, or
     /// waited on with [`CompletionQueue::wait`](crate::CompletionQueue::wait).
     /// Create the CQ with a channel of its own
     /// ([`CompletionQueueBuilder::channel`](crate::CompletionQueueBuilder::channel)).
@@ -463,9 +440,6 @@ pub enum Error {
         /// receive CQ"` or `"CQ waited on"`.
         which: &'static str,
     },
-    /// A `CompletionFuture` polled again after it resolved.
-    #[error("CompletionFuture polled after it resolved")]
-    PolledAfterCompletion,
     /// Two options that exclude each other
     /// (`WcFields::COMPLETION_TIMESTAMP` and
     /// `WcFields::COMPLETION_TIMESTAMP_WALLCLOCK`).
@@ -546,61 +520,6 @@ pub enum Error {
         /// The element size (0 for a zero-sized type, which is refused).
         size: usize,
     },
-    /// The out-of-band stream of an endpoint exchange, a mesh connection
-    /// or a barrier ([`Endpoint::exchange`](crate::Endpoint::exchange),
-    /// [`Ranks`](crate::Ranks), [`Mesh::barrier`](crate::Mesh::barrier))
-    /// failed: an I/O error, or the deadline passed (`io.kind()` is
-    /// [`TimedOut`](io::ErrorKind::TimedOut), the message says after how
-    /// long). A peer that closes the stream mid-message is
-    /// [`Error::BadWireFormat`] instead (its message was cut short).
-    #[error("{during} failed: {io}")]
-    OutOfBand {
-        /// What was under way (`"endpoint exchange"`, `"mesh connect"`,
-        /// `"mesh accept"`, `"barrier"`).
-        during: &'static str,
-        /// The stream's error.
-        io: io::Error,
-    },
-    /// An error of one peer of a [`Mesh`](crate::Mesh): its stream or
-    /// its messages ([`Error::OutOfBand`], [`Error::BadWireFormat`]), or
-    /// connecting a queue pair to the endpoint it sent.
-    #[error("peer rank {rank}: {error}")]
-    Peer {
-        /// The peer's rank.
-        rank: usize,
-        /// What went wrong with it.
-        error: Box<Error>,
-    },
-    /// A message longer than a [`MessageChannel`](crate::MessageChannel)
-    /// slot: refused, not split; nothing was sent and the channel stays
-    /// usable.
-    #[error("a message of {len} bytes does not fit in a {max}-byte slot")]
-    MessageTooLarge {
-        /// The message's length.
-        len: usize,
-        /// The slot size, the largest message.
-        max: usize,
-    },
-    /// The peer of a [`MessageChannel`](crate::MessageChannel) broke its
-    /// protocol: a message out of order, more credits returned than used,
-    /// a message without a credit, a hello that does not match. The
-    /// channel moved its queue pair to ERR.
-    #[error("message channel peer broke the protocol: {problem}")]
-    ChannelProtocol {
-        /// What was wrong, with its numbers.
-        problem: crate::ChannelProblem,
-    },
-    /// A blocking call waited its whole timeout: a
-    /// [`MessageChannel::send`](crate::MessageChannel::send) that found no
-    /// credit (the peer did not release its messages). Nothing was done;
-    /// the call may be repeated.
-    #[error("{op} timed out after {timeout:?}")]
-    TimedOut {
-        /// The call (`"MessageChannel::send"`).
-        op: &'static str,
-        /// The timeout it was given.
-        timeout: std::time::Duration,
-    },
     /// [`BufferPool::put`](crate::BufferPool::put) was given a buffer that
     /// is not exactly one of the pool's buffers: one of another
     /// registration, a piece of one, or several joined. It comes back in
@@ -620,28 +539,6 @@ pub enum Error {
         /// of a buffer, or buffers joined, or not at a buffer's start).
         same_registration: bool,
     },
-    /// A [`RequestTable`](crate::RequestTable) has a value outstanding in
-    /// each of its slots: poll it first. Refused before posting.
-    #[error("the request table is full ({capacity} requests outstanding)")]
-    RequestTableFull {
-        /// The table's capacity.
-        capacity: u32,
-    },
-    /// A queue posted to through a [`RequestTable`](crate::RequestTable)
-    /// reports to another completion queue than the table polls: its
-    /// completion (and the value) would never come back. Nothing posted.
-    #[error(
-        "the queue pair's {queue} reports to another completion queue than the request table's"
-    )]
-    CompletionQueueMismatch {
-        /// Which queue (`send queue`, `receive queue`).
-        queue: &'static str,
-    },
-    /// A [`SendStream`](crate::SendStream) posted through another
-    /// [`RequestTable`](crate::RequestTable) than the one that made it.
-    /// Nothing posted.
-    #[error("the send stream belongs to another request table")]
-    StreamOfAnotherTable,
     /// No entry of a port's GID table matches a
     /// [`GidSelector`](crate::GidSelector) (from
     /// [`Context::select_gid`](crate::Context::select_gid),
@@ -1079,8 +976,9 @@ impl From<Error> for io::Error {
 }
 
 impl Error {
-    /// The `io::ErrorKind` of `From<Error> for io::Error`.
-    fn io_kind(&self) -> io::ErrorKind {
+    /// The kind of the [`io::Error`] this error converts to (see the
+    /// `From` conversion), without converting it.
+    pub fn io_kind(&self) -> io::ErrorKind {
         use io::ErrorKind as K;
         match self {
             Error::Verb { io, .. } => io.kind(),
@@ -1099,14 +997,10 @@ impl Error {
             | Error::QueueTaken { .. }
             | Error::HandleLive { .. }
             | Error::WindowBusy
-            | Error::RegionInUse { .. }
-            | Error::AlreadyDriven { .. }
-            | Error::RequestTableFull { .. } => K::ResourceBusy,
-            Error::WorkCompletion { .. }
-            | Error::WindowIndeterminate
-            | Error::QueuePairDropped
-            | Error::PolledAfterCompletion
-            | Error::NoRuntime { .. } => K::Other,
+            | Error::RegionInUse { .. } => K::ResourceBusy,
+            Error::WorkCompletion { .. } | Error::WindowIndeterminate | Error::QueuePairDropped => {
+                K::Other
+            }
             #[cfg(feature = "rdmacm")]
             Error::UnexpectedEvent { .. } => K::Other,
             Error::InvalidTransition { .. }
@@ -1142,19 +1036,14 @@ impl Error {
             | Error::NotThisQueuePair { .. }
             | Error::NotThisQueue { .. }
             | Error::LengthNotMultiple { .. }
-            | Error::CompletionQueueMismatch { .. }
-            | Error::StreamOfAnotherTable
             | Error::ConflictingOptions { .. }
-            | Error::MessageTooLarge { .. }
             | Error::NotPoolSlot { .. }
             | Error::CqResizeTooSmall { .. }
             | Error::GrhRequired { .. }
             | Error::MulticastMembership { .. } => K::InvalidInput,
             Error::ForkInitTooLate { .. } => K::Other,
-            Error::BadWireFormat { .. } | Error::ChannelProtocol { .. } => K::InvalidData,
-            Error::TimedOut { .. } => K::TimedOut,
-            Error::OutOfBand { io, .. } | Error::Sysfs { io, .. } => io.kind(),
-            Error::Peer { error, .. } => error.io_kind(),
+            Error::BadWireFormat { .. } => K::InvalidData,
+            Error::Sysfs { io, .. } => io.kind(),
         }
     }
 }

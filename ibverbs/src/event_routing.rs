@@ -15,8 +15,8 @@
 //! [`SharedReceiveQueue::async_events`] or [`CompletionQueue::async_events`]
 //! and get an [`AsyncEventReceiver`]. Nothing reads events behind the
 //! user's back: whoever reads the context's events routes them with
-//! [`Context::route_async_event`] (or `AsyncEvents::next_unrouted` with
-//! the `tokio` feature), which hands each event to the live subscribers of
+//! [`Context::route_async_event`] (or [`AsyncEvent::route`] for an event
+//! read elsewhere, as `ibverbs-tokio`'s stream does), which hands each event to the live subscribers of
 //! its object and returns the events nobody took (port and device events,
 //! objects without a subscriber), so no event is lost silently. Events
 //! were acknowledged when read (see [`Context::get_async_event`]): routing
@@ -295,26 +295,15 @@ impl Context {
     }
 }
 
-#[cfg(feature = "tokio")]
-impl crate::AsyncEvents {
-    /// Waits for the next event nobody subscribed to, routing every event
-    /// read meanwhile as [`Context::route_async_event`] does: the
-    /// subscribers of its QP, SRQ or CQ get it, and the others (port and
-    /// device events, objects without a live subscriber) are returned.
-    /// Cancel-safe: an event read is routed at once, before this awaits
-    /// again.
-    ///
-    /// # Errors
-    /// As [`AsyncEvents::next`](crate::AsyncEvents::next).
-    ///
-    /// # References
-    /// `ibv_get_async_event(3)`
-    pub async fn next_unrouted(&mut self) -> Result<AsyncEvent> {
-        loop {
-            if let Some(ev) = route(self.next().await?) {
-                return Ok(ev);
-            }
-        }
+impl AsyncEvent {
+    /// Routes an event read elsewhere (an async stream of the context's
+    /// events, a loop of the application's) as
+    /// [`Context::route_async_event`] does: the subscribers of the QP, SRQ
+    /// or CQ it names get a copy each, and `None` says it was delivered.
+    /// `Some(event)` is an event nobody took: a port or device event, or
+    /// one of an object without a live subscriber (or being destroyed).
+    pub fn route(self) -> Option<AsyncEvent> {
+        route(self)
     }
 }
 

@@ -138,20 +138,17 @@
 //! # drop((qp2, ah)); Ok(()) }
 //! ```
 //!
-//! # Async (feature `tokio`)
+//! # Built on this crate
 //!
-//! With the `tokio` feature, `AsyncQueuePair` wraps a queue pair whose CQs
-//! report to a completion channel: every posting method returns a
-//! `CompletionFuture` that resolves to the [`Completion`] (buffers included),
-//! driven by the channel's descriptor registered with Tokio's reactor.
-//! Dropping a pending future leaves the buffers with the queue pair until the
-//! completion arrives. `AsyncEvents` is the context's async events as a
-//! stream (`next().await`).
+//! Two crates of the same repository use only this crate's public API:
+//! `ibverbs-runtime` (endpoint exchange, a mesh of ranks, a request table,
+//! message and write channels) and `ibverbs-tokio` (work requests as
+//! futures, async events as a stream). An [`Owner`] tag lets such a
+//! library know its own completions whatever their `wr_id`.
 //!
 //! # Features
 //!
 //! * `rdmacm`: connection management over librdmacm ([`cm`]).
-//! * `tokio`: the async types above.
 //! * `dlopen` (off by default): load libibverbs (and librdmacm) at run
 //!   time instead of linking them (`ibverbs-sys/dlopen`). The program then
 //!   has no `DT_NEEDED` on either library and starts on a machine without
@@ -180,8 +177,6 @@
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod address_handle;
-#[cfg(feature = "tokio")]
-mod async_io;
 mod buffer;
 mod buffer_pool;
 mod capabilities;
@@ -194,7 +189,6 @@ mod device;
 mod device_memory;
 mod error;
 mod event_routing;
-mod exchange;
 mod extended_cq;
 mod flow_counters;
 mod fork;
@@ -203,16 +197,14 @@ mod inflight;
 mod library;
 mod memory_region;
 mod memory_window;
-mod message_channel;
+mod owner;
 mod port;
 mod port_counters;
 mod protection_domain;
 mod queue_pair;
-mod request_table;
 mod shared_receive_queue;
 mod thread_domain;
 mod work_completion;
-mod write_channel;
 mod xrc_domain;
 
 pub mod hazards;
@@ -228,8 +220,6 @@ pub use bytemuck;
 pub use ibverbs_sys as sys;
 
 pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
-#[cfg(feature = "tokio")]
-pub use async_io::{AsyncEvents, AsyncQueuePair, CompletionFuture};
 pub use buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SgList, SharedBuffer,
@@ -245,7 +235,6 @@ pub use device::{devices, open_device, Device, DeviceList};
 pub use device_memory::DeviceMemory;
 pub use error::{Error, Result, TransitionReason, WireProblem};
 pub use event_routing::{AsyncEventReceiver, CqId, QpId, SrqId};
-pub use exchange::{Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN};
 pub use extended_cq::WcFields;
 pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};
@@ -255,7 +244,7 @@ pub use memory_region::{
 };
 pub use memory_region::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
-pub use message_channel::{ChannelProblem, Message, MessageChannel};
+pub use owner::{Owner, MAX_OWNERS};
 pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
 pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
@@ -266,9 +255,7 @@ pub use queue_pair::{
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
-pub use request_table::{Reaped, RequestTable, SendStream, TableRefused};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
 pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
-pub use write_channel::{Received, WriteChannel};
 pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

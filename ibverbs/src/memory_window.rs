@@ -473,7 +473,7 @@ impl SendQueue {
                         rkey,
                         bind_info: info,
                     };
-                    sq.post_one(&mut wr)?;
+                    sq.post_window_wr(&mut wr)?;
                     rkey
                 }
             };
@@ -538,7 +538,7 @@ impl SendQueue {
                     ..Default::default()
                 };
                 wr.__bindgen_anon_1.invalidate_rkey = mws.rkey();
-                sq.post_one(&mut wr)?;
+                sq.post_window_wr(&mut wr)?;
                 Ok(((), None, mws.rkey()))
             }
         })
@@ -623,7 +623,7 @@ impl SendQueue {
 
     /// Posts one request that carries no buffer (its window and region
     /// held by its slot).
-    fn post_one(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
+    fn post_window_wr(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
         let rc = self.post_raw_one(wr);
         crate::error::ret_errno("ibv_post_send", rc)
     }

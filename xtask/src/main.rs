@@ -212,7 +212,7 @@ struct FaultsArgs {
     #[arg(long, value_enum, default_value_t = faults::Peer::Rust)]
     peer: faults::Peer,
     /// Also copy the generated report (target/faults/reliability.md) to
-    /// docs/reliability.md; with `--only`, to docs/reliability-<selection>.md
+    /// docs/reliability.md; with `--only`, to `docs/reliability-<selection>.md`
     /// (an experiment never replaces the whole matrix).
     #[arg(long)]
     publish: bool,

@@ -7,6 +7,7 @@ use ibverbs_sys as sys;
 use crate::buffer::{Buf, SgList};
 use crate::error::Result;
 use crate::gid::Gid;
+use crate::owner::Owner;
 use crate::work_completion::WorkCompletion;
 
 /// Decodes the source GID of a 40-byte GRH area (see [`Completion::source_gid`]).
@@ -119,12 +120,12 @@ impl Completion {
         self.stamped = true;
     }
 
-    /// Who posted the request: 0 the caller, others a runtime's mark;
-    /// `None` for an orphan.
+    /// Whether its request was marked as `owner`'s
+    /// ([`SendRequest::owner`](crate::SendRequest::owner)); never for an
+    /// orphan.
     #[inline]
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn owner(&self) -> Option<u8> {
-        self.owner
+    pub fn is_owned_by(&self, owner: Owner) -> bool {
+        self.owner == Some(owner.tag())
     }
 
     /// The `wr_id` given when posting.

@@ -8,6 +8,7 @@ use crate::buffer::{Buf, SgList};
 use crate::error::Result;
 use crate::gid::Gid;
 use crate::inflight::{self, Claim, Held};
+use crate::owner::Owner;
 use crate::work_completion::WorkCompletion;
 
 use super::completion::{sg_take_one_if, source_gid_of, Completion};
@@ -260,6 +261,14 @@ impl CompletionRef<'_> {
     #[inline]
     pub(crate) fn owner(&self) -> Option<u8> {
         (self.owner != ORPHAN).then_some(self.owner)
+    }
+
+    /// Whether its request was marked as `owner`'s
+    /// ([`SendRequest::owner`](crate::SendRequest::owner)); never for an
+    /// orphan.
+    #[inline]
+    pub fn is_owned_by(&self, owner: Owner) -> bool {
+        self.owner == owner.tag()
     }
 
     /// Frees the slot once nothing is left in it.

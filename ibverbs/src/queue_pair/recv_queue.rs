@@ -181,7 +181,7 @@ impl RecvQueue {
             && region.mr.access.contains(crate::AccessFlags::LOCAL_WRITE);
         if !common {
             return self
-                .post_one(RecvRequest::new_buf(buf).wr_id(wr_id))
+                .post(RecvRequest::new_buf(buf).wr_id(wr_id))
                 .map_err(|r| r.map(one));
         }
         if self.qp_queue && self.refused_in_err() {
@@ -224,7 +224,7 @@ impl RecvQueue {
     /// # Errors
     /// As [`recv`](Self::recv); the buffers come back.
     pub fn recv_sgl(&mut self, bufs: Vec<Buf>, wr_id: u64) -> Posted<Vec<Buf>> {
-        self.post_one(RecvRequest::sgl(bufs).wr_id(wr_id))
+        self.post(RecvRequest::sgl(bufs).wr_id(wr_id))
             .map_err(|r| r.map(many))
     }
 
@@ -238,7 +238,7 @@ impl RecvQueue {
     /// # Errors
     /// As [`recv`](Self::recv).
     pub fn recv_empty(&mut self, wr_id: u64) -> Result<()> {
-        self.post_one(RecvRequest::empty().wr_id(wr_id))
+        self.post(RecvRequest::empty().wr_id(wr_id))
             .map_err(|r| r.error)
     }
 
@@ -385,9 +385,19 @@ impl RecvQueue {
         (0..ring.depth()).find_map(|k| ring.reserve(k).map(|s| (s, k)))
     }
 
-    /// One request through the general path; refused, its buffers come
-    /// back.
-    pub(crate) fn post_one(&mut self, r: RecvRequest) -> Posted<SgList> {
+    /// Posts one receive built as a value ([`RecvRequest`]: a scatter
+    /// list, a buffer of any kind, an owner's mark), checked as
+    /// [`post_chain`](Self::post_chain) checks each. Takes no `Vec`, so it
+    /// allocates nothing; [`recv`](Self::recv) is the same for one buffer.
+    ///
+    /// # Errors
+    /// As [`post_chain`](Self::post_chain); the request's buffers come back
+    /// in the [`Refused`](crate::Refused).
+    ///
+    /// # References
+    /// `ibv_post_recv(3)`
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post(&mut self, r: RecvRequest) -> Posted<SgList> {
         let mut one = [r];
         match self.post_requests(&mut one) {
             (1, _) => Ok(()),

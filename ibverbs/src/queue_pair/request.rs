@@ -6,6 +6,7 @@
 use ibverbs_sys as sys;
 
 use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory, SgList};
+use crate::owner::Owner;
 use crate::{AddressHandle, QpNumber};
 
 #[derive(Debug, Clone, Copy)]
@@ -206,8 +207,7 @@ pub struct SendRequest<'a> {
     pub(super) invalidate: Option<u32>,
     /// The destination: a UD address, or an XRC SRQ number.
     pub(super) ud: Option<Dest>,
-    /// Who posts it: 0 the caller, others a runtime's mark (the async
-    /// dispatcher's), which no public API sets.
+    /// Its owner's tag ([`Owner`]), 0 for none.
     pub(crate) owner: u8,
 }
 
@@ -343,6 +343,15 @@ impl<'a> SendRequest<'a> {
         self
     }
 
+    /// Marks the request as `owner`'s: its completion then says so
+    /// ([`Completion::is_owned_by`](crate::Completion::is_owned_by)). A
+    /// refused request comes back unmarked.
+    #[inline]
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = owner.tag();
+        self
+    }
+
     /// Adds immediate data (send → `SEND_WITH_IMM`, RDMA write →
     /// `RDMA_WRITE_WITH_IMM`); given in host order.
     #[inline]
@@ -431,9 +440,10 @@ impl<'a> SendRequest<'a> {
 
     /// Whether the request may be posted unsignaled: every buffer frozen
     /// (or none: inline data) and nothing the device writes (DESIGN.md's
-    /// request-option table). The send checks refuse the others unsignaled.
+    /// request-option table). Posting the others unsignaled is refused
+    /// ([`Error::UnsignaledExclusive`](crate::Error::UnsignaledExclusive)).
     #[inline]
-    pub(crate) fn may_be_unsignaled(&self) -> bool {
+    pub fn may_be_unsignaled(&self) -> bool {
         !self.op.device_writes_local() && self.sg.all_frozen()
     }
 
@@ -452,7 +462,7 @@ impl<'a> SendRequest<'a> {
 pub struct RecvRequest {
     pub(super) wr_id: u64,
     pub(super) sg: SgList,
-    /// Who posts it (see [`SendRequest`]'s field).
+    /// Its owner's tag ([`Owner`]), 0 for none.
     pub(crate) owner: u8,
 }
 
@@ -504,6 +514,15 @@ impl RecvRequest {
     #[inline]
     pub fn wr_id(mut self, wr_id: u64) -> Self {
         self.wr_id = wr_id;
+        self
+    }
+
+    /// Marks the request as `owner`'s: its completion then says so
+    /// ([`Completion::is_owned_by`](crate::Completion::is_owned_by)). A
+    /// refused request comes back unmarked.
+    #[inline]
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = owner.tag();
         self
     }
     /// Takes the buffers back out of an unposted request.

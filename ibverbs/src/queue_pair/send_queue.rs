@@ -308,7 +308,7 @@ impl SendQueue {
     pub fn send_to(&mut self, buf: impl DeviceReadable, dest: &UdDest, o: Wr) -> Posted {
         let mut r = o.request(Op::Send, SgList::One(buf.into()));
         r.ud = Some(Dest::Ud(dest.clone()));
-        self.post_general(r).map_err(|r| r.map(one))
+        self.post(r).map_err(|r| r.map(one))
     }
 
     /// A UD send of inline `data` to `dest`.
@@ -391,7 +391,7 @@ impl SendQueue {
             swap,
         };
         let r = o.request(op, SgList::One(result.into()));
-        self.post_general(r).map_err(|r| r.map(one))
+        self.post(r).map_err(|r| r.map(one))
     }
 
     /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the original
@@ -407,7 +407,7 @@ impl SendQueue {
         o: Wr,
     ) -> Posted {
         let r = o.request(Op::FetchAdd { remote, add }, SgList::One(result.into()));
-        self.post_general(r).map_err(|r| r.map(one))
+        self.post(r).map_err(|r| r.map(one))
     }
 
     /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes at
@@ -422,7 +422,7 @@ impl SendQueue {
     #[doc(alias = "ibv_wr_atomic_write")]
     pub fn atomic_write(&mut self, remote: RemoteMemory, value: [u8; 8], o: Wr) -> Result<()> {
         let r = o.request(Op::AtomicWrite { remote, value }, SgList::Empty);
-        self.post_general(r).map_err(|r| r.error)
+        self.post(r).map_err(|r| r.error)
     }
 
     /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
@@ -446,8 +446,7 @@ impl SendQueue {
             kind: kind.bits(),
             level: level as u8,
         };
-        self.post_general(o.request(op, SgList::Empty))
-            .map_err(|r| r.error)
+        self.post(o.request(op, SgList::Empty)).map_err(|r| r.error)
     }
 
     /// Posts a chain of requests with one doorbell: the first `n` the
@@ -521,7 +520,7 @@ impl SendQueue {
             };
         if !common {
             return self
-                .post_general(o.request(op, SgList::One(buf)))
+                .post(o.request(op, SgList::One(buf)))
                 .map_err(|r| r.map(one));
         }
         let Some(slot) = self.ring().reserve_head() else {
@@ -593,7 +592,7 @@ impl SendQueue {
     fn post_sgl(&mut self, op: Op, bufs: Vec<Buf>, dest: Option<Dest>, o: Wr) -> Posted<Vec<Buf>> {
         let mut r = o.request(op, SgList::Many(bufs));
         r.ud = dest;
-        self.post_general(r).map_err(|r| r.map(many))
+        self.post(r).map_err(|r| r.map(many))
     }
 
     /// Inline data, through the general path.
@@ -601,15 +600,25 @@ impl SendQueue {
         let mut r = o.request(op, SgList::Empty);
         r.inline = Some(data);
         r.ud = dest;
-        self.post_general(r).map_err(|r| r.error)
+        self.post(r).map_err(|r| r.error)
     }
 
-    /// One request of any kind: checked, then posted as a chain of one;
-    /// refused, its buffers come back.
-    pub(crate) fn post_general(
-        &mut self,
-        r: SendRequest<'_>,
-    ) -> std::result::Result<(), Refused<SgList>> {
+    /// Posts one request built as a value ([`SendRequest`]): checked as
+    /// [`post_chain`](Self::post_chain) checks each, then posted alone.
+    /// For a caller that holds requests as values (a runtime's table,
+    /// a queue of requests); the typed methods ([`send`](Self::send),
+    /// [`write`](Self::write), …) are cheaper when the operation is known
+    /// where it is posted, and `post_chain` rings one doorbell for many.
+    /// Unlike `post_chain` it takes no `Vec`, so it allocates nothing.
+    ///
+    /// # Errors
+    /// As [`post_chain`](Self::post_chain); the request's buffers come back
+    /// in the [`Refused`].
+    ///
+    /// # References
+    /// `ibv_post_send(3)`
+    #[doc(alias = "ibv_post_send")]
+    pub fn post(&mut self, r: SendRequest<'_>) -> std::result::Result<(), Refused<SgList>> {
         let mut one = [r];
         match self.post_requests(&mut one) {
             (1, _) => Ok(()),

@@ -1,0 +1,14 @@
+// Hazard 27, "Sending from a received message's buffer": a `Message` borrows
+// its channel, so it cannot be the source of the next `send`.
+// Expected: E0499.
+#![allow(unused)]
+use ibverbs::*;
+use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+
+fn main() {}
+
+fn proof(ch: &mut MessageChannel) -> Result<()> {
+    let msg = ch.recv(None)?.unwrap();
+    ch.send(&msg, None)?; // echo from the receive buffer
+    Ok(())
+}
