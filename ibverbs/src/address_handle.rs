@@ -7,8 +7,9 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
-use crate::gid::{Gid, GidIndex};
-use crate::port::{PortAttr, PortNumber};
+
+use crate::port::PortAttr;
+use crate::types::{Gid, GidIndex, PortNumber};
 use crate::{Endpoint, ProtectionDomain};
 
 /// The default GRH hop limit: enough to cross routers (RoCE v2 over IP,
@@ -329,7 +330,7 @@ impl std::fmt::Debug for AddressHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::QpNumber;
+    use crate::types::QpNumber;
 
     fn port_attr(link_layer: u32, flags: u32) -> PortAttr {
         PortAttr {

@@ -49,8 +49,9 @@ mod option;
 mod sync_mode;
 mod ud;
 
+pub use crate::types::CmEventType;
 pub use addrinfo::{AddrInfo, AddrInfoHints};
 pub use cm_id::{CmId, ConnParam, PortSpace};
-pub use event_channel::{CmEvent, CmEventType, EventChannel};
+pub use event_channel::{CmEvent, EventChannel};
 pub use multicast::{JoinFlags, UdParam};
 pub use option::CmOption;

@@ -10,8 +10,9 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, Error, Result};
 use crate::event_routing::{self, lookup, CqId, Kind, QpId, SrqId};
-use crate::gid::{Gid, GidEntry, GidIndex, GidSelector};
-use crate::port::{LinkLayer, PortAttr, PortNumber, PortState};
+use crate::gid::GidEntry;
+use crate::port::{LinkLayer, PortAttr, PortState};
+use crate::types::{Gid, GidIndex, GidSelector, PortNumber};
 
 pub(crate) struct ContextInner {
     pub(crate) ctx: NonNull<sys::ibv_context>,
@@ -575,7 +576,7 @@ impl std::fmt::Debug for DeviceAttr {
     }
 }
 
-crate::port::device_enum! {
+crate::types::device_enum! {
     /// Which atomic operations the device supports, and how atomically.
     AtomicCap {
         /// No atomics.
@@ -587,7 +588,7 @@ crate::port::device_enum! {
     }
 }
 
-crate::port::device_enum! {
+crate::types::device_enum! {
     /// The kind of an asynchronous event.
     AsyncEventType {
         /// CQ overrun or error.
@@ -801,4 +802,56 @@ fn table_verb_missing(errno: i32) -> bool {
         errno,
         libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOSYS
     )
+}
+
+impl Context {
+    /// Entry `index` of `port`'s P_Key table, in host order (`0xffff`, the
+    /// full-membership default partition, at index 0 on RoCE and on an
+    /// unpartitioned InfiniBand subnet). [`PortAttr::pkey_table_len`] is the
+    /// table's length; a queue pair names its partition by index
+    /// ([`ConnectOptions::pkey_index`](crate::ConnectOptions::pkey_index)).
+    ///
+    /// # Errors
+    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_query_pkey` (libibverbs reads
+    /// the entry from sysfs: `ENOENT` for a port or an index the device
+    /// does not have, explained in the message).
+    ///
+    /// # References
+    /// `ibv_query_pkey(3)`
+    #[doc(alias = "ibv_query_pkey")]
+    pub fn query_pkey(&self, port: PortNumber, index: u16) -> crate::Result<u16> {
+        let mut pkey: sys::__be16 = 0;
+        // SAFETY: live context; `pkey` is valid for writes of a __be16.
+        let rc = unsafe { sys::ibv_query_pkey(self.as_ptr(), port.0, index.into(), &mut pkey) };
+        if rc != 0 {
+            let io = std::io::Error::last_os_error();
+            // libibverbs returns -1 without errno when the sysfs entry does
+            // not parse.
+            let io = if rc == -1 && io.raw_os_error().is_some_and(|e| e != 0) {
+                io
+            } else {
+                std::io::Error::other(format!("returned {rc}"))
+            };
+            let e = crate::Error::Verb {
+                verb: "ibv_query_pkey",
+                io,
+            };
+            return Err(e.with_hint(self.pkey_hint(port, index)));
+        }
+        Ok(u16::from_be(pkey))
+    }
+
+    /// Why `(port, index)` names no P_Key. Error paths only.
+    fn pkey_hint(&self, port: PortNumber, index: u16) -> Option<String> {
+        if let Some(hint) = self.port_hint(port) {
+            return Some(hint);
+        }
+        let len = self.query_port(port).ok()?.pkey_table_len();
+        (index >= len).then(|| {
+            format!(
+                "P_Key index {index} is past the P_Key table of {} port {port} ({len} entries)",
+                self.name()
+            )
+        })
+    }
 }

@@ -4,9 +4,8 @@
 use std::fmt;
 use std::io;
 
-use crate::queue_pair::{SendOp, SendOps, SendOption};
-use crate::work_completion::WcStatus;
-use crate::{AccessFlags, GidIndex, PortNumber, QpState, QpType};
+use crate::types::{AccessFlags, QpNumber, QpState, QpType, SendOp, SendOps, SendOption, WcStatus};
+use crate::types::{Gid, GidIndex, GidSelector, PortNumber};
 
 /// What can go wrong in this crate.
 ///
@@ -461,9 +460,9 @@ pub enum Error {
     #[error("expected rdma_cm event {expected:?}, got {got:?} (status {status})")]
     UnexpectedEvent {
         /// The event expected.
-        expected: crate::cm::CmEventType,
+        expected: crate::types::CmEventType,
         /// The event that arrived.
-        got: crate::cm::CmEventType,
+        got: crate::types::CmEventType,
         /// Its status.
         status: i32,
     },
@@ -507,9 +506,9 @@ pub enum Error {
     #[error("the local endpoint names queue pair {endpoint}, this queue pair is {qp_num}")]
     NotThisQueuePair {
         /// This queue pair's number.
-        qp_num: crate::QpNumber,
+        qp_num: QpNumber,
         /// The QP number in the local endpoint given.
-        endpoint: crate::QpNumber,
+        endpoint: QpNumber,
     },
     /// A typed view or an equal split of a buffer whose length is not a
     /// multiple of the element size.
@@ -552,7 +551,7 @@ pub enum Error {
         /// The port whose table was searched.
         port: PortNumber,
         /// What was asked for.
-        wanted: crate::GidSelector,
+        wanted: GidSelector,
     },
     /// [`fork_init`](crate::fork_init) came too late: fork support is off
     /// and can no longer be turned on, since memory may already be
@@ -637,7 +636,7 @@ pub enum Error {
         /// The verb not called (`ibv_attach_mcast`, `ibv_detach_mcast`).
         verb: &'static str,
         /// The group's GID.
-        gid: crate::Gid,
+        gid: Gid,
         /// The group's LID (0 on RoCE).
         lid: u16,
         /// Whether the queue pair is attached to the group.
@@ -715,25 +714,6 @@ pub enum TransitionReason {
     /// `cur_qp_state` claims this state, but the queue pair is in the
     /// transition's `from` state (the one the device reports).
     ClaimedState(QpState),
-}
-
-impl fmt::Display for TransitionReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::queue_pair::mask_names;
-        match self {
-            TransitionReason::NoSuchTransition => {
-                f.write_str("the IBA state table has no such transition")
-            }
-            TransitionReason::Missing(m) => write!(f, "missing {}", mask_names(m.0)),
-            TransitionReason::NotAllowed(m) => write!(f, "{} not allowed here", mask_names(m.0)),
-            TransitionReason::ClaimedState(s) => {
-                write!(
-                    f,
-                    "cur_qp_state claims {s:?}, which is not the queue pair's state"
-                )
-            }
-        }
-    }
 }
 
 /// What is wrong with a wire message ([`Error::BadWireFormat`]).

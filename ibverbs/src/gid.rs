@@ -1,106 +1,9 @@
 //! GIDs, the GID table and choosing an entry of it ([`GidSelector`]).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
+use crate::types::{device_enum, Gid, GidIndex, GidSelector, PortNumber};
 use ibverbs_sys as sys;
-
-use crate::port::{device_enum, PortNumber};
-
-/// A 128-bit Global Identifier: an IPv6 address on RoCE v2, subnet prefix +
-/// port GUID on InfiniBand.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The all-zero GID (an empty table slot).
-    pub const ZERO: Gid = Gid([0; 16]);
-
-    /// Whether every byte is zero.
-    pub fn is_zero(&self) -> bool {
-        self.0 == [0; 16]
-    }
-
-    /// The GID as an IPv6 address.
-    pub fn to_ipv6(&self) -> Ipv6Addr {
-        Ipv6Addr::from(self.0)
-    }
-
-    /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
-    pub fn to_ipv4_mapped(&self) -> Option<Ipv4Addr> {
-        self.to_ipv6().to_ipv4_mapped()
-    }
-
-    /// Whether the GID is a link-local address: IPv6 `fe80::/10`, or an
-    /// IPv4-mapped address in `169.254.0.0/16`. Such a GID reaches only its
-    /// own link (RoCE v2 does not route it), and the first one on a RoCE
-    /// port (`fe80::` from the netdev's MAC) exists before any IP address
-    /// is configured: what [`GidSelector::RoceV2Ipv4`] skips.
-    pub fn is_link_local(&self) -> bool {
-        match self.to_ipv4_mapped() {
-            Some(v4) => v4.is_link_local(),
-            None => self.0[0] == 0xfe && self.0[1] & 0xc0 == 0x80,
-        }
-    }
-
-    /// Subnet prefix (upper 64 bits, host order).
-    pub fn subnet_prefix(&self) -> u64 {
-        u64::from_be_bytes(self.0[..8].try_into().unwrap())
-    }
-
-    /// Interface id (lower 64 bits, host order).
-    pub fn interface_id(&self) -> u64 {
-        u64::from_be_bytes(self.0[8..].try_into().unwrap())
-    }
-
-    pub(crate) fn from_raw(raw: &sys::ibv_gid) -> Gid {
-        // SAFETY: every bit pattern of the 16-byte union is a valid `raw` array.
-        Gid(unsafe { raw.raw })
-    }
-
-    pub(crate) fn to_raw(self) -> sys::ibv_gid {
-        sys::ibv_gid { raw: self.0 }
-    }
-}
-
-impl From<Ipv6Addr> for Gid {
-    fn from(a: Ipv6Addr) -> Gid {
-        Gid(a.octets())
-    }
-}
-
-impl From<Ipv4Addr> for Gid {
-    /// The IPv4-mapped GID used by RoCE v2 for IPv4 addresses.
-    fn from(a: Ipv4Addr) -> Gid {
-        Gid(a.to_ipv6_mapped().octets())
-    }
-}
-
-impl std::fmt::Display for Gid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.to_ipv6().fmt(f)
-    }
-}
-
-impl std::fmt::Debug for Gid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gid({})", self.to_ipv6())
-    }
-}
-
-impl std::str::FromStr for Gid {
-    type Err = std::net::AddrParseError;
-    /// Parses IPv6 text (`fe80::1`, `::ffff:10.0.2.15`) or a bare IPv4 address.
-    fn from_str(s: &str) -> Result<Gid, Self::Err> {
-        match s.parse::<Ipv4Addr>() {
-            Ok(v4) => Ok(v4.into()),
-            Err(_) => s.parse::<Ipv6Addr>().map(Gid::from),
-        }
-    }
-}
-
-/// An index into a port's GID table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GidIndex(pub u8);
 
 device_enum! {
     /// The kind of a GID table entry.
@@ -163,52 +66,6 @@ impl GidEntry {
         // SAFETY: on success the buffer holds a NUL-terminated name.
         let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
         Some(name.to_string_lossy().into_owned())
-    }
-}
-
-/// Which GID table entry to use: by address, by network device, or the
-/// RoCE v2 IPv4 entry every RDMA runtime looks for by hand. Applied with
-/// [`Context::select_gid`](crate::Context::select_gid) (reads the table)
-/// or [`GidSelector::select`] (over a table already read).
-///
-/// Only non-empty entries of the port asked for are considered. Where the
-/// table holds the same address twice (RoCE v1 and RoCE v2 entries, as
-/// mlx5 ports do), the RoCE v2 one is chosen.
-///
-/// # References
-/// `ibv_query_gid_table(3)`; the sysfs files `ports/P/gid_attrs/types/I` and
-/// `ports/P/gid_attrs/ndevs/I` that back it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum GidSelector {
-    /// The first RoCE v2 entry whose GID is an IPv4-mapped address that is
-    /// not link-local (`169.254.0.0/16`): routable RoCE v2 over IPv4, what
-    /// `-g`/`-x` usually name by hand.
-    RoceV2Ipv4,
-    /// [`RoceV2Ipv4`](GidSelector::RoceV2Ipv4) when the port has such an
-    /// entry, else its first non-empty entry. What
-    /// [`Context::default_gid_index`](crate::Context::default_gid_index)
-    /// and the tools use on RoCE when no `-g` is given.
-    Automatic,
-    /// The entry holding this address: an IPv4 address as its IPv4-mapped
-    /// GID (`::ffff:a.b.c.d`), an IPv6 address as itself.
-    Address(IpAddr),
-    /// [`Automatic`](GidSelector::Automatic) among the entries of this
-    /// network device (`eth0`). A name that is no network device matches
-    /// nothing.
-    Netdev(String),
-}
-
-impl std::fmt::Display for GidSelector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GidSelector::RoceV2Ipv4 => {
-                f.write_str("RoCE v2 GID with a non-link-local IPv4 address")
-            }
-            GidSelector::Automatic => f.write_str("non-empty GID"),
-            GidSelector::Address(a) => write!(f, "GID with address {a}"),
-            GidSelector::Netdev(n) => write!(f, "GID of network device {n:?}"),
-        }
     }
 }
 

@@ -204,6 +204,7 @@ mod protection_domain;
 mod queue_pair;
 mod shared_receive_queue;
 mod thread_domain;
+mod types;
 mod work_completion;
 mod xrc_domain;
 
@@ -238,24 +239,26 @@ pub use event_routing::{AsyncEventReceiver, CqId, QpId, SrqId};
 pub use extended_cq::WcFields;
 pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};
-pub use gid::{Gid, GidEntry, GidIndex, GidSelector, GidType};
-pub use memory_region::{
-    AccessFlags, AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
-};
+pub use gid::{GidEntry, GidType};
 pub use memory_region::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
+pub use memory_region::{AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage};
 pub use memory_window::{BindTarget, MemoryWindow, MwType};
 pub use owner::{Owner, MAX_OWNERS};
-pub use port::{LinkLayer, Mtu, PortAttr, PortNumber, PortState};
+pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
     ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend,
-    QpAttr, QpAttrView, QpCaps, QpNumber, QpState, QpType, QueuePair, QueuePairBuilder, RecvQueue,
-    RecvRequest, Refused, SendOp, SendOps, SendOption, SendQueue, SendRequest, UdDest, Wr,
+    QpAttr, QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused,
+    SendQueue, SendRequest, UdDest, Wr,
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use thread_domain::{ParentDomain, ThreadDomain};
-pub use work_completion::{WcOpcode, WcStatus, WorkCompletion};
+pub use types::{
+    AccessFlags, Gid, GidIndex, GidSelector, PortNumber, QpNumber, QpState, QpType, SendOp,
+    SendOps, SendOption, WcStatus,
+};
+pub use work_completion::{WcOpcode, WorkCompletion};
 pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

@@ -14,49 +14,8 @@ use ibverbs_sys as sys;
 
 use crate::buffer::{LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
 use crate::error::{ret_ptr, Error, Result};
+use crate::types::AccessFlags;
 use crate::ProtectionDomain;
-
-bitflags::bitflags! {
-    /// Memory access rights (`IBV_ACCESS_*`).
-    ///
-    /// The default is least privilege: [`AccessFlags::LOCAL_WRITE`] only.
-    /// Remote read, write and atomic access are explicit opt-ins.
-    ///
-    /// # References
-    /// `ibv_reg_mr(3)`
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct AccessFlags: u32 {
-        /// The local device may write (receives, RDMA read results, atomics).
-        const LOCAL_WRITE = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        /// Peers may RDMA-write (requires `LOCAL_WRITE`).
-        const REMOTE_WRITE = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        /// Peers may RDMA-read.
-        const REMOTE_READ = sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-        /// Peers may perform atomics (requires `LOCAL_WRITE`).
-        const REMOTE_ATOMIC = sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
-        /// Memory windows may be bound.
-        const MW_BIND = sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
-        /// Zero-based virtual addresses.
-        const ZERO_BASED = sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
-        /// On-demand paging.
-        const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
-        /// Huge-page hint.
-        const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
-        /// Relaxed ordering (`IBV_ACCESS_RELAXED_ORDERING`): the device may
-        /// reorder its PCIe writes to the region. An optional flag:
-        /// libibverbs strips it where the kernel or device lacks it, so
-        /// registration still succeeds (as on rxe). Completion semantics
-        /// are unchanged: a completion still follows the data it reports.
-        const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        /// Peers may flush for global visibility (rdma-core 45+, the
-        /// `ibverbs_flush` cfg).
-        #[cfg(ibverbs_flush)]
-        const FLUSH_GLOBAL = sys::ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
-        /// Peers may flush for persistence (rdma-core 45+).
-        #[cfg(ibverbs_flush)]
-        const FLUSH_PERSISTENT = sys::ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
-    }
-}
 
 impl Default for AccessFlags {
     fn default() -> Self {

@@ -33,10 +33,11 @@ use ibverbs_sys as sys;
 use crate::buffer::{FrozenBuffer, LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
 use crate::error::{ret_ptr, Error, Result};
 use crate::inflight::{Held, Payload};
-use crate::memory_region::{AccessFlags, MrInner};
+use crate::memory_region::MrInner;
 use crate::queue_pair::WindowWr;
 use crate::{ProtectionDomain, QpType, QueuePair, SendQueue};
 
+use crate::types::AccessFlags;
 use binding::{Binding, Bound, Outcome};
 
 /// The type of a memory window.

@@ -1,54 +1,7 @@
 //! Ports: numbers, attributes, states, MTUs and link layers.
 
+use crate::types::{device_enum, PortNumber};
 use ibverbs_sys as sys;
-
-/// A port number of a device (1-based on HCAs; switches have port 0).
-///
-/// Never assume port 1: take it from the user or from
-/// [`Context::active_port`](crate::Context::active_port).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PortNumber(pub u8);
-
-impl std::fmt::Display for PortNumber {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-macro_rules! device_enum {
-    (
-        $(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $value:path ),* $(,)? }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum $name {
-            $( $(#[$vmeta])* $variant, )*
-            /// A value this version of the crate does not know.
-            Unknown(u32),
-        }
-
-        impl $name {
-            /// Maps the C value; unknown values are kept, never undefined behaviour.
-            pub fn from_raw(raw: u32) -> Self {
-                #[allow(non_upper_case_globals)]
-                match raw {
-                    $( x if x == $value as u32 => $name::$variant, )*
-                    other => $name::Unknown(other),
-                }
-            }
-
-            /// The C value.
-            pub fn as_raw(self) -> u32 {
-                match self {
-                    $( $name::$variant => $value as u32, )*
-                    $name::Unknown(v) => v,
-                }
-            }
-        }
-    };
-}
-pub(crate) use device_enum;
 
 device_enum! {
     /// Logical state of a port.
@@ -221,57 +174,5 @@ impl std::fmt::Debug for PortAttr {
             .field("lid", &self.lid())
             .field("gid_table_len", &self.gid_table_len())
             .finish()
-    }
-}
-
-impl crate::Context {
-    /// Entry `index` of `port`'s P_Key table, in host order (`0xffff`, the
-    /// full-membership default partition, at index 0 on RoCE and on an
-    /// unpartitioned InfiniBand subnet). [`PortAttr::pkey_table_len`] is the
-    /// table's length; a queue pair names its partition by index
-    /// ([`ConnectOptions::pkey_index`](crate::ConnectOptions::pkey_index)).
-    ///
-    /// # Errors
-    /// [`Error::Verb`](crate::Error::Verb) naming `ibv_query_pkey` (libibverbs reads
-    /// the entry from sysfs: `ENOENT` for a port or an index the device
-    /// does not have, explained in the message).
-    ///
-    /// # References
-    /// `ibv_query_pkey(3)`
-    #[doc(alias = "ibv_query_pkey")]
-    pub fn query_pkey(&self, port: PortNumber, index: u16) -> crate::Result<u16> {
-        let mut pkey: sys::__be16 = 0;
-        // SAFETY: live context; `pkey` is valid for writes of a __be16.
-        let rc = unsafe { sys::ibv_query_pkey(self.as_ptr(), port.0, index.into(), &mut pkey) };
-        if rc != 0 {
-            let io = std::io::Error::last_os_error();
-            // libibverbs returns -1 without errno when the sysfs entry does
-            // not parse.
-            let io = if rc == -1 && io.raw_os_error().is_some_and(|e| e != 0) {
-                io
-            } else {
-                std::io::Error::other(format!("returned {rc}"))
-            };
-            let e = crate::Error::Verb {
-                verb: "ibv_query_pkey",
-                io,
-            };
-            return Err(e.with_hint(self.pkey_hint(port, index)));
-        }
-        Ok(u16::from_be(pkey))
-    }
-
-    /// Why `(port, index)` names no P_Key. Error paths only.
-    fn pkey_hint(&self, port: PortNumber, index: u16) -> Option<String> {
-        if let Some(hint) = self.port_hint(port) {
-            return Some(hint);
-        }
-        let len = self.query_port(port).ok()?.pkey_table_len();
-        (index >= len).then(|| {
-            format!(
-                "P_Key index {index} is past the P_Key table of {} port {port} ({len} entries)",
-                self.name()
-            )
-        })
     }
 }

@@ -10,7 +10,7 @@ use ibverbs_sys as sys;
 
 use crate::event_routing::{Kind, Registration};
 use crate::inflight::Ring;
-use crate::port::device_enum;
+use crate::types::{QpNumber, QpType, SendOps};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 mod attr;
@@ -32,41 +32,20 @@ mod transition;
 pub(crate) use recv_queue::RecvPostFn;
 pub(crate) use ring_cell::RingCell;
 
-pub use attr::{PathMigState, QpAttr, QpAttrView, QpState};
+pub use attr::{PathMigState, QpAttr, QpAttrView};
 pub use builder::QueuePairBuilder;
 pub use connect::{ConnectOptions, Endpoint};
 pub use ece::Ece;
 pub use local_port::LocalPort;
-pub use post_ex::SendOps;
+
 pub(crate) use post_ex::WindowWr;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
 pub use prepared::{PreparedRecv, PreparedSend};
 pub use recv_queue::RecvQueue;
-pub use request::{RecvRequest, SendOp, SendOption, SendRequest, UdDest};
+pub use request::{RecvRequest, SendRequest, UdDest};
 pub(crate) use send_queue::no_room as no_room_of;
 pub use send_queue::{Posted, Refused, SendQueue, Wr};
-pub(crate) use transition::mask_names;
-
-device_enum! {
-    /// Transport service type of a queue pair.
-    QpType {
-        /// Reliable connected.
-        Rc = sys::IBV_QPT_RC,
-        /// Unreliable connected.
-        Uc = sys::IBV_QPT_UC,
-        /// Unreliable datagram.
-        Ud = sys::IBV_QPT_UD,
-        /// Raw packet.
-        RawPacket = sys::IBV_QPT_RAW_PACKET,
-        /// XRC send.
-        XrcSend = sys::IBV_QPT_XRC_SEND,
-        /// XRC receive.
-        XrcRecv = sys::IBV_QPT_XRC_RECV,
-        /// Driver-specific.
-        Driver = sys::IBV_QPT_DRIVER,
-    }
-}
 
 /// The capacities a queue pair actually got (may exceed what was asked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -575,16 +554,6 @@ impl std::fmt::Debug for QueuePair {
             .field("qp_type", &self.qp_type())
             .field("caps", &self.caps())
             .finish()
-    }
-}
-
-/// A queue pair number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QpNumber(pub u32);
-
-impl std::fmt::Display for QpNumber {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#08x}", self.0)
     }
 }
 

@@ -3,89 +3,9 @@
 use ibverbs_sys as sys;
 
 use crate::error::Error;
-use crate::port::device_enum;
 
-device_enum! {
-    /// The status of a work completion.
-    ///
-    /// # References
-    /// `ibv_poll_cq(3)`, `ibv_wc_status_str(3)`
-    WcStatus {
-        /// Success.
-        Success = sys::IBV_WC_SUCCESS,
-        /// Local length error (e.g. receive buffer too small).
-        LocLenErr = sys::IBV_WC_LOC_LEN_ERR,
-        /// Local QP operation error.
-        LocQpOpErr = sys::IBV_WC_LOC_QP_OP_ERR,
-        /// Local EE context operation error.
-        LocEecOpErr = sys::IBV_WC_LOC_EEC_OP_ERR,
-        /// Local protection error (bad lkey or access).
-        LocProtErr = sys::IBV_WC_LOC_PROT_ERR,
-        /// Flushed because the QP is in the error state.
-        WrFlushErr = sys::IBV_WC_WR_FLUSH_ERR,
-        /// Memory window bind error.
-        MwBindErr = sys::IBV_WC_MW_BIND_ERR,
-        /// Bad response.
-        BadRespErr = sys::IBV_WC_BAD_RESP_ERR,
-        /// Local access error.
-        LocAccessErr = sys::IBV_WC_LOC_ACCESS_ERR,
-        /// Remote invalid request: the peer's queue pair refused the
-        /// request as one it does not take. The common cause of an RDMA
-        /// write, read or atomic failing so is a peer queue pair created
-        /// or connected without the remote access flag the operation needs
-        /// (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC` in its
-        /// [`ConnectOptions::remote_access`](crate::ConnectOptions::remote_access)
-        /// or `qp_access_flags`): rxe reports this status then, whatever
-        /// its memory grants (`tests/connect.rs`; other devices may report
-        /// [`RemAccessErr`](Self::RemAccessErr)). Both queue pairs end in
-        /// ERR.
-        RemInvReqErr = sys::IBV_WC_REM_INV_REQ_ERR,
-        /// Remote access error: the peer's memory refused the access — an
-        /// rkey that is wrong, revoked or invalidated, a range outside its
-        /// region or window, or a region or window without the right the
-        /// operation needs (`REMOTE_WRITE`, `REMOTE_READ`,
-        /// `REMOTE_ATOMIC`). Some devices also report it for a peer queue
-        /// pair without the matching remote access flag (rxe reports
-        /// [`RemInvReqErr`](Self::RemInvReqErr) for that).
-        RemAccessErr = sys::IBV_WC_REM_ACCESS_ERR,
-        /// Remote operation error: the peer could not complete the
-        /// request (e.g. on rxe, a message with a payload sent into a
-        /// receive with no buffer, [`RecvRequest::empty`](crate::RecvRequest::empty)).
-        RemOpErr = sys::IBV_WC_REM_OP_ERR,
-        /// Transport retry counter exceeded.
-        RetryExcErr = sys::IBV_WC_RETRY_EXC_ERR,
-        /// RNR retry counter exceeded.
-        RnrRetryExcErr = sys::IBV_WC_RNR_RETRY_EXC_ERR,
-        /// Local RDD violation.
-        LocRddViolErr = sys::IBV_WC_LOC_RDD_VIOL_ERR,
-        /// Remote invalid RD request.
-        RemInvRdReqErr = sys::IBV_WC_REM_INV_RD_REQ_ERR,
-        /// Remote aborted.
-        RemAbortErr = sys::IBV_WC_REM_ABORT_ERR,
-        /// Invalid EE context number.
-        InvEecnErr = sys::IBV_WC_INV_EECN_ERR,
-        /// Invalid EE context state.
-        InvEecStateErr = sys::IBV_WC_INV_EEC_STATE_ERR,
-        /// Fatal error.
-        FatalErr = sys::IBV_WC_FATAL_ERR,
-        /// Response timeout.
-        RespTimeoutErr = sys::IBV_WC_RESP_TIMEOUT_ERR,
-        /// General error.
-        GeneralErr = sys::IBV_WC_GENERAL_ERR,
-        /// Tag matching error.
-        TmErr = sys::IBV_WC_TM_ERR,
-        /// Tag matching rendezvous incomplete.
-        TmRndvIncomplete = sys::IBV_WC_TM_RNDV_INCOMPLETE,
-    }
-}
-
-impl std::fmt::Display for WcStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // SAFETY: ibv_wc_status_str returns a static string for any value.
-        let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(self.as_raw())) };
-        write!(f, "{} ({:?})", s.to_string_lossy(), self)
-    }
-}
+use crate::types::device_enum;
+use crate::types::WcStatus;
 
 device_enum! {
     /// What a completed work request did.

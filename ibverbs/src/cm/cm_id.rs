@@ -18,7 +18,8 @@ use ibverbs_sys as sys;
 
 use super::event_channel::EventChannel;
 use crate::error::{Error, Result};
-use crate::queue_pair::{QpAttr, QpInner, QpState};
+use crate::queue_pair::{QpAttr, QpInner};
+use crate::types::QpState;
 use crate::{Context, QueuePair};
 
 /// How an adopted id receives its events.
@@ -302,7 +303,7 @@ impl ConnParam {
     }
 }
 
-crate::port::device_enum! {
+crate::types::device_enum! {
     /// The port space of an rdma_cm id (`enum rdma_port_space`): which
     /// queue pairs it manages and which kernel port numbers it binds.
     PortSpace {

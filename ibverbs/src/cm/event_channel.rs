@@ -9,6 +9,7 @@ use ibverbs_sys as sys;
 
 use super::cm_id::{CmId, IdMode, IdShared};
 use crate::error::{ret_ptr, Error, Result};
+use crate::types::CmEventType;
 
 pub(crate) struct ChannelInner {
     pub(crate) ch: NonNull<sys::rdma_event_channel>,
@@ -58,44 +59,6 @@ impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         // SAFETY: live channel; `fd` is immutable.
         unsafe { (*self.inner.ch.as_ptr()).fd }
-    }
-}
-
-crate::port::device_enum! {
-    /// The type of an rdma_cm event (`RDMA_CM_EVENT_*`).
-    CmEventType {
-        /// `rdma_resolve_addr` finished.
-        AddrResolved = sys::RDMA_CM_EVENT_ADDR_RESOLVED,
-        /// `rdma_resolve_addr` failed.
-        AddrError = sys::RDMA_CM_EVENT_ADDR_ERROR,
-        /// `rdma_resolve_route` finished.
-        RouteResolved = sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
-        /// `rdma_resolve_route` failed.
-        RouteError = sys::RDMA_CM_EVENT_ROUTE_ERROR,
-        /// A peer asks to connect (the event carries the new id).
-        ConnectRequest = sys::RDMA_CM_EVENT_CONNECT_REQUEST,
-        /// The peer answered (handled by the library, reported as `Established`).
-        ConnectResponse = sys::RDMA_CM_EVENT_CONNECT_RESPONSE,
-        /// Connecting failed.
-        ConnectError = sys::RDMA_CM_EVENT_CONNECT_ERROR,
-        /// The peer is unreachable.
-        Unreachable = sys::RDMA_CM_EVENT_UNREACHABLE,
-        /// The peer rejected the connection (or nobody listens).
-        Rejected = sys::RDMA_CM_EVENT_REJECTED,
-        /// The connection is up.
-        Established = sys::RDMA_CM_EVENT_ESTABLISHED,
-        /// The connection is down.
-        Disconnected = sys::RDMA_CM_EVENT_DISCONNECTED,
-        /// The device went away.
-        DeviceRemoval = sys::RDMA_CM_EVENT_DEVICE_REMOVAL,
-        /// Multicast join finished.
-        MulticastJoin = sys::RDMA_CM_EVENT_MULTICAST_JOIN,
-        /// Multicast error.
-        MulticastError = sys::RDMA_CM_EVENT_MULTICAST_ERROR,
-        /// The local address changed.
-        AddrChange = sys::RDMA_CM_EVENT_ADDR_CHANGE,
-        /// The id left the timewait state.
-        TimewaitExit = sys::RDMA_CM_EVENT_TIMEWAIT_EXIT,
     }
 }
 

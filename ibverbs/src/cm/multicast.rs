@@ -19,8 +19,9 @@ use ibverbs_sys as sys;
 
 use super::cm_id::{neg_errno, to_sockaddr, CmId, IdShared};
 use crate::error::{Error, Result};
-use crate::queue_pair::{QpInner, QpState};
-use crate::{AddressVector, Gid, QpAttr, QpNumber, QpType, QueuePair};
+use crate::queue_pair::QpInner;
+use crate::types::{QpNumber, QpState, QpType};
+use crate::{AddressVector, Gid, QpAttr, QueuePair};
 
 /// How to join a multicast group (`enum rdma_cm_mc_join_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

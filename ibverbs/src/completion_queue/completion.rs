@@ -6,8 +6,9 @@ use ibverbs_sys as sys;
 
 use crate::buffer::{Buf, SgList};
 use crate::error::Result;
-use crate::gid::Gid;
+
 use crate::owner::Owner;
+use crate::types::Gid;
 use crate::work_completion::WorkCompletion;
 
 /// Decodes the source GID of a 40-byte GRH area (see [`Completion::source_gid`]).

@@ -6,13 +6,14 @@ use ibverbs_sys as sys;
 
 use crate::buffer::{Buf, SgList};
 use crate::error::Result;
-use crate::gid::Gid;
+
 use crate::inflight::{self, Claim, Held};
 use crate::owner::Owner;
 use crate::work_completion::WorkCompletion;
 
 use super::completion::{sg_take_one_if, source_gid_of, Completion};
 use super::fix_rxe_inv_flag;
+use crate::types::Gid;
 
 /// The completions one poll returned, in order: an iterator of
 /// [`CompletionRef`]s. Each is claimed when the walk reaches it; dropping

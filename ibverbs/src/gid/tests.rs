@@ -1,6 +1,8 @@
 //! The pure GID selection rules over synthetic tables.
 
 use super::*;
+use std::net::Ipv4Addr;
+
 use crate::Error;
 
 fn entry(port: u8, index: u8, gid: &str, gid_type: GidType, ndev_ifindex: u32) -> GidEntry {

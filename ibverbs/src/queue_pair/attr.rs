@@ -9,28 +9,9 @@ use sys::ibv_qp_attr_mask as M;
 
 use super::transition::*;
 use crate::error::{ret_errno, Error, Result, TransitionReason};
-use crate::port::{device_enum, Mtu, PortNumber};
-use crate::{AccessFlags, AddressVector, QpCaps, QpNumber, QpType, QueuePair, SendOp};
-
-device_enum! {
-    /// Queue pair state.
-    QpState {
-        /// Reset.
-        Reset = sys::IBV_QPS_RESET,
-        /// Initialised.
-        Init = sys::IBV_QPS_INIT,
-        /// Ready to receive.
-        Rtr = sys::IBV_QPS_RTR,
-        /// Ready to send.
-        Rts = sys::IBV_QPS_RTS,
-        /// Send queue drained.
-        Sqd = sys::IBV_QPS_SQD,
-        /// Send queue error.
-        Sqe = sys::IBV_QPS_SQE,
-        /// Error.
-        Err = sys::IBV_QPS_ERR,
-    }
-}
+use crate::port::Mtu;
+use crate::types::{device_enum, AccessFlags, PortNumber, QpNumber, QpState, QpType, SendOp};
+use crate::{AddressVector, QpCaps, QueuePair};
 
 device_enum! {
     /// Path migration state (automatic path migration to the alternate path).

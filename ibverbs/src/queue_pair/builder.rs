@@ -5,8 +5,9 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
-use crate::queue_pair::SendOps;
-use crate::queue_pair::{QpCaps, QpType, QueuePair};
+
+use crate::queue_pair::{QpCaps, QueuePair};
+use crate::types::{QpType, SendOps};
 use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 /// Builder for a [`QueuePair`]: required parts in [`ProtectionDomain::create_qp`],

@@ -5,9 +5,10 @@
 use std::hash::{BuildHasher, Hasher};
 
 use crate::error::{Error, Result, WireProblem};
-use crate::gid::{Gid, GidIndex};
-use crate::port::{Mtu, PortAttr, PortNumber};
-use crate::{AccessFlags, AddressVector, LocalPort, QpAttr, QpNumber, QpState, QpType, QueuePair};
+
+use crate::port::{Mtu, PortAttr};
+use crate::types::{AccessFlags, Gid, GidIndex, PortNumber, QpNumber, QpState, QpType};
+use crate::{AddressVector, LocalPort, QpAttr, QueuePair};
 
 /// Largest 24-bit value (PSNs, QP numbers).
 const MAX_24: u32 = 0xFF_FFFF;

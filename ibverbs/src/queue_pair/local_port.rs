@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use super::connect::check_24;
 use crate::error::{Error, Result};
-use crate::gid::{Gid, GidIndex};
-use crate::port::{PortAttr, PortNumber};
+
+use crate::port::PortAttr;
+use crate::types::{Gid, GidIndex, PortNumber};
 use crate::{Context, Endpoint, QueuePair};
 
 /// The facts of a local port that connecting a queue pair needs: its

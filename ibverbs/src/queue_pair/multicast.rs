@@ -23,9 +23,9 @@
 
 use ibverbs_sys as sys;
 
-use super::{QpType, QueuePair};
+use super::QueuePair;
 use crate::error::{ret_errno, Error, Result};
-use crate::Gid;
+use crate::types::{Gid, QpType};
 
 impl QueuePair {
     /// Attaches this UD queue pair to the multicast group `gid` (and `lid`:

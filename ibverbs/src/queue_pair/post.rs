@@ -5,12 +5,13 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::options::{check_options, Asked};
-use super::request::{Dest, Op, SendOp, SendRequest};
+use super::request::{Dest, Op, SendRequest};
 use crate::buffer::Buf;
 use crate::buffer::SgList;
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
-use crate::memory_region::AccessFlags;
+
+use crate::types::{AccessFlags, SendOp};
 use crate::{QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is

@@ -14,50 +14,8 @@ use super::post::fill_sges;
 use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
+use crate::types::SendOps;
 use crate::QueuePair;
-
-bitflags::bitflags! {
-    /// Operations an extended queue pair is created for
-    /// (`IBV_QP_EX_WITH_*`, `send_ops_flags` of `ibv_create_qp_ex`).
-    ///
-    /// # References
-    /// `ibv_create_qp_ex(3)`, `ibv_wr_post(3)`
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct SendOps: u64 {
-        /// RDMA write.
-        const RDMA_WRITE = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0 as u64;
-        /// RDMA write with immediate.
-        const RDMA_WRITE_WITH_IMM =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM.0 as u64;
-        /// Send.
-        const SEND = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0 as u64;
-        /// Send with immediate.
-        const SEND_WITH_IMM =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_IMM.0 as u64;
-        /// RDMA read.
-        const RDMA_READ = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_READ.0 as u64;
-        /// Atomic compare-and-swap.
-        const ATOMIC_CMP_AND_SWP =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP.0 as u64;
-        /// Atomic fetch-and-add.
-        const ATOMIC_FETCH_AND_ADD =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD.0 as u64;
-        /// Local invalidate.
-        const LOCAL_INV = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_LOCAL_INV.0 as u64;
-        /// Memory window bind.
-        const BIND_MW = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_BIND_MW.0 as u64;
-        /// Send with invalidate.
-        const SEND_WITH_INV =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_INV.0 as u64;
-        /// Atomic write (`ibv_wr_atomic_write`; rdma-core 44 and later).
-        const ATOMIC_WRITE =
-            sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_WRITE.0 as u64;
-        /// Flush (`ibv_wr_flush`; only when built against rdma-core 45 or
-        /// later, the `ibverbs_flush` cfg).
-        #[cfg(ibverbs_flush)]
-        const FLUSH = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_FLUSH.0 as u64;
-    }
-}
 
 #[cfg(ibverbs_flush)]
 bitflags::bitflags! {

@@ -16,11 +16,12 @@ use ibverbs_sys as sys;
 
 use super::post::{c_send_wr, fill_sges};
 use super::recv_queue::RecvQueue;
-use super::request::{RecvRequest, SendOp, SendRequest};
+use super::request::{RecvRequest, SendRequest};
 use super::send_queue::{Refused, SendQueue};
 use crate::buffer::{Buf, SgList};
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
+use crate::types::SendOp;
 use crate::{AddressHandle, QueuePair};
 
 /// A posting of a prepared request: its slot's state and its `wr_id`.

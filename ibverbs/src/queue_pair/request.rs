@@ -7,6 +7,7 @@ use ibverbs_sys as sys;
 
 use crate::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory, SgList};
 use crate::owner::Owner;
+use crate::types::SendOp;
 use crate::{AddressHandle, QpNumber};
 
 #[derive(Debug, Clone, Copy)]
@@ -33,86 +34,6 @@ pub(super) enum Op {
         kind: u8,
         level: u8,
     },
-}
-
-/// The operation of a send-queue request, as errors name it.
-///
-/// # References
-/// `ibv_post_send(3)` (`IBV_WR_*`)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum SendOp {
-    /// `IBV_WR_SEND` (with immediate: `IBV_WR_SEND_WITH_IMM`, with
-    /// invalidate: `IBV_WR_SEND_WITH_INV`).
-    Send,
-    /// `IBV_WR_RDMA_WRITE` (with immediate: `IBV_WR_RDMA_WRITE_WITH_IMM`).
-    RdmaWrite,
-    /// `IBV_WR_RDMA_READ`.
-    RdmaRead,
-    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
-    CompareAndSwap,
-    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
-    FetchAndAdd,
-    /// `IBV_WR_ATOMIC_WRITE`.
-    AtomicWrite,
-    /// `IBV_WR_FLUSH`.
-    Flush,
-}
-
-impl SendOp {
-    /// The operation in words (`"RDMA read"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SendOp::Send => "send",
-            SendOp::RdmaWrite => "RDMA write",
-            SendOp::RdmaRead => "RDMA read",
-            SendOp::CompareAndSwap => "atomic compare-and-swap",
-            SendOp::FetchAndAdd => "atomic fetch-and-add",
-            SendOp::AtomicWrite => "atomic write",
-            SendOp::Flush => "flush",
-        }
-    }
-}
-
-impl std::fmt::Display for SendOp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// An option of a send-queue request, as errors name it (see DESIGN.md's
-/// request-option table for which operation takes which).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum SendOption {
-    /// `IBV_SEND_INLINE`: the bytes are copied into the work request.
-    Inline,
-    /// Immediate data (`*_WITH_IMM`).
-    Immediate,
-    /// `IBV_SEND_SOLICITED`.
-    Solicited,
-    /// `IBV_SEND_FENCE`.
-    Fence,
-    /// A remote key to invalidate (`IBV_WR_SEND_WITH_INV`).
-    Invalidate,
-    /// A UD destination (address handle, QP number, Q_Key).
-    UdDestination,
-    /// The remote SRQ of an XRC send (`SendRequest::xrc_srqn`).
-    XrcSrq,
-}
-
-impl std::fmt::Display for SendOption {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SendOption::Inline => "IBV_SEND_INLINE",
-            SendOption::Immediate => "immediate data",
-            SendOption::Solicited => "IBV_SEND_SOLICITED",
-            SendOption::Fence => "IBV_SEND_FENCE",
-            SendOption::Invalidate => "a remote key to invalidate (IBV_WR_SEND_WITH_INV)",
-            SendOption::UdDestination => "a UD destination (SendQueue::send_to, SendRequest::ud)",
-            SendOption::XrcSrq => "a remote XRC SRQ (SendRequest::xrc_srqn)",
-        })
-    }
 }
 
 impl Op {

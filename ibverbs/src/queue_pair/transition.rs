@@ -66,6 +66,25 @@ pub(crate) fn mask_names(mask: u32) -> String {
     names.join(", ")
 }
 
+/// Names the mask bits (here, where their names are).
+impl std::fmt::Display for TransitionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransitionReason::NoSuchTransition => {
+                f.write_str("the IBA state table has no such transition")
+            }
+            TransitionReason::Missing(m) => write!(f, "missing {}", mask_names(m.0)),
+            TransitionReason::NotAllowed(m) => write!(f, "{} not allowed here", mask_names(m.0)),
+            TransitionReason::ClaimedState(s) => {
+                write!(
+                    f,
+                    "cur_qp_state claims {s:?}, which is not the queue pair's state"
+                )
+            }
+        }
+    }
+}
+
 /// The row of the IBA QP state transition table (the kernel's
 /// `qp_state_table`, `ib_modify_qp_is_ok`) for RC, UC and UD queue pairs:
 /// `(required, optional)` attributes (`IBV_QP_STATE` is always allowed), or
