@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
-use crate::event_routing::{Kind, Registration};
+use crate::event_routing::{AsyncEventReceiver, CqId, Kind, Registration};
 use crate::extended_cq::ExCq;
 use crate::inflight::HeldMark;
 use crate::work_completion::WorkCompletion;
@@ -815,6 +815,22 @@ impl std::fmt::Debug for CompletionQueue {
 /// `registered` and one more of `depth`.
 fn cq_needed(registered: u64, depth: u32) -> u64 {
     registered + u64::from(depth)
+}
+
+impl CompletionQueue {
+    /// This CQ's identity in its asynchronous events ([`AsyncElement::Cq`](crate::AsyncElement::Cq)).
+    pub fn id(&self) -> CqId {
+        crate::event_routing::cq_id(self.inner.events.id())
+    }
+
+    /// Subscribes to this CQ's asynchronous events (`CQ_ERR`: an overrun
+    /// or a device error), as routed by [`Context::route_async_event`].
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`
+    pub fn async_events(&self) -> AsyncEventReceiver {
+        self.inner.events.subscribe()
+    }
 }
 
 #[cfg(test)]

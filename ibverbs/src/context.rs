@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, Error, Result};
-use crate::event_routing::{self, lookup, CqId, Kind, QpId, SrqId};
+use crate::event_routing::{route, AsyncEvent};
 use crate::gid::GidEntry;
 use crate::port::{LinkLayer, PortAttr, PortState};
 use crate::types::{Gid, GidIndex, GidSelector, PortNumber};
@@ -588,212 +588,6 @@ crate::types::device_enum! {
     }
 }
 
-crate::types::device_enum! {
-    /// The kind of an asynchronous event.
-    AsyncEventType {
-        /// CQ overrun or error.
-        CqErr = sys::IBV_EVENT_CQ_ERR,
-        /// QP fatal error.
-        QpFatal = sys::IBV_EVENT_QP_FATAL,
-        /// Invalid request on a QP.
-        QpReqErr = sys::IBV_EVENT_QP_REQ_ERR,
-        /// Local access violation on a QP.
-        QpAccessErr = sys::IBV_EVENT_QP_ACCESS_ERR,
-        /// Communication established on a QP.
-        CommEst = sys::IBV_EVENT_COMM_EST,
-        /// Send queue drained.
-        SqDrained = sys::IBV_EVENT_SQ_DRAINED,
-        /// Path migrated.
-        PathMig = sys::IBV_EVENT_PATH_MIG,
-        /// Path migration failed.
-        PathMigErr = sys::IBV_EVENT_PATH_MIG_ERR,
-        /// Device fatal error.
-        DeviceFatal = sys::IBV_EVENT_DEVICE_FATAL,
-        /// Port became active.
-        PortActive = sys::IBV_EVENT_PORT_ACTIVE,
-        /// Port went down.
-        PortErr = sys::IBV_EVENT_PORT_ERR,
-        /// LID changed.
-        LidChange = sys::IBV_EVENT_LID_CHANGE,
-        /// P_Key table changed.
-        PkeyChange = sys::IBV_EVENT_PKEY_CHANGE,
-        /// SM changed.
-        SmChange = sys::IBV_EVENT_SM_CHANGE,
-        /// SRQ error.
-        SrqErr = sys::IBV_EVENT_SRQ_ERR,
-        /// SRQ fill below its limit.
-        SrqLimitReached = sys::IBV_EVENT_SRQ_LIMIT_REACHED,
-        /// Last WQE reached on a QP attached to an SRQ.
-        QpLastWqeReached = sys::IBV_EVENT_QP_LAST_WQE_REACHED,
-        /// Client re-register request.
-        ClientReregister = sys::IBV_EVENT_CLIENT_REREGISTER,
-        /// GID table changed.
-        GidChange = sys::IBV_EVENT_GID_CHANGE,
-        /// WQ fatal error.
-        WqFatal = sys::IBV_EVENT_WQ_FATAL,
-    }
-}
-
-/// What an asynchronous event concerns, copied out of the C event before
-/// it was acknowledged.
-///
-/// SRQ and CQ events carry the object's id (`None` for an object this
-/// library did not create, or one whose destruction has begun), which
-/// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id) and
-/// [`CompletionQueue::id`](crate::CompletionQueue::id) give; a QP event's
-/// id is [`AsyncEvent::qp_id`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum AsyncElement {
-    /// A port (port events).
-    Port(PortNumber),
-    /// A queue pair, by number (QP events). QP numbers are reused once the
-    /// QP is destroyed; [`AsyncEvent::qp_id`] is not.
-    Qp(u32),
-    /// A work queue, by number (`WQ_FATAL`).
-    Wq(u32),
-    /// A shared receive queue (SRQ events), by id.
-    Srq(Option<SrqId>),
-    /// A completion queue (`CQ_ERR`), by id.
-    Cq(Option<CqId>),
-    /// The device (`DEVICE_FATAL`, and events this crate does not know).
-    Device,
-}
-
-/// An asynchronous event, already acknowledged (`ibv_ack_async_event`):
-/// plain data, see [`Context::get_async_event`]. Route it to its object
-/// with [`Context::route_async_event`].
-///
-/// # References
-/// `ibv_get_async_event(3)`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AsyncEvent {
-    event_type: AsyncEventType,
-    element: AsyncElement,
-    /// For QP events: the id of the queue pair, read with its number.
-    qp_id: Option<QpId>,
-}
-
-impl AsyncEvent {
-    /// Copies out what `raw` concerns.
-    ///
-    /// # Safety
-    /// The caller must pass an event reported by `ibv_get_async_event` and
-    /// not yet acknowledged (so the QP or WQ its union names is alive).
-    unsafe fn copy_out(raw: &sys::ibv_async_event) -> AsyncEvent {
-        use AsyncEventType::*;
-        let event_type = AsyncEventType::from_raw(raw.event_type);
-        let mut qp_id = None;
-        let element = match event_type {
-            PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
-            | GidChange => {
-                // SAFETY: for port events the union holds `port_num`.
-                AsyncElement::Port(PortNumber(unsafe { raw.element.port_num } as u8))
-            }
-            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr
-            | QpLastWqeReached => {
-                // SAFETY: for QP events the union holds the QP, alive until
-                // the event is acknowledged (the caller's contract).
-                let qp = unsafe { raw.element.qp };
-                if qp.is_null() {
-                    AsyncElement::Device
-                } else {
-                    qp_id = lookup(Kind::Qp, qp).map(event_routing::qp_id);
-                    // SAFETY: as above; `qp_num` is immutable.
-                    AsyncElement::Qp(unsafe { (*qp).qp_num })
-                }
-            }
-            WqFatal => {
-                // SAFETY: for WQ events the union holds the WQ, alive until
-                // the event is acknowledged.
-                let wq = unsafe { raw.element.wq };
-                if wq.is_null() {
-                    AsyncElement::Device
-                } else {
-                    // SAFETY: as above; `wq_num` is immutable.
-                    AsyncElement::Wq(unsafe { (*wq).wq_num })
-                }
-            }
-            // The addresses only are read (never followed): the registry
-            // maps a live object's address to its id (event_routing.rs).
-            SrqErr | SrqLimitReached => {
-                // SAFETY: for SRQ events the union holds the SRQ pointer.
-                let srq = unsafe { raw.element.srq };
-                AsyncElement::Srq(lookup(Kind::Srq, srq).map(event_routing::srq_id))
-            }
-            CqErr => {
-                // SAFETY: for CQ events the union holds the CQ pointer.
-                let cq = unsafe { raw.element.cq };
-                AsyncElement::Cq(lookup(Kind::Cq, cq).map(event_routing::cq_id))
-            }
-            _ => AsyncElement::Device,
-        };
-        AsyncEvent {
-            event_type,
-            element,
-            qp_id,
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn for_test(event_type: AsyncEventType, element: AsyncElement) -> AsyncEvent {
-        AsyncEvent {
-            event_type,
-            element,
-            qp_id: None,
-        }
-    }
-
-    /// The event type.
-    pub fn event_type(&self) -> AsyncEventType {
-        self.event_type
-    }
-
-    /// What the event concerns.
-    pub fn element(&self) -> AsyncElement {
-        self.element
-    }
-
-    /// The port, for port events.
-    pub fn port(&self) -> Option<PortNumber> {
-        match self.element {
-            AsyncElement::Port(p) => Some(p),
-            _ => None,
-        }
-    }
-
-    /// The QP number, for QP events.
-    pub fn qp_num(&self) -> Option<u32> {
-        match self.element {
-            AsyncElement::Qp(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    /// The id of the queue pair, for QP events of a queue pair this
-    /// library created ([`QueuePair::id`](crate::QueuePair::id)); `None`
-    /// for other events, and for a queue pair whose destruction had begun.
-    pub fn qp_id(&self) -> Option<QpId> {
-        self.qp_id
-    }
-
-    /// The id of the SRQ, for SRQ events ([`AsyncElement::Srq`]).
-    pub fn srq_id(&self) -> Option<SrqId> {
-        match self.element {
-            AsyncElement::Srq(id) => id,
-            _ => None,
-        }
-    }
-
-    /// The id of the CQ, for `CQ_ERR` ([`AsyncElement::Cq`]).
-    pub fn cq_id(&self) -> Option<CqId> {
-        match self.element {
-            AsyncElement::Cq(id) => id,
-            _ => None,
-        }
-    }
-}
-
 /// Whether `ibv_query_gid_table` failed with `errno` because the verb is
 /// missing (old kernel or provider), not because the query failed: then
 /// [`Context::gid_table`] reads the table entry by entry.
@@ -853,5 +647,50 @@ impl Context {
                 self.name()
             )
         })
+    }
+}
+
+impl Context {
+    /// Reads the next asynchronous event (as [`Context::get_async_event`]:
+    /// blocking unless the async fd is non-blocking, acknowledged before
+    /// this returns) and routes it: the subscribers of the QP, SRQ or CQ
+    /// it names get a copy each, and `Ok(None)` says it was delivered.
+    /// `Ok(Some(event))` is an event nobody took: a port or device event,
+    /// or one of an object without a live subscriber (or being destroyed).
+    ///
+    /// Routing needs no thread of its own: call this wherever the context's
+    /// events are read (a loop in a thread of the application's choosing,
+    /// or after polling [`AsRawFd`](std::os::fd::AsRawFd) for readability).
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn demo(ctx: &ibverbs::Context, srq: &ibverbs::SharedReceiveQueue) -> ibverbs::Result<()> {
+    /// let low = srq.async_events(); // this SRQ's events only
+    /// srq.arm_limit(16)?;
+    /// // Wherever the context's events are read: here, a thread of our own.
+    /// let router = ctx.clone();
+    /// std::thread::spawn(move || loop {
+    ///     match router.route_async_event() {
+    ///         Ok(None) => {}                                     // delivered
+    ///         Ok(Some(other)) => eprintln!("unrouted: {other:?}"), // port, device, …
+    ///         Err(e) => break eprintln!("{e}"),
+    ///     }
+    /// });
+    /// if let Some(ev) = low.recv_timeout(std::time::Duration::from_secs(1)) {
+    ///     assert_eq!(ev.srq_id(), Some(srq.id())); // SRQ_LIMIT_REACHED
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Context::get_async_event`]: [`Error::Verb`](crate::Error::Verb)
+    /// naming `ibv_get_async_event` (`EAGAIN` when non-blocking and nothing
+    /// is pending).
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`, `ibv_ack_async_event(3)`
+    #[doc(alias = "ibv_get_async_event")]
+    pub fn route_async_event(&self) -> Result<Option<AsyncEvent>> {
+        Ok(route(self.get_async_event()?))
     }
 }

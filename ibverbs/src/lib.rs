@@ -231,11 +231,13 @@ pub use completion_channel::CompletionChannel;
 pub use completion_queue::{
     Completion, CompletionQueue, CompletionQueueBuilder, CompletionRef, Completions, Polled,
 };
-pub use context::{AsyncElement, AsyncEvent, AsyncEventType, AtomicCap, Context, DeviceAttr};
+pub use context::{AtomicCap, Context, DeviceAttr};
 pub use device::{devices, open_device, Device, DeviceList};
 pub use device_memory::DeviceMemory;
 pub use error::{Error, Result, TransitionReason, WireProblem};
-pub use event_routing::{AsyncEventReceiver, CqId, QpId, SrqId};
+pub use event_routing::{
+    AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, CqId, QpId, SrqId,
+};
 pub use extended_cq::WcFields;
 pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};

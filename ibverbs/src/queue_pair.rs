@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::event_routing::{AsyncEventReceiver, QpId};
 use crate::event_routing::{Kind, Registration};
 use crate::inflight::Ring;
 use crate::types::{QpNumber, QpType, SendOps};
@@ -554,6 +555,26 @@ impl std::fmt::Debug for QueuePair {
             .field("qp_type", &self.qp_type())
             .field("caps", &self.caps())
             .finish()
+    }
+}
+
+impl QueuePair {
+    /// This queue pair's identity in its asynchronous events
+    /// ([`AsyncEvent::qp_id`](crate::AsyncEvent::qp_id)); unlike [`QueuePair::qp_num`], never reused.
+    pub fn id(&self) -> QpId {
+        crate::event_routing::qp_id(self.inner.events.id())
+    }
+
+    /// Subscribes to this queue pair's asynchronous events (`QP_FATAL`,
+    /// `QP_REQ_ERR`, `QP_ACCESS_ERR`, `COMM_EST`, `SQ_DRAINED`,
+    /// `QP_LAST_WQE_REACHED`, path migration), as routed by
+    /// [`Context::route_async_event`](crate::Context::route_async_event). Each subscriber gets every event
+    /// routed after it subscribed.
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`
+    pub fn async_events(&self) -> AsyncEventReceiver {
+        self.inner.events.subscribe()
     }
 }
 

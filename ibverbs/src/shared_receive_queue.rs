@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use crate::error::{ret_errno, ret_ptr, Result};
-use crate::event_routing::{Kind, Registration};
+use crate::event_routing::{AsyncEventReceiver, Kind, Registration, SrqId};
 use crate::inflight::Ring;
 use crate::queue_pair::{release_after_destroy, RingCell};
 #[cfg(doc)]
@@ -412,4 +412,21 @@ unsafe extern "C" fn missing_post_srq_recv(
     _: *mut *mut sys::ibv_recv_wr,
 ) -> i32 {
     libc::EOPNOTSUPP
+}
+
+impl SharedReceiveQueue {
+    /// This SRQ's identity in its asynchronous events
+    /// ([`AsyncElement::Srq`](crate::AsyncElement::Srq)).
+    pub fn id(&self) -> SrqId {
+        crate::event_routing::srq_id(self.events().id())
+    }
+
+    /// Subscribes to this SRQ's asynchronous events (`SRQ_LIMIT_REACHED`,
+    /// `SRQ_ERR`), as routed by [`Context::route_async_event`](crate::Context::route_async_event).
+    ///
+    /// # References
+    /// `ibv_get_async_event(3)`, `ibv_modify_srq(3)`
+    pub fn async_events(&self) -> AsyncEventReceiver {
+        self.events().subscribe()
+    }
 }
