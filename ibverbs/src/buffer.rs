@@ -60,7 +60,7 @@ impl RemoteMemory {
     /// version byte).
     pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
         let mut b = [0; Self::WIRE_LEN];
-        b[0] = crate::error::WIRE_VERSION;
+        b[0] = crate::wire::WIRE_VERSION;
         b[1..9].copy_from_slice(&self.addr.to_be_bytes());
         b[9..17].copy_from_slice(&self.len.to_be_bytes());
         b[17..].copy_from_slice(&self.rkey.0.to_be_bytes());
@@ -79,7 +79,7 @@ impl RemoteMemory {
     /// [`WireProblem::OutOfRange`] (field `len`) for a range that wraps.
     pub fn from_bytes(b: &[u8]) -> Result<RemoteMemory> {
         const WHAT: &str = "RemoteMemory";
-        crate::error::check_wire(WHAT, b, Self::WIRE_LEN)?;
+        crate::wire::check_wire(WHAT, b, Self::WIRE_LEN)?;
         let mut be = [[0; 8]; 2];
         be[0].copy_from_slice(&b[1..9]);
         be[1].copy_from_slice(&b[9..17]);

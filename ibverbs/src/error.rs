@@ -828,33 +828,6 @@ where
     }
 }
 
-/// The version byte that starts every wire message this library writes
-/// ([`Endpoint::to_bytes`](crate::Endpoint::to_bytes),
-/// [`RemoteMemory::to_bytes`](crate::RemoteMemory::to_bytes)).
-pub(crate) const WIRE_VERSION: u8 = 1;
-
-/// Checks the frame of a wire message `what` whose version
-/// [`WIRE_VERSION`] has `len` bytes: the version byte first (a later
-/// version may have another length), then the length.
-pub(crate) fn check_wire(what: &'static str, b: &[u8], len: usize) -> Result<()> {
-    let problem = match b.first() {
-        None => WireProblem::Length {
-            len: 0,
-            expected: len,
-        },
-        Some(&v) if v != WIRE_VERSION => WireProblem::Version {
-            version: v,
-            supported: WIRE_VERSION,
-        },
-        Some(_) if b.len() != len => WireProblem::Length {
-            len: b.len(),
-            expected: len,
-        },
-        Some(_) => return Ok(()),
-    };
-    Err(Error::BadWireFormat { what, problem })
-}
-
 /// An OS error with an explanation: `Invalid argument (os error 22); rxe0
 /// has no port 0 (its ports are 1..=1)`.
 #[derive(Debug)]

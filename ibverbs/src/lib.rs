@@ -205,6 +205,7 @@ mod queue_pair;
 mod shared_receive_queue;
 mod thread_domain;
 mod types;
+mod wire;
 mod work_completion;
 mod xrc_domain;
 
@@ -250,9 +251,9 @@ pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use port_counters::{CounterSource, PortCounters};
 pub use protection_domain::ProtectionDomain;
 pub use queue_pair::{
-    ConnectOptions, Ece, Endpoint, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend,
-    QpAttr, QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused,
-    SendQueue, SendRequest, UdDest, Wr,
+    ConnectOptions, Ece, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend, QpAttr,
+    QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused, SendQueue,
+    SendRequest, UdDest, Wr,
 };
 #[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
@@ -262,5 +263,6 @@ pub use types::{
     AccessFlags, Gid, GidIndex, GidSelector, PortNumber, QpNumber, QpState, QpType, SendOp,
     SendOps, SendOption, WcStatus,
 };
+pub use wire::Endpoint;
 pub use work_completion::{WcOpcode, WorkCompletion};
 pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

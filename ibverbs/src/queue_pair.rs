@@ -30,16 +30,16 @@ mod request;
 mod ring_cell;
 mod send_queue;
 mod transition;
+mod window;
 pub(crate) use recv_queue::RecvPostFn;
 pub(crate) use ring_cell::RingCell;
 
 pub use attr::{PathMigState, QpAttr, QpAttrView};
 pub use builder::QueuePairBuilder;
-pub use connect::{ConnectOptions, Endpoint};
+pub use connect::ConnectOptions;
 pub use ece::Ece;
 pub use local_port::LocalPort;
 
-pub(crate) use post_ex::WindowWr;
 #[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
 pub use prepared::{PreparedRecv, PreparedSend};

@@ -1,17 +1,12 @@
-//! Connecting queue pairs: what peers exchange ([`Endpoint`]), the path and
+//! Connecting queue pairs: the endpoints peers exchange ([`Endpoint`]), the path and
 //! transport parameters ([`ConnectOptions`]), and the RESET→INIT→RTR→RTS
 //! helpers built on [`QueuePair::modify`].
 
-use std::hash::{BuildHasher, Hasher};
-
-use crate::error::{Error, Result, WireProblem};
-
+use crate::error::{Error, Result};
 use crate::port::{Mtu, PortAttr};
-use crate::types::{AccessFlags, Gid, GidIndex, PortNumber, QpNumber, QpState, QpType};
+use crate::types::{AccessFlags, GidIndex, PortNumber, QpState, QpType};
+use crate::wire::{Endpoint, MAX_24};
 use crate::{AddressVector, LocalPort, QpAttr, QueuePair};
-
-/// Largest 24-bit value (PSNs, QP numbers).
-const MAX_24: u32 = 0xFF_FFFF;
 
 pub(super) fn check_24(what: &'static str, v: u32) -> Result<()> {
     if v > MAX_24 {
@@ -22,102 +17,6 @@ pub(super) fn check_24(what: &'static str, v: u32) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// What two peers exchange to connect RC or UC queue pairs (or to address
-/// a UD one): the same fields as rdma-core's `ibv_rc_pingpong` (LID, QP
-/// number, PSN, GID).
-///
-/// [`LocalPort::endpoint`] makes this side's; send it with
-/// [`to_bytes`](Endpoint::to_bytes) and read the peer's with
-/// [`from_bytes`](Endpoint::from_bytes), then pass both to
-/// [`QueuePair::connect`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Endpoint {
-    /// The queue pair number.
-    pub qp_num: QpNumber,
-    /// The first packet sequence number it sends (24 bits).
-    pub psn: u32,
-    /// The port's LID (InfiniBand; 0 on RoCE).
-    pub lid: u16,
-    /// The GID it sends from (needed on RoCE; optional on InfiniBand,
-    /// where [`Gid::ZERO`] means LID-only addressing).
-    pub gid: Gid,
-}
-
-impl Endpoint {
-    /// Bytes of the wire form ([`Endpoint::to_bytes`]).
-    pub const WIRE_LEN: usize = 27;
-
-    /// The wire form, for sending to the peer out of band: a version byte
-    /// (1), then the QP number (4 bytes), the PSN (4) and the LID (2), all
-    /// big-endian, then the GID's 16 bytes as they are (network order).
-    /// [`RemoteMemory::to_bytes`](crate::RemoteMemory::to_bytes) starts
-    /// with the same version byte.
-    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
-        let mut b = [0; Self::WIRE_LEN];
-        b[0] = crate::error::WIRE_VERSION;
-        b[1..5].copy_from_slice(&self.qp_num.0.to_be_bytes());
-        b[5..9].copy_from_slice(&self.psn.to_be_bytes());
-        b[9..11].copy_from_slice(&self.lid.to_be_bytes());
-        b[11..].copy_from_slice(&self.gid.0);
-        b
-    }
-
-    /// Parses [`Endpoint::to_bytes`] from a peer, which is not trusted:
-    /// whatever it accepts is an endpoint [`to_bytes`](Self::to_bytes)
-    /// writes back byte for byte.
-    ///
-    /// # Errors
-    /// [`Error::BadWireFormat`] with [`WireProblem::Version`] for a first
-    /// byte other than 1, [`WireProblem::Length`] for a message that is
-    /// not [`WIRE_LEN`](Self::WIRE_LEN) bytes long, and
-    /// [`WireProblem::OutOfRange`] for a QP number or PSN wider than 24
-    /// bits.
-    ///
-    /// [`WireProblem::Version`]: crate::WireProblem::Version
-    /// [`WireProblem::Length`]: crate::WireProblem::Length
-    /// [`WireProblem::OutOfRange`]: crate::WireProblem::OutOfRange
-    pub fn from_bytes(b: &[u8]) -> Result<Endpoint> {
-        const WHAT: &str = "Endpoint";
-        crate::error::check_wire(WHAT, b, Self::WIRE_LEN)?;
-        let be32 = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let (qp_num, psn) = (be32(1), be32(5));
-        for (field, value) in [("qp_num", qp_num), ("psn", psn)] {
-            if value > MAX_24 {
-                return Err(Error::BadWireFormat {
-                    what: WHAT,
-                    problem: WireProblem::OutOfRange {
-                        field,
-                        value: value.into(),
-                        max: MAX_24.into(),
-                    },
-                });
-            }
-        }
-        let mut gid = [0; 16];
-        gid.copy_from_slice(&b[11..]);
-        Ok(Endpoint {
-            qp_num: QpNumber(qp_num),
-            psn,
-            lid: u16::from_be_bytes([b[9], b[10]]),
-            gid: Gid(gid),
-        })
-    }
-
-    /// A random 24-bit starting PSN (as `ibv_rc_pingpong`'s
-    /// `lrand48() & 0xffffff`; not cryptographic).
-    pub fn random_psn() -> u32 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-            h.write_u128(d.as_nanos());
-        }
-        // The process id, read once: `getpid` is a system call per PSN
-        // otherwise (one per queue pair connected).
-        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        h.write_u32(*PID.get_or_init(std::process::id));
-        (h.finish() as u32) & MAX_24
-    }
 }
 
 /// Path and transport parameters for [`QueuePair::connect`].
@@ -597,6 +496,8 @@ impl QueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::WireProblem;
+    use crate::types::{Gid, QpNumber};
     use ibverbs_sys as sys;
     use sys::ibv_qp_attr_mask as M;
     use QpState as S;
