@@ -8,7 +8,7 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 
-use crate::port::PortAttr;
+use crate::device::port::PortAttr;
 use crate::types::{Gid, GidIndex, PortNumber};
 use crate::{Endpoint, ProtectionDomain};
 

@@ -21,6 +21,7 @@
 //! * held after a reset ([`wr_id::held`]): nobody, until the CQ's debt is
 //!   paid ([`Ring::release_held`]).
 
+pub(crate) mod owner;
 pub(crate) mod wr_id;
 
 use std::cell::UnsafeCell;
@@ -29,9 +30,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::buffer::SgList;
 use crate::error::{Error, Result};
-use crate::memory_window::WindowOp;
+use crate::memory::buffer::SgList;
+use crate::memory::memory_window::WindowOp;
 use crate::AddressHandle;
 use wr_id::{CLAIMING, FREE};
 

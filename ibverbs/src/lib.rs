@@ -177,37 +177,16 @@
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod address_handle;
-mod buffer;
-mod buffer_pool;
-mod capabilities;
 #[cfg(feature = "rdmacm")]
 pub mod cm;
-mod completion_channel;
-mod completion_queue;
-mod context;
+mod cq;
 mod device;
-mod device_memory;
 mod error;
-mod event_routing;
-mod extended_cq;
-mod flow_counters;
-mod fork;
-mod gid;
 mod inflight;
-mod library;
-mod memory_region;
-mod memory_window;
-mod owner;
-mod port;
-mod port_counters;
-mod protection_domain;
-mod queue_pair;
-mod shared_receive_queue;
-mod thread_domain;
+mod memory;
+mod qp;
 mod types;
 mod wire;
-mod work_completion;
-mod xrc_domain;
 
 pub mod hazards;
 
@@ -222,47 +201,51 @@ pub use bytemuck;
 pub use ibverbs_sys as sys;
 
 pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
-pub use buffer::{
+pub use cq::completion_channel::CompletionChannel;
+pub use cq::completion_queue::{
+    Completion, CompletionQueue, CompletionQueueBuilder, CompletionRef, Completions, Polled,
+};
+pub use cq::extended_cq::WcFields;
+pub use cq::work_completion::{WcOpcode, WorkCompletion};
+pub use device::capabilities::{DeviceAttrEx, Feature};
+pub use device::context::{AtomicCap, Context, DeviceAttr};
+pub use device::device_memory::DeviceMemory;
+pub use device::event_routing::{
+    AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, CqId, QpId, SrqId,
+};
+pub use device::flow_counters::{CounterDescription, FlowCounters};
+pub use device::fork::{fork_init, fork_status, ForkStatus};
+pub use device::gid::{GidEntry, GidType};
+pub use device::list::{devices, open_device, Device, DeviceList};
+pub use device::port::{LinkLayer, Mtu, PortAttr, PortState};
+pub use device::port_counters::{CounterSource, PortCounters};
+pub use error::{Error, Result, TransitionReason, WireProblem};
+pub use inflight::owner::{Owner, MAX_OWNERS};
+pub use memory::buffer::{
     Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
     SgList, SharedBuffer,
 };
-pub use buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
-pub use capabilities::{DeviceAttrEx, Feature};
-pub use completion_channel::CompletionChannel;
-pub use completion_queue::{
-    Completion, CompletionQueue, CompletionQueueBuilder, CompletionRef, Completions, Polled,
+pub use memory::buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
+pub use memory::memory_region::{
+    Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
 };
-pub use context::{AtomicCap, Context, DeviceAttr};
-pub use device::{devices, open_device, Device, DeviceList};
-pub use device_memory::DeviceMemory;
-pub use error::{Error, Result, TransitionReason, WireProblem};
-pub use event_routing::{
-    AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, CqId, QpId, SrqId,
+pub use memory::memory_region::{
+    AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
 };
-pub use extended_cq::WcFields;
-pub use flow_counters::{CounterDescription, FlowCounters};
-pub use fork::{fork_init, fork_status, ForkStatus};
-pub use gid::{GidEntry, GidType};
-pub use memory_region::{Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
-pub use memory_region::{AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage};
-pub use memory_window::{BindTarget, MemoryWindow, MwType};
-pub use owner::{Owner, MAX_OWNERS};
-pub use port::{LinkLayer, Mtu, PortAttr, PortState};
-pub use port_counters::{CounterSource, PortCounters};
-pub use protection_domain::ProtectionDomain;
-pub use queue_pair::{
+pub use memory::memory_window::{BindTarget, MemoryWindow, MwType};
+pub use memory::protection_domain::ProtectionDomain;
+pub use memory::thread_domain::{ParentDomain, ThreadDomain};
+pub use qp::queue_pair::{
     ConnectOptions, Ece, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend, QpAttr,
     QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused, SendQueue,
     SendRequest, UdDest, Wr,
 };
 #[cfg(ibverbs_flush)]
-pub use queue_pair::{FlushLevel, FlushType};
-pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
-pub use thread_domain::{ParentDomain, ThreadDomain};
+pub use qp::queue_pair::{FlushLevel, FlushType};
+pub use qp::shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
+pub use qp::xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};
 pub use types::{
     AccessFlags, Gid, GidIndex, GidSelector, PortNumber, QpNumber, QpState, QpType, SendOp,
     SendOps, SendOption, WcStatus,
 };
 pub use wire::Endpoint;
-pub use work_completion::{WcOpcode, WorkCompletion};
-pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

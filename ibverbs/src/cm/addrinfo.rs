@@ -140,7 +140,7 @@ impl AddrInfo {
         let c_node = node.map(cstr).transpose()?;
         let c_service = service.map(cstr).transpose()?;
         // librdmacm lists and opens the devices (`fork.rs`).
-        crate::fork::note_verbs_start();
+        crate::device::fork::note_verbs_start();
         let raw_hints = hints.raw();
         let mut res: *mut sys::rdma_addrinfo = std::ptr::null_mut();
         // SAFETY: NUL-terminated strings (or NULL) and hints valid for the

@@ -18,7 +18,7 @@ use ibverbs_sys as sys;
 
 use super::event_channel::EventChannel;
 use crate::error::{Error, Result};
-use crate::queue_pair::{QpAttr, QpInner};
+use crate::qp::queue_pair::{QpAttr, QpInner};
 use crate::types::QpState;
 use crate::{Context, QueuePair};
 

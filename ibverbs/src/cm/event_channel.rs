@@ -171,8 +171,8 @@ impl EventChannel {
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
         // librdmacm lists and opens devices itself (see `fork.rs`).
-        crate::library::ensure_rdmacm_loaded()?;
-        crate::fork::note_verbs_start();
+        crate::device::library::ensure_rdmacm_loaded()?;
+        crate::device::fork::note_verbs_start();
         // SAFETY: no preconditions; the channel is destroyed in ChannelInner's Drop.
         let ch = unsafe { sys::rdma_create_event_channel() };
         let ch = ret_ptr("rdma_create_event_channel", ch).map_err(|e| {

@@ -19,7 +19,7 @@ use ibverbs_sys as sys;
 
 use super::cm_id::{neg_errno, to_sockaddr, CmId, IdShared};
 use crate::error::{Error, Result};
-use crate::queue_pair::QpInner;
+use crate::qp::queue_pair::QpInner;
 use crate::types::{QpNumber, QpState, QpType};
 use crate::{AddressVector, Gid, QpAttr, QueuePair};
 

@@ -62,7 +62,7 @@ impl CmId {
     #[doc(alias = "rdma_create_id")]
     pub fn new_sync(ps: PortSpace) -> Result<CmId> {
         // librdmacm opens the devices and a channel of its own (`fork.rs`).
-        crate::fork::note_verbs_start();
+        crate::device::fork::note_verbs_start();
         let mut id = std::ptr::null_mut();
         // SAFETY: a NULL channel asks for a synchronous id; `id` receives
         // the new id (owned below).

@@ -209,7 +209,7 @@ mod tests {
     fn inlined_std_counts_for_our_line() {
         let text = "0x0000000000001000\n\
                     take<T>\n/rustc/abc/library/core/src/option.rs:1886\n\
-                    post\n/repo/ibverbs/src/queue_pair/post.rs:523 (discriminator 2)\n\
+                    post\n/repo/ibverbs/src/qp/queue_pair/post.rs:523 (discriminator 2)\n\
                     main\n/repo/examples/opcost.rs:10\n\
                     0x0000000000001004\n\
                     memcpy\n??:0\n";
@@ -217,7 +217,7 @@ mod tests {
         assert_eq!(m[&0x1000].len(), 3);
         assert_eq!(
             pick(&m[&0x1000], "/repo/"),
-            "ibverbs/src/queue_pair/post.rs:523"
+            "ibverbs/src/qp/queue_pair/post.rs:523"
         );
         assert_eq!(pick(&m[&0x1004], "/repo/"), "(memcpy)");
         let generated = [(
