@@ -9,8 +9,9 @@ use ibverbs_sys as sys;
 use crate::error::{ret_ptr, Error, Result};
 
 use crate::device::port::PortAttr;
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::types::{Gid, GidIndex, PortNumber};
-use crate::{Endpoint, ProtectionDomain};
+use crate::wire::Endpoint;
 
 /// The default GRH hop limit: enough to cross routers (RoCE v2 over IP,
 /// routed InfiniBand), unlike `ibv_rc_pingpong`'s 1.

@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::address_handle::AddressHandle;
 use crate::error::{Error, Result};
 use crate::memory::buffer::SgList;
 use crate::memory::memory_window::WindowOp;
-use crate::AddressHandle;
 use wr_id::{CLAIMING, FREE};
 
 /// What a slot holds while its request is outstanding (40 bytes: a slot

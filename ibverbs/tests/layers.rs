@@ -1,9 +1,9 @@
 //! The core's layers, held against its imports: DESIGN.md's "Layers inside
 //! the core" lists the folders (and top-level modules) of `ibverbs/src` by
-//! band, and none may import one of a higher band (tests aside). An import through
-//! the crate root (`crate::QueuePair`) counts as an import of the module the
-//! root takes the name from. A new upward import fails here, naming the
-//! file, the name and both bands.
+//! band, and none may import one of a higher band (tests aside). Nor may
+//! any import through the crate root (`crate::QueuePair`): inside the
+//! crate, a module names the module it imports from. A new upward or
+//! root-routed import fails here, naming the file and the name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -167,6 +167,7 @@ fn no_module_imports_one_of_a_higher_band() {
     sources(&src, &mut files);
     let mut modules = BTreeSet::new();
     let mut upward = Vec::new();
+    let mut rooted = Vec::new();
     for file in &files {
         let rel = file
             .strip_prefix(&src)
@@ -191,6 +192,7 @@ fn no_module_imports_one_of_a_higher_band() {
             let target = if bands.contains_key(&name) {
                 name.clone()
             } else if let Some(m) = roots.get(&name) {
+                rooted.push(format!("{rel} takes `{name}` through the crate root ({m})"));
                 m.clone()
             } else {
                 continue; // a macro, or a name of this module
@@ -214,4 +216,9 @@ fn no_module_imports_one_of_a_higher_band() {
         "DESIGN.md's diagram names modules that do not exist: {stale:?}"
     );
     assert!(upward.is_empty(), "upward imports:\n{}", upward.join("\n"));
+    assert!(
+        rooted.is_empty(),
+        "imports through the crate root (name the module instead):\n{}",
+        rooted.join("\n")
+    );
 }

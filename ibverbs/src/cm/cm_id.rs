@@ -17,10 +17,11 @@ use std::time::Duration;
 use ibverbs_sys as sys;
 
 use super::event_channel::EventChannel;
+use crate::device::context::Context;
 use crate::error::{Error, Result};
+use crate::qp::queue_pair::QueuePair;
 use crate::qp::queue_pair::{QpAttr, QpInner};
 use crate::types::QpState;
-use crate::{Context, QueuePair};
 
 /// How an adopted id receives its events.
 pub(crate) enum IdMode {
@@ -506,9 +507,9 @@ impl CmId {
     }
 
     /// The local port number (`port_num`) of the bound device.
-    pub fn port_num(&self) -> crate::PortNumber {
+    pub fn port_num(&self) -> crate::types::PortNumber {
         // SAFETY: live id.
-        crate::PortNumber(unsafe { (*self.id()).port_num })
+        crate::types::PortNumber(unsafe { (*self.id()).port_num })
     }
 
     /// The local address.
@@ -619,13 +620,13 @@ impl CmId {
         if self.is_ud() {
             self.check_qp_of(
                 qp,
-                crate::QpType::Ud,
+                crate::types::QpType::Ud,
                 "an rdma_cm UD exchange (UDP port space)",
             )
         } else {
             self.check_qp_of(
                 qp,
-                crate::QpType::Rc,
+                crate::types::QpType::Rc,
                 "an rdma_cm connection (TCP port space)",
             )
         }
@@ -642,7 +643,7 @@ impl CmId {
     pub(super) fn check_qp_of(
         &self,
         qp: &QueuePair,
-        want: crate::QpType,
+        want: crate::types::QpType,
         what: &'static str,
     ) -> Result<()> {
         // SAFETY: live id.

@@ -6,8 +6,11 @@
 //! applies unchanged.
 
 use super::cm_id::CmId;
+use crate::cq::completion_queue::CompletionQueue;
 use crate::error::{Error, Result};
-use crate::{CompletionQueue, ProtectionDomain, QpType, QueuePair, QueuePairBuilder};
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::qp::queue_pair::{QueuePair, QueuePairBuilder};
+use crate::types::QpType;
 
 impl CmId {
     /// Creates the queue pair for this id on `pd` (of the id's

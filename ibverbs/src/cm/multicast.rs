@@ -18,10 +18,12 @@ use std::sync::{Arc, Weak};
 use ibverbs_sys as sys;
 
 use super::cm_id::{neg_errno, to_sockaddr, CmId, IdShared};
+use crate::address_handle::AddressVector;
 use crate::error::{Error, Result};
 use crate::qp::queue_pair::QpInner;
+use crate::qp::queue_pair::{QpAttr, QueuePair};
+use crate::types::Gid;
 use crate::types::{QpNumber, QpState, QpType};
-use crate::{AddressVector, Gid, QpAttr, QueuePair};
 
 /// How to join a multicast group (`enum rdma_cm_mc_join_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -290,7 +292,12 @@ mod tests {
         let mut raw = sys::rdma_ud_param {
             private_data: std::ptr::null(),
             private_data_len: 0,
-            ah_attr: *AddressVector::roce(crate::PortNumber(1), group, crate::GidIndex(1)).as_raw(),
+            ah_attr: *AddressVector::roce(
+                crate::types::PortNumber(1),
+                group,
+                crate::types::GidIndex(1),
+            )
+            .as_raw(),
             qp_num: 0x00ff_ffff,
             qkey: 0x0123_4567,
         };
@@ -299,7 +306,7 @@ mod tests {
         assert_eq!(ud.qp_num, QpNumber(0x00ff_ffff));
         assert_eq!(ud.qkey, 0x0123_4567);
         assert_eq!(ud.group(), (group, 0xc001));
-        assert_eq!(ud.address.sgid_index(), crate::GidIndex(1));
+        assert_eq!(ud.address.sgid_index(), crate::types::GidIndex(1));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use ibverbs_sys as sys;
 
 use super::cm_id::{move_qp, neg_errno, CmId, ConnParam};
 use crate::error::{Error, Result};
-use crate::{QpAttr, QpState, QueuePair};
+use crate::qp::queue_pair::{QpAttr, QueuePair};
+use crate::types::QpState;
 
 /// SIDR request private data (`rdma_connect(3)`, UDP port space).
 const UD_CONNECT_PRIVATE: usize = 180;

@@ -12,8 +12,8 @@ use ibverbs_sys as sys;
 
 use crate::cq::completion_queue::{CompletionQueue, CqInner};
 use crate::device::context::set_nonblocking;
+use crate::device::context::Context;
 use crate::error::{ret_errno, ret_ptr, Error, Result};
-use crate::Context;
 
 pub(crate) struct ChannelInner {
     ch: NonNull<sys::ibv_comp_channel>,

@@ -8,12 +8,13 @@ use parking_lot::Mutex;
 
 use ibverbs_sys as sys;
 
+use crate::cq::completion_channel::CompletionChannel;
 use crate::cq::extended_cq::ExCq;
 use crate::cq::work_completion::WorkCompletion;
+use crate::device::context::Context;
 use crate::device::event_routing::{AsyncEventReceiver, CqId, Kind, Registration};
 use crate::error::{ret_count, ret_errno, ret_ptr, Result};
 use crate::inflight::HeldMark;
-use crate::{CompletionChannel, Context};
 
 mod accounting;
 mod completion;
@@ -268,7 +269,7 @@ pub struct CompletionQueueBuilder<'a> {
     cqe: u32,
     channel: Option<&'a CompletionChannel>,
     comp_vector: i32,
-    pub(crate) wc_fields: Option<crate::WcFields>,
+    pub(crate) wc_fields: Option<crate::cq::extended_cq::WcFields>,
 }
 
 impl<'a> CompletionQueueBuilder<'a> {
@@ -427,7 +428,7 @@ impl CompletionQueue {
         // Under the lock: `resize` cannot change it meanwhile.
         let capacity = self.inner.cqe.load(Ordering::Relaxed);
         if needed > u64::from(capacity) {
-            return Err(crate::Error::CqTooSmall {
+            return Err(crate::error::Error::CqTooSmall {
                 capacity,
                 needed,
                 owed,
@@ -724,12 +725,14 @@ impl CompletionQueue {
         if n > 0 {
             return Ok(self.lend(out, n));
         }
-        let ch = self.channel().ok_or(crate::Error::NoCompletionChannel {
-            which: "CQ waited on",
-        })?;
+        let ch = self
+            .channel()
+            .ok_or(crate::error::Error::NoCompletionChannel {
+                which: "CQ waited on",
+            })?;
         let cqs = ch.cq_count();
         if cqs > 1 {
-            return Err(crate::Error::CompletionChannelShared { cqs });
+            return Err(crate::error::Error::CompletionChannelShared { cqs });
         }
         // A deadline past what `Instant` holds is as good as none.
         let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
@@ -766,7 +769,7 @@ impl CompletionQueue {
             match ch.get_event() {
                 Ok(Some(cq)) if Arc::ptr_eq(&cq.inner, &self.inner) => {}
                 Ok(Some(_)) => {
-                    return Err(crate::Error::CompletionChannelShared { cqs: ch.cq_count() })
+                    return Err(crate::error::Error::CompletionChannelShared { cqs: ch.cq_count() })
                 }
                 // An event of a CQ being destroyed (acknowledged), or one
                 // read elsewhere first.

@@ -20,8 +20,8 @@ use std::ptr::NonNull;
 use ibverbs_sys as sys;
 
 use crate::cq::completion_queue::{CompletionQueue, Completions};
+use crate::device::context::Context;
 use crate::error::{ret_ptr, Error, Result};
-use crate::Context;
 
 bitflags::bitflags! {
     /// Fields an extended CQ reports (`IBV_WC_EX_WITH_*`, the `wc_flags` of
@@ -249,7 +249,7 @@ impl ExCq {
     }
 }
 
-impl crate::CompletionQueueBuilder<'_> {
+impl crate::cq::completion_queue::CompletionQueueBuilder<'_> {
     /// Creates the CQ with `ibv_create_cq_ex`, reporting `fields`:
     /// [`CompletionQueue::poll`] then reads only these (and the completion
     /// timestamp when asked for).
@@ -341,7 +341,10 @@ impl CompletionQueue {
 
     /// [`CompletionQueue::poll_one`] of an extended CQ: one poll cycle,
     /// one completion.
-    pub(crate) fn poll_one_extended(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
+    pub(crate) fn poll_one_extended(
+        &self,
+        ex: &ExCq,
+    ) -> Result<Option<crate::cq::completion_queue::Completion>> {
         // As in `poll_extended`.
         let gen = self.debts_before_poll();
         let got = self.poll_one_extended_cycle(ex)?;
@@ -352,7 +355,10 @@ impl CompletionQueue {
     }
 
     /// [`poll_one_extended`](Self::poll_one_extended) without the debts.
-    fn poll_one_extended_cycle(&self, ex: &ExCq) -> Result<Option<crate::Completion>> {
+    fn poll_one_extended_cycle(
+        &self,
+        ex: &ExCq,
+    ) -> Result<Option<crate::cq::completion_queue::Completion>> {
         let c = ex.cq.as_ptr();
         let mut attr = sys::ibv_poll_cq_attr::default();
         // SAFETY: live extended CQ; `start` checked non-NULL at creation.

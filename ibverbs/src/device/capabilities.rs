@@ -9,8 +9,8 @@ use std::mem::MaybeUninit;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::{AtomicCap, Context, DeviceAttr};
 use crate::error::{ret_errno, Result};
-use crate::{AtomicCap, Context, DeviceAttr};
 
 /// A device capability that [`DeviceAttrEx::supports`] can answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -613,7 +613,7 @@ impl Context {
     /// # References
     /// `ibv_query_pkey(3)`
     #[doc(alias = "ibv_query_pkey")]
-    pub fn query_pkey(&self, port: PortNumber, index: u16) -> crate::Result<u16> {
+    pub fn query_pkey(&self, port: PortNumber, index: u16) -> crate::error::Result<u16> {
         let mut pkey: sys::__be16 = 0;
         // SAFETY: live context; `pkey` is valid for writes of a __be16.
         let rc = unsafe { sys::ibv_query_pkey(self.as_ptr(), port.0, index.into(), &mut pkey) };
@@ -626,7 +626,7 @@ impl Context {
             } else {
                 std::io::Error::other(format!("returned {rc}"))
             };
-            let e = crate::Error::Verb {
+            let e = crate::error::Error::Verb {
                 verb: "ibv_query_pkey",
                 io,
             };

@@ -12,8 +12,8 @@ use std::ptr::NonNull;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::Context;
 use crate::error::{errno_error, ret_ptr, Error, Result};
-use crate::Context;
 
 /// An allocation of device memory (`struct ibv_dm`), freed on drop.
 ///

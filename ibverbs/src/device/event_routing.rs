@@ -500,7 +500,7 @@ mod tests {
         let reg = Registration::new(Kind::Cq, addr);
         let other = Registration::new(Kind::Cq, 0x3000usize as *mut u8);
         let ev = AsyncEvent::for_test(
-            crate::AsyncEventType::CqErr,
+            crate::device::event_routing::AsyncEventType::CqErr,
             AsyncElement::Cq(Some(cq_id(reg.id()))),
         );
         // No subscriber: given back.
@@ -520,8 +520,8 @@ mod tests {
         assert_eq!(route(ev), Some(ev));
         // Port events are never routed.
         let port = AsyncEvent::for_test(
-            crate::AsyncEventType::PortErr,
-            AsyncElement::Port(crate::PortNumber(1)),
+            crate::device::event_routing::AsyncEventType::PortErr,
+            AsyncElement::Port(crate::types::PortNumber(1)),
         );
         assert_eq!(route(port), Some(port));
         reg.leave();

@@ -13,8 +13,8 @@ use std::ptr::NonNull;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::Context;
 use crate::error::{errno_error, ret_ptr, Error, Result};
-use crate::Context;
 
 /// What one index of a [`FlowCounters`] counts
 /// (`enum ibv_counter_description`).

@@ -133,8 +133,8 @@ impl GidSelector {
         &self,
         table: &'t [GidEntry],
         port: PortNumber,
-    ) -> crate::Result<&'t GidEntry> {
-        pick(table, port, self.want()).ok_or_else(|| crate::Error::NoMatchingGid {
+    ) -> crate::error::Result<&'t GidEntry> {
+        pick(table, port, self.want()).ok_or_else(|| crate::error::Error::NoMatchingGid {
             port,
             wanted: self.clone(),
         })

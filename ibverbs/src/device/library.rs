@@ -1,7 +1,7 @@
 //! Whether rdma-core's libraries are there (feature `dlopen`); without the
 //! feature they are linked and these checks compile to nothing.
 
-use crate::Result;
+use crate::error::Result;
 
 /// Loads libibverbs if it is not yet loaded (feature `dlopen`): called by
 /// every way into the library that does not go through a

@@ -5,8 +5,8 @@ use std::ptr::NonNull;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::Context;
 use crate::error::{ret_ptr, Error, Result};
-use crate::Context;
 
 /// The list of RDMA devices of this host.
 ///

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::device::context::Context;
 use crate::error::{Error, Result};
-use crate::{Context, PortNumber};
+use crate::types::PortNumber;
 
 /// Where the kernel publishes the counters of every RDMA device.
 const SYSFS_ROOT: &str = "/sys/class/infiniband";

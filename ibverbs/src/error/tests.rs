@@ -167,14 +167,14 @@ fn every_variant() -> Vec<Error> {
         Error::CompletionChannelShared { cqs: 2 },
         Error::BadWireFormat {
             what: "Endpoint",
-            problem: crate::WireProblem::Version {
+            problem: crate::error::WireProblem::Version {
                 version: 9,
                 supported: 1,
             },
         },
         Error::NotThisQueuePair {
-            qp_num: crate::QpNumber(17),
-            endpoint: crate::QpNumber(18),
+            qp_num: crate::types::QpNumber(17),
+            endpoint: crate::types::QpNumber(18),
         },
         Error::LengthNotMultiple { len: 63, size: 4 },
         Error::NotPoolSlot {
@@ -185,7 +185,7 @@ fn every_variant() -> Vec<Error> {
         },
         Error::NoMatchingGid {
             port: PortNumber(1),
-            wanted: crate::GidSelector::Netdev("eth9".into()),
+            wanted: crate::types::GidSelector::Netdev("eth9".into()),
         },
         Error::ForkInitTooLate {
             verb: "ibv_fork_init",
@@ -210,7 +210,7 @@ fn every_variant() -> Vec<Error> {
         },
         Error::MulticastMembership {
             verb: "ibv_detach_mcast",
-            gid: crate::Gid::from(std::net::Ipv4Addr::new(239, 1, 1, 1)),
+            gid: crate::types::Gid::from(std::net::Ipv4Addr::new(239, 1, 1, 1)),
             lid: 0,
             attached: false,
         },
@@ -373,7 +373,7 @@ fn numbers_and_names_are_in_the_display() {
     assert_eq!(
         show(Error::NoMatchingGid {
             port: PortNumber(1),
-            wanted: crate::GidSelector::Address("10.0.2.99".parse().unwrap()),
+            wanted: crate::types::GidSelector::Address("10.0.2.99".parse().unwrap()),
         }),
         "port 1 has no GID with address 10.0.2.99"
     );
@@ -392,7 +392,8 @@ fn numbers_and_names_are_in_the_display() {
 
 #[test]
 fn refused_prints_its_cause_once() {
-    use crate::{Refused, SgList};
+    use crate::memory::buffer::SgList;
+    use crate::qp::queue_pair::Refused;
     let verb = Error::from_errno("ibv_post_send", libc::EINVAL).with_hint(Some("the hint".into()));
     let errors = [
         verb,
@@ -420,7 +421,8 @@ fn refused_prints_its_cause_once() {
 
 #[test]
 fn refused_converts_with_question_mark() {
-    use crate::{Refused, SgList};
+    use crate::memory::buffer::SgList;
+    use crate::qp::queue_pair::Refused;
     fn refused<B>(buf: B) -> std::result::Result<(), Refused<B>> {
         Err(Refused {
             error: Error::TooManySges { got: 5, max: 4 },

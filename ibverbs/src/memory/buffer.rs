@@ -861,7 +861,7 @@ impl SgList {
     /// [`LocalBuffer`](crate::LocalBuffer) (what a single-buffer request
     /// gives back on completion).
     #[inline]
-    pub fn into_local(self) -> Option<crate::LocalBuffer> {
+    pub fn into_local(self) -> Option<crate::memory::buffer::LocalBuffer> {
         match self {
             SgList::One(b) => b.into_local(),
             _ => None,

@@ -15,9 +15,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::memory::buffer::{Buf, LocalBuffer};
 use crate::memory::buffer::{DeviceReadable, DeviceWritable};
+use crate::memory::memory_region::MemoryRegion;
 use crate::memory::memory_region::Storage;
-use crate::{AccessFlags, Buf, LocalBuffer, MemoryRegion, ProtectionDomain};
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::types::AccessFlags;
 
 /// What a pool shares with its handles and its buffers out of the pool.
 struct PoolShared {

@@ -14,8 +14,8 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory::buffer::{LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::types::AccessFlags;
-use crate::ProtectionDomain;
 
 impl Default for AccessFlags {
     fn default() -> Self {

@@ -35,8 +35,8 @@ use crate::memory::buffer::{
     FrozenBuffer, LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer,
 };
 use crate::memory::memory_region::MrInner;
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::types::AccessFlags;
-use crate::ProtectionDomain;
 pub(crate) use binding::Bound;
 use binding::{Binding, Outcome};
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::Context;
 use crate::error::{ret_errno, ret_ptr, Result};
-use crate::Context;
 
 pub(crate) struct PdInner {
     pub(crate) pd: NonNull<sys::ibv_pd>,

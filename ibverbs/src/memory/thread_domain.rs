@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::device::context::Context;
 use crate::error::{ret_ptr, Result};
-use crate::{Context, ProtectionDomain};
+use crate::memory::protection_domain::ProtectionDomain;
 
 struct TdInner {
     td: NonNull<sys::ibv_td>,
@@ -133,7 +134,7 @@ impl ProtectionDomain {
     pub fn alloc_parent_domain(&self, td: Option<&ThreadDomain>) -> Result<ParentDomain> {
         if let Some(td) = td {
             if !Arc::ptr_eq(&td.context().inner, &self.context().inner) {
-                return Err(crate::Error::ForeignContext {
+                return Err(crate::error::Error::ForeignContext {
                     what: "thread domain",
                 });
             }

@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::cq::completion_queue::CompletionQueue;
 use crate::device::event_routing::{AsyncEventReceiver, QpId};
 use crate::device::event_routing::{Kind, Registration};
 use crate::inflight::Ring;
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::qp::shared_receive_queue::SharedReceiveQueue;
 use crate::types::{QpNumber, QpType, SendOps};
-use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 mod attr;
 mod builder;
@@ -151,7 +153,7 @@ pub(crate) struct QpInner {
     /// The multicast groups (GID, LID) attached through this crate, behind
     /// their own lock, held across `ibv_attach_mcast`/`ibv_detach_mcast`
     /// (see `multicast.rs`). Never touched by the data path.
-    pub(crate) mcast: parking_lot::Mutex<Vec<(crate::Gid, u16)>>,
+    pub(crate) mcast: parking_lot::Mutex<Vec<(crate::types::Gid, u16)>>,
     destroyed: bool,
     /// Its id for async events (event_routing.rs): registered at creation,
     /// leaves before the destroy.
@@ -187,7 +189,7 @@ unsafe impl Send for QpInner {}
 unsafe impl Sync for QpInner {}
 
 impl QpInner {
-    fn teardown(&mut self) -> crate::Result<()> {
+    fn teardown(&mut self) -> crate::error::Result<()> {
         // After ibv_destroy_qp returns the device no longer touches the
         // QP's work requests, so only then are their buffers released. No
         // move to ERR first: destroy alone stops the device, and the move
@@ -280,7 +282,7 @@ impl QueuePair {
         asked: QpCaps,
         sq_sig_all: bool,
         qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
-    ) -> crate::Result<QueuePair> {
+    ) -> crate::error::Result<QueuePair> {
         // An XRC send queue pair has no receive queue: receives are refused
         // (`ReceivesThroughSrq`: they go to the receiver's XRC SRQ).
         let own_recv = srq.is_none() && qp_type != QpType::XrcSend;
@@ -536,7 +538,7 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`](crate::Error::Verb) naming `ibv_destroy_qp`.
     #[doc(alias = "ibv_destroy_qp")]
-    pub fn close(self) -> crate::Result<bool> {
+    pub fn close(self) -> crate::error::Result<bool> {
         match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => {
                 let r = inner.teardown();

@@ -6,13 +6,15 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::cq::completion_queue::CompletionQueue;
 use crate::device::event_routing::{AsyncEventReceiver, Kind, Registration, SrqId};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::{ret_errno, ret_ptr, Result};
 use crate::inflight::Ring;
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::qp::queue_pair::{release_after_destroy, RingCell};
-#[cfg(doc)]
-use crate::Error;
-use crate::{CompletionQueue, ProtectionDomain, XrcDomain};
+use crate::qp::xrc_domain::XrcDomain;
 
 pub(crate) struct SrqInner {
     srq: NonNull<sys::ibv_srq>,

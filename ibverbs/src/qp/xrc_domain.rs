@@ -17,8 +17,13 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::cq::completion_queue::CompletionQueue;
+use crate::device::capabilities::Feature;
+use crate::device::context::Context;
 use crate::error::{ret_errno, ret_ptr, Error, Result};
-use crate::{CompletionQueue, Context, Feature, ProtectionDomain, QpAttr, QpNumber};
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::qp::queue_pair::QpAttr;
+use crate::types::QpNumber;
 
 bitflags::bitflags! {
     /// How [`Context::open_xrcd`] treats the file it is given (`oflags`).

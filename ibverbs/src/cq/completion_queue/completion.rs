@@ -168,14 +168,14 @@ impl Completion {
     /// the request had exactly one buffer and it is local. Otherwise
     /// `None`, and the buffers stay in the completion.
     #[inline]
-    pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+    pub fn take_local(&mut self) -> Option<crate::memory::buffer::LocalBuffer> {
         sg_take_one_if(&mut self.sg, |b| matches!(b, Buf::Local(_))).and_then(Buf::into_local)
     }
     /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer):
     /// when the request had exactly one buffer and it is shared. Otherwise
     /// `None`, and the buffers stay in the completion.
     #[inline]
-    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
+    pub fn take_shared(&mut self) -> Option<crate::memory::buffer::SharedBuffer> {
         sg_take_one_if(&mut self.sg, |b| matches!(b, Buf::Shared(_))).and_then(Buf::into_shared)
     }
     /// For a UD receive with a GRH: the sender's GID, decoded from the

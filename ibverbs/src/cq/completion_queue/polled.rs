@@ -326,7 +326,7 @@ impl CompletionRef<'_> {
     /// the request had exactly one and it is local; `None` otherwise (the
     /// buffers left in place).
     #[inline(always)]
-    pub fn take_local(&mut self) -> Option<crate::LocalBuffer> {
+    pub fn take_local(&mut self) -> Option<crate::memory::buffer::LocalBuffer> {
         let sg = self.sg()?;
         let SgList::One(Buf::Local(b)) = sg else {
             let b = take_local_other(sg);
@@ -349,7 +349,7 @@ impl CompletionRef<'_> {
 
     /// Takes the buffer back as a [`SharedBuffer`](crate::SharedBuffer)
     /// when the request had exactly one and it is shared.
-    pub fn take_shared(&mut self) -> Option<crate::SharedBuffer> {
+    pub fn take_shared(&mut self) -> Option<crate::memory::buffer::SharedBuffer> {
         let b = sg_take_one_if(self.sg()?, |b| matches!(b, Buf::Shared(_)));
         self.release_if_empty();
         b.and_then(Buf::into_shared)
@@ -374,7 +374,7 @@ impl CompletionRef<'_> {
 /// [`CompletionRef::take_local`] past its common case: a scatter list of
 /// one local buffer.
 #[inline(never)]
-fn take_local_other(sg: &mut SgList) -> Option<crate::LocalBuffer> {
+fn take_local_other(sg: &mut SgList) -> Option<crate::memory::buffer::LocalBuffer> {
     sg_take_one_if(sg, |b| matches!(b, Buf::Local(_))).and_then(Buf::into_local)
 }
 

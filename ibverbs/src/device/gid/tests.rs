@@ -3,7 +3,7 @@
 use super::*;
 use std::net::Ipv4Addr;
 
-use crate::Error;
+use crate::error::Error;
 
 fn entry(port: u8, index: u8, gid: &str, gid_type: GidType, ndev_ifindex: u32) -> GidEntry {
     GidEntry {

@@ -14,7 +14,7 @@ use ibverbs_sys as sys;
 use super::{Backing, MemoryRegion, RegisterOptions};
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory::buffer::RemoteMemory;
-use crate::ProtectionDomain;
+use crate::memory::protection_domain::ProtectionDomain;
 
 /// A registered dmabuf (`ibv_reg_dmabuf_mr`): keys and device addresses of
 /// memory that another driver exports, with the dmabuf's fd kept open until

@@ -15,9 +15,12 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::device::capabilities::DeviceAttrEx;
 use crate::error::{ret_errno, ret_ptr, Error, Result};
 use crate::memory::buffer::RemoteKey;
-use crate::{AccessFlags, DeviceAttrEx, MemoryRegion, ProtectionDomain};
+use crate::memory::memory_region::MemoryRegion;
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::types::AccessFlags;
 
 bitflags::bitflags! {
     /// Device-wide ODP capabilities (`ibv_odp_caps::general_caps`).

@@ -14,7 +14,9 @@ use ibverbs_sys as sys;
 
 use crate::error::{Error, Result};
 use crate::memory::buffer::Region;
-use crate::{AccessFlags, LocalBuffer, ProtectionDomain, SharedBuffer};
+use crate::memory::buffer::{LocalBuffer, SharedBuffer};
+use crate::memory::protection_domain::ProtectionDomain;
+use crate::types::AccessFlags;
 
 /// Rights a re-registration may not change: they change how the region is
 /// addressed or paged, which the buffers and their SGEs assume fixed.

@@ -8,10 +8,11 @@ use ibverbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
 use super::transition::*;
+use crate::address_handle::AddressVector;
 use crate::device::port::Mtu;
 use crate::error::{ret_errno, Error, Result, TransitionReason};
+use crate::qp::queue_pair::{QpCaps, QueuePair};
 use crate::types::{device_enum, AccessFlags, PortNumber, QpNumber, QpState, QpType, SendOp};
-use crate::{AddressVector, QpCaps, QueuePair};
 
 device_enum! {
     /// Path migration state (automatic path migration to the alternate path).

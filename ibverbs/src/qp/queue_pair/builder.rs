@@ -6,9 +6,11 @@ use ibverbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 
+use crate::cq::completion_queue::CompletionQueue;
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::qp::queue_pair::{QpCaps, QueuePair};
+use crate::qp::shared_receive_queue::SharedReceiveQueue;
 use crate::types::{QpType, SendOps};
-use crate::{CompletionQueue, ProtectionDomain, SharedReceiveQueue};
 
 /// Builder for a [`QueuePair`]: required parts in [`ProtectionDomain::create_qp`],
 /// optional ones as setters named after the `ibv_qp_init_attr` fields.
@@ -119,7 +121,7 @@ impl<'a> QueuePairBuilder<'a> {
                 .pd
                 .context()
                 .query_device_ex()?
-                .supports(crate::Feature::Xrc)
+                .supports(crate::device::capabilities::Feature::Xrc)
         {
             return Err(Error::DeviceLacks {
                 verb: if self.send_ops.is_empty() {

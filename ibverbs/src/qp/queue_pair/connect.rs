@@ -2,11 +2,12 @@
 //! transport parameters ([`ConnectOptions`]), and the RESET→INIT→RTR→RTS
 //! helpers built on [`QueuePair::modify`].
 
+use crate::address_handle::AddressVector;
 use crate::device::port::{Mtu, PortAttr};
 use crate::error::{Error, Result};
+use crate::qp::queue_pair::{LocalPort, QpAttr, QueuePair};
 use crate::types::{AccessFlags, GidIndex, PortNumber, QpState, QpType};
 use crate::wire::{Endpoint, MAX_24};
-use crate::{AddressVector, LocalPort, QpAttr, QueuePair};
 
 pub(super) fn check_24(what: &'static str, v: u32) -> Result<()> {
     if v > MAX_24 {

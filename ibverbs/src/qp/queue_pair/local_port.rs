@@ -6,9 +6,11 @@ use std::sync::Arc;
 use super::connect::check_24;
 use crate::error::{Error, Result};
 
+use crate::device::context::Context;
 use crate::device::port::PortAttr;
+use crate::qp::queue_pair::QueuePair;
 use crate::types::{Gid, GidIndex, PortNumber};
-use crate::{Context, Endpoint, QueuePair};
+use crate::wire::Endpoint;
 
 /// The facts of a local port that connecting a queue pair needs: its
 /// attributes (link layer, LID, active MTU) and the GID it sends from.

@@ -10,7 +10,7 @@
 //! point (the first entry of DESIGN.md's threat model).
 
 use crate::error::{Error, Result};
-use crate::{QpType, SendOp, SendOption};
+use crate::types::{QpType, SendOp, SendOption};
 
 /// The options a request asks for, besides its operation and buffers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,8 +11,9 @@ use crate::inflight::Reserved;
 use crate::memory::buffer::Buf;
 use crate::memory::buffer::SgList;
 
+use crate::qp::queue_pair::QueuePair;
+use crate::types::QpType;
 use crate::types::{AccessFlags, SendOp};
-use crate::{QpType, QueuePair};
 
 /// Scratch space for building a chain of C work requests (`W` is
 /// `ibv_send_wr` or `ibv_recv_wr`) without allocating on the data path:
@@ -74,7 +75,7 @@ pub(crate) type RecvScratch = Scratch<sys::ibv_recv_wr>;
 /// where the device writes, and lengths an SGE can describe.
 pub(crate) fn check_bufs(
     sg: &SgList,
-    pd: &crate::ProtectionDomain,
+    pd: &crate::memory::protection_domain::ProtectionDomain,
     device_writes: bool,
     max_sge: u32,
     what: &'static str,
@@ -100,7 +101,7 @@ pub(crate) fn check_bufs(
 #[inline]
 fn check_buf(
     b: &Buf,
-    pd: &crate::ProtectionDomain,
+    pd: &crate::memory::protection_domain::ProtectionDomain,
     device_writes: bool,
     what: &'static str,
 ) -> Result<()> {
@@ -123,7 +124,7 @@ fn check_buf(
 }
 
 /// The remote word of an atomic operation: 8 bytes, 8-byte aligned.
-fn check_atomic_target(remote: &crate::RemoteMemory) -> Result<()> {
+fn check_atomic_target(remote: &crate::memory::buffer::RemoteMemory) -> Result<()> {
     if remote.addr % 8 != 0 {
         return Err(Error::Misaligned {
             addr: remote.addr,
@@ -242,7 +243,7 @@ impl QueuePair {
             if !extended {
                 return Err(Error::SendOpsRequired {
                     op: SendOp::Flush,
-                    needed: crate::SendOps::FLUSH,
+                    needed: crate::types::SendOps::FLUSH,
                 });
             }
         }
@@ -250,7 +251,7 @@ impl QueuePair {
             if !extended {
                 return Err(Error::SendOpsRequired {
                     op: SendOp::AtomicWrite,
-                    needed: crate::SendOps::ATOMIC_WRITE,
+                    needed: crate::types::SendOps::ATOMIC_WRITE,
                 });
             }
             check_atomic_target(remote)?;

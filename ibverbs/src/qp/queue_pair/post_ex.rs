@@ -14,8 +14,8 @@ use super::post::fill_sges;
 use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
+use crate::qp::queue_pair::QueuePair;
 use crate::types::SendOps;
-use crate::QueuePair;
 
 #[cfg(ibverbs_flush)]
 bitflags::bitflags! {

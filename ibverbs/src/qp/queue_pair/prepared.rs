@@ -18,11 +18,12 @@ use super::post::{c_send_wr, fill_sges};
 use super::recv_queue::RecvQueue;
 use super::request::{RecvRequest, SendRequest};
 use super::send_queue::{Refused, SendQueue};
+use crate::address_handle::AddressHandle;
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
 use crate::memory::buffer::{Buf, SgList};
+use crate::qp::queue_pair::QueuePair;
 use crate::types::SendOp;
-use crate::{AddressHandle, QueuePair};
 
 /// A posting of a prepared request: its slot's state and its `wr_id`.
 #[derive(Debug, Clone, Copy)]
@@ -385,7 +386,7 @@ pub struct PreparedRecv {
 /// The queue a prepared receive belongs to.
 enum RecvOwner {
     Qp(QueuePair),
-    Srq(crate::SharedReceiveQueue),
+    Srq(crate::qp::shared_receive_queue::SharedReceiveQueue),
 }
 
 impl RecvOwner {

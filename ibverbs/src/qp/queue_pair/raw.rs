@@ -3,7 +3,7 @@
 use ibverbs_sys as sys;
 
 use crate::error::Result;
-use crate::QueuePair;
+use crate::qp::queue_pair::QueuePair;
 
 impl QueuePair {
     /// Posts C send requests directly: no checks, no bookkeeping.

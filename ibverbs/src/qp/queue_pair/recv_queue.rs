@@ -13,7 +13,9 @@ use super::send_queue::{no_room, Posted, Refused};
 use crate::error::{Error, Result};
 use crate::inflight::{Payload, Reserved, Ring};
 use crate::memory::buffer::{Buf, DeviceWritable, SgList};
-use crate::{QpState, QueuePair, SharedReceiveQueue};
+use crate::qp::queue_pair::QueuePair;
+use crate::qp::shared_receive_queue::SharedReceiveQueue;
+use crate::types::QpState;
 
 /// A provider's `post_recv` or `post_srq_recv`, with the queue as an
 /// untyped pointer (the two differ only in its type, which the ABI does
@@ -178,7 +180,7 @@ impl RecvQueue {
             // without an SGE, through the general path.
             && region.len().wrapping_sub(1) < u32::MAX as usize
             && !matches!(buf, Buf::Frozen(_))
-            && region.mr.access.contains(crate::AccessFlags::LOCAL_WRITE);
+            && region.mr.access.contains(crate::types::AccessFlags::LOCAL_WRITE);
         if !common {
             return self
                 .post(RecvRequest::new_buf(buf).wr_id(wr_id))

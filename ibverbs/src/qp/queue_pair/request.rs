@@ -5,10 +5,11 @@
 
 use ibverbs_sys as sys;
 
+use crate::address_handle::AddressHandle;
 use crate::inflight::owner::Owner;
 use crate::memory::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory, SgList};
+use crate::types::QpNumber;
 use crate::types::SendOp;
-use crate::{AddressHandle, QpNumber};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Op {
@@ -246,7 +247,11 @@ impl<'a> SendRequest<'a> {
     /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
     #[cfg(ibverbs_flush)]
     #[doc(alias = "ibv_wr_flush")]
-    pub fn flush(remote: RemoteMemory, kind: crate::FlushType, level: crate::FlushLevel) -> Self {
+    pub fn flush(
+        remote: RemoteMemory,
+        kind: crate::qp::queue_pair::FlushType,
+        level: crate::qp::queue_pair::FlushLevel,
+    ) -> Self {
         Self::new(
             Op::Flush {
                 remote,
@@ -286,7 +291,7 @@ impl<'a> SendRequest<'a> {
     /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
     #[doc(alias = "IBV_WR_SEND_WITH_INV")]
     #[inline]
-    pub fn invalidate(mut self, rkey: crate::RemoteKey) -> Self {
+    pub fn invalidate(mut self, rkey: crate::memory::buffer::RemoteKey) -> Self {
         self.invalidate = Some(rkey.0);
         self
     }

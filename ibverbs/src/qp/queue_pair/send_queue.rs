@@ -10,8 +10,10 @@ use super::request::{Dest, Op, SendRequest, UdDest};
 use super::PostSendFn;
 use crate::error::{Error, Result};
 use crate::inflight::{Payload, Reserved, Ring};
+use crate::memory::buffer::RemoteKey;
 use crate::memory::buffer::{Buf, DeviceReadable, DeviceWritable, RemoteMemory, SgList};
-use crate::{QpType, QueuePair, RemoteKey};
+use crate::qp::queue_pair::QueuePair;
+use crate::types::QpType;
 
 /// The options of one request: the `wr_id` its completion reports, and
 /// the flags and immediate data (or key to invalidate) it carries.
@@ -235,7 +237,7 @@ impl QueuePair {
         let state = self.tracked_state();
         if !super::state_sends(state) {
             return Err(Error::NotReadyToSend {
-                state: crate::QpState::from_raw(state),
+                state: crate::types::QpState::from_raw(state),
             });
         }
         let ring = self.inner.send_ring.take().ok_or(Error::QueueTaken {
@@ -437,8 +439,8 @@ impl SendQueue {
     pub fn flush(
         &mut self,
         remote: RemoteMemory,
-        kind: crate::FlushType,
-        level: crate::FlushLevel,
+        kind: crate::qp::queue_pair::FlushType,
+        level: crate::qp::queue_pair::FlushLevel,
         o: Wr,
     ) -> Result<()> {
         let op = Op::Flush {
@@ -514,7 +516,7 @@ impl SendQueue {
             && if device_writes {
                 o.bits & (HAS_IMM | UNSIGNALED) == 0
                     && !matches!(buf, Buf::Frozen(_))
-                    && region.mr.access.contains(crate::AccessFlags::LOCAL_WRITE)
+                    && region.mr.access.contains(crate::types::AccessFlags::LOCAL_WRITE)
             } else {
                 o.bits & UNSIGNALED == 0 || matches!(buf, Buf::Frozen(_))
             };

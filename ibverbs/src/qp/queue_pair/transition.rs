@@ -6,7 +6,7 @@ use ibverbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
 use crate::error::{Error, Result, TransitionReason};
-use crate::{QpState, QpType};
+use crate::types::{QpState, QpType};
 
 /// Defines a `u32` constant per `IBV_QP_*` mask bit, and `MASK_NAMES`
 /// mapping each bit to its C name (for error messages and `Debug`).
