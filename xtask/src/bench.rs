@@ -10,7 +10,8 @@
 //! per (tool, size) and side ([`stats`], [`analysis`]), write `target/bench/report.md`
 //! ([`report`]) and `target/bench/latency_bandwidth.png` ([`plot`]), print the table, and
 //! generate `target/bench/benchmarks.md` (method, the instruction tables quoted from
-//! `docs/instructions.md`, this run's tables; `--publish` copies it to `docs/benchmarks.md`).
+//! `docs/results/instructions.md`, this run's tables; `--publish` copies it to
+//! `docs/results/benchmarks.md`).
 //!
 //! Issue #21's workloads are cells of the same schedule (`--tools blockstore,allreduce`): the
 //! block store against perftest's message rate, the all-reduce against `ib_write_bw`, and
@@ -57,7 +58,7 @@ pub struct BenchOptions {
     pub run_timeout: u64,
     pub port_base: u16,
     pub reanalyze: bool,
-    /// Copy the generated `benchmarks.md` to `docs/benchmarks.md`.
+    /// Copy the generated `benchmarks.md` to `docs/results/benchmarks.md`.
     pub publish: bool,
     pub vm: VmOpts,
 }
@@ -296,7 +297,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
     );
     fs::write(out.report(), md)
         .with_context(|| format!("cannot write {}", out.report().display()))?;
-    let docs = crate::repo_root()?.join("docs");
+    let docs = crate::results_dir()?;
     let instructions = fs::read_to_string(docs.join("instructions.md")).ok();
     if instructions
         .as_deref()
@@ -304,7 +305,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
         .is_none()
     {
         step!(
-            "bench: docs/instructions.md has no summary table (run `cargo xtask instr \
+            "bench: docs/results/instructions.md has no summary table (run `cargo xtask instr \
              --publish`); benchmarks.md says so"
         );
     }

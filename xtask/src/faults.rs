@@ -10,7 +10,7 @@
 //! instead (see `scenarios::workloads`). The host then checks every
 //! scenario against its expectation, prints one row per scenario and writes
 //! the generated report `target/faults/reliability.md` (`report.rs`), which
-//! `--publish` copies to docs/reliability.md.
+//! `--publish` copies to docs/results/reliability.md.
 
 pub(crate) mod evaluate;
 pub(crate) mod pcap;
@@ -571,8 +571,7 @@ pub fn cmd_faults(o: &FaultsOptions) -> Result<bool> {
     fs::write(&generated, &md)?;
     step!("faults: report in {}", generated.display());
     if o.publish {
-        let docs = repo
-            .join("docs")
+        let docs = crate::results_dir()?
             .join(report::published_name(o.only.as_deref(), chosen.as_deref()));
         fs::write(&docs, &md)?;
         step!("faults: published to {}", docs.display());

@@ -49,7 +49,7 @@ const CALIBRATE: u64 = 64;
 
 pub struct InstrOptions {
     pub quick: bool,
-    /// Also write the report and plot to docs/instructions.md and docs/instructions.png.
+    /// Also write the report and plot to docs/results/instructions.md and instructions.png.
     pub publish: bool,
     pub only: Option<Vec<String>>,
     pub reanalyze: bool,
@@ -873,7 +873,7 @@ fn finish(out: &Out, publish: bool) -> Result<bool> {
     println!("{md}");
     step!("instr: report in {}", out.report().display());
     if publish {
-        let docs = crate::repo_root()?.join("docs");
+        let docs = crate::results_dir()?;
         fs::write(
             docs.join("instructions.md"),
             md.replace("scaling.png", "instructions.png"),

@@ -65,7 +65,7 @@ enum Cmd {
     /// Rust adjacent in ABBA order over several rounds. Writes target/bench/report.md (medians,
     /// spread, Rust/C against the targets: latency ≤ 1.03, bandwidth ≥ 0.97),
     /// target/bench/latency_bandwidth.png, the raw outputs under target/bench/raw/ and
-    /// target/bench/benchmarks.md (the generated docs/benchmarks.md; --publish copies it). Exits
+    /// target/bench/benchmarks.md (the generated docs/results/benchmarks.md; --publish copies it). Exits
     /// non-zero if any run failed (a missed target is a result, not a failure).
     Bench(BenchArgs),
     /// Instructions per operation, ours against C, counted by callgrind in one SoftRoCE VM.
@@ -212,7 +212,7 @@ struct FaultsArgs {
     #[arg(long, value_enum, default_value_t = faults::Peer::Rust)]
     peer: faults::Peer,
     /// Also copy the generated report (target/faults/reliability.md) to
-    /// docs/reliability.md; with `--only`, to `docs/reliability-<selection>.md`
+    /// docs/results/reliability.md; with `--only`, to `docs/results/reliability-<selection>.md`
     /// (an experiment never replaces the whole matrix).
     #[arg(long)]
     publish: bool,
@@ -250,8 +250,8 @@ struct SoakArgs {
     /// target/soak/soak.pcap and read each finding's queue pair in it.
     #[arg(long)]
     capture: bool,
-    /// Also copy the generated report (target/soak/soak.md) to docs/soak.md
-    /// (with --capture, to docs/soak-trace.md).
+    /// Also copy the generated report (target/soak/soak.md) to docs/results/soak.md
+    /// (with --capture, to docs/results/soak-trace.md).
     #[arg(long)]
     publish: bool,
     /// Evaluate the last run's outputs (target/soak/) again, with the same
@@ -309,7 +309,7 @@ struct BenchArgs {
     /// Rebuild the report, plot and table from the last bench's files; run nothing.
     #[arg(long)]
     reanalyze: bool,
-    /// Copy the generated target/bench/benchmarks.md to docs/benchmarks.md (with --reanalyze:
+    /// Copy the generated target/bench/benchmarks.md to docs/results/benchmarks.md (with --reanalyze:
     /// from the last bench's files).
     #[arg(long)]
     publish: bool,
@@ -332,7 +332,7 @@ struct InstrArgs {
     /// Rebuild the report from the last run's files; run nothing.
     #[arg(long)]
     reanalyze: bool,
-    /// Also write the report and plot to docs/instructions.md and docs/instructions.png.
+    /// Also write the report and plot to docs/results/instructions.md and instructions.png.
     #[arg(long)]
     publish: bool,
     #[command(flatten)]
@@ -506,6 +506,11 @@ fn exit_code(code: i32) -> ExitCode {
 }
 
 /// Workspace root: the parent of this crate's manifest directory, canonicalized.
+/// Where published run reports go (`docs/results/`, indexed by its README).
+pub fn results_dir() -> Result<PathBuf> {
+    Ok(repo_root()?.join("docs").join("results"))
+}
+
 pub fn repo_root() -> Result<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let root = dir

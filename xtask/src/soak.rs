@@ -45,8 +45,8 @@ pub struct SoakOptions {
     /// Keep a trace of vm1's RoCE packets (headers only) in
     /// target/soak/soak.pcap, and read each finding's queue pair in it.
     pub capture: bool,
-    /// Copy the generated report to docs/soak.md (with `capture`, to
-    /// docs/soak-trace.md).
+    /// Copy the generated report to docs/results/soak.md (with `capture`, to
+    /// docs/results/soak-trace.md).
     pub publish: bool,
     /// Evaluate the last run's outputs (target/soak/) again, with the same
     /// options, without building or booting anything.
@@ -308,7 +308,7 @@ pub fn cmd_soak(o: &SoakOptions) -> Result<bool> {
         if let Some(v) = &chosen {
             name = format!("{name}-{v}");
         }
-        let docs = repo.join("docs").join(name + ".md");
+        let docs = crate::results_dir()?.join(name + ".md");
         fs::write(&docs, &md)?;
         step!("soak: published to {}", docs.display());
     }

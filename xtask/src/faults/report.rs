@@ -1,4 +1,4 @@
-//! docs/reliability.md, generated: `cargo xtask faults` writes it to
+//! docs/results/reliability.md, generated: `cargo xtask faults` writes it to
 //! `target/faults/reliability.md` after every run and `--publish` copies it
 //! to `docs/`. The fault matrix and the run's parameters come from the run;
 //! the method and the SoftRoCE findings are this file's static text (edit
@@ -129,7 +129,7 @@ pub(super) fn markdown(run: &Run, rows: &[Row]) -> String {
     s
 }
 
-/// Where `--publish` writes the report: docs/reliability.md for the whole
+/// Where `--publish` writes the report: docs/results/reliability.md for the whole
 /// matrix, `docs/reliability-<selection>.md` for a selection (`--only
 /// "duplicate / send"` → `reliability-duplicate-send.md`), so an
 /// experiment never replaces the matrix; a run on a kernel chosen with
@@ -255,7 +255,7 @@ scenario prints one row and the command fails if any row fails. After every
 scenario `rdma resource show` on both hosts must be back at its baseline, and
 every fault must have been applied as scripted (a `tc`, `ip` or `pkill` that
 fails, or a link request the host did not carry out, fails the row). The
-test harness is described in [testing.md](testing.md).
+test harness is described in [testing.md](../testing.md).
 
 `--quick` runs one loss rate, one reordering shape, the failure rows and
 the workload rows (about 20 minutes at the default 64 MiB per transfer,

@@ -1,5 +1,5 @@
 //! Reading the soak's outputs (`target/soak/`) into its verdict and the
-//! generated report (`soak.md`, `--publish` copies it to docs/soak.md).
+//! generated report (`soak.md`, `--publish` copies it to docs/results/soak.md).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
