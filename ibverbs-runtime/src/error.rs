@@ -110,14 +110,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// The core's error, if this is one.
-    pub fn as_verbs(&self) -> Option<&ibverbs::Error> {
-        match self {
-            Error::Verbs(e) => Some(e),
-            _ => None,
-        }
-    }
-
     fn io_kind(&self) -> io::ErrorKind {
         use io::ErrorKind as K;
         match self {
@@ -249,7 +241,10 @@ mod tests {
             queue: "send queue",
             depth: 16,
         });
-        assert!(core.as_verbs().is_some());
+        assert!(matches!(
+            core,
+            Error::Verbs(ibverbs::Error::QueueFull { .. })
+        ));
         assert_eq!(io::Error::from(core).kind(), io::ErrorKind::ResourceBusy);
     }
 }

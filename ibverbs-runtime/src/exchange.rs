@@ -257,7 +257,7 @@ impl Incoming {
 
 /// A core wire-format error as the runtime's (an endpoint inside a
 /// runtime message); any other as it is.
-pub(crate) fn wire(e: ibverbs::Error) -> Error {
+fn wire(e: ibverbs::Error) -> Error {
     match e {
         ibverbs::Error::BadWireFormat { what, problem } => Error::BadWireFormat { what, problem },
         e => Error::Verbs(e),

@@ -44,16 +44,6 @@ pub enum Error {
     PolledAfterCompletion,
 }
 
-impl Error {
-    /// The core's error, if this is one.
-    pub fn as_verbs(&self) -> Option<&ibverbs::Error> {
-        match self {
-            Error::Verbs(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
 impl<B> From<ibverbs::Refused<B>> for Error {
     /// A refused request's error (its buffers are dropped: take them out
     /// of the [`Refused`](ibverbs::Refused) first to keep them).

@@ -205,11 +205,10 @@ impl Shared {
                             st.requests.remove(id);
                             scratch.dropped.push(c);
                         }
-                        // The store hands a completion out once; keep the
-                        // first.
-                        Some(Slot::Done(_)) => scratch.dropped.push(c),
-                        // An earlier dispatcher's (its tag differs).
-                        None => scratch.dropped.push(c),
+                        // A second completion for a filed one (the store
+                        // hands each out once: never), or an earlier
+                        // dispatcher's (its tag differs).
+                        Some(Slot::Done(_)) | None => scratch.dropped.push(c),
                     }
                 }
                 if n < POLL_BATCH {
@@ -376,89 +375,88 @@ impl AsyncQueuePair {
 
     /// Posts a send-queue request now and returns the future of its
     /// completion. The request gets the dispatcher's `wr_id` (replacing its
-    /// own: [`CompletionFuture::wr_id`]) and is made signaled. The first post takes the queue pair's send queue
-    /// handle ([`QueuePair::send_queue`]) for the wrapper's life.
+    /// own: [`CompletionFuture::wr_id`]) and is made signaled. The first
+    /// post takes the queue pair's send queue handle
+    /// ([`QueuePair::send_queue`]) for the wrapper's life.
     ///
     /// # Errors
     /// As [`SendQueue::post_chain`]: the request's buffers are handed back
-    /// in the [`Refused`]; [`ibverbs::Error::QueueFull`] when 2^32 - 1 requests of
-    /// the wrapper are uncollected. The future resolves to an error as described on
-    /// [`CompletionFuture`].
+    /// in the [`Refused`]; [`ibverbs::Error::QueueFull`] when 2^32 - 1
+    /// requests of the wrapper are uncollected. The future resolves to an
+    /// error as described on [`CompletionFuture`].
     ///
     /// # References
     /// `ibv_post_send(3)`
     #[doc(alias = "ibv_post_send")]
     pub fn post_send(&self, wr: SendRequest<'_>) -> Result<CompletionFuture, Refused<SgList>> {
-        let mut sq = lock(&self.shared.sq);
-        if sq.is_none() {
-            match self.shared.qp.send_queue() {
-                Ok(h) => *sq = Some(h),
-                Err(error) => {
-                    return Err(Refused {
-                        error,
-                        buf: wr.into_buffers(),
-                    })
-                }
-            }
-        }
-        let sq = sq.as_mut().expect("taken above");
-        let id = match self.track() {
-            Ok(id) => id,
-            Err(error) => {
-                return Err(Refused {
-                    error,
-                    buf: wr.into_buffers(),
-                })
-            }
-        };
-        let wr = wr.wr_id(id).signaled(true);
-        match sq.post(wr.owner(self.shared.owner)) {
-            Ok(()) => Ok(self.future(id)),
-            Err(refused) => {
-                self.untrack(id);
-                Err(refused)
-            }
-        }
+        let owner = self.shared.owner;
+        self.post_through(
+            &self.shared.sq,
+            QueuePair::send_queue,
+            wr,
+            SendRequest::into_buffers,
+            |sq, wr, id| sq.post(wr.wr_id(id).signaled(true).owner(owner)),
+        )
     }
 
     /// Posts a receive request now and returns the future of its
-    /// completion (the request's `wr_id` is replaced by the dispatcher's). The
-    /// first post takes the receive queue's handle
+    /// completion (the request's `wr_id` is replaced by the dispatcher's).
+    /// The first post takes the receive queue's handle
     /// ([`QueuePair::recv_queue`]) for the wrapper's life.
     ///
     /// # Errors
     /// As [`RecvQueue::post_chain`], with the buffers handed back;
-    /// [`ibverbs::Error::QueueFull`] when 2^32 - 1 requests of the wrapper are
-    /// uncollected.
+    /// [`ibverbs::Error::QueueFull`] when 2^32 - 1 requests of the wrapper
+    /// are uncollected.
     ///
     /// # References
     /// `ibv_post_recv(3)`
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv(&self, wr: RecvRequest) -> Result<CompletionFuture, Refused<SgList>> {
-        let mut rq = lock(&self.shared.rq);
-        if rq.is_none() {
-            match self.shared.qp.recv_queue() {
-                Ok(h) => *rq = Some(h),
+        let owner = self.shared.owner;
+        self.post_through(
+            &self.shared.rq,
+            QueuePair::recv_queue,
+            wr,
+            RecvRequest::into_buffers,
+            |rq, wr, id| rq.post(wr.wr_id(id).owner(owner)),
+        )
+    }
+
+    /// Posts `wr` through the handle in `handle` (opened by `open` at the
+    /// first post) under a new id of the dispatcher; refused, the id is
+    /// released and the buffers (`unpost`) come back.
+    fn post_through<H, W>(
+        &self,
+        handle: &Mutex<Option<H>>,
+        open: impl FnOnce(&QueuePair) -> ibverbs::Result<H>,
+        wr: W,
+        unpost: impl FnOnce(W) -> SgList,
+        post: impl FnOnce(&mut H, W, u64) -> Result<(), Refused<SgList>>,
+    ) -> Result<CompletionFuture, Refused<SgList>> {
+        let mut handle = lock(handle);
+        if handle.is_none() {
+            match open(&self.shared.qp) {
+                Ok(h) => *handle = Some(h),
                 Err(error) => {
                     return Err(Refused {
                         error,
-                        buf: wr.into_buffers(),
+                        buf: unpost(wr),
                     })
                 }
             }
         }
-        let rq = rq.as_mut().expect("taken above");
+        let h = handle.as_mut().expect("opened above");
         let id = match self.track() {
             Ok(id) => id,
             Err(error) => {
                 return Err(Refused {
                     error,
-                    buf: wr.into_buffers(),
+                    buf: unpost(wr),
                 })
             }
         };
-        let wr = wr.wr_id(id);
-        match rq.post(wr.owner(self.shared.owner)) {
+        match post(h, wr, id) {
             Ok(()) => Ok(self.future(id)),
             Err(refused) => {
                 self.untrack(id);
