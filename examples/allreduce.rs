@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::bytemuck::cast_slice;
-use ibverbs::{AccessFlags, ConnectOptions, GidIndex, LocalPort, RemoteMemory};
+use ibverbs::{device::GidIndex, AccessFlags, ConnectOptions, LocalPort, RemoteMemory};
 use ibverbs_runtime::{Ranks, Received, WriteChannel};
 use ibverbs_suite::perf::{main_with, stats, Result};
 

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ibverbs::{
-    AccessFlags, ConnectOptions, Context, Endpoint, GidIndex, LocalBuffer, LocalPort, PortNumber,
-    ProtectionDomain, QpType, RecvRequest, SendRequest,
+    device::GidIndex, AccessFlags, ConnectOptions, Context, Endpoint, LocalBuffer, LocalPort,
+    PortNumber, ProtectionDomain, QpType, RecvRequest, SendRequest,
 };
 use ibverbs_tokio::AsyncQueuePair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

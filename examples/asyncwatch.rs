@@ -14,7 +14,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::{AsyncElement, AsyncEvent, AsyncEventType, Context};
+use ibverbs::{
+    device::{AsyncElement, AsyncEvent, AsyncEventType},
+    Context,
+};
 
 /// Watch a device's asynchronous events (ibv_asyncwatch).
 #[derive(Parser, Debug)]

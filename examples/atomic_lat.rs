@@ -17,7 +17,7 @@
 //! operands of operation `i + 1` are set once `i` is posted.
 //!
 //! One operation per slot is prepared once
-//! ([`PreparedSend`](ibverbs::PreparedSend)) and posted again with its new
+//! ([`PreparedSend`](ibverbs::qp::PreparedSend)) and posted again with its new
 //! operands, as perftest reuses one `ibv_send_wr`; `--per-request` builds and posts a new
 //! owned-buffer request each time (`SendQueue::compare_and_swap`,
 //! `fetch_and_add`) instead, and `--raw` goes
@@ -29,8 +29,8 @@ use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
 use ibverbs::{
-    sys, AccessFlags, AtomicCap, LocalBuffer, PreparedSend, RemoteMemory, SendRequest,
-    WorkCompletion, Wr,
+    cq::WorkCompletion, device::AtomicCap, qp::PreparedSend, sys, AccessFlags, LocalBuffer,
+    RemoteMemory, SendRequest, Wr,
 };
 
 use ibverbs_suite::{perf, Done};

@@ -59,9 +59,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use ibverbs::{
-    AccessFlags, BufferPool, Completion, Completions, ConnectOptions, Context, Endpoint, GidIndex,
-    LocalPort, MwType, PortNumber, ProtectionDomain, QpType, QueuePair, RemoteMemory, SendQueue,
-    SendRequest, SharedBuffer,
+    device::GidIndex,
+    memory::{BufferPool, MwType},
+    AccessFlags, Completion, Completions, ConnectOptions, Context, Endpoint, LocalPort, PortNumber,
+    ProtectionDomain, QpType, QueuePair, RemoteMemory, SendQueue, SendRequest, SharedBuffer,
 };
 use ibverbs_runtime::{Reaped, RequestTable};
 use ibverbs_suite::perf::{main_with, stats, Result};

@@ -14,7 +14,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ibverbs::sys;
-use ibverbs::{Device, GidType, LinkLayer, Mtu, PortNumber, PortState};
+use ibverbs::{
+    device::{GidType, LinkLayer, Mtu, PortState},
+    Device, PortNumber,
+};
 
 /// Print RDMA device attributes (ibv_devinfo).
 #[derive(Parser, Debug)]
@@ -182,11 +185,11 @@ fn phys_state_str(p: u8) -> &'static str {
     }
 }
 
-fn atomic_str(a: ibverbs::AtomicCap) -> &'static str {
+fn atomic_str(a: ibverbs::device::AtomicCap) -> &'static str {
     match a {
-        ibverbs::AtomicCap::None => "ATOMIC_NONE",
-        ibverbs::AtomicCap::Hca => "ATOMIC_HCA",
-        ibverbs::AtomicCap::Glob => "ATOMIC_GLOB",
+        ibverbs::device::AtomicCap::None => "ATOMIC_NONE",
+        ibverbs::device::AtomicCap::Hca => "ATOMIC_HCA",
+        ibverbs::device::AtomicCap::Glob => "ATOMIC_GLOB",
         _ => "invalid atomic capability",
     }
 }
@@ -227,7 +230,7 @@ fn cap_flags() -> [(u32, &'static str); 24] {
 
 /// A GID as `ibv_devinfo` prints it: RoCE v2 as an IPv6 address, others as
 /// eight groups of hex; on Ethernet with the GID type.
-fn gid_line(out: &mut String, e: &ibverbs::GidEntry, ethernet: bool) {
+fn gid_line(out: &mut String, e: &ibverbs::device::GidEntry, ethernet: bool) {
     let text = match e.gid_type {
         GidType::RoceV2 => e.gid.to_ipv6().to_string(),
         _ => e

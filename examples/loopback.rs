@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completions, ConnectOptions, Endpoint, GidIndex, LocalPort, PortNumber, QpType, Wr,
+    device::GidIndex, AccessFlags, Completions, ConnectOptions, Endpoint, LocalPort, PortNumber,
+    QpType, Wr,
 };
 
 struct Args {

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace};
 use ibverbs::{
-    AccessFlags, AddressHandle, CompletionQueue, Completions, ProtectionDomain, QpNumber, QpType,
-    QueuePair, UdDest, Wr,
+    qp::{AddressHandle, QpNumber, UdDest},
+    AccessFlags, CompletionQueue, Completions, ProtectionDomain, QpType, QueuePair, Wr,
 };
 use ibverbs_suite::integrity;
 

@@ -31,7 +31,7 @@
 //! The paths: `request` moves an owned buffer into a typed post on the
 //! queue pair's send queue handle (`sq.write(buf, remote, Wr::id(i))`) and
 //! takes it back from its borrowed completion; `prepared` re-posts a
-//! [`PreparedSend`](ibverbs::PreparedSend) on the handle; `raw` posts a reused
+//! [`PreparedSend`](ibverbs::qp::PreparedSend) on the handle; `raw` posts a reused
 //! C work request through the unsafe raw path. `floor-prepared` and
 //! `floor-request` measure what the guarantees of those two paths cost at
 //! least: the same in-flight slot protocol, checks and buffer moves written
@@ -44,9 +44,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Completions, ConnectOptions, Context,
-    Endpoint, GidIndex, LocalBuffer, LocalPort, PortNumber, PreparedSend, QpType, QueuePair,
-    RemoteMemory, SendQueue, SendRequest, SharedBuffer, WorkCompletion, Wr,
+    cq::{CompletionChannel, WorkCompletion},
+    device::GidIndex,
+    qp::PreparedSend,
+    AccessFlags, CompletionQueue, Completions, ConnectOptions, Context, Endpoint, LocalBuffer,
+    LocalPort, PortNumber, QpType, QueuePair, RemoteMemory, SendQueue, SendRequest, SharedBuffer,
+    Wr,
 };
 use ibverbs_sys as sys;
 

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ibverbs::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, LocalBuffer, Posted,
-    ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteKey, RemoteMemory, SendQueue,
+    cq::CompletionChannel, memory::RemoteKey, qp::Posted, AccessFlags, Completion, CompletionQueue,
+    LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteMemory, SendQueue,
     SharedBuffer, WcOpcode, Wr,
 };
 use ibverbs_suite::{integrity, Done};

@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, FrozenBuffer, SendRequest};
+use ibverbs::{memory::FrozenBuffer, AccessFlags, Completion, SendRequest};
 
 use ibverbs_suite::{perf, Done};
 

@@ -9,7 +9,7 @@
 //! consecutive posts; both sides print their own table.
 //!
 //! Receives use a small pool of registered buffers, each with its
-//! [`PreparedRecv`](ibverbs::PreparedRecv) (perftest re-posts one
+//! [`PreparedRecv`](ibverbs::qp::PreparedRecv) (perftest re-posts one
 //! `ibv_recv_wr`), posted before the first message and re-posted from each
 //! receive completion, after the answer is posted (with a pool of one
 //! buffer, at once): claiming a receive costs one reference count, no
@@ -17,7 +17,7 @@
 //! are polled, so the buffers come back. Sends carry a
 //! `FrozenBuffer` (or inline data up to `-I`), so with `-t N` only every
 //! N-th send needs a completion; with `-t 1` (the default) every send is
-//! signaled and one prepared send ([`PreparedSend`](ibverbs::PreparedSend))
+//! signaled and one prepared send ([`PreparedSend`](ibverbs::qp::PreparedSend))
 //! is re-posted, as perftest reuses its `ibv_send_wr`.
 //!
 //! `--raw` posts sends and receives and polls through the library's
@@ -29,8 +29,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use ibverbs::{
-    sys, AccessFlags, FrozenBuffer, LocalBuffer, PreparedRecv, QueuePair, RecvQueue, RecvRequest,
-    SendRequest, WorkCompletion, Wr,
+    cq::WorkCompletion, memory::FrozenBuffer, qp::PreparedRecv, sys, AccessFlags, LocalBuffer,
+    QueuePair, RecvQueue, RecvRequest, SendRequest, Wr,
 };
 
 use ibverbs_suite::{perf, Done};

@@ -16,7 +16,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, FrozenBuffer, RemoteMemory, SendRequest};
+use ibverbs::{memory::FrozenBuffer, AccessFlags, Completion, RemoteMemory, SendRequest};
 
 use ibverbs_suite::{perf, Done};
 

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, WorkCompletion, Wr};
+use ibverbs::{cq::WorkCompletion, sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, Wr};
 
 use ibverbs_suite::{perf, Done};
 

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ibverbs::{Completion, CompletionQueue, CompletionRef, Completions};
+use ibverbs::{cq::CompletionRef, Completion, CompletionQueue, Completions};
 
 /// Owned completions from polls, oldest first.
 pub struct Done {

@@ -26,8 +26,11 @@ use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use ibverbs::{
-    AccessFlags, AsyncEventType, ConnectOptions, Context, Endpoint, Gid, GidIndex, LocalPort,
-    PortNumber, QpNumber, QpType, QueuePair, RemoteKey, RemoteMemory, Wr,
+    device::{AsyncEventType, GidIndex},
+    memory::RemoteKey,
+    qp::QpNumber,
+    AccessFlags, ConnectOptions, Context, Endpoint, Gid, LocalPort, PortNumber, QpType, QueuePair,
+    RemoteMemory, Wr,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]

@@ -13,9 +13,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, ConnectOptions, Context,
-    DeviceAttr, Endpoint, GidIndex, LocalPort, Mtu, PortAttr, PortNumber, ProtectionDomain, QpType,
-    QueuePair, RemoteMemory, SgList, WorkCompletion,
+    cq::{CompletionChannel, WorkCompletion},
+    device::{DeviceAttr, GidIndex, Mtu, PortAttr},
+    memory::SgList,
+    AccessFlags, Completion, CompletionQueue, ConnectOptions, Context, Endpoint, LocalPort,
+    PortNumber, ProtectionDomain, QpType, QueuePair, RemoteMemory,
 };
 
 use args::Config;
@@ -382,15 +384,15 @@ impl Resources {
             cqb = cqb.channel(ch);
         }
         if extended {
-            cqb = cqb.wc_fields(ibverbs::WcFields::standard());
+            cqb = cqb.wc_fields(ibverbs::cq::CompletionFields::standard());
         }
         let cq = cqb
             .build()
             .map_err(|e| format!("creating a CQ of {cqe} entries: {e}"))?;
         let ops = if extended {
-            ibverbs::SendOps::rc_data()
+            ibverbs::qp::SendOpFlags::rc_data()
         } else {
-            ibverbs::SendOps::empty()
+            ibverbs::qp::SendOpFlags::empty()
         };
         let qp = pd
             .create_qp(QpType::Rc, &cq, &cq)
@@ -451,7 +453,7 @@ impl Resources {
             mem: mem.unwrap_or(RemoteMemory {
                 addr: 0,
                 len: 0,
-                rkey: ibverbs::RemoteKey(0),
+                rkey: ibverbs::memory::RemoteKey(0),
             }),
         })
     }

@@ -9,7 +9,7 @@
 //! * `-i` defaults to the device's first ACTIVE port (rdma-core: port 1),
 //!   and without `-g` a RoCE port uses its RoCE v2 GID with a non-link-local
 //!   IPv4 address, else its first valid GID
-//!   ([`GidSelector::Automatic`](ibverbs::GidSelector::Automatic);
+//!   ([`GidSelector::Automatic`](ibverbs::device::GidSelector::Automatic);
 //!   rdma-core sends no GID and fails on RoCE). An explicit `-g N` wins.
 //! * Each posted receive owns its own slice of one registered region (the
 //!   safe API's ownership model; the C tools point every receive at the
@@ -40,10 +40,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionChannel, CompletionQueue, Completions,
-    ConnectOptions, Endpoint, FrozenBuffer, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortAttr,
-    PortNumber, PreparedRecv, PreparedSend, QpNumber, QpType, QueuePair, RecvQueue, RecvRequest,
-    SendQueue, SendRequest, WorkCompletion,
+    cq::{CompletionChannel, WorkCompletion},
+    device::{GidIndex, Mtu, PortAttr},
+    memory::FrozenBuffer,
+    qp::{AddressHandle, AddressVector, PreparedRecv, PreparedSend, QpNumber},
+    AccessFlags, CompletionQueue, Completions, ConnectOptions, Endpoint, Gid, LocalBuffer,
+    LocalPort, PortNumber, QpType, QueuePair, RecvQueue, RecvRequest, SendQueue, SendRequest,
 };
 
 use check::Checker;
@@ -600,7 +602,7 @@ fn open(cfg: &Config) -> Res<Setup> {
             .ctx("Couldn't request CQ notification")?;
     }
 
-    if port_attr.link_layer() != ibverbs::LinkLayer::Ethernet && port_attr.lid() == 0 {
+    if port_attr.link_layer() != ibverbs::device::LinkLayer::Ethernet && port_attr.lid() == 0 {
         return Err("Couldn't get local LID".into());
     }
     let local_port =

@@ -48,7 +48,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use ibverbs::{
-    AccessFlags, ConnectOptions, Endpoint, Gid, QpNumber, QueuePair, RemoteKey, RemoteMemory,
+    memory::RemoteKey, qp::QpNumber, AccessFlags, ConnectOptions, Endpoint, Gid, QueuePair,
+    RemoteMemory,
 };
 
 use crate::fault::Setup;

@@ -19,8 +19,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressVector, Completion, CompletionQueue, CompletionRef, Completions,
-    LocalBuffer, QpType, RecvRequest, SendRequest, UdDest, WorkCompletion, Wr,
+    cq::{CompletionRef, WorkCompletion},
+    qp::{AddressVector, UdDest},
+    AccessFlags, Completion, CompletionQueue, Completions, LocalBuffer, QpType, RecvRequest,
+    SendRequest, Wr,
 };
 
 struct Counting;

@@ -1,7 +1,7 @@
 //! The Tokio integration (`ibverbs-tokio`): `AsyncQueuePair`
 //! futures for every verb, many at once, cancellation (a dropped future
 //! leaves its buffer with the queue pair until the completion arrives),
-//! error completions, `AsyncEvents`, and the `async_echo` example run as
+//! error completions, `EventStream`, and the `async_echo` example run as
 //! server and client (device tests).
 //!
 //! The example binary is spawned from `target/<profile>/examples/` (build
@@ -15,10 +15,10 @@ use std::time::Duration;
 use common::process::{self, device_args, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
 use ibverbs::{
-    AccessFlags, AsyncEventType, Completion, Error, ProtectionDomain, QpState, QpType, RecvRequest,
-    SendRequest, WcOpcode, WcStatus, Wr,
+    device::AsyncEventType, AccessFlags, Completion, Error, ProtectionDomain, QpState, QpType,
+    RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
 };
-use ibverbs_tokio::{AsyncEvents, AsyncQueuePair, CompletionFuture};
+use ibverbs_tokio::{AsyncQueuePair, CompletionFuture, EventStream};
 
 /// Longest any single await may take here.
 const BOUND: Duration = Duration::from_secs(10);
@@ -474,8 +474,8 @@ fn async_construction_errors() {
         other => panic!("expected NoRuntime, got {other:?}"),
     }
     assert!(matches!(
-        AsyncEvents::new(&dev.ctx),
-        Err(ibverbs_tokio::Error::NoRuntime { by: "AsyncEvents" })
+        EventStream::new(&dev.ctx),
+        Err(ibverbs_tokio::Error::NoRuntime { by: "EventStream" })
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -528,14 +528,14 @@ fn async_construction_errors() {
 async fn async_events_stream() {
     let t = device();
     let ctx = &t.ctx;
-    let mut events = AsyncEvents::new(ctx).unwrap();
+    let mut events = EventStream::new(ctx).unwrap();
     assert_eq!(events.context().name(), ctx.name());
-    let twice = AsyncEvents::new(ctx).unwrap_err();
+    let twice = EventStream::new(ctx).unwrap_err();
     assert!(
         matches!(
             twice,
             ibverbs_tokio::Error::AlreadyDriven {
-                by: "AsyncEvents",
+                by: "EventStream",
                 ..
             }
         ),
@@ -557,7 +557,7 @@ async fn async_events_stream() {
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
     assert_eq!(
         ev.element(),
-        ibverbs::AsyncElement::Srq(Some(setup.srq.id())),
+        ibverbs::device::AsyncElement::Srq(Some(setup.srq.id())),
         "{ev:?}"
     );
     ctx.set_async_nonblocking(false).unwrap();

@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::{connect_pair, endpoint, options, TestDevice};
 use ibverbs::{
-    sys, AccessFlags, AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, Context, Error,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue, SharedReceiveQueue, Wr,
+    device::{AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType},
+    qp::SharedReceiveQueue,
+    sys, AccessFlags, Context, Error, ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue,
+    Wr,
 };
 
 fn local() -> AccessFlags {
@@ -392,7 +394,7 @@ fn async_route_ids_are_not_reused() {
     eprintln!("{same_address} of 16 SRQs reused the previous one's address");
 }
 
-/// With Tokio, `AsyncEvents::next_unrouted` routes what it reads: the
+/// With Tokio, `EventStream::next_unrouted` routes what it reads: the
 /// SRQ's subscriber gets SRQ_LIMIT_REACHED, and `next_unrouted` itself
 /// keeps waiting (nothing unrouted came).
 #[tokio::test]
@@ -402,7 +404,7 @@ async fn async_route_tokio_next_unrouted_routes() {
     let pd = dev.ctx.alloc_pd().unwrap();
     let mut a = srq_side(&dev, &pd, 8, 4);
     let rx = a.srq.async_events();
-    let mut events = ibverbs_tokio::AsyncEvents::new(&dev.ctx).unwrap();
+    let mut events = ibverbs_tokio::EventStream::new(&dev.ctx).unwrap();
     for i in 0..5u8 {
         a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }

@@ -11,9 +11,11 @@ mod common;
 
 use common::{device, pair, pattern, remote_all, wait, wait_ok, TestDevice};
 use ibverbs::{
-    sys, AccessFlags, AddressHandle, AddressVector, CompletionQueue, ConnectOptions, Endpoint,
-    Error, Gid, GidIndex, LocalBuffer, LocalPort, Mtu, PortNumber, ProtectionDomain, QpAttr,
-    QpState, QpType, QueuePair, SendRequest, UdDest, WcOpcode, WcStatus, Wr,
+    device::{GidIndex, Mtu},
+    qp::{AddressHandle, AddressVector, QpAttr, UdDest},
+    sys, AccessFlags, CompletionQueue, ConnectOptions, Endpoint, Error, Gid, LocalBuffer,
+    LocalPort, PortNumber, ProtectionDomain, QpState, QpType, QueuePair, SendRequest, WcOpcode,
+    WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -541,7 +543,7 @@ fn sizes_beyond_the_device_caps_name_the_cap() {
 
     let wr = above(d.max_qp_wr(), "max_qp_wr");
     let sge = above(d.max_sge(), "max_sge");
-    type Tune = fn(ibverbs::QueuePairBuilder<'_>, u32) -> ibverbs::QueuePairBuilder<'_>;
+    type Tune = fn(ibverbs::qp::QueuePairBuilder<'_>, u32) -> ibverbs::qp::QueuePairBuilder<'_>;
     let cases: [(&str, u32, &str, Tune); 4] = [
         ("max_send_wr", wr, "max_qp_wr", |b, v| b.max_send_wr(v)),
         ("max_recv_wr", wr, "max_qp_wr", |b, v| b.max_recv_wr(v)),
@@ -608,7 +610,7 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
     let opts = || ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     let (qp, me) = rc_qp(&dev, &pd, &cq);
     let wide_qpn = Endpoint {
-        qp_num: ibverbs::QpNumber(1 << 24),
+        qp_num: ibverbs::qp::QpNumber(1 << 24),
         ..me
     };
     let wide_psn = Endpoint { psn: 1 << 24, ..me };

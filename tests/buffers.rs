@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{AccessFlags, Error, QpType, SgList, WcOpcode, WcStatus, Wr};
+use ibverbs::{memory::SgList, AccessFlags, Error, QpType, WcOpcode, WcStatus, Wr};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE

@@ -10,8 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, CompletionRef, Completions,
-    LocalBuffer, ProtectionDomain, QpType, QueuePair, WcOpcode, Wr,
+    cq::{CompletionChannel, CompletionRef},
+    AccessFlags, Completion, CompletionQueue, Completions, LocalBuffer, ProtectionDomain, QpType,
+    QueuePair, WcOpcode, Wr,
 };
 
 /// Aborts the whole process unless disarmed (dropped) within `limit`:

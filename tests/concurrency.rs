@@ -16,9 +16,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, RecvTimeoutError};
 use ibverbs::{
-    AccessFlags, AddressHandle, Completion, CompletionChannel, CompletionQueue, Completions,
-    Context, FrozenBuffer, LocalBuffer, MemoryRegion, Polled, ProtectionDomain, QpType, QueuePair,
-    RecvQueue, RecvRequest, SendQueue, SendRequest, SharedBuffer, SharedReceiveQueue, Wr,
+    cq::{CompletionChannel, Polled},
+    memory::FrozenBuffer,
+    qp::{AddressHandle, SharedReceiveQueue},
+    AccessFlags, Completion, CompletionQueue, Completions, Context, LocalBuffer, MemoryRegion,
+    ProtectionDomain, QpType, QueuePair, RecvQueue, RecvRequest, SendQueue, SendRequest,
+    SharedBuffer, Wr,
 };
 
 const MSG: usize = 64;

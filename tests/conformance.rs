@@ -10,8 +10,10 @@ mod common;
 
 use common::{device, pair, pattern, remote_all, wait, Pair};
 use ibverbs::{
-    AccessFlags, Error, LocalBuffer, Posted, QpAttr, QpCaps, QpState, QpType, QueuePair, RemoteKey,
-    RemoteMemory, SendOp, SendOps, SendQueue, WcStatus, Wr,
+    memory::RemoteKey,
+    qp::{Posted, QpAttr, QpCaps, SendOp, SendOpFlags},
+    AccessFlags, Error, LocalBuffer, QpState, QpType, QueuePair, RemoteMemory, SendQueue, WcStatus,
+    Wr,
 };
 
 fn local() -> AccessFlags {
@@ -244,7 +246,7 @@ fn create(
     p: &ibverbs::ProtectionDomain,
     cq: &ibverbs::CompletionQueue,
     ty: QpType,
-    ops: Option<SendOps>,
+    ops: Option<SendOpFlags>,
 ) -> QueuePair {
     let want = requested();
     let b = p
@@ -274,11 +276,11 @@ fn at_least(got: QpCaps, want: QpCaps, what: &str) {
 }
 
 /// The send operations each type's extended queue pair is created with.
-fn ex_ops(ty: QpType) -> SendOps {
+fn ex_ops(ty: QpType) -> SendOpFlags {
     match ty {
-        QpType::Rc => SendOps::rc_data(),
-        QpType::Uc => SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE,
-        _ => SendOps::SEND | SendOps::SEND_WITH_IMM,
+        QpType::Rc => SendOpFlags::rc_data(),
+        QpType::Uc => SendOpFlags::SEND | SendOpFlags::SEND_WITH_IMM | SendOpFlags::RDMA_WRITE,
+        _ => SendOpFlags::SEND | SendOpFlags::SEND_WITH_IMM,
     }
 }
 
@@ -497,7 +499,7 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
     assert!(max >= 2, "granted {max}");
     let bufs = |n: u32| {
         (0..n)
-            .map(|_| ibverbs::Buf::Local(p.pd.alloc(8, local()).unwrap()))
+            .map(|_| ibverbs::memory::Buf::Local(p.pd.alloc(8, local()).unwrap()))
             .collect::<Vec<_>>()
     };
     let mut rq = p.b.recv_queue().unwrap();
@@ -522,11 +524,11 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
     assert_eq!((c.wr_id(), c.wc().byte_len() as usize), (2, total));
     let mut got = Vec::new();
     match c.take_buffers() {
-        ibverbs::SgList::Many(v) => {
+        ibverbs::memory::SgList::Many(v) => {
             assert_eq!(v.len(), max as usize);
             for b in v {
                 match b {
-                    ibverbs::Buf::Local(b) => got.extend_from_slice(&b[..]),
+                    ibverbs::memory::Buf::Local(b) => got.extend_from_slice(&b[..]),
                     other => panic!("{other:?}"),
                 }
             }
@@ -569,16 +571,16 @@ fn conformance_ah_without_grh_on_roce_is_refused() {
     let dev = device();
     let port = dev.ctx.query_port(dev.port).unwrap();
     assert!(
-        port.link_layer() == ibverbs::LinkLayer::Ethernet || !common::is_rxe(&dev),
+        port.link_layer() == ibverbs::device::LinkLayer::Ethernet || !common::is_rxe(&dev),
         "rxe is RoCE"
     );
-    if port.link_layer() != ibverbs::LinkLayer::Ethernet {
+    if port.link_layer() != ibverbs::device::LinkLayer::Ethernet {
         eprintln!("UNSUPPORTED on this device: not a RoCE port, nothing to refuse");
         return;
     }
     assert!(port.grh_required());
     let pd = dev.ctx.alloc_pd().unwrap();
-    let av = ibverbs::AddressVector::infiniband(dev.port, 0);
+    let av = ibverbs::qp::AddressVector::infiniband(dev.port, 0);
     assert!(!av.is_global());
     let e = pd.create_ah(&av).unwrap_err();
     eprintln!("library: {e}");
@@ -602,8 +604,12 @@ fn conformance_ah_without_grh_on_roce_is_refused() {
 
     // With the GRH the same port is fine.
     let gid = dev.ctx.query_gid(dev.port, dev.gid_index).unwrap();
-    pd.create_ah(&ibverbs::AddressVector::roce(dev.port, gid, dev.gid_index))
-        .unwrap();
+    pd.create_ah(&ibverbs::qp::AddressVector::roce(
+        dev.port,
+        gid,
+        dev.gid_index,
+    ))
+    .unwrap();
 }
 
 /// `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` (ibv_reg_mr(3):

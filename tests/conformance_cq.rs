@@ -12,7 +12,9 @@ mod common;
 
 use common::{device, TestDevice};
 use ibverbs::{
-    AccessFlags, AddressVector, CompletionQueue, Error, QpType, UdDest, WcFields, WcOpcode, Wr,
+    cq::CompletionFields,
+    qp::{AddressVector, UdDest},
+    AccessFlags, CompletionQueue, Error, QpType, WcOpcode, Wr,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -54,7 +56,11 @@ fn conformance_cq_sizes_on_every_completion_vector() {
     for cqe in sizes(&dev) {
         for v in vectors(&dev) {
             for with_channel in [false, true] {
-                for fields in [None, Some(WcFields::empty()), Some(WcFields::standard())] {
+                for fields in [
+                    None,
+                    Some(CompletionFields::empty()),
+                    Some(CompletionFields::standard()),
+                ] {
                     let what = format!("cqe {cqe} vector {v} channel {with_channel} {fields:?}");
                     let mut b = dev.ctx.create_cq(cqe).comp_vector(v);
                     if with_channel {
@@ -98,8 +104,8 @@ fn conformance_cq_past_max_cqe_or_num_comp_vectors_is_refused() {
     let n = dev.ctx.num_comp_vectors() as i32;
     for (fields, verb) in [
         (None, "ibv_create_cq"),
-        (Some(WcFields::empty()), "ibv_create_cq_ex"),
-        (Some(WcFields::standard()), "ibv_create_cq_ex"),
+        (Some(CompletionFields::empty()), "ibv_create_cq_ex"),
+        (Some(CompletionFields::standard()), "ibv_create_cq_ex"),
     ] {
         let build = |cqe: u32, v: i32| {
             let b = dev.ctx.create_cq(cqe).comp_vector(v);
@@ -128,18 +134,21 @@ fn conformance_cq_past_max_cqe_or_num_comp_vectors_is_refused() {
 /// Each completion field an extended CQ can report, with what a UD
 /// receive of `len` payload bytes and immediate `imm` from `src_qp`
 /// to `qp_num` carries in it (RoCE: no LID, SL 0, no path bits).
-fn fields() -> [(WcFields, &'static str); 9] {
+fn fields() -> [(CompletionFields, &'static str); 9] {
     [
-        (WcFields::BYTE_LEN, "byte_len"),
-        (WcFields::IMM, "imm"),
-        (WcFields::QP_NUM, "qp_num"),
-        (WcFields::SRC_QP, "src_qp"),
-        (WcFields::SLID, "slid"),
-        (WcFields::SL, "sl"),
-        (WcFields::DLID_PATH_BITS, "dlid_path_bits"),
-        (WcFields::COMPLETION_TIMESTAMP, "completion_timestamp"),
+        (CompletionFields::BYTE_LEN, "byte_len"),
+        (CompletionFields::IMM, "imm"),
+        (CompletionFields::QP_NUM, "qp_num"),
+        (CompletionFields::SRC_QP, "src_qp"),
+        (CompletionFields::SLID, "slid"),
+        (CompletionFields::SL, "sl"),
+        (CompletionFields::DLID_PATH_BITS, "dlid_path_bits"),
         (
-            WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+            CompletionFields::COMPLETION_TIMESTAMP,
+            "completion_timestamp",
+        ),
+        (
+            CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK,
             "completion_timestamp_wallclock",
         ),
     ]
@@ -213,24 +222,26 @@ fn conformance_cq_ex_each_field_alone() {
         // Always read: status, opcode, flags (immediate present, GRH).
         assert_eq!(wc.opcode(), WcOpcode::Recv, "{name}");
         assert!(wc.imm_data().is_some(), "{name}: the flag is always read");
-        let on = |x: WcFields| f == x;
-        let expect = |x: WcFields, v: u32| if on(x) { v } else { 0 };
+        let on = |x: CompletionFields| f == x;
+        let expect = |x: CompletionFields, v: u32| if on(x) { v } else { 0 };
         assert_eq!(
             wc.byte_len(),
-            expect(WcFields::BYTE_LEN, 32 + GRH),
+            expect(CompletionFields::BYTE_LEN, 32 + GRH),
             "{name}"
         );
         assert_eq!(
             wc.imm_data(),
-            Some(expect(WcFields::IMM, 0x1234_5678)),
+            Some(expect(CompletionFields::IMM, 0x1234_5678)),
             "{name}"
         );
-        assert_eq!(wc.qp_num(), expect(WcFields::QP_NUM, rx), "{name}");
-        assert_eq!(wc.src_qp(), expect(WcFields::SRC_QP, tx), "{name}");
+        assert_eq!(wc.qp_num(), expect(CompletionFields::QP_NUM, rx), "{name}");
+        assert_eq!(wc.src_qp(), expect(CompletionFields::SRC_QP, tx), "{name}");
         assert_eq!((wc.slid(), wc.sl()), (0, 0), "{name}: RoCE");
         assert_eq!(wc.as_raw().dlid_path_bits, 0, "{name}");
-        let stamped =
-            f.intersects(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK);
+        let stamped = f.intersects(
+            CompletionFields::COMPLETION_TIMESTAMP
+                | CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+        );
         assert_eq!(c.timestamp().is_some(), stamped, "{name}");
     }
     assert!(created >= 7, "the seven classic fields are offered alone");
@@ -238,7 +249,10 @@ fn conformance_cq_ex_each_field_alone() {
     let e = dev
         .ctx
         .create_cq(16)
-        .wc_fields(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK)
+        .wc_fields(
+            CompletionFields::COMPLETION_TIMESTAMP
+                | CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+        )
         .build()
         .unwrap_err();
     assert!(matches!(e, Error::ConflictingOptions { .. }), "{e}");
@@ -255,7 +269,7 @@ fn conformance_cq_ex_ud_traffic() {
     let cq = dev
         .ctx
         .create_cq(256)
-        .wc_fields(WcFields::standard())
+        .wc_fields(CompletionFields::standard())
         .build()
         .unwrap();
     for round in 0..5 {

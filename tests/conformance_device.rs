@@ -221,12 +221,18 @@ fn conformance_query_port_and_its_bad_flows() {
             a.max_msg_size()
         );
         assert!(
-            !matches!(a.state(), ibverbs::PortState::Unknown(_)),
+            !matches!(a.state(), ibverbs::device::PortState::Unknown(_)),
             "{a:?}"
         );
         assert!((1..=7).contains(&a.phys_state()), "port {p}: phys_state");
-        assert!(!matches!(a.max_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");
-        assert!(!matches!(a.active_mtu(), ibverbs::Mtu::Unknown(_)), "{a:?}");
+        assert!(
+            !matches!(a.max_mtu(), ibverbs::device::Mtu::Unknown(_)),
+            "{a:?}"
+        );
+        assert!(
+            !matches!(a.active_mtu(), ibverbs::device::Mtu::Unknown(_)),
+            "{a:?}"
+        );
         assert!(
             [1, 2, 4, 8, 16].contains(&a.active_width()),
             "port {p}: width {}",
@@ -240,7 +246,7 @@ fn conformance_query_port_and_its_bad_flows() {
         assert!(
             matches!(
                 a.link_layer(),
-                ibverbs::LinkLayer::InfiniBand | ibverbs::LinkLayer::Ethernet
+                ibverbs::device::LinkLayer::InfiniBand | ibverbs::device::LinkLayer::Ethernet
             ),
             "{a:?}"
         );

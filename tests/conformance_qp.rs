@@ -14,20 +14,21 @@ mod common;
 
 use common::{device, pair, remote_all, wait};
 use ibverbs::{
-    sys, AccessFlags, AddressVector, Error, QpCaps, QpState, QpType, SendOps, WcStatus, Wr,
+    qp::{AddressVector, QpCaps, SendOpFlags},
+    sys, AccessFlags, Error, QpState, QpType, WcStatus, Wr,
 };
 
 /// The operations an extended queue pair of `ty` is created with.
-fn ex_ops(ty: QpType) -> SendOps {
+fn ex_ops(ty: QpType) -> SendOpFlags {
     match ty {
-        QpType::Rc => SendOps::rc_data(),
+        QpType::Rc => SendOpFlags::rc_data(),
         QpType::Uc => {
-            SendOps::SEND
-                | SendOps::SEND_WITH_IMM
-                | SendOps::RDMA_WRITE
-                | SendOps::RDMA_WRITE_WITH_IMM
+            SendOpFlags::SEND
+                | SendOpFlags::SEND_WITH_IMM
+                | SendOpFlags::RDMA_WRITE
+                | SendOpFlags::RDMA_WRITE_WITH_IMM
         }
-        _ => SendOps::SEND | SendOps::SEND_WITH_IMM,
+        _ => SendOpFlags::SEND | SendOpFlags::SEND_WITH_IMM,
     }
 }
 
@@ -156,7 +157,7 @@ fn conformance_create_ud_qp_with_illegal_caps_is_refused() {
             continue;
         }
         checked += 1;
-        for ops in [None, Some(SendOps::SEND)] {
+        for ops in [None, Some(SendOpFlags::SEND)] {
             let b = pd.create_qp(QpType::Ud, &cq, &cq);
             let b = match name {
                 "max_send_wr" => b.max_send_wr(value),
@@ -320,7 +321,7 @@ fn conformance_atomic_to_a_misaligned_address_fails() {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 8),
+        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 8),
         "the result buffer comes back"
     );
     assert_eq!(p.a.send_outstanding(), 0);

@@ -17,14 +17,17 @@
 mod common;
 
 use common::traffic::{players, Atomic, CqKind, Players, Rdma, Via, UD_QKEY};
-use ibverbs::{AccessFlags, Error, QpState, QpType, SendOps, UdDest, Wr};
+use ibverbs::{
+    qp::{SendOpFlags, UdDest},
+    AccessFlags, Error, QpState, QpType, Wr,
+};
 
 /// pyverbs' iterations and message size.
 const ITERS: usize = 100;
 const SIZE: usize = 1024;
 const IMM: u32 = 0x1234_abcd;
 
-fn ex(qp_type: QpType, ops: SendOps) -> Players {
+fn ex(qp_type: QpType, ops: SendOpFlags) -> Players {
     let p = players(qp_type, Some(ops), CqKind::Classic, AccessFlags::empty());
     refuses_what_it_was_not_created_for(&p, ops);
     p
@@ -33,11 +36,11 @@ fn ex(qp_type: QpType, ops: SendOps) -> Players {
 /// A send (with immediate data when the queue pair was created for plain
 /// sends) is refused with `SendOpsRequired` naming the flag it lacks,
 /// before anything is posted, and handed back.
-fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOps) {
-    let (buf, o, need) = if ops.contains(SendOps::SEND) {
-        (p.buf(b"imm"), Wr::id(0).imm(1), SendOps::SEND_WITH_IMM)
+fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOpFlags) {
+    let (buf, o, need) = if ops.contains(SendOpFlags::SEND) {
+        (p.buf(b"imm"), Wr::id(0).imm(1), SendOpFlags::SEND_WITH_IMM)
     } else {
-        (p.buf(b"plain"), Wr::id(0), SendOps::SEND)
+        (p.buf(b"plain"), Wr::id(0), SendOpFlags::SEND)
     };
     let len = buf.len();
     let mut sq = p.client.qp.send_queue().unwrap();
@@ -52,7 +55,7 @@ fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOps) {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == len),
+        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == len),
         "the buffer comes back"
     );
     assert_eq!(p.client.qp.send_outstanding(), 0);
@@ -62,14 +65,14 @@ fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOps) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_ud_send() {
-    ex(QpType::Ud, SendOps::SEND).traffic(ITERS, SIZE, Via::Send);
+    ex(QpType::Ud, SendOpFlags::SEND).traffic(ITERS, SIZE, Via::Send);
 }
 
 /// pyverbs `test_qp_ex_ud_send_imm`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_ud_send_imm() {
-    ex(QpType::Ud, SendOps::SEND_WITH_IMM).traffic(ITERS, SIZE, Via::SendImm(IMM));
+    ex(QpType::Ud, SendOpFlags::SEND_WITH_IMM).traffic(ITERS, SIZE, Via::SendImm(IMM));
 }
 
 /// pyverbs `test_qp_ex_ud_zero_size`: sends of no bytes (no SGE); each
@@ -77,28 +80,28 @@ fn conformance_qpex_ud_send_imm() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_ud_zero_size() {
-    ex(QpType::Ud, SendOps::SEND).traffic(ITERS, 0, Via::Send);
+    ex(QpType::Ud, SendOpFlags::SEND).traffic(ITERS, 0, Via::Send);
 }
 
 /// pyverbs `test_qp_ex_rc_send`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_send() {
-    ex(QpType::Rc, SendOps::SEND).traffic(ITERS, SIZE, Via::Send);
+    ex(QpType::Rc, SendOpFlags::SEND).traffic(ITERS, SIZE, Via::Send);
 }
 
 /// pyverbs `test_qp_ex_rc_send_imm`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_send_imm() {
-    ex(QpType::Rc, SendOps::SEND_WITH_IMM).traffic(ITERS, SIZE, Via::SendImm(IMM));
+    ex(QpType::Rc, SendOpFlags::SEND_WITH_IMM).traffic(ITERS, SIZE, Via::SendImm(IMM));
 }
 
 /// pyverbs `test_qp_ex_rc_rdma_write`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_rdma_write() {
-    ex(QpType::Rc, SendOps::RDMA_WRITE).rdma_traffic(ITERS, SIZE, Rdma::Write);
+    ex(QpType::Rc, SendOpFlags::RDMA_WRITE).rdma_traffic(ITERS, SIZE, Rdma::Write);
 }
 
 /// pyverbs `test_qp_ex_rc_rdma_write_imm`: the write lands in the peer's
@@ -106,42 +109,42 @@ fn conformance_qpex_rc_rdma_write() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_rdma_write_imm() {
-    ex(QpType::Rc, SendOps::RDMA_WRITE_WITH_IMM).traffic(ITERS, SIZE, Via::WriteImm(IMM));
+    ex(QpType::Rc, SendOpFlags::RDMA_WRITE_WITH_IMM).traffic(ITERS, SIZE, Via::WriteImm(IMM));
 }
 
 /// pyverbs `test_qp_ex_rc_rdma_write_zero_length`: the region is unchanged.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_rdma_write_zero_length() {
-    ex(QpType::Rc, SendOps::RDMA_WRITE).rdma_traffic(ITERS, 0, Rdma::Write);
+    ex(QpType::Rc, SendOpFlags::RDMA_WRITE).rdma_traffic(ITERS, 0, Rdma::Write);
 }
 
 /// pyverbs `test_qp_ex_rc_rdma_read`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_rdma_read() {
-    ex(QpType::Rc, SendOps::RDMA_READ).rdma_traffic(ITERS, SIZE, Rdma::Read);
+    ex(QpType::Rc, SendOpFlags::RDMA_READ).rdma_traffic(ITERS, SIZE, Rdma::Read);
 }
 
 /// pyverbs `test_qp_ex_rc_rdma_read_zero_size`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_rdma_read_zero_size() {
-    ex(QpType::Rc, SendOps::RDMA_READ).rdma_traffic(ITERS, 0, Rdma::Read);
+    ex(QpType::Rc, SendOpFlags::RDMA_READ).rdma_traffic(ITERS, 0, Rdma::Read);
 }
 
 /// pyverbs `test_qp_ex_rc_atomic_cmp_swp`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_atomic_cmp_swp() {
-    ex(QpType::Rc, SendOps::ATOMIC_CMP_AND_SWP).atomic_traffic(ITERS, Atomic::CompareSwap);
+    ex(QpType::Rc, SendOpFlags::ATOMIC_CMP_AND_SWP).atomic_traffic(ITERS, Atomic::CompareSwap);
 }
 
 /// pyverbs `test_qp_ex_rc_atomic_fetch_add`.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_atomic_fetch_add() {
-    ex(QpType::Rc, SendOps::ATOMIC_FETCH_AND_ADD).atomic_traffic(ITERS, Atomic::FetchAdd);
+    ex(QpType::Rc, SendOpFlags::ATOMIC_FETCH_AND_ADD).atomic_traffic(ITERS, Atomic::FetchAdd);
 }
 
 /// pyverbs `test_qp_ex_rc_atomic_write`: a queue pair created for atomic
@@ -149,7 +152,7 @@ fn conformance_qpex_rc_atomic_fetch_add() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_rc_atomic_write() {
-    ex(QpType::Rc, SendOps::ATOMIC_WRITE).atomic_traffic(ITERS, Atomic::Write);
+    ex(QpType::Rc, SendOpFlags::ATOMIC_WRITE).atomic_traffic(ITERS, Atomic::Write);
 }
 
 /// Issue #22 item 5: UC queue pairs created through the extended create
@@ -157,7 +160,10 @@ fn conformance_qpex_rc_atomic_write() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_uc_send_and_write_imm() {
-    let p = ex(QpType::Uc, SendOps::SEND | SendOps::RDMA_WRITE_WITH_IMM);
+    let p = ex(
+        QpType::Uc,
+        SendOpFlags::SEND | SendOpFlags::RDMA_WRITE_WITH_IMM,
+    );
     p.traffic(ITERS, SIZE, Via::Send);
     p.traffic(ITERS, SIZE, Via::WriteImm(IMM));
 }
@@ -168,7 +174,7 @@ fn conformance_qpex_uc_send_and_write_imm() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_post_receive_in_reset_is_refused() {
-    let p = ex(QpType::Ud, SendOps::SEND);
+    let p = ex(QpType::Ud, SendOpFlags::SEND);
     let qp = &p.server.qp;
     assert_eq!(qp.state().unwrap(), QpState::Rts);
     qp.reset().unwrap();
@@ -181,7 +187,7 @@ fn conformance_qpex_post_receive_in_reset_is_refused() {
     assert_eq!(e.error.verb(), Some("ibv_post_recv"), "{:?}", e.error);
     assert_eq!(e.error.raw_os_error(), Some(libc::EINVAL), "{:?}", e.error);
     assert!(
-        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 64),
+        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 64),
         "the buffer comes back"
     );
     assert_eq!(qp.recv_outstanding(), 0);
@@ -197,7 +203,7 @@ fn conformance_qpex_post_receive_in_reset_is_refused() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_post_send_in_reset_is_refused() {
-    let p = ex(QpType::Ud, SendOps::SEND);
+    let p = ex(QpType::Ud, SendOpFlags::SEND);
     let qp = &p.client.qp;
     qp.reset().unwrap();
     let buf = p.buf(&[7; 64]);
@@ -224,7 +230,7 @@ fn conformance_qpex_post_send_in_reset_is_refused() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_full_receive_queue_refuses_one_more() {
-    let p = ex(QpType::Ud, SendOps::SEND);
+    let p = ex(QpType::Ud, SendOpFlags::SEND);
     let qp = &p.server.qp;
     let depth = qp.recv_capacity();
     assert!(qp.caps().max_recv_wr >= depth, "{:?}", qp.caps());
@@ -240,7 +246,7 @@ fn conformance_qpex_full_receive_queue_refuses_one_more() {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::Buf::Local(b) if b.len() == 64),
+        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 64),
         "the buffer comes back"
     );
     assert_eq!(qp.recv_outstanding(), depth);
@@ -268,11 +274,11 @@ fn conformance_qpex_full_receive_queue_refuses_one_more() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_qpex_receive_with_more_sges_than_max_recv_sge_is_refused() {
-    let p = ex(QpType::Ud, SendOps::SEND);
+    let p = ex(QpType::Ud, SendOpFlags::SEND);
     let qp = &p.server.qp;
     let max = qp.caps().max_recv_sge;
     let bufs = (0..=max)
-        .map(|_| ibverbs::Buf::Local(p.buf(&[0; 64])))
+        .map(|_| ibverbs::memory::Buf::Local(p.buf(&[0; 64])))
         .collect();
     let e = qp.recv_queue().unwrap().recv_sgl(bufs, 0).unwrap_err();
     eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);

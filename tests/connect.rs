@@ -7,7 +7,7 @@ mod common;
 
 use common::{device, pair, pattern, remote_all, wait};
 use ibverbs::{
-    AccessFlags, ConnectOptions, Endpoint, LocalPort, Posted, QpState, QpType, RemoteMemory,
+    qp::Posted, AccessFlags, ConnectOptions, Endpoint, LocalPort, QpState, QpType, RemoteMemory,
     SendQueue, WcStatus, Wr,
 };
 

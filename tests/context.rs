@@ -2,7 +2,7 @@
 
 mod common;
 
-use ibverbs::{GidIndex, GidType, LinkLayer, PortState};
+use ibverbs::device::{GidIndex, GidType, LinkLayer, PortState};
 
 #[test]
 fn device_list_works_with_or_without_devices() {
@@ -105,7 +105,7 @@ fn softroce_vm_rxe0_facts() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn async_event_srq_limit_reached() {
-    use ibverbs::{AsyncEventType, Wr};
+    use ibverbs::{device::AsyncEventType, Wr};
     use std::os::fd::AsRawFd;
     let t = common::device();
     let ctx = &t.ctx;
@@ -133,7 +133,7 @@ fn async_event_srq_limit_reached() {
     assert_eq!(ev.port(), None);
     assert_eq!(
         ev.element(),
-        ibverbs::AsyncElement::Srq(Some(setup.srq.id())),
+        ibverbs::device::AsyncElement::Srq(Some(setup.srq.id())),
         "{ev:?}"
     );
     ctx.set_async_nonblocking(false).unwrap();

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{connect_pair, device, is_rxe, pattern, TestDevice};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Completions, Error, ProtectionDomain, QpType,
-    QueuePair, UdDest, WcOpcode, Wr,
+    qp::UdDest, AccessFlags, Completion, CompletionQueue, Completions, Error, ProtectionDomain,
+    QpType, QueuePair, WcOpcode, Wr,
 };
 
 /// A sender on `cq_a` and a receiver on `cq_b`; the sender's queue pair
@@ -358,8 +358,9 @@ fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
     };
     let (a, b) = (ud(&cq_a, 6, 1), ud(&cq_b, 1, 16));
     let port = dev.ctx.query_port(dev.port).unwrap();
-    let av = ibverbs::AddressVector::for_port(&port, &common::endpoint(&dev, &b, 0), dev.gid_index)
-        .unwrap();
+    let av =
+        ibverbs::qp::AddressVector::for_port(&port, &common::endpoint(&dev, &b, 0), dev.gid_index)
+            .unwrap();
     let ah = pd.create_ah(&av).unwrap();
     let mut outcomes = Vec::new();
     let mut sq = a.send_queue().unwrap();

@@ -7,8 +7,10 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok};
 use ibverbs::{
-    sys, AccessFlags, Error, QpState, QpType, RecvRequest, RemoteKey, SendOp, SgList,
-    TransitionReason, WcStatus, Wr,
+    error::TransitionReason,
+    memory::{RemoteKey, SgList},
+    qp::SendOp,
+    sys, AccessFlags, Error, QpState, QpType, RecvRequest, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -260,7 +262,7 @@ fn illegal_state_transitions_are_named() {
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     // RESET -> RTR skips INIT.
     let e = qp
-        .modify(&ibverbs::QpAttr::new().qp_state(QpState::Rtr))
+        .modify(&ibverbs::qp::QpAttr::new().qp_state(QpState::Rtr))
         .unwrap_err();
     assert!(
         matches!(
@@ -276,7 +278,7 @@ fn illegal_state_transitions_are_named() {
     // RESET -> INIT without the port.
     let e = qp
         .modify(
-            &ibverbs::QpAttr::new()
+            &ibverbs::qp::QpAttr::new()
                 .qp_state(QpState::Init)
                 .pkey_index(0)
                 .qp_access_flags(AccessFlags::LOCAL_WRITE),

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{device, pattern, remote_all, wait};
 use ibverbs::{
-    AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort, ProtectionDomain, QpType,
-    RemoteMemory, SharedBuffer, WcOpcode, WireProblem, Wr,
+    error::WireProblem, AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort,
+    ProtectionDomain, QpType, RemoteMemory, SharedBuffer, WcOpcode, Wr,
 };
 use ibverbs_runtime::{Error, Mesh, PeerInfo, Ranks};
 
@@ -387,7 +387,7 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     // Half a message, then the connection closes.
     let (e, took) = against_fake(long, |s| {
         let me = Endpoint {
-            qp_num: ibverbs::QpNumber(5),
+            qp_num: ibverbs::qp::QpNumber(5),
             psn: 1,
             lid: 0,
             gid: ibverbs::Gid([1; 16]),
@@ -417,7 +417,7 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     // the queue pair is not connected.
     let (e, _) = against_fake(long, |s| {
         let bogus = Endpoint {
-            qp_num: ibverbs::QpNumber(5),
+            qp_num: ibverbs::qp::QpNumber(5),
             psn: 1,
             lid: 0,
             gid: ibverbs::Gid::ZERO,

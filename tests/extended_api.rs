@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 
 use common::{ex_pair, remote_all};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, CompletionRef, Completions, Error, Feature, QpType,
-    SendOp, SendOps, SendRequest, WcFields, WcOpcode, Wr,
+    cq::{CompletionFields, CompletionRef},
+    device::Feature,
+    qp::{SendOp, SendOpFlags},
+    AccessFlags, Completion, CompletionQueue, Completions, Error, QpType, SendRequest, WcOpcode,
+    Wr,
 };
 
 /// Polls (an extended CQ) until `n` completions arrived (10 s at most).
@@ -42,7 +45,7 @@ fn quiet_ex(cq: &CompletionQueue) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn poll_one_reads_an_extended_cq_and_hands_buffers_back() {
-    let p = ex_pair(SendOps::rc_data());
+    let p = ex_pair(SendOpFlags::rc_data());
     let source = p.pd.alloc_shared(64, remote_all()).unwrap();
     let remote = source.remote().unwrap();
     let mut sq = p.a.send_queue().unwrap();
@@ -61,9 +64,9 @@ fn poll_one_reads_an_extended_cq_and_hands_buffers_back() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn every_rc_operation_through_wr_builders() {
-    let p = ex_pair(SendOps::rc_data());
-    assert_eq!(p.a.send_ops(), Some(SendOps::rc_data()));
-    assert_eq!(p.cq_a.wc_fields(), Some(WcFields::standard()));
+    let p = ex_pair(SendOpFlags::rc_data());
+    assert_eq!(p.a.send_ops(), Some(SendOpFlags::rc_data()));
+    assert_eq!(p.cq_a.wc_fields(), Some(CompletionFields::standard()));
     let shared = p.pd.alloc_shared(4096, remote_all()).unwrap();
     let remote = shared.remote().unwrap();
     // The extended QP posts through the same handle as a classic one.
@@ -142,7 +145,7 @@ fn every_rc_operation_through_wr_builders() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn atomic_write_lands_eight_bytes() {
-    let p = ex_pair(SendOps::ATOMIC_WRITE | SendOps::RDMA_WRITE);
+    let p = ex_pair(SendOpFlags::ATOMIC_WRITE | SendOpFlags::RDMA_WRITE);
     let shared = p.pd.alloc_shared(64, remote_all()).unwrap();
     let word = shared.remote().unwrap().slice(8, 8).unwrap();
     let value = 0x0123_4567_89ab_cdefu64.to_le_bytes();
@@ -173,14 +176,14 @@ fn atomic_write_lands_eight_bytes() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn operations_not_created_for_are_refused_by_name() {
-    let p = ex_pair(SendOps::SEND);
+    let p = ex_pair(SendOpFlags::SEND);
     let shared = p.pd.alloc_shared(64, remote_all()).unwrap();
     let remote = shared.remote().unwrap();
     let mut sq = p.a.send_queue().unwrap();
     let e = sq.write_inline(b"no", remote, Wr::id(0)).unwrap_err();
     assert!(
         matches!(e, Error::SendOpsRequired { op: SendOp::RdmaWrite, needed }
-            if needed == SendOps::RDMA_WRITE),
+            if needed == SendOpFlags::RDMA_WRITE),
         "{e}"
     );
     assert!(e.to_string().contains("RDMA_WRITE"), "{e}");
@@ -190,7 +193,7 @@ fn operations_not_created_for_are_refused_by_name() {
         .unwrap_err();
     assert!(
         matches!(e, Error::SendOpsRequired { op: SendOp::AtomicWrite, needed }
-            if needed == SendOps::ATOMIC_WRITE),
+            if needed == SendOpFlags::ATOMIC_WRITE),
         "{e}"
     );
     // A classic QP says what it lacks for an operation only the ibv_wr_*
@@ -208,7 +211,7 @@ fn operations_not_created_for_are_refused_by_name() {
         .unwrap_err();
     assert!(
         matches!(e, Error::SendOpsRequired { op: SendOp::AtomicWrite, needed }
-            if needed == SendOps::ATOMIC_WRITE),
+            if needed == SendOpFlags::ATOMIC_WRITE),
         "{e}"
     );
     assert!(e.to_string().contains("send_ops"), "{e}");
@@ -236,7 +239,7 @@ fn batches_poll_exactly_once_no_phantoms() {
     // The rxe provider of rdma-core < 55 corrupts its consumer index when
     // next_poll hits ENOENT; poll must deliver every completion exactly
     // once anyway (many batches, partially filled ones included).
-    let p = ex_pair(SendOps::SEND | SendOps::RDMA_WRITE);
+    let p = ex_pair(SendOpFlags::SEND | SendOpFlags::RDMA_WRITE);
     let shared = p.pd.alloc_shared(64, remote_all()).unwrap();
     let remote = shared.remote().unwrap().slice(0, 1).unwrap();
     let mut seen = Vec::new();
@@ -267,7 +270,7 @@ fn timestamps_when_the_device_has_them() {
     let r = t
         .ctx
         .create_cq(256)
-        .wc_fields(WcFields::BYTE_LEN | WcFields::COMPLETION_TIMESTAMP)
+        .wc_fields(CompletionFields::BYTE_LEN | CompletionFields::COMPLETION_TIMESTAMP)
         .build();
     if !attr.supports(Feature::CompletionTimestamps) {
         eprintln!(
@@ -282,7 +285,7 @@ fn timestamps_when_the_device_has_them() {
     assert!(cq
         .wc_fields()
         .unwrap()
-        .contains(WcFields::COMPLETION_TIMESTAMP));
+        .contains(CompletionFields::COMPLETION_TIMESTAMP));
 }
 
 #[test]
@@ -295,12 +298,12 @@ fn wait_sleeps_on_an_extended_cq() {
         .ctx
         .create_cq(256)
         .channel(&channel)
-        .wc_fields(WcFields::standard())
+        .wc_fields(CompletionFields::standard())
         .build()
         .unwrap();
     let qp = pd
         .create_qp(QpType::Rc, &cq, &cq)
-        .send_ops(SendOps::rc_data())
+        .send_ops(SendOpFlags::rc_data())
         .build()
         .unwrap();
     // The peer reports elsewhere: the channel serves `cq` alone.

@@ -7,7 +7,10 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
-use ibverbs::{Error, Gid, GidEntry, GidIndex, GidSelector, GidType, LinkLayer, PortNumber};
+use ibverbs::{
+    device::{GidEntry, GidIndex, GidSelector, GidType, LinkLayer},
+    Error, Gid, PortNumber,
+};
 
 /// `/sys/class/infiniband/DEV/ports/P/`.
 fn sysfs_port(t: &common::TestDevice) -> PathBuf {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use ibverbs::{AccessFlags, AnonymousMemory, Error, Wr};
+use ibverbs::{memory::AnonymousMemory, AccessFlags, Error, Wr};
 
 #[test]
 #[ignore = "needs an RDMA device"]

@@ -6,8 +6,10 @@ mod common;
 
 use common::{pair, remote_all, wait, wait_ok, Pair};
 use ibverbs::{
-    AccessFlags, Error, Feature, MemoryWindow, MwType, QpType, RemoteMemory, SendOps, SendQueue,
-    SharedBuffer, WcOpcode, WcStatus, Wr,
+    device::Feature,
+    memory::{MemoryWindow, MwType},
+    qp::SendOpFlags,
+    AccessFlags, Error, QpType, RemoteMemory, SendQueue, SharedBuffer, WcOpcode, WcStatus, Wr,
 };
 
 /// Rights of the region windows are bound over: local write plus MW_BIND,
@@ -359,7 +361,7 @@ fn type2_window_dealloc_revokes_its_key() {
 /// A pair of extended queue pairs (`ibv_create_qp_ex`) that bind and
 /// invalidate windows through `ibv_wr_bind_mw` / `ibv_wr_local_inv`.
 fn wr_window_pair() -> Pair {
-    common::ex_pair(SendOps::rc_data() | SendOps::BIND_MW | SendOps::LOCAL_INV)
+    common::ex_pair(SendOpFlags::rc_data() | SendOpFlags::BIND_MW | SendOpFlags::LOCAL_INV)
 }
 
 /// pyverbs `test_qp_ex_rc_bind_mw`: a type 2 window bound through the
@@ -374,7 +376,7 @@ fn type2_window_bound_through_wr_bind_mw_refuses_a_write() {
         return;
     }
     let (mut sq_a, mut sq_b) = handles(&p);
-    assert!(p.a.send_ops().unwrap().contains(SendOps::BIND_MW));
+    assert!(p.a.send_ops().unwrap().contains(SendOpFlags::BIND_MW));
     let mut mem = p.pd.alloc_shared(256, mw_region()).unwrap();
     mem.copy_from_slice(0, &[7; 256]).unwrap();
     let mw = p.pd.alloc_mw(MwType::Type2).unwrap();

@@ -20,8 +20,9 @@ use std::time::Duration;
 use common::{assert_quiet, device_ipv4, example_bin, path_tool, run_bounded, wait};
 use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace, UdParam};
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionQueue, Error, Gid, LocalBuffer,
-    ProtectionDomain, QpNumber, QpType, QueuePair, UdDest, WcOpcode, Wr,
+    qp::{AddressHandle, AddressVector, QpNumber, UdDest},
+    AccessFlags, CompletionQueue, Error, Gid, LocalBuffer, ProtectionDomain, QpType, QueuePair,
+    WcOpcode, Wr,
 };
 
 /// Bytes of the global route header area in front of every UD receive.

@@ -7,8 +7,8 @@ mod common;
 
 use common::{pair, pattern, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, CompletionQueue, Completions, Error, QpType, RecvRequest, SendRequest, SgList,
-    WcOpcode, WcStatus, WorkCompletion, Wr,
+    cq::WorkCompletion, memory::SgList, AccessFlags, CompletionQueue, Completions, Error, QpType,
+    RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {

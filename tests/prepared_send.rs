@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Completions, Error, QpState, QpType, QueuePair, RecvRequest, SendRequest, SgList,
-    WcOpcode,
+    memory::SgList, AccessFlags, Completions, Error, QpState, QpType, QueuePair, RecvRequest,
+    SendRequest, WcOpcode,
 };
 
 fn local() -> AccessFlags {
@@ -134,7 +134,7 @@ fn prepared_inline_send_owns_a_copy_of_its_bytes() {
 fn prepared_atomic_may_be_posted_again_before_it_completed() {
     let p = pair(QpType::Rc, remote_all(), |b| b.max_send_wr(8));
     let attr = p.dev.ctx.query_device().unwrap();
-    if attr.atomic_cap() == ibverbs::AtomicCap::None {
+    if attr.atomic_cap() == ibverbs::device::AtomicCap::None {
         eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
         return;
     }

@@ -5,8 +5,8 @@ mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Buf, Completions, FrozenBuffer, QpState, QpType, RecvRequest, SendRequest, SgList,
-    WcOpcode, Wr,
+    memory::{Buf, FrozenBuffer, SgList},
+    AccessFlags, Completions, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
 };
 
 fn local() -> AccessFlags {
@@ -183,7 +183,7 @@ fn rdma_read_into_local_buffer() {
 fn atomics_compare_and_swap_and_fetch_and_add() {
     let p = pair(QpType::Rc, remote_all(), |b| b);
     let attr = p.dev.ctx.query_device().unwrap();
-    if attr.atomic_cap() == ibverbs::AtomicCap::None {
+    if attr.atomic_cap() == ibverbs::device::AtomicCap::None {
         eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
         return;
     }
@@ -502,7 +502,7 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
     // A failed request: the error names the caller's wr_id and the buffer
     // still comes back.
     let bad = ibverbs::RemoteMemory {
-        rkey: ibverbs::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000),
+        rkey: ibverbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000),
         ..remote
     };
     let src = p.pd.alloc(8, local()).unwrap();

@@ -11,8 +11,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, Error, LocalBuffer, Posted, ProtectionDomain, QpType, RemoteKey, RemoteMemory,
-    SendQueue, SharedBuffer, WcOpcode, Wr,
+    memory::RemoteKey, qp::Posted, AccessFlags, Error, LocalBuffer, ProtectionDomain, QpType,
+    RemoteMemory, SendQueue, SharedBuffer, WcOpcode, Wr,
 };
 
 /// Posts a request of one kind with a buffer of `pd` aimed at `remote`.

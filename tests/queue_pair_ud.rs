@@ -7,9 +7,11 @@
 mod common;
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, CompletionQueue, Error, Gid, LinkLayer, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RemoteKey, RemoteMemory, SendOption, SendRequest, UdDest,
-    WcOpcode, Wr,
+    device::LinkLayer,
+    memory::RemoteKey,
+    qp::{AddressHandle, AddressVector, RequestOption, UdDest},
+    AccessFlags, CompletionQueue, Error, Gid, LocalBuffer, ProtectionDomain, QpType, QueuePair,
+    RemoteMemory, SendRequest, WcOpcode, Wr,
 };
 
 /// Bytes of the global route header in front of every UD receive.
@@ -457,7 +459,7 @@ fn ud_send_without_destination_is_rejected() {
         matches!(
             err.error,
             Error::OptionRequired {
-                option: SendOption::UdDestination,
+                option: RequestOption::UdDestination,
                 ..
             }
         ) && err.error.to_string().contains("SendRequest::ud"),
@@ -488,7 +490,7 @@ fn ud_send_without_destination_is_rejected() {
         matches!(
             err.error,
             Error::OptionRequired {
-                option: SendOption::UdDestination,
+                option: RequestOption::UdDestination,
                 ..
             }
         ),

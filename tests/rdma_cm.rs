@@ -104,7 +104,7 @@ const SEND_ID: u64 = 2;
 /// The active side of [`serve_once`]'s exchange on a resolved `id`:
 /// connects, sends its memory and a message, checks the echo, disconnects.
 /// Returns the connected QP's attributes.
-fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::QpAttrView {
+fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::qp::QpAttrView {
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).build().unwrap();

@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::{device_ipv4, wait_ok};
 use ibverbs::cm::{AddrInfo, AddrInfoHints, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use ibverbs::{
-    AccessFlags, Completion, CompletionQueue, Error, GidSelector, LocalBuffer, ProtectionDomain,
-    QpState, QueuePair, RemoteMemory, UdDest, Wr,
+    device::GidSelector, qp::UdDest, AccessFlags, Completion, CompletionQueue, Error, LocalBuffer,
+    ProtectionDomain, QpState, QueuePair, RemoteMemory, Wr,
 };
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
@@ -678,7 +678,7 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         .unwrap();
     let to_client = server
         .pd
-        .create_ah(&ibverbs::AddressVector::roce(
+        .create_ah(&ibverbs::qp::AddressVector::roce(
             server.id.port_num(),
             gid.gid,
             gid.index,
@@ -703,7 +703,7 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         // Echo it back to the QPN it came from.
         let mut b = server.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&data);
-        let back = UdDest::new(&to_client, ibverbs::QpNumber(c.src_qp()), qkey);
+        let back = UdDest::new(&to_client, ibverbs::qp::QpNumber(c.src_qp()), qkey);
         server
             .qp
             .send_queue()

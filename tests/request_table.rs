@@ -5,8 +5,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, LocalBuffer, QpType, QueuePair, RecvQueue, RecvRequest, RemoteKey, RemoteMemory,
-    SendQueue, SendRequest, SgList, WcStatus, Wr,
+    memory::{RemoteKey, SgList},
+    AccessFlags, LocalBuffer, QpType, QueuePair, RecvQueue, RecvRequest, RemoteMemory, SendQueue,
+    SendRequest, WcStatus, Wr,
 };
 use ibverbs_runtime::{Reaped, RequestTable, SendStream};
 
@@ -254,11 +255,11 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
 
 /// A protection domain's frozen 64-byte pattern (test helper).
 trait FrozenPattern {
-    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::FrozenBuffer;
+    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::memory::FrozenBuffer;
 }
 
 impl FrozenPattern for ibverbs::ProtectionDomain {
-    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::FrozenBuffer {
+    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::memory::FrozenBuffer {
         let mut b = self.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&common::pattern(64, seed as u8));
         b.freeze()

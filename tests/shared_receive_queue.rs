@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AsyncEventType, Completion, CompletionQueue, CompletionRef, Completions, Error,
-    LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue, SharedReceiveQueue,
-    WcOpcode, Wr,
+    cq::CompletionRef, device::AsyncEventType, qp::SharedReceiveQueue, AccessFlags, Completion,
+    CompletionQueue, Completions, Error, LocalBuffer, ProtectionDomain, QpType, QueuePair,
+    RecvRequest, SendQueue, WcOpcode, Wr,
 };
 
 const MSG: usize = 256;

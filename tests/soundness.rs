@@ -9,9 +9,10 @@ mod common;
 
 use common::{pair, remote_all, Pair};
 use ibverbs::{
-    AccessFlags, AddressVector, Error, LocalBuffer, QpAttr, QpState, QpType, QueuePair,
-    RemoteMemory, SendOp, SendOps, SendOption, SendQueue, SendRequest, TransitionReason, UdDest,
-    Wr,
+    error::TransitionReason,
+    qp::{AddressVector, QpAttr, RequestOption, SendOp, SendOpFlags, UdDest},
+    AccessFlags, Error, LocalBuffer, QpState, QpType, QueuePair, RemoteMemory, SendQueue,
+    SendRequest, Wr,
 };
 
 /// An RDMA read's inline "data" as rxe reads it: one SGE
@@ -65,7 +66,7 @@ fn assert_inline_read_refused(e: &Error) {
         matches!(
             e,
             Error::OptionNotAllowed {
-                option: SendOption::Inline,
+                option: RequestOption::Inline,
                 op: SendOp::RdmaRead,
                 qp_type: QpType::Rc
             }
@@ -153,7 +154,7 @@ fn soundness_inline_atomics_are_refused() {
         assert!(
             matches!(
                 e.error,
-                Error::OptionNotAllowed { option: SendOption::Inline, op: o, .. } if o == op
+                Error::OptionNotAllowed { option: RequestOption::Inline, op: o, .. } if o == op
             ),
             "inline {op}: {}",
             e.error
@@ -170,7 +171,7 @@ fn soundness_inline_atomics_are_refused() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn soundness_inline_read_is_refused_on_the_extended_path() {
-    let p = common::ex_pair(SendOps::rc_data());
+    let p = common::ex_pair(SendOpFlags::rc_data());
     let t = inline_read(&p);
     let view: &[u8] = &t.victim;
     let mut sq = p.a.send_queue().unwrap();
@@ -193,7 +194,7 @@ fn soundness_inline_read_is_refused_on_the_extended_path() {
         matches!(
             e.error,
             Error::OptionNotAllowed {
-                option: SendOption::Inline,
+                option: RequestOption::Inline,
                 op: SendOp::CompareAndSwap,
                 ..
             }
@@ -216,9 +217,9 @@ const OPS: [SendOp; 6] = [
 
 /// DESIGN.md's request-option table, written out again: may `op` on a
 /// `ty` queue pair carry `option` (alone)?
-fn allowed(op: SendOp, ty: QpType, option: SendOption) -> bool {
+fn allowed(op: SendOp, ty: QpType, option: RequestOption) -> bool {
+    use RequestOption as S;
     use SendOp as O;
-    use SendOption as S;
     match option {
         S::Inline | S::Immediate => matches!(op, O::Send | O::RdmaWrite),
         S::Solicited => op == O::Send,
@@ -247,21 +248,21 @@ fn post_typed(
     sq: &mut SendQueue,
     p: &Pair,
     op: SendOp,
-    option: Option<SendOption>,
+    option: Option<RequestOption>,
     dest: Option<&UdDest>,
     remote: RemoteMemory,
 ) -> Option<Result<(), (Error, u64)>> {
     let o = Wr::id(0);
     let o = match option {
-        Some(SendOption::Inline) => o.inline(),
-        Some(SendOption::Immediate) => o.imm(7),
-        Some(SendOption::Solicited) => o.solicited(),
-        Some(SendOption::Fence) => o.fence(),
-        Some(SendOption::Invalidate) => o.invalidate(remote.rkey),
+        Some(RequestOption::Inline) => o.inline(),
+        Some(RequestOption::Immediate) => o.imm(7),
+        Some(RequestOption::Solicited) => o.solicited(),
+        Some(RequestOption::Fence) => o.fence(),
+        Some(RequestOption::Invalidate) => o.invalidate(remote.rkey),
         _ => o,
     };
     let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
-    let back = |e: ibverbs::Refused<ibverbs::Buf>| (e.error, e.buf.len() as u64);
+    let back = |e: ibverbs::qp::Refused<ibverbs::memory::Buf>| (e.error, e.buf.len() as u64);
     let ty = sq.qp().qp_type();
     if op != SendOp::Send && dest.is_some() && available(op, ty) {
         return None;
@@ -326,12 +327,12 @@ fn soundness_every_invalid_option_cell_is_refused() {
         };
         for op in OPS {
             for option in [
-                SendOption::Inline,
-                SendOption::Immediate,
-                SendOption::Solicited,
-                SendOption::Invalidate,
-                SendOption::UdDestination,
-                SendOption::Fence,
+                RequestOption::Inline,
+                RequestOption::Immediate,
+                RequestOption::Solicited,
+                RequestOption::Invalidate,
+                RequestOption::UdDestination,
+                RequestOption::Fence,
                 // None: the operation alone (a UD queue pair needs its destination).
             ]
             .map(Some)
@@ -342,18 +343,18 @@ fn soundness_every_invalid_option_cell_is_refused() {
                     // On UD every request carries its destination unless
                     // the cell is about the destination itself.
                     let r = match (&ah, option) {
-                        (Some(ah), Some(o)) if o != SendOption::UdDestination => {
+                        (Some(ah), Some(o)) if o != RequestOption::UdDestination => {
                             r.ud(ah, p.b.qp_num(), 0x1111)
                         }
                         _ => r,
                     };
                     match option {
-                        Some(SendOption::Inline) => r.inline(true),
-                        Some(SendOption::Immediate) => r.imm(7),
-                        Some(SendOption::Solicited) => r.solicited(true),
-                        Some(SendOption::Fence) => r.fence(true),
-                        Some(SendOption::Invalidate) => r.invalidate(remote.rkey),
-                        Some(SendOption::UdDestination) => match &other_ah {
+                        Some(RequestOption::Inline) => r.inline(true),
+                        Some(RequestOption::Immediate) => r.imm(7),
+                        Some(RequestOption::Solicited) => r.solicited(true),
+                        Some(RequestOption::Fence) => r.fence(true),
+                        Some(RequestOption::Invalidate) => r.invalidate(remote.rkey),
+                        Some(RequestOption::UdDestination) => match &other_ah {
                             // UD without it: the "required" cell.
                             None => r,
                             Some(other) => r.ud(other, p.b.qp_num(), 0x1111),
@@ -365,9 +366,9 @@ fn soundness_every_invalid_option_cell_is_refused() {
                     Some(Error::OpNotAvailable { op, qp_type: ty })
                 } else {
                     match option {
-                        Some(SendOption::UdDestination) if ty == QpType::Ud => {
+                        Some(RequestOption::UdDestination) if ty == QpType::Ud => {
                             Some(Error::OptionRequired {
-                                option: SendOption::UdDestination,
+                                option: RequestOption::UdDestination,
                                 op,
                                 qp_type: ty,
                             })
@@ -386,10 +387,10 @@ fn soundness_every_invalid_option_cell_is_refused() {
                 let what = format!("{op} on {ty:?} with {option:?}");
                 // The typed method (the destination as `with` gives it).
                 let dest = match (option, &ah, &other_ah) {
-                    (Some(SendOption::UdDestination), None, Some(other)) => {
+                    (Some(RequestOption::UdDestination), None, Some(other)) => {
                         Some(UdDest::new(other, p.b.qp_num(), 0x1111))
                     }
-                    (Some(o), Some(ah), _) if o != SendOption::UdDestination => {
+                    (Some(o), Some(ah), _) if o != RequestOption::UdDestination => {
                         Some(UdDest::new(ah, p.b.qp_num(), 0x1111))
                     }
                     _ => None,
@@ -455,7 +456,7 @@ fn ud_pair() -> Pair {
 }
 
 /// An address handle to `p.b` (for a UD destination on a connected pair).
-fn ud_ah(p: &Pair) -> ibverbs::AddressHandle {
+fn ud_ah(p: &Pair) -> ibverbs::qp::AddressHandle {
     let ep = common::endpoint(&p.dev, &p.b, 0);
     let port = p.dev.ctx.query_port(p.dev.port).unwrap();
     let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
@@ -486,7 +487,7 @@ fn soundness_empty_buffers_are_left_out_of_the_scatter_list() {
     common::wait_ok(&p.cq_a);
     let mut r = common::wait_ok(&p.cq_b);
     assert_eq!(r.byte_len(), 16);
-    let ibverbs::SgList::Many(bufs) = r.take_buffers() else {
+    let ibverbs::memory::SgList::Many(bufs) = r.take_buffers() else {
         panic!("the scatter list comes back whole");
     };
     let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
@@ -513,7 +514,7 @@ fn soundness_a_state_the_device_changed_is_checked_from_the_real_state() {
     let p = pair(QpType::Rc, remote_all(), |b| b);
     let target = p.pd.alloc_shared(64, remote_all()).unwrap();
     let mut remote = target.remote().unwrap();
-    remote.rkey = ibverbs::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
+    remote.rkey = ibverbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
     let src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
     // Through a handle taken for the one post (none lives at the reset
     // below).

@@ -2,7 +2,7 @@
 //! hold up the teardown of their object, however long they are kept; an
 //! `AsyncQueuePair`'s futures resolve only with their own requests'
 //! completions; one dispatcher per completion channel (and one
-//! `AsyncEvents` per context) in the process, across Tokio runtimes.
+//! `EventStream` per context) in the process, across Tokio runtimes.
 //!
 //! Run in the SoftRoCE VM: `cargo xtask test --device-only --no-fuzz -- soundness_ev_`.
 
@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use common::{channel_qp, connect_pair, pattern, plain_qp};
 use ibverbs::{
-    AccessFlags, AsyncElement, AsyncEvent, AsyncEventType, Context, Error, ProtectionDomain,
-    QpAttr, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
+    device::{AsyncElement, AsyncEvent, AsyncEventType},
+    qp::QpAttr,
+    AccessFlags, Context, Error, ProtectionDomain, QpState, QpType, RecvRequest, SendRequest,
+    WcOpcode, Wr,
 };
-use ibverbs_tokio::{AsyncEvents, AsyncQueuePair};
+use ibverbs_tokio::{AsyncQueuePair, EventStream};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -193,7 +195,7 @@ async fn soundness_ev_direct_post_with_a_colliding_wr_id_does_not_resolve_a_futu
 }
 
 /// A second `AsyncQueuePair` on the same completion channel, or a second
-/// `AsyncEvents` on the same context, is refused on another Tokio runtime
+/// `EventStream` on the same context, is refused on another Tokio runtime
 /// too (epoll's `EEXIST` guard covers one runtime only), and accepted once
 /// the first is dropped; the new one then works.
 #[test]
@@ -214,7 +216,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
     let first = rt1
         .block_on(async { AsyncQueuePair::new(a.clone()) })
         .unwrap();
-    let events = rt1.block_on(async { AsyncEvents::new(&dev.ctx) }).unwrap();
+    let events = rt1.block_on(async { EventStream::new(&dev.ctx) }).unwrap();
     match rt2.block_on(async { AsyncQueuePair::new(a.clone()) }) {
         Err(ibverbs_tokio::Error::AlreadyDriven {
             by: "AsyncQueuePair",
@@ -224,11 +226,11 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
     }
     // Through another handle of the same context, too.
     let ctx2 = pd.context().clone();
-    match rt2.block_on(async { AsyncEvents::new(&ctx2) }) {
+    match rt2.block_on(async { EventStream::new(&ctx2) }) {
         Err(e @ ibverbs_tokio::Error::AlreadyDriven { .. }) => {
-            assert!(e.to_string().contains("AsyncEvents"), "{e}")
+            assert!(e.to_string().contains("EventStream"), "{e}")
         }
-        other => panic!("a second AsyncEvents on another runtime: {other:?}"),
+        other => panic!("a second EventStream on another runtime: {other:?}"),
     }
     // Every clone of the first must go before the channel is free.
     let clone = first.clone();
@@ -238,7 +240,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
         .is_err());
     drop(clone);
     drop(events);
-    let events = rt2.block_on(async { AsyncEvents::new(&dev.ctx) }).unwrap();
+    let events = rt2.block_on(async { EventStream::new(&dev.ctx) }).unwrap();
     let second = rt2
         .block_on(async { AsyncQueuePair::new(a.clone()) })
         .unwrap();

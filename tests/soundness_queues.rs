@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{assert_quiet, connect_pair, device, pair, poll_until, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Buf, Completions, Error, LocalBuffer, QpType, QueuePair, RecvRequest, SendQueue,
-    SgList, WcStatus, Wr,
+    memory::{Buf, SgList},
+    AccessFlags, Completions, Error, LocalBuffer, QpType, QueuePair, RecvRequest, SendQueue,
+    WcStatus, Wr,
 };
 
 fn local() -> AccessFlags {

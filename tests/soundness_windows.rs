@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use common::{connect_pair, pair, pattern, remote_all, wait, wait_ok, Pair};
 use ibverbs::{
-    AccessFlags, CompletionQueue, Completions, Error, Feature, MemoryWindow, MwType,
-    ProtectionDomain, QpType, QueuePair, RemoteKey, RemoteMemory, SendQueue, SharedBuffer,
-    WcOpcode, WcStatus, Wr,
+    device::Feature,
+    memory::{MemoryWindow, MwType, RemoteKey},
+    AccessFlags, CompletionQueue, Completions, Error, ProtectionDomain, QpType, QueuePair,
+    RemoteMemory, SendQueue, SharedBuffer, WcOpcode, WcStatus, Wr,
 };
 
 const LEN: usize = 4096;
@@ -210,7 +211,9 @@ fn soundness_mw_type2_failed_bind_keeps_the_old_region() {
 #[ignore = "needs an RDMA device"]
 fn soundness_mw_type2_failed_bind_keeps_the_old_region_wr_path() {
     let p = common::ex_pair(
-        ibverbs::SendOps::rc_data() | ibverbs::SendOps::BIND_MW | ibverbs::SendOps::LOCAL_INV,
+        ibverbs::qp::SendOpFlags::rc_data()
+            | ibverbs::qp::SendOpFlags::BIND_MW
+            | ibverbs::qp::SendOpFlags::LOCAL_INV,
     );
     failed_type2_bind(p);
 }

@@ -8,8 +8,9 @@ mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
 use ibverbs::{
-    AccessFlags, Advice, Error, Feature, MwType, OdpGeneralCaps, QpType, RegisterOptions, WcOpcode,
-    WcStatus, Wr,
+    device::Feature,
+    memory::{Advice, MwType, OdpGeneralCaps, RegisterOptions},
+    AccessFlags, Error, QpType, WcOpcode, WcStatus, Wr,
 };
 
 /// The refusal every ODP path gives on a device without ODP.
@@ -73,7 +74,7 @@ fn odp_capability_and_refusals() {
         return;
     }
     assert!(
-        !common::is_rxe(&p.dev) || caps.rc.contains(ibverbs::OdpTransportCaps::WRITE),
+        !common::is_rxe(&p.dev) || caps.rc.contains(ibverbs::memory::OdpTransportCaps::WRITE),
         "an rxe with ODP writes over RC"
     );
     let target =
@@ -272,7 +273,7 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn xrc_domain_capability_and_refusals() {
-    use ibverbs::{XrcdOpenFlags, XrcdOptions};
+    use ibverbs::qp::{XrcdOpenFlags, XrcdOptions};
     let dev = common::device();
     let attr = dev.ctx.query_device_ex().unwrap();
     let flag = ibverbs::sys::ibv_device_cap_flags::IBV_DEVICE_XRC.0;

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{connect_pair, device, is_rxe, pair, remote_all, wait_ok, TestDevice};
 use ibverbs::{
-    AccessFlags, CounterDescription, CounterSource, Ece, Error, PortCounters, PortNumber, QpType,
-    WcOpcode, Wr,
+    device::{CounterDescription, CounterSource, PortCounters},
+    qp::Ece,
+    AccessFlags, Error, PortNumber, QpType, WcOpcode, Wr,
 };
 
 /// Reads the port's counters until `moved` holds for the change since
@@ -223,7 +224,7 @@ fn surface_device_memory_capability_checked() {
         .ctx
         .query_device_ex()
         .unwrap()
-        .supports(ibverbs::Feature::DeviceMemory);
+        .supports(ibverbs::device::Feature::DeviceMemory);
     assert_eq!(supported, max > 0);
     if is_rxe(&dev) {
         assert_eq!(max, 0, "rxe has no device memory");

@@ -8,7 +8,7 @@
 use std::io::{self, Cursor, Read, Write};
 use std::time::Duration;
 
-use ibverbs::{Endpoint, Gid, QpNumber};
+use ibverbs::{Endpoint, Gid, qp::QpNumber};
 use ibverbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
 use libfuzzer_sys::fuzz_target;
 

@@ -59,7 +59,7 @@ fn check_config(cfg: &Config, bw: bool, d: Defaults) {
     assert!(cfg.timeout > std::time::Duration::ZERO);
     assert!(cfg
         .mtu
-        .is_none_or(|m| ibverbs::Mtu::from_bytes(m).is_some()));
+        .is_none_or(|m| ibverbs::device::Mtu::from_bytes(m).is_some()));
     assert_eq!(cfg.max_size(), *cfg.sizes.last().unwrap());
     for &s in &cfg.sizes {
         assert!(cfg.run_bound(s) >= cfg.timeout);

@@ -6,10 +6,7 @@
 
 use arbitrary::Arbitrary;
 use ibverbs::sys::ibv_qp_attr_mask as M;
-use ibverbs::{
-    AccessFlags, AddressVector, Error, Gid, GidIndex, Mtu, PathMigState,
-    PortNumber, QpAttr, QpNumber, QpState, QpType,
-};
+use ibverbs::{AccessFlags, Error, Gid, PortNumber, QpState, QpType, device::{GidIndex, Mtu}, qp::{AddressVector, PathMigState, QpAttr, QpNumber}};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use ibverbs::WireProblem;
+use ibverbs::error::WireProblem;
 
 use crate::ChannelProblem;
 
@@ -140,10 +140,10 @@ impl From<Error> for io::Error {
     }
 }
 
-impl<B> From<ibverbs::Refused<B>> for Error {
+impl<B> From<ibverbs::qp::Refused<B>> for Error {
     /// A refused request's error (its buffers are dropped: take them out
-    /// of the [`Refused`](ibverbs::Refused) first to keep them).
-    fn from(r: ibverbs::Refused<B>) -> Error {
+    /// of the [`Refused`](ibverbs::qp::Refused) first to keep them).
+    fn from(r: ibverbs::qp::Refused<B>) -> Error {
         Error::Verbs(r.error)
     }
 }

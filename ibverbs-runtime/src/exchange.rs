@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use ibverbs::{Endpoint, WireProblem};
+use ibverbs::{error::WireProblem, Endpoint};
 
 use crate::error::{Error, Result};
 

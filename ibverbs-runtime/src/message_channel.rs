@@ -531,7 +531,7 @@ impl MessageChannel {
             Some(left) => self.cq.wait(&mut self.done, left)?,
         };
         self.polled
-            .extend(polled.map(ibverbs::CompletionRef::into_owned));
+            .extend(polled.map(ibverbs::cq::CompletionRef::into_owned));
         Ok(self.polled.len() - before)
     }
 

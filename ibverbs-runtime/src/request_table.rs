@@ -296,7 +296,7 @@ pub enum Reaped<T> {
     /// it has no completion of its own, the signaled request after it
     /// completed (this comes before that one's [`Done`](Self::Done), in
     /// posting order). Its buffers (inline data or
-    /// [`FrozenBuffer`](ibverbs::FrozenBuffer)s) were released by the queue
+    /// [`FrozenBuffer`](ibverbs::memory::FrozenBuffer)s) were released by the queue
     /// pair, as for every unsignaled request.
     Covered(T),
     /// A completion of a request that was not posted through this table
@@ -312,7 +312,7 @@ pub struct TableRefused<T> {
     /// Why.
     pub error: Error,
     /// The request's buffers.
-    pub buffers: ibverbs::SgList,
+    pub buffers: ibverbs::memory::SgList,
     /// The value it was posted with.
     pub value: T,
 }
@@ -732,7 +732,7 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 /// [`RequestTable::post_stream`].
 ///
 /// Unsignaled requests may carry only inline data or
-/// [`FrozenBuffer`](ibverbs::FrozenBuffer)s (DESIGN.md: the queue pair
+/// [`FrozenBuffer`](ibverbs::memory::FrozenBuffer)s (DESIGN.md: the queue pair
 /// releases them when a later completion retires them); the stream
 /// signals any other request itself. Finish a stream with a signaled
 /// request ([`signal_next`](Self::signal_next) before the last post):

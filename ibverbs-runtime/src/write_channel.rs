@@ -349,7 +349,7 @@ impl WriteChannel {
         self.inbox.remote().unwrap_or(RemoteMemory {
             addr: self.inbox.addr(),
             len: self.inbox.len() as u64,
-            rkey: ibverbs::RemoteKey(0),
+            rkey: ibverbs::memory::RemoteKey(0),
         })
     }
 
@@ -586,7 +586,7 @@ impl WriteChannel {
             Some(left) => self.cq.wait(&mut self.done, left)?,
         };
         self.polled
-            .extend(polled.map(ibverbs::CompletionRef::into_owned));
+            .extend(polled.map(ibverbs::cq::CompletionRef::into_owned));
         Ok(self.polled.len() - before)
     }
 

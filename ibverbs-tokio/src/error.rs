@@ -22,7 +22,7 @@ pub enum Error {
     /// enabled).
     #[error("{by} needs a Tokio runtime: create it from within one (with IO enabled)")]
     NoRuntime {
-        /// The wrapper (`"AsyncQueuePair"`, `"AsyncEvents"`).
+        /// The wrapper (`"AsyncQueuePair"`, `"EventStream"`).
         by: &'static str,
     },
     /// A completion channel, or a context's async events, already driven
@@ -33,7 +33,7 @@ pub enum Error {
          (one per completion channel or context, across runtimes)"
     )]
     AlreadyDriven {
-        /// The wrapper refused (`AsyncQueuePair`, `AsyncEvents`).
+        /// The wrapper refused (`AsyncQueuePair`, `EventStream`).
         by: &'static str,
         /// What it wanted to drive (`completion channel`,
         /// `context's async events`).
@@ -44,10 +44,10 @@ pub enum Error {
     PolledAfterCompletion,
 }
 
-impl<B> From<ibverbs::Refused<B>> for Error {
+impl<B> From<ibverbs::qp::Refused<B>> for Error {
     /// A refused request's error (its buffers are dropped: take them out
-    /// of the [`Refused`](ibverbs::Refused) first to keep them).
-    fn from(r: ibverbs::Refused<B>) -> Error {
+    /// of the [`Refused`](ibverbs::qp::Refused) first to keep them).
+    fn from(r: ibverbs::qp::Refused<B>) -> Error {
         Error::Verbs(r.error)
     }
 }
@@ -76,7 +76,7 @@ mod tests {
                 queue: "send queue",
                 depth: 16,
             }),
-            Error::NoRuntime { by: "AsyncEvents" },
+            Error::NoRuntime { by: "EventStream" },
             Error::AlreadyDriven {
                 by: "AsyncQueuePair",
                 descriptor: "completion channel",

@@ -2,7 +2,7 @@
 
 use std::task::{Context as TaskContext, Poll};
 
-use ibverbs::{AsyncEvent, Context};
+use ibverbs::{device::AsyncEvent, Context};
 
 use crate::error::{Error, Result};
 use crate::reactor::{register, Registered};
@@ -19,7 +19,7 @@ use crate::reactor::{register, Registered};
 /// # Example
 /// ```no_run
 /// # async fn demo(ctx: &ibverbs::Context) -> ibverbs_tokio::Result<()> {
-/// let mut events = ibverbs_tokio::AsyncEvents::new(ctx)?;
+/// let mut events = ibverbs_tokio::EventStream::new(ctx)?;
 /// loop {
 ///     let ev = events.next().await?; // already acknowledged: plain data
 ///     println!("{:?} on port {:?}", ev.event_type(), ev.port());
@@ -29,17 +29,17 @@ use crate::reactor::{register, Registered};
 ///
 /// # References
 /// `ibv_get_async_event(3)`
-pub struct AsyncEvents {
+pub struct EventStream {
     reg: Registered<Context>,
 }
 
-impl AsyncEvents {
+impl EventStream {
     /// Watches `ctx`'s asynchronous events.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when the context's async events are already
-    /// watched by another `AsyncEvents` (on any runtime, through any handle
+    /// watched by another `EventStream` (on any runtime, through any handle
     /// of the same `ibv_context`); [`ibverbs::Error::Verb`] naming `fcntl` or
     /// `epoll_ctl`.
     ///
@@ -48,10 +48,10 @@ impl AsyncEvents {
     ///
     /// # References
     /// `ibv_get_async_event(3)`, `fcntl(2)`, `epoll_ctl(2)`
-    pub fn new(ctx: &Context) -> Result<AsyncEvents> {
+    pub fn new(ctx: &Context) -> Result<EventStream> {
         ctx.set_async_nonblocking(true)?;
-        Ok(AsyncEvents {
-            reg: register(ctx.clone(), "AsyncEvents")?,
+        Ok(EventStream {
+            reg: register(ctx.clone(), "EventStream")?,
         })
     }
 
@@ -77,7 +77,7 @@ impl AsyncEvents {
     /// Polls for the next event (the waker of the latest call is woken).
     ///
     /// # Errors
-    /// As [`AsyncEvents::next`].
+    /// As [`EventStream::next`].
     pub fn poll_next(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<AsyncEvent>> {
         loop {
             let mut guard = match self.reg.fd.poll_read_ready(cx) {
@@ -99,7 +99,7 @@ impl AsyncEvents {
     }
 }
 
-impl AsyncEvents {
+impl EventStream {
     /// Waits for the next event nobody subscribed to, routing every event
     /// read meanwhile as [`Context::route_async_event`] does: the
     /// subscribers of its QP, SRQ or CQ get it, and the others (port and
@@ -108,7 +108,7 @@ impl AsyncEvents {
     /// again.
     ///
     /// # Errors
-    /// As [`AsyncEvents::next`].
+    /// As [`EventStream::next`].
     ///
     /// # References
     /// `ibv_get_async_event(3)`
@@ -121,9 +121,9 @@ impl AsyncEvents {
     }
 }
 
-impl std::fmt::Debug for AsyncEvents {
+impl std::fmt::Debug for EventStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncEvents")
+        f.debug_struct("EventStream")
             .field("context", self.reg.fd.get_ref())
             .finish()
     }

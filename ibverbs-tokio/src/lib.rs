@@ -1,6 +1,6 @@
 //! Tokio integration of the [`ibverbs`] crate, on its public API: work
 //! requests as futures ([`AsyncQueuePair`], [`CompletionFuture`]), a
-//! context's asynchronous events as a stream ([`AsyncEvents`]), and the
+//! context's asynchronous events as a stream ([`EventStream`]), and the
 //! endpoint exchange of `ibverbs-runtime` over Tokio streams
 //! ([`exchange`]).
 //!
@@ -30,7 +30,7 @@ mod queue_pair;
 mod reactor;
 
 pub use error::{Error, Result};
-pub use events::AsyncEvents;
+pub use events::EventStream;
 pub use exchange::exchange;
 pub use queue_pair::{AsyncQueuePair, CompletionFuture};
 
@@ -45,6 +45,6 @@ mod tests {
     fn futures_and_handles_cross_threads() {
         assert_send_sync::<AsyncQueuePair>();
         assert_send_sync::<CompletionFuture>();
-        assert_send::<AsyncEvents>();
+        assert_send::<EventStream>();
     }
 }

@@ -8,8 +8,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
 use ibverbs::{
-    Completion, CompletionChannel, CompletionQueue, Completions, Owner, QueuePair, RecvQueue,
-    RecvRequest, Refused, SendQueue, SendRequest, SgList,
+    cq::CompletionChannel,
+    memory::SgList,
+    qp::{Owner, Refused},
+    Completion, CompletionQueue, Completions, QueuePair, RecvQueue, RecvRequest, SendQueue,
+    SendRequest,
 };
 
 use crate::error::{Error, Result};

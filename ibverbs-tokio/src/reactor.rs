@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::{Mutex, MutexGuard};
 
-use ibverbs::{CompletionChannel, Context};
+use ibverbs::{cq::CompletionChannel, Context};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -37,7 +37,7 @@ impl VerbsFd for Context {
 }
 
 /// The C objects whose descriptor an [`AsyncQueuePair`] or
-/// [`AsyncEvents`] drives, process-wide. epoll refuses a second
+/// [`EventStream`] drives, process-wide. epoll refuses a second
 /// registration (`EEXIST`) only within one epoll instance, i.e. one Tokio
 /// runtime; two dispatchers on two runtimes would poll the same CQs and
 /// consume each other's events. Touched only when a wrapper is created or
@@ -118,7 +118,7 @@ mod tests {
             }
             other => panic!("a second claim: {:?}", other.map(|_| ())),
         }
-        let other = Claim::take(key + 2, "AsyncEvents", "context's async events").unwrap();
+        let other = Claim::take(key + 2, "EventStream", "context's async events").unwrap();
         drop(first);
         let again = Claim::take(key, "AsyncQueuePair", "completion channel").unwrap();
         drop((again, other));

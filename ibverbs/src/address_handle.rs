@@ -18,7 +18,7 @@ use crate::wire::Endpoint;
 pub const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// Where packets to a peer go (`struct ibv_ah_attr`): used for the path of
-/// a connected QP ([`QpAttr::ah_attr`](crate::QpAttr::ah_attr)) and for
+/// a connected QP ([`QpAttr::ah_attr`](crate::qp::QpAttr::ah_attr)) and for
 /// address handles of UD sends ([`ProtectionDomain::create_ah`]).
 ///
 /// InfiniBand addresses by LID (optionally with a GRH, which routed subnets
@@ -258,7 +258,7 @@ impl ProtectionDomain {
     /// [`Error::OutOfRange`] for a service level or flow label wider
     /// than its field; [`Error::GrhRequired`] for an address vector
     /// without a GRH on a port that needs one (RoCE, see
-    /// [`PortAttr::grh_required`](crate::PortAttr::grh_required));
+    /// [`PortAttr::grh_required`](crate::device::PortAttr::grh_required));
     /// [`Error::Verb`] naming `ibv_create_ah` (e.g. `EINVAL`
     /// for a bad port, `ENODATA` for an empty GID slot, both explained in
     /// the message, `ENOENT`/`EHOSTUNREACH` when RoCE cannot resolve the

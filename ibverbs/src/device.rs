@@ -11,3 +11,17 @@ pub(crate) mod library;
 pub(crate) mod list;
 pub(crate) mod port;
 pub(crate) mod port_counters;
+
+pub use crate::types::{Gid, GidIndex, GidSelector, PortNumber};
+pub use capabilities::{DeviceAttrEx, Feature};
+pub use context::{AtomicCap, Context, DeviceAttr};
+pub use device_memory::DeviceMemory;
+pub use event_routing::{
+    AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, CqId, QpId, SrqId,
+};
+pub use flow_counters::{CounterDescription, FlowCounters};
+pub use fork::{fork_init, fork_status, ForkStatus};
+pub use gid::{GidEntry, GidType};
+pub use list::{devices, open_device, Device, DeviceList};
+pub use port::{LinkLayer, Mtu, PortAttr, PortState};
+pub use port_counters::{CounterSource, PortCounters};

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::io;
 
-use crate::types::{AccessFlags, QpNumber, QpState, QpType, SendOp, SendOps, SendOption, WcStatus};
+use crate::types::{
+    AccessFlags, QpNumber, QpState, QpType, RequestOption, SendOp, SendOpFlags, WcStatus,
+};
 use crate::types::{Gid, GidIndex, GidSelector, PortNumber};
 
 /// What can go wrong in this crate.
@@ -87,7 +89,7 @@ pub enum Error {
     #[error("{option} is not allowed on {op} ({qp_type:?} queue pair)")]
     OptionNotAllowed {
         /// The offending option.
-        option: SendOption,
+        option: RequestOption,
         /// The request's operation.
         op: SendOp,
         /// The queue pair's transport.
@@ -98,7 +100,7 @@ pub enum Error {
     #[error("{op} on a {qp_type:?} queue pair needs {option}")]
     OptionRequired {
         /// The missing option.
-        option: SendOption,
+        option: RequestOption,
         /// The request's operation.
         op: SendOp,
         /// The queue pair's transport.
@@ -227,7 +229,7 @@ pub enum Error {
     /// `max` is the queue pair's `max_send_sge` or `max_recv_sge`
     /// ([`QueuePair::caps`](crate::QueuePair::caps)) or the shared receive
     /// queue's `max_sge`; it is 1 for an inlined buffer list on a queue
-    /// pair created with [`SendOps`].
+    /// pair created with [`SendOpFlags`].
     #[error("{got} scatter/gather entries, at most {max} allowed")]
     TooManySges {
         /// Entries in the request.
@@ -248,7 +250,7 @@ pub enum Error {
         /// The largest value the field holds.
         max: u64,
     },
-    /// A path MTU that is no `IBV_MTU_*` value ([`Mtu::Unknown`](crate::Mtu::Unknown)).
+    /// A path MTU that is no `IBV_MTU_*` value ([`Mtu::Unknown`](crate::device::Mtu::Unknown)).
     #[error(
         "path_mtu {value} is not an IBV_MTU_* value (Mtu::from_bytes takes 256, 512, 1024, \
          2048 or 4096)"
@@ -406,14 +408,14 @@ pub enum Error {
         expected: SendOp,
     },
     /// An operation the queue pair was not created for: atomic write and
-    /// flush need a queue pair created with [`SendOps`], and a queue pair
-    /// created with `SendOps` posts only the operations it names.
+    /// flush need a queue pair created with [`SendOpFlags`], and a queue pair
+    /// created with `SendOpFlags` posts only the operations it names.
     #[error("{op} needs a queue pair created with send_ops including {}", FlagNames(.needed))]
     SendOpsRequired {
         /// The request's operation.
         op: SendOp,
-        /// The [`SendOps`] flag it needs.
-        needed: SendOps,
+        /// The [`SendOpFlags`] flag it needs.
+        needed: SendOpFlags,
     },
     /// Registering 0 bytes (`ibv_reg_mr` needs at least one): `alloc(0, ..)`
     /// gives a zero-length buffer without a registration of its own.
@@ -422,7 +424,7 @@ pub enum Error {
          zero-length buffer"
     )]
     EmptyRegistration,
-    /// A [`Storage`](crate::Storage) returned a NULL pointer.
+    /// A [`Storage`](crate::memory::Storage) returned a NULL pointer.
     #[error("the storage to register returned a NULL pointer")]
     NullStorage,
     /// Invalidating a type 1 memory window that is not bound.
@@ -432,7 +434,7 @@ pub enum Error {
     /// needed: under `ibverbs-tokio`'s `AsyncQueuePair`, or
     /// waited on with [`CompletionQueue::wait`](crate::CompletionQueue::wait).
     /// Create the CQ with a channel of its own
-    /// ([`CompletionQueueBuilder::channel`](crate::CompletionQueueBuilder::channel)).
+    /// ([`CompletionQueueBuilder::channel`](crate::cq::CompletionQueueBuilder::channel)).
     #[error("the {which} has no completion channel (create it with one)")]
     NoCompletionChannel {
         /// Which CQ: `"AsyncQueuePair's send CQ"`, `"AsyncQueuePair's
@@ -440,8 +442,8 @@ pub enum Error {
         which: &'static str,
     },
     /// Two options that exclude each other
-    /// (`WcFields::COMPLETION_TIMESTAMP` and
-    /// `WcFields::COMPLETION_TIMESTAMP_WALLCLOCK`).
+    /// (`CompletionFields::COMPLETION_TIMESTAMP` and
+    /// `CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK`).
     #[error("{first} and {second} exclude each other: ask for one")]
     ConflictingOptions {
         /// One option.
@@ -519,10 +521,10 @@ pub enum Error {
         /// The element size (0 for a zero-sized type, which is refused).
         size: usize,
     },
-    /// [`BufferPool::put`](crate::BufferPool::put) was given a buffer that
+    /// [`BufferPool::put`](crate::memory::BufferPool::put) was given a buffer that
     /// is not exactly one of the pool's buffers: one of another
     /// registration, a piece of one, or several joined. It comes back in
-    /// the [`PutError`](crate::PutError); the pool is unchanged.
+    /// the [`PutError`](crate::memory::PutError); the pool is unchanged.
     #[error(
         "the {len}-byte buffer at {addr:#x} is not one of this pool's {size}-byte buffers: {}",
         pool_slot_problem(*.same_registration)
@@ -539,9 +541,9 @@ pub enum Error {
         same_registration: bool,
     },
     /// No entry of a port's GID table matches a
-    /// [`GidSelector`](crate::GidSelector) (from
+    /// [`GidSelector`] (from
     /// [`Context::select_gid`](crate::Context::select_gid),
-    /// [`GidSelector::select`](crate::GidSelector::select) or
+    /// [`GidSelector::select`](crate::device::GidSelector::select) or
     /// [`Context::default_gid_index`](crate::Context::default_gid_index)):
     /// no entry holds the address, the network device has no GID on this
     /// port (or does not exist), or the table is empty. Empty entries are
@@ -553,7 +555,7 @@ pub enum Error {
         /// What was asked for.
         wanted: GidSelector,
     },
-    /// [`fork_init`](crate::fork_init) came too late: fork support is off
+    /// [`fork_init`](crate::device::fork_init) came too late: fork support is off
     /// and can no longer be turned on, since memory may already be
     /// registered without `MADV_DONTFORK`. Call it first, or set
     /// `RDMAV_FORK_SAFE=1` in the environment.
@@ -654,7 +656,7 @@ pub enum Error {
     },
     /// A library of rdma-core could not be loaded at run time (feature
     /// `dlopen`): the first call into it ([`devices`](crate::devices),
-    /// [`open_device`](crate::open_device), [`fork_init`](crate::fork_init),
+    /// [`open_device`](crate::open_device), [`fork_init`](crate::device::fork_init),
     /// `cm::EventChannel::new`) found it missing, so nothing was called.
     /// Install the package named (rdma-core's userspace library); without
     /// the feature the library is linked and this error does not occur.

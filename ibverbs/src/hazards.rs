@@ -384,7 +384,7 @@
 //!
 //! # 22. Touching a pooled buffer while it is posted
 //!
-//! Posting a [`PooledBuffer`](crate::PooledBuffer) moves it into the
+//! Posting a [`PooledBuffer`](crate::memory::PooledBuffer) moves it into the
 //! request (as the plain buffer it wraps): the queue pair owns it, not
 //! the pool and not the caller, until the completion hands it back.
 //!
@@ -394,6 +394,7 @@
 //!
 //! ```no_run
 //! # use ibverbs::*;
+//! # use ibverbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let mut rq = qp.recv_queue()?;
@@ -411,8 +412,8 @@
 //!
 //! # 23. Using a buffer after it went back to the pool
 //!
-//! [`BufferPool::put`](crate::BufferPool::put) and dropping a
-//! [`PooledBuffer`](crate::PooledBuffer) consume it: the next `get`, on
+//! [`BufferPool::put`](crate::memory::BufferPool::put) and dropping a
+//! [`PooledBuffer`](crate::memory::PooledBuffer) consume it: the next `get`, on
 //! any thread, may hand the same bytes to someone else.
 //!
 //! ```ignore
@@ -425,6 +426,7 @@
 //!
 //! ```no_run
 //! # use ibverbs::*;
+//! # use ibverbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let first = buf[0]; // copy out what is needed
@@ -435,7 +437,7 @@
 //!
 //! # 24. Keeping a view of a pooled buffer after giving it back
 //!
-//! A slice or typed view borrows the [`PooledBuffer`](crate::PooledBuffer),
+//! A slice or typed view borrows the [`PooledBuffer`](crate::memory::PooledBuffer),
 //! so it cannot outlive the drop that returns the bytes to the pool (or
 //! the post that hands them to the device).
 //!
@@ -449,6 +451,7 @@
 //!
 //! ```no_run
 //! # use ibverbs::*;
+//! # use ibverbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let first = buf.as_slice_of::<u32>()?[0];
@@ -476,6 +479,7 @@
 //!
 //! ```no_run
 //! # use ibverbs::*;
+//! # use ibverbs::memory::DmabufRegion;
 //! # fn f(r: &DmabufRegion) {
 //! let _for_the_peer = r.remote(); // keys and device addresses only
 //! # }
@@ -568,7 +572,7 @@
 //!
 //! [`CompletionQueue::poll`](crate::CompletionQueue::poll) lends its
 //! completions from the [`Completions`](crate::Completions) storage it
-//! polled into: a [`CompletionRef`](crate::CompletionRef) borrows its
+//! polled into: a [`CompletionRef`](crate::cq::CompletionRef) borrows its
 //! entry there, so it cannot be kept across the next poll into the same
 //! storage (which overwrites the entries), nor outlive the storage.
 //!
@@ -585,6 +589,7 @@
 //!
 //! ```no_run
 //! # use ibverbs::*;
+//! # use ibverbs::cq::CompletionRef;
 //! # fn f(cq: &CompletionQueue) -> Result<()> {
 //! let mut done = Completions::with_capacity(16);
 //! let kept: Vec<Completion> = cq.poll(&mut done)?.map(CompletionRef::into_owned).collect();

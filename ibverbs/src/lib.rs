@@ -14,7 +14,7 @@
 //! * [`LocalBuffer`]: exclusive, `&[u8]`/`&mut [u8]` while you hold it.
 //! * [`SharedBuffer`]: memory peers may write (remote write/atomic rights):
 //!   volatile copies and atomics only.
-//! * [`FrozenBuffer`]: read-only and cloneable, for sends the device only
+//! * [`FrozenBuffer`](memory::FrozenBuffer): read-only and cloneable, for sends the device only
 //!   reads (several at once, or unsignaled).
 //!
 //! Objects are `Arc` handles that keep their parents alive, so they can be
@@ -22,6 +22,25 @@
 //! UI tests whose compiler output is checked (`ibverbs/tests/ui/`);
 //! `DESIGN.md` in the repository explains the model in a page. The `unsafe` raw path ([`QueuePair::post_send_raw`],
 //! [`CompletionQueue::poll_raw`]) skips all bookkeeping.
+//!
+//! # Namespaces
+//!
+//! In the order a program meets them:
+//!
+//! * [`device`]: list and open devices; ports, GIDs, capabilities,
+//!   asynchronous events and their routing, counters, device memory, fork.
+//! * [`memory`]: protection domains and what they own: buffers, registered
+//!   regions (ODP, dmabuf), memory windows, buffer pools, thread domains.
+//! * [`cq`]: completion queues and channels, completions, extended CQs.
+//! * [`qp`]: queue pairs and their posting handles, requests, connecting
+//!   ([`Endpoint`], [`ConnectOptions`]), shared receive queues, XRC, address
+//!   handles, owner tags.
+//! * [`cm`] (feature `rdmacm`): connection management over librdmacm.
+//! * [`error`]: [`Error`] and the values its variants carry.
+//! * [`hazards`]: what the type system refuses, proven by compiler output.
+//!
+//! The crate root holds the names a first program uses (below), each also
+//! in its namespace; [`prelude`] holds the same objects for a glob import.
 //!
 //! # Every verb, by example
 //!
@@ -31,6 +50,7 @@
 //!
 //! ```no_run
 //! use ibverbs::*;
+//! use ibverbs::qp::{AddressVector, UdDest};
 //! # fn main() -> Result<()> {
 //! let ctx = open_device("rxe0")?;                    // ibv_open_device
 //! let port = ctx.active_port()?;                     // ibv_query_port
@@ -143,7 +163,7 @@
 //! Two crates of the same repository use only this crate's public API:
 //! `ibverbs-runtime` (endpoint exchange, a mesh of ranks, a request table,
 //! message and write channels) and `ibverbs-tokio` (work requests as
-//! futures, async events as a stream). An [`Owner`] tag lets such a
+//! futures, async events as a stream). An [`Owner`](qp::Owner) tag lets such a
 //! library know its own completions whatever their `wr_id`.
 //!
 //! # Features
@@ -153,15 +173,15 @@
 //!   time instead of linking them (`ibverbs-sys/dlopen`). The program then
 //!   has no `DT_NEEDED` on either library and starts on a machine without
 //!   rdma-core; the first call into the library ([`devices`],
-//!   [`open_device`], [`fork_init`], `cm::EventChannel::new`) returns
+//!   [`open_device`], [`fork_init`](device::fork_init), `cm::EventChannel::new`) returns
 //!   [`Error::LibraryNotFound`] naming the file and the package to install
 //!   instead of the loader refusing to start the program. Every other verb
 //!   is reached through a [`Context`] (so the library is loaded); a verb
 //!   that only a newer rdma-core exports fails alone, with `EOPNOTSUPP`.
 //!   Posting and polling are the same code as without the feature (they
 //!   call the provider through the context, never the library), so the
-//!   data path costs nothing more. [`fork_status`] reports
-//!   [`ForkStatus::Disabled`] while the library is missing.
+//!   data path costs nothing more. [`fork_status`](device::fork_status) reports
+//!   [`ForkStatus::Disabled`](device::ForkStatus::Disabled) while the library is missing.
 //!
 //! # Errors
 //!
@@ -171,7 +191,7 @@
 //! with the numbers that decided ([`Error::TooManySges`],
 //! [`Error::OutOfRange`], [`Error::QueueFull`],
 //! [`Error::InvalidTransition`], …), and [`Error::Unsupported`]. A refused
-//! request's buffers come back in a [`Refused`], which `?` turns into an
+//! request's buffers come back in a [`Refused`](qp::Refused), which `?` turns into an
 //! [`Error`], an [`std::io::Error`] or a `Box<dyn std::error::Error>`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
@@ -179,16 +199,17 @@
 mod address_handle;
 #[cfg(feature = "rdmacm")]
 pub mod cm;
-mod cq;
-mod device;
-mod error;
+pub mod cq;
+pub mod device;
+pub mod error;
 mod inflight;
-mod memory;
-mod qp;
+pub mod memory;
+pub mod qp;
 mod types;
 mod wire;
 
 pub mod hazards;
+pub mod prelude;
 
 // The README's example compiles (it is a `no_run` doctest here).
 #[cfg(doctest)]
@@ -200,52 +221,15 @@ struct ReadmeDoctests;
 pub use bytemuck;
 pub use ibverbs_sys as sys;
 
-pub use address_handle::{AddressHandle, AddressVector, DEFAULT_HOP_LIMIT};
-pub use cq::completion_channel::CompletionChannel;
-pub use cq::completion_queue::{
-    Completion, CompletionQueue, CompletionQueueBuilder, CompletionRef, Completions, Polled,
+// The objects and values a program meets first; each is also in its
+// namespace, where the rest of that namespace is.
+pub use cq::{Completion, CompletionQueue, Completions, WcOpcode, WcStatus};
+pub use device::{devices, open_device, Context, Device, Gid, PortNumber};
+pub use error::{Error, Result};
+pub use memory::{
+    AccessFlags, LocalBuffer, MemoryRegion, ProtectionDomain, RemoteMemory, SharedBuffer,
 };
-pub use cq::extended_cq::WcFields;
-pub use cq::work_completion::{WcOpcode, WorkCompletion};
-pub use device::capabilities::{DeviceAttrEx, Feature};
-pub use device::context::{AtomicCap, Context, DeviceAttr};
-pub use device::device_memory::DeviceMemory;
-pub use device::event_routing::{
-    AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType, CqId, QpId, SrqId,
+pub use qp::{
+    ConnectOptions, Endpoint, LocalPort, QpState, QpType, QueuePair, RecvQueue, RecvRequest,
+    SendQueue, SendRequest, Wr,
 };
-pub use device::flow_counters::{CounterDescription, FlowCounters};
-pub use device::fork::{fork_init, fork_status, ForkStatus};
-pub use device::gid::{GidEntry, GidType};
-pub use device::list::{devices, open_device, Device, DeviceList};
-pub use device::port::{LinkLayer, Mtu, PortAttr, PortState};
-pub use device::port_counters::{CounterSource, PortCounters};
-pub use error::{Error, Result, TransitionReason, WireProblem};
-pub use inflight::owner::{Owner, MAX_OWNERS};
-pub use memory::buffer::{
-    Buf, DeviceReadable, DeviceWritable, FrozenBuffer, LocalBuffer, RemoteKey, RemoteMemory,
-    SgList, SharedBuffer,
-};
-pub use memory::buffer_pool::{BufferPool, BufferPoolBuilder, PooledBuffer, PutError};
-pub use memory::memory_region::{
-    Advice, ImplicitOdpRegion, OdpCaps, OdpGeneralCaps, OdpTransportCaps,
-};
-pub use memory::memory_region::{
-    AnonymousMemory, DmabufRegion, MemoryRegion, RegisterOptions, Storage,
-};
-pub use memory::memory_window::{BindTarget, MemoryWindow, MwType};
-pub use memory::protection_domain::ProtectionDomain;
-pub use memory::thread_domain::{ParentDomain, ThreadDomain};
-pub use qp::queue_pair::{
-    ConnectOptions, Ece, LocalPort, PathMigState, Posted, PreparedRecv, PreparedSend, QpAttr,
-    QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused, SendQueue,
-    SendRequest, UdDest, Wr,
-};
-#[cfg(ibverbs_flush)]
-pub use qp::queue_pair::{FlushLevel, FlushType};
-pub use qp::shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
-pub use qp::xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};
-pub use types::{
-    AccessFlags, Gid, GidIndex, GidSelector, PortNumber, QpNumber, QpState, QpType, SendOp,
-    SendOps, SendOption, WcStatus,
-};
-pub use wire::Endpoint;

@@ -142,7 +142,7 @@ impl std::fmt::Display for SendOp {
 /// request-option table for which operation takes which).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum SendOption {
+pub enum RequestOption {
     /// `IBV_SEND_INLINE`: the bytes are copied into the work request.
     Inline,
     /// Immediate data (`*_WITH_IMM`).
@@ -159,16 +159,18 @@ pub enum SendOption {
     XrcSrq,
 }
 
-impl std::fmt::Display for SendOption {
+impl std::fmt::Display for RequestOption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            SendOption::Inline => "IBV_SEND_INLINE",
-            SendOption::Immediate => "immediate data",
-            SendOption::Solicited => "IBV_SEND_SOLICITED",
-            SendOption::Fence => "IBV_SEND_FENCE",
-            SendOption::Invalidate => "a remote key to invalidate (IBV_WR_SEND_WITH_INV)",
-            SendOption::UdDestination => "a UD destination (SendQueue::send_to, SendRequest::ud)",
-            SendOption::XrcSrq => "a remote XRC SRQ (SendRequest::xrc_srqn)",
+            RequestOption::Inline => "IBV_SEND_INLINE",
+            RequestOption::Immediate => "immediate data",
+            RequestOption::Solicited => "IBV_SEND_SOLICITED",
+            RequestOption::Fence => "IBV_SEND_FENCE",
+            RequestOption::Invalidate => "a remote key to invalidate (IBV_WR_SEND_WITH_INV)",
+            RequestOption::UdDestination => {
+                "a UD destination (SendQueue::send_to, SendRequest::ud)"
+            }
+            RequestOption::XrcSrq => "a remote XRC SRQ (SendRequest::xrc_srqn)",
         })
     }
 }
@@ -180,7 +182,7 @@ bitflags::bitflags! {
     /// # References
     /// `ibv_create_qp_ex(3)`, `ibv_wr_post(3)`
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct SendOps: u64 {
+    pub struct SendOpFlags: u64 {
         /// RDMA write.
         const RDMA_WRITE = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0 as u64;
         /// RDMA write with immediate.

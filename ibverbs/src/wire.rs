@@ -88,9 +88,9 @@ impl Endpoint {
     /// [`WireProblem::OutOfRange`] for a QP number or PSN wider than 24
     /// bits.
     ///
-    /// [`WireProblem::Version`]: crate::WireProblem::Version
-    /// [`WireProblem::Length`]: crate::WireProblem::Length
-    /// [`WireProblem::OutOfRange`]: crate::WireProblem::OutOfRange
+    /// [`WireProblem::Version`]: crate::error::WireProblem::Version
+    /// [`WireProblem::Length`]: crate::error::WireProblem::Length
+    /// [`WireProblem::OutOfRange`]: crate::error::WireProblem::OutOfRange
     pub fn from_bytes(b: &[u8]) -> Result<Endpoint> {
         const WHAT: &str = "Endpoint";
         check_wire(WHAT, b, Self::WIRE_LEN)?;

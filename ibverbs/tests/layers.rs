@@ -222,3 +222,33 @@ fn no_module_imports_one_of_a_higher_band() {
         rooted.join("\n")
     );
 }
+
+/// The crate root stays a short list (at most 40 names: its re-exports,
+/// namespaces and re-exported crates), and `prelude` holds exactly the
+/// root's re-exports but `Error` and `Result`.
+#[test]
+fn the_crate_root_stays_small_and_the_prelude_follows_it() {
+    let src = Path::new(ROOT).join("src");
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap();
+    let names = root_names(&code(&lib));
+    let modules = statements(&lib, "pub mod ").len()
+        + statements(&lib, "pub use ")
+            .iter()
+            .filter(|s| !s.contains("::"))
+            .count();
+    assert!(
+        names.len() + modules <= 40,
+        "the crate root exports {} names and {modules} modules and crates: at most 40 in all",
+        names.len()
+    );
+    let prelude = fs::read_to_string(src.join("prelude.rs")).unwrap();
+    let prelude: BTreeSet<String> = root_names(&code(&prelude)).into_keys().collect();
+    let expected: BTreeSet<String> = names
+        .into_keys()
+        .filter(|n| n != "Error" && n != "Result")
+        .collect();
+    assert_eq!(
+        prelude, expected,
+        "prelude.rs and the crate root's re-exports differ"
+    );
+}

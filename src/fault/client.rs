@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Buf, Completions, Endpoint, QpType, Wr};
+use ibverbs::{memory::Buf, AccessFlags, Completions, Endpoint, QpType, Wr};
 
 use super::message::{check, fill};
 use super::{

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    Buf, Completions, LocalBuffer, Posted, QueuePair, RemoteMemory, SendQueue, WcStatus, Wr,
+    memory::Buf, qp::Posted, Completions, LocalBuffer, QueuePair, RemoteMemory, SendQueue,
+    WcStatus, Wr,
 };
 
 use super::client::{merge, Totals, FAILED, RUN, TIME_UP};

@@ -9,7 +9,10 @@
 pub mod process;
 pub mod traffic;
 
-use ibverbs::{Context, GidIndex, PortNumber, PortState};
+use ibverbs::{
+    device::{GidIndex, PortState},
+    Context, PortNumber,
+};
 
 /// The device under test.
 pub struct TestDevice {
@@ -62,9 +65,10 @@ pub fn unsupported(what: &str, err: &ibverbs::Error) {
 use std::time::{Duration, Instant};
 
 use ibverbs::{
+    memory::SgList,
+    qp::{QueuePairBuilder, Refused, SharedReceiveQueue},
     AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalPort,
-    ProtectionDomain, QpType, QueuePair, QueuePairBuilder, RecvRequest, Refused, SendRequest,
-    SgList, SharedReceiveQueue,
+    ProtectionDomain, QpType, QueuePair, RecvRequest, SendRequest,
 };
 
 /// Two queue pairs of one device connected to each other (traffic takes
@@ -119,14 +123,14 @@ pub fn pair(
 }
 
 /// An RC pair created through `ibv_create_qp_ex` with `ops` (inline up
-/// to 64 bytes), each on its own extended CQ (`WcFields::standard`).
-pub fn ex_pair(ops: ibverbs::SendOps) -> Pair {
+/// to 64 bytes), each on its own extended CQ (`CompletionFields::standard`).
+pub fn ex_pair(ops: ibverbs::qp::SendOpFlags) -> Pair {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq = || {
         dev.ctx
             .create_cq(256)
-            .wc_fields(ibverbs::WcFields::standard())
+            .wc_fields(ibverbs::cq::CompletionFields::standard())
             .build()
             .unwrap()
     };
@@ -183,7 +187,7 @@ pub fn plain_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePai
 pub struct SrqWithLimit {
     pub pd: ProtectionDomain,
     pub cq: CompletionQueue,
-    pub srq: ibverbs::SharedReceiveQueue,
+    pub srq: ibverbs::qp::SharedReceiveQueue,
     pub sender: QueuePair,
     pub receiver: QueuePair,
 }
@@ -267,7 +271,7 @@ pub fn assert_quiet(cq: &CompletionQueue) {
     let got: Vec<Completion> = cq
         .poll(&mut batch)
         .unwrap()
-        .map(ibverbs::CompletionRef::into_owned)
+        .map(ibverbs::cq::CompletionRef::into_owned)
         .collect();
     assert!(got.is_empty(), "unexpected: {got:?}");
 }
@@ -442,6 +446,6 @@ fn post_recv_on(rq: &mut ibverbs::RecvQueue, r: RecvRequest) -> Result<(), Refus
 pub fn poll_owned(cq: &CompletionQueue, batch: &mut Completions) -> Vec<Completion> {
     cq.poll(batch)
         .unwrap()
-        .map(ibverbs::CompletionRef::into_owned)
+        .map(ibverbs::cq::CompletionRef::into_owned)
         .collect()
 }

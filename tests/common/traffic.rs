@@ -4,16 +4,17 @@
 //! client sends (or writes, reads, runs an atomic), the other side checks
 //! every byte, and the server answers the same way, for a number of
 //! iterations. How the queue pairs are created (classic, or extended with
-//! `SendOps`) and how their CQs are polled (classic, extended, or one
+//! `SendOpFlags`) and how their CQs are polled (classic, extended, or one
 //! completion event per completion) is the caller's choice.
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use ibverbs::{
-    AccessFlags, AddressHandle, AddressVector, Completion, CompletionQueue, LocalBuffer,
-    ProtectionDomain, QpType, QueuePair, RecvRequest, RemoteMemory, SendOps, SendRequest,
-    SharedBuffer, WcFields, WcOpcode,
+    cq::CompletionFields,
+    qp::{AddressHandle, AddressVector, SendOpFlags},
+    AccessFlags, Completion, CompletionQueue, LocalBuffer, ProtectionDomain, QpType, QueuePair,
+    RecvRequest, RemoteMemory, SendRequest, SharedBuffer, WcOpcode,
 };
 
 use super::{connect_pair, device, pattern, remote_all, TestDevice};
@@ -77,7 +78,7 @@ pub struct Players {
 /// `LOCAL_WRITE` (and, for its `RELAXED_ORDERING`, to the regions').
 pub fn players(
     qp_type: QpType,
-    ops: Option<SendOps>,
+    ops: Option<SendOpFlags>,
     cq_kind: CqKind,
     access: AccessFlags,
 ) -> Players {
@@ -90,7 +91,7 @@ pub fn players(
             CqKind::Extended => dev
                 .ctx
                 .create_cq(256)
-                .wc_fields(WcFields::standard())
+                .wc_fields(CompletionFields::standard())
                 .build(),
             CqKind::Events => {
                 let ch = dev.ctx.create_comp_channel().unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{oob, read_some, write_message, Deadline, PeerInfo, WHAT};
 use crate::error::{Error, Result};
-use ibverbs::WireProblem;
+use ibverbs::error::WireProblem;
 use ibverbs::{ConnectOptions, Endpoint, LocalPort, QueuePair};
 
 /// The first four bytes of a hello.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::mesh::{barrier_on, neighbours, rounds, Topology};
 use super::*;
-use ibverbs::{Gid, QpNumber};
+use ibverbs::{qp::QpNumber, Gid};
 
 /// Bytes to read and what was written, with no-op timeouts.
 struct Script {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use ibverbs::{Gid, QpNumber, WireProblem};
+use ibverbs::{error::WireProblem, qp::QpNumber, Gid};
 use ibverbs_runtime::MAX_PRIVATE_LEN;
 
 use super::*;

@@ -127,7 +127,7 @@ impl CmEvent {
     /// number and Q_Key and the address vector to it (SIDR reply). For a
     /// UD `ConnectRequest`: what the request carries (no queue pair number:
     /// a SIDR request has none; the requester's QPN arrives with its first
-    /// datagram, [`WorkCompletion::src_qp`](crate::WorkCompletion::src_qp)).
+    /// datagram, [`WorkCompletion::src_qp`](crate::cq::WorkCompletion::src_qp)).
     pub fn ud_param(&self) -> Option<&super::UdParam> {
         self.ud.as_ref()
     }

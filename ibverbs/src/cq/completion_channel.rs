@@ -21,7 +21,7 @@ pub(crate) struct ChannelInner {
     /// CQs created on the channel by [`CompletionQueueBuilder`] and not
     /// destroyed: [`CompletionQueue::wait`] needs a channel of its own.
     ///
-    /// [`CompletionQueueBuilder`]: crate::CompletionQueueBuilder
+    /// [`CompletionQueueBuilder`]: crate::cq::CompletionQueueBuilder
     cqs: AtomicUsize,
     /// Whether the descriptor is known to be non-blocking (set through
     /// [`CompletionChannel::set_nonblocking`] or by a wait).

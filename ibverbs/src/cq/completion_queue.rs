@@ -269,7 +269,7 @@ pub struct CompletionQueueBuilder<'a> {
     cqe: u32,
     channel: Option<&'a CompletionChannel>,
     comp_vector: i32,
-    pub(crate) wc_fields: Option<crate::cq::extended_cq::WcFields>,
+    pub(crate) wc_fields: Option<crate::cq::extended_cq::CompletionFields>,
 }
 
 impl<'a> CompletionQueueBuilder<'a> {
@@ -483,7 +483,7 @@ impl CompletionQueue {
     ///
     /// Several threads may poll one CQ at once, each into its own
     /// `Completions`. A CQ created with
-    /// [`wc_fields`](crate::CompletionQueueBuilder::wc_fields) is polled
+    /// [`wc_fields`](crate::cq::CompletionQueueBuilder::wc_fields) is polled
     /// through `ibv_start_poll` … `ibv_end_poll`, reading only the fields it
     /// was created with (the others read as 0) and the completion timestamp
     /// when asked for; any other through `ibv_poll_cq`. On rxe an extended
@@ -827,7 +827,7 @@ fn cq_needed(registered: u64, depth: u32) -> u64 {
 }
 
 impl CompletionQueue {
-    /// This CQ's identity in its asynchronous events ([`AsyncElement::Cq`](crate::AsyncElement::Cq)).
+    /// This CQ's identity in its asynchronous events ([`AsyncElement::Cq`](crate::device::AsyncElement::Cq)).
     pub fn id(&self) -> CqId {
         crate::device::event_routing::cq_id(self.inner.events.id())
     }

@@ -31,7 +31,7 @@ bitflags::bitflags! {
     /// # References
     /// `ibv_create_cq_ex(3)`
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct WcFields: u64 {
+    pub struct CompletionFields: u64 {
         /// Bytes transferred.
         const BYTE_LEN = sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_BYTE_LEN.0 as u64;
         /// Immediate data and invalidated rkeys.
@@ -47,7 +47,7 @@ bitflags::bitflags! {
         /// DLID path bits.
         const DLID_PATH_BITS = sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_DLID_PATH_BITS.0 as u64;
         /// Completion timestamp in device clock units (see
-        /// [`DeviceAttrEx::hca_core_clock`](crate::DeviceAttrEx::hca_core_clock)).
+        /// [`DeviceAttrEx::hca_core_clock`](crate::device::DeviceAttrEx::hca_core_clock)).
         const COMPLETION_TIMESTAMP =
             sys::ibv_create_cq_wc_flags::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP.0 as u64;
         /// Completion timestamp converted to wall-clock nanoseconds.
@@ -56,16 +56,16 @@ bitflags::bitflags! {
     }
 }
 
-impl WcFields {
+impl CompletionFields {
     /// What a classic `ibv_wc` carries (`IBV_WC_STANDARD_FLAGS`).
-    pub fn standard() -> WcFields {
-        WcFields::BYTE_LEN
-            | WcFields::IMM
-            | WcFields::QP_NUM
-            | WcFields::SRC_QP
-            | WcFields::SLID
-            | WcFields::SL
-            | WcFields::DLID_PATH_BITS
+    pub fn standard() -> CompletionFields {
+        CompletionFields::BYTE_LEN
+            | CompletionFields::IMM
+            | CompletionFields::QP_NUM
+            | CompletionFields::SRC_QP
+            | CompletionFields::SLID
+            | CompletionFields::SL
+            | CompletionFields::DLID_PATH_BITS
     }
 }
 
@@ -76,7 +76,7 @@ type Read64 = unsafe extern "C" fn(*mut sys::ibv_cq_ex) -> u64;
 /// The resolved polling functions of an extended CQ.
 pub(crate) struct ExCq {
     cq: NonNull<sys::ibv_cq_ex>,
-    fields: WcFields,
+    fields: CompletionFields,
     /// One completion per start/end cycle (see the module docs).
     one_per_cycle: bool,
     start: unsafe extern "C" fn(*mut sys::ibv_cq_ex, *mut sys::ibv_poll_cq_attr) -> i32,
@@ -101,13 +101,15 @@ pub(crate) fn create(
     cqe: u32,
     channel: *mut sys::ibv_comp_channel,
     comp_vector: i32,
-    fields: WcFields,
+    fields: CompletionFields,
     rxe: bool,
 ) -> Result<(NonNull<sys::ibv_cq>, ExCq)> {
-    if fields.contains(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK) {
+    if fields.contains(
+        CompletionFields::COMPLETION_TIMESTAMP | CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+    ) {
         return Err(Error::ConflictingOptions {
-            first: "WcFields::COMPLETION_TIMESTAMP",
-            second: "WcFields::COMPLETION_TIMESTAMP_WALLCLOCK",
+            first: "CompletionFields::COMPLETION_TIMESTAMP",
+            second: "CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK",
         });
     }
     let mut attr = sys::ibv_cq_init_attr_ex {
@@ -138,7 +140,7 @@ pub(crate) fn create(
             (*c).read_vendor_err,
         )
     };
-    let want = |f: WcFields| fields.contains(f);
+    let want = |f: CompletionFields| fields.contains(f);
     // SAFETY: as above.
     let ex = unsafe {
         ExCq {
@@ -151,18 +153,20 @@ pub(crate) fn create(
             opcode: opcode.unwrap_or(missing_opcode),
             vendor_err: vendor_err.unwrap_or(zero32),
             wc_flags: (*c).read_wc_flags,
-            byte_len: (*c).read_byte_len.filter(|_| want(WcFields::BYTE_LEN)),
-            imm: (*c).read_imm_data.filter(|_| want(WcFields::IMM)),
-            qp_num: (*c).read_qp_num.filter(|_| want(WcFields::QP_NUM)),
-            src_qp: (*c).read_src_qp.filter(|_| want(WcFields::SRC_QP)),
-            slid: (*c).read_slid.filter(|_| want(WcFields::SLID)),
-            sl: (*c).read_sl.filter(|_| want(WcFields::SL)),
+            byte_len: (*c)
+                .read_byte_len
+                .filter(|_| want(CompletionFields::BYTE_LEN)),
+            imm: (*c).read_imm_data.filter(|_| want(CompletionFields::IMM)),
+            qp_num: (*c).read_qp_num.filter(|_| want(CompletionFields::QP_NUM)),
+            src_qp: (*c).read_src_qp.filter(|_| want(CompletionFields::SRC_QP)),
+            slid: (*c).read_slid.filter(|_| want(CompletionFields::SLID)),
+            sl: (*c).read_sl.filter(|_| want(CompletionFields::SL)),
             dlid_path_bits: (*c)
                 .read_dlid_path_bits
-                .filter(|_| want(WcFields::DLID_PATH_BITS)),
-            ts: if want(WcFields::COMPLETION_TIMESTAMP) {
+                .filter(|_| want(CompletionFields::DLID_PATH_BITS)),
+            ts: if want(CompletionFields::COMPLETION_TIMESTAMP) {
                 (*c).read_completion_ts
-            } else if want(WcFields::COMPLETION_TIMESTAMP_WALLCLOCK) {
+            } else if want(CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK) {
                 (*c).read_completion_wallclock_ns
             } else {
                 None
@@ -188,7 +192,8 @@ pub(crate) fn create(
         (
             ex.ts.is_none()
                 && fields.intersects(
-                    WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
+                    CompletionFields::COMPLETION_TIMESTAMP
+                        | CompletionFields::COMPLETION_TIMESTAMP_WALLCLOCK,
                 ),
             "an extended CQ without ibv_cq_ex::read_completion_ts",
         ),
@@ -254,7 +259,7 @@ impl crate::cq::completion_queue::CompletionQueueBuilder<'_> {
     /// [`CompletionQueue::poll`] then reads only these (and the completion
     /// timestamp when asked for).
     #[doc(alias = "ibv_create_cq_ex")]
-    pub fn wc_fields(mut self, fields: WcFields) -> Self {
+    pub fn wc_fields(mut self, fields: CompletionFields) -> Self {
         self.wc_fields = Some(fields);
         self
     }
@@ -262,7 +267,7 @@ impl crate::cq::completion_queue::CompletionQueueBuilder<'_> {
 
 impl CompletionQueue {
     /// The fields of an extended CQ; `None` for a classic one.
-    pub fn wc_fields(&self) -> Option<WcFields> {
+    pub fn wc_fields(&self) -> Option<CompletionFields> {
         self.inner.ex.as_ref().map(|e| e.fields)
     }
 

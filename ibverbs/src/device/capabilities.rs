@@ -155,7 +155,7 @@ impl Context {
     /// # Example
     /// ```no_run
     /// # fn main() -> ibverbs::Result<()> {
-    /// use ibverbs::Feature;
+    /// use ibverbs::device::Feature;
     /// let ctx = ibverbs::open_device("rxe0")?;
     /// let attr = ctx.query_device_ex()?;
     /// if !attr.supports(Feature::MemoryWindowType2) {

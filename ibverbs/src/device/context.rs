@@ -104,7 +104,7 @@ impl Context {
     }
 
     /// How many completion vectors (interrupt vectors) the device offers:
-    /// valid [`comp_vector`](crate::CompletionQueueBuilder::comp_vector)
+    /// valid [`comp_vector`](crate::cq::CompletionQueueBuilder::comp_vector)
     /// values are `0..num_comp_vectors()`; the kernel refuses any other
     /// with `EINVAL`.
     ///
@@ -664,7 +664,7 @@ impl Context {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context, srq: &ibverbs::SharedReceiveQueue) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &ibverbs::Context, srq: &ibverbs::qp::SharedReceiveQueue) -> ibverbs::Result<()> {
     /// let low = srq.async_events(); // this SRQ's events only
     /// srq.arm_limit(16)?;
     /// // Wherever the context's events are read: here, a thread of our own.

@@ -63,7 +63,7 @@ object_id! {
     QpId
 }
 object_id! {
-    /// The identity of a [`SharedReceiveQueue`](crate::SharedReceiveQueue) for routing its
+    /// The identity of a [`SharedReceiveQueue`](crate::qp::SharedReceiveQueue) for routing its
     /// asynchronous events (`SRQ_LIMIT_REACHED`, `SRQ_ERR`); never reused
     /// in the process.
     SrqId
@@ -216,7 +216,7 @@ pub(crate) fn route(event: AsyncEvent) -> Option<AsyncEvent> {
 
 /// The asynchronous events of one queue pair, SRQ or CQ, as routed by
 /// [`Context::route_async_event`](crate::Context::route_async_event): from [`QueuePair::async_events`](crate::QueuePair::async_events),
-/// [`SharedReceiveQueue::async_events`](crate::SharedReceiveQueue::async_events), [`CompletionQueue::async_events`](crate::CompletionQueue::async_events).
+/// [`SharedReceiveQueue::async_events`](crate::qp::SharedReceiveQueue::async_events), [`CompletionQueue::async_events`](crate::CompletionQueue::async_events).
 ///
 /// Events wait here, in order, until taken; the queue is unbounded (async
 /// events are rare, and an object raises few before it is destroyed).
@@ -313,7 +313,7 @@ device_enum! {
 ///
 /// SRQ and CQ events carry the object's id (`None` for an object this
 /// library did not create, or one whose destruction has begun), which
-/// [`SharedReceiveQueue::id`](crate::SharedReceiveQueue::id) and
+/// [`SharedReceiveQueue::id`](crate::qp::SharedReceiveQueue::id) and
 /// [`CompletionQueue::id`](crate::CompletionQueue::id) give; a QP event's
 /// id is [`AsyncEvent::qp_id`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

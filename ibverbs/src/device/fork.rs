@@ -159,7 +159,7 @@ pub fn fork_status() -> ForkStatus {
 /// ```no_run
 /// fn main() -> ibverbs::Result<()> {
 ///     // First, before any device is listed or opened.
-///     let status = ibverbs::fork_init()?;
+///     let status = ibverbs::device::fork_init()?;
 ///     assert!(status.is_fork_safe());
 ///     let ctx = ibverbs::open_device("rxe0")?;
 ///     // ... registrations, traffic, and child processes ...

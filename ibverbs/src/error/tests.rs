@@ -54,12 +54,12 @@ fn every_variant() -> Vec<Error> {
             qp_type: QpType::Uc,
         },
         Error::OptionNotAllowed {
-            option: SendOption::Immediate,
+            option: RequestOption::Immediate,
             op: SendOp::RdmaRead,
             qp_type: QpType::Rc,
         },
         Error::OptionRequired {
-            option: SendOption::UdDestination,
+            option: RequestOption::UdDestination,
             op: SendOp::Send,
             qp_type: QpType::Ud,
         },
@@ -142,7 +142,7 @@ fn every_variant() -> Vec<Error> {
         },
         Error::SendOpsRequired {
             op: SendOp::AtomicWrite,
-            needed: SendOps::ATOMIC_WRITE,
+            needed: SendOpFlags::ATOMIC_WRITE,
         },
         Error::EmptyRegistration,
         Error::NullStorage,
@@ -352,7 +352,7 @@ fn numbers_and_names_are_in_the_display() {
     assert_eq!(
         show(Error::SendOpsRequired {
             op: SendOp::AtomicWrite,
-            needed: SendOps::ATOMIC_WRITE,
+            needed: SendOpFlags::ATOMIC_WRITE,
         }),
         "atomic write needs a queue pair created with send_ops including ATOMIC_WRITE"
     );

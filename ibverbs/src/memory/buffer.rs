@@ -871,7 +871,7 @@ impl SgList {
     pub fn total_len(&self) -> u64 {
         self.iter().map(|b| b.len() as u64).sum()
     }
-    /// Whether every buffer is a [`FrozenBuffer`](crate::FrozenBuffer) (or
+    /// Whether every buffer is a [`FrozenBuffer`](crate::memory::FrozenBuffer) (or
     /// there is none): such requests may be unsignaled.
     pub(crate) fn all_frozen(&self) -> bool {
         self.iter().all(|b| matches!(b, Buf::Frozen(_)))

@@ -40,7 +40,7 @@ impl AccessFlags {
 /// # Example
 /// ```no_run
 /// # fn main() -> ibverbs::Result<()> {
-/// use ibverbs::{AccessFlags, RegisterOptions};
+/// use ibverbs::{AccessFlags, memory::RegisterOptions};
 /// let ctx = ibverbs::open_device("rxe0")?;
 /// let pd = ctx.alloc_pd()?;
 /// let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;

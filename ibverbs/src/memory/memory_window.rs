@@ -194,7 +194,7 @@ impl ProtectionDomain {
     /// # fn main() -> ibverbs::Result<()> {
     /// let ctx = ibverbs::open_device("rxe0")?;
     /// let pd = ctx.alloc_pd()?;
-    /// let mw = pd.alloc_mw(ibverbs::MwType::Type2)?;
+    /// let mw = pd.alloc_mw(ibverbs::memory::MwType::Type2)?;
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_alloc_mw")]

@@ -14,7 +14,7 @@ use crate::device::event_routing::{Kind, Registration};
 use crate::inflight::Ring;
 use crate::memory::protection_domain::ProtectionDomain;
 use crate::qp::shared_receive_queue::SharedReceiveQueue;
-use crate::types::{QpNumber, QpType, SendOps};
+use crate::types::{QpNumber, QpType, SendOpFlags};
 
 mod attr;
 mod builder;
@@ -134,7 +134,7 @@ pub(crate) struct QpInner {
     pub(crate) recv_ring: Option<RingCell>,
     /// The extended QP and its `send_ops_flags` when created with
     /// `ibv_create_qp_ex` (the same object as `qp`).
-    pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
+    pub(crate) qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOpFlags)>,
     /// Receives are refused: the QP is in ERR or going there (set before
     /// a move to ERR, cleared when a state change leaves it). `SeqCst`,
     /// with a fence on the receive path: a receive either sees it, or the
@@ -281,7 +281,7 @@ impl QueuePair {
         caps: QpCaps,
         asked: QpCaps,
         sq_sig_all: bool,
-        qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOps)>,
+        qpx: Option<(NonNull<sys::ibv_qp_ex>, SendOpFlags)>,
     ) -> crate::error::Result<QueuePair> {
         // An XRC send queue pair has no receive queue: receives are refused
         // (`ReceivesThroughSrq`: they go to the receiver's XRC SRQ).
@@ -562,7 +562,7 @@ impl std::fmt::Debug for QueuePair {
 
 impl QueuePair {
     /// This queue pair's identity in its asynchronous events
-    /// ([`AsyncEvent::qp_id`](crate::AsyncEvent::qp_id)); unlike [`QueuePair::qp_num`], never reused.
+    /// ([`AsyncEvent::qp_id`](crate::device::AsyncEvent::qp_id)); unlike [`QueuePair::qp_num`], never reused.
     pub fn id(&self) -> QpId {
         crate::device::event_routing::qp_id(self.inner.events.id())
     }

@@ -418,7 +418,7 @@ unsafe extern "C" fn missing_post_srq_recv(
 
 impl SharedReceiveQueue {
     /// This SRQ's identity in its asynchronous events
-    /// ([`AsyncElement::Srq`](crate::AsyncElement::Srq)).
+    /// ([`AsyncElement::Srq`](crate::device::AsyncElement::Srq)).
     pub fn id(&self) -> SrqId {
         crate::device::event_routing::srq_id(self.events().id())
     }

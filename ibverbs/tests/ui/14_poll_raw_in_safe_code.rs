@@ -4,6 +4,7 @@
 // Expected: E0133.
 #![allow(unused)]
 use ibverbs::*;
+use ibverbs::cq::WorkCompletion;
 
 fn main() {}
 

@@ -4,6 +4,7 @@
 // Expected: E0382.
 #![allow(unused)]
 use ibverbs::*;
+use ibverbs::memory::BufferPool;
 
 fn main() {}
 

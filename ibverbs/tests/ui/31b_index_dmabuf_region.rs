@@ -4,6 +4,7 @@
 // Expected: E0608.
 #![allow(unused)]
 use ibverbs::*;
+use ibverbs::memory::DmabufRegion;
 
 fn main() {}
 

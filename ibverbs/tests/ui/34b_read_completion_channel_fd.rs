@@ -5,6 +5,7 @@
 // Expected: E0599.
 #![allow(unused)]
 use ibverbs::*;
+use ibverbs::cq::CompletionChannel;
 use std::io::Read;
 use std::os::fd::AsFd;
 

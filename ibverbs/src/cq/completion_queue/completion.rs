@@ -57,7 +57,7 @@ pub(crate) fn source_gid_of(wc: &WorkCompletion, sg: &SgList) -> Option<Gid> {
 }
 
 /// A work completion together with the buffers its request owned, kept
-/// beyond the poll ([`CompletionRef::into_owned`](crate::CompletionRef::into_owned),
+/// beyond the poll ([`CompletionRef::into_owned`](crate::cq::CompletionRef::into_owned),
 /// [`CompletionQueue::poll_one`](crate::CompletionQueue::poll_one)).
 ///
 /// Dereferences to [`WorkCompletion`] for status, opcode, byte length,
@@ -140,7 +140,7 @@ impl Completion {
         &self.wc
     }
     /// The completion timestamp, when polled from a CQ created with
-    /// [`WcFields::COMPLETION_TIMESTAMP`](crate::WcFields::COMPLETION_TIMESTAMP)
+    /// [`CompletionFields::COMPLETION_TIMESTAMP`](crate::cq::CompletionFields::COMPLETION_TIMESTAMP)
     /// (device clock units) or `COMPLETION_TIMESTAMP_WALLCLOCK` (ns).
     #[inline]
     pub fn timestamp(&self) -> Option<u64> {
@@ -214,7 +214,7 @@ impl std::fmt::Debug for Completion {
 /// Caller-provided storage a poll writes the provider's entries into
 /// (allocated once, reused): [`CompletionQueue::poll`](crate::CompletionQueue::poll)
 /// takes up to its capacity and lends them out as a
-/// [`Polled`](crate::Polled) batch.
+/// [`Polled`](crate::cq::Polled) batch.
 pub struct Completions {
     pub(crate) raw: Box<[sys::ibv_wc]>,
     /// Timestamps read from an extended CQ, by entry (allocated by the

@@ -1,5 +1,5 @@
 //! What a memory window may reference: the pure state logic behind
-//! [`MemoryWindow`](crate::MemoryWindow) (see DESIGN.md, "Memory windows").
+//! [`MemoryWindow`](crate::memory::MemoryWindow) (see DESIGN.md, "Memory windows").
 //!
 //! The device changes a window's binding only when a bind or invalidate
 //! *runs*, and the library learns that only from the request's completion.

@@ -32,7 +32,7 @@ device_enum! {
 /// # Example
 /// ```no_run
 /// # fn demo(qp: &ibverbs::QueuePair, port: ibverbs::PortNumber) -> ibverbs::Result<()> {
-/// use ibverbs::{AccessFlags, QpAttr, QpState};
+/// use ibverbs::{AccessFlags, QpState, qp::QpAttr};
 /// qp.modify(
 ///     &QpAttr::new()
 ///         .qp_state(QpState::Init)

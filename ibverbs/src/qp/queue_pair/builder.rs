@@ -10,7 +10,7 @@ use crate::cq::completion_queue::CompletionQueue;
 use crate::memory::protection_domain::ProtectionDomain;
 use crate::qp::queue_pair::{QpCaps, QueuePair};
 use crate::qp::shared_receive_queue::SharedReceiveQueue;
-use crate::types::{QpType, SendOps};
+use crate::types::{QpType, SendOpFlags};
 
 /// Builder for a [`QueuePair`]: required parts in [`ProtectionDomain::create_qp`],
 /// optional ones as setters named after the `ibv_qp_init_attr` fields.
@@ -27,7 +27,7 @@ pub struct QueuePairBuilder<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     cap: sys::ibv_qp_cap,
     sq_sig_all: bool,
-    send_ops: SendOps,
+    send_ops: SendOpFlags,
 }
 
 impl<'a> QueuePairBuilder<'a> {
@@ -72,7 +72,7 @@ impl<'a> QueuePairBuilder<'a> {
     /// write and flush) and refuses operations not listed. Empty (the
     /// default) creates a classic QP, posted to with `ibv_post_send`.
     #[doc(alias = "ibv_create_qp_ex")]
-    pub fn send_ops(mut self, ops: SendOps) -> Self {
+    pub fn send_ops(mut self, ops: SendOpFlags) -> Self {
         self.send_ops = ops;
         self
     }
@@ -293,7 +293,7 @@ impl ProtectionDomain {
                 max_inline_data: 0,
             },
             sq_sig_all: false,
-            send_ops: SendOps::empty(),
+            send_ops: SendOpFlags::empty(),
         }
     }
 }

@@ -139,8 +139,8 @@ impl ConnectOptions {
     /// [`QpAttr::max_rd_atomic`] and [`QpAttr::max_dest_rd_atomic`] with
     /// [`QueuePair::modify`].)
     ///
-    /// [`DeviceAttr::max_qp_init_rd_atom`]: crate::DeviceAttr::max_qp_init_rd_atom
-    /// [`DeviceAttr::max_qp_rd_atom`]: crate::DeviceAttr::max_qp_rd_atom
+    /// [`DeviceAttr::max_qp_init_rd_atom`]: crate::device::DeviceAttr::max_qp_init_rd_atom
+    /// [`DeviceAttr::max_qp_rd_atom`]: crate::device::DeviceAttr::max_qp_rd_atom
     pub fn rd_atomic(mut self, n: u8) -> Self {
         self.rd_atomic = n;
         self

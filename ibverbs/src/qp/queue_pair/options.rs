@@ -2,7 +2,7 @@
 //! type: DESIGN.md's request-option table, as one pure function.
 //!
 //! Every posting path (the typed posts of [`SendQueue`](crate::SendQueue),
-//! chains, [`PreparedSend`](crate::PreparedSend), the extended `ibv_wr_*`
+//! chains, [`PreparedSend`](crate::qp::PreparedSend), the extended `ibv_wr_*`
 //! path) runs it through `check_send` before the provider sees a request.
 //! The table matters for memory safety, not only for tidiness: an inline
 //! RDMA read or atomic makes rxe treat the *contents* of the result buffer
@@ -10,7 +10,7 @@
 //! point (the first entry of DESIGN.md's threat model).
 
 use crate::error::{Error, Result};
-use crate::types::{QpType, SendOp, SendOption};
+use crate::types::{QpType, RequestOption, SendOp};
 
 /// The options a request asks for, besides its operation and buffers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,27 +74,27 @@ pub(super) fn check_options(op: SendOp, ty: QpType, asked: Asked) -> Result<()> 
     };
     let carries_data = matches!(op, SendOp::Send | SendOp::RdmaWrite);
     if asked.inline && !carries_data {
-        return not_allowed(SendOption::Inline);
+        return not_allowed(RequestOption::Inline);
     }
     if asked.imm && !carries_data {
-        return not_allowed(SendOption::Immediate);
+        return not_allowed(RequestOption::Immediate);
     }
     let peer_completes = op == SendOp::Send || (op == SendOp::RdmaWrite && asked.imm);
     if asked.solicited && !peer_completes {
-        return not_allowed(SendOption::Solicited);
+        return not_allowed(RequestOption::Solicited);
     }
     if asked.invalidate && (op != SendOp::Send || ty != QpType::Rc) {
-        return not_allowed(SendOption::Invalidate);
+        return not_allowed(RequestOption::Invalidate);
     }
     if asked.invalidate && asked.imm {
         // A send with immediate data has no invalidating twin.
-        return not_allowed(SendOption::Immediate);
+        return not_allowed(RequestOption::Immediate);
     }
     match (asked.xrc, ty == QpType::XrcSend) {
-        (true, false) => return not_allowed(SendOption::XrcSrq),
+        (true, false) => return not_allowed(RequestOption::XrcSrq),
         (false, true) => {
             return Err(Error::OptionRequired {
-                option: SendOption::XrcSrq,
+                option: RequestOption::XrcSrq,
                 op,
                 qp_type: ty,
             })
@@ -102,9 +102,9 @@ pub(super) fn check_options(op: SendOp, ty: QpType, asked: Asked) -> Result<()> 
         _ => {}
     }
     match (asked.ud, ty == QpType::Ud) {
-        (true, false) => not_allowed(SendOption::UdDestination),
+        (true, false) => not_allowed(RequestOption::UdDestination),
         (false, true) => Err(Error::OptionRequired {
-            option: SendOption::UdDestination,
+            option: RequestOption::UdDestination,
             op,
             qp_type: ty,
         }),
@@ -141,9 +141,9 @@ mod tests {
 
     /// The table written out cell by cell, independently of `check_options`:
     /// whether `op` on `ty` may carry `option` (assuming the rest is valid).
-    fn allowed(op: SendOp, ty: QpType, option: SendOption, imm: bool) -> bool {
+    fn allowed(op: SendOp, ty: QpType, option: RequestOption, imm: bool) -> bool {
+        use RequestOption as S;
         use SendOp as O;
-        use SendOption as S;
         match option {
             S::Inline | S::Immediate => matches!(op, O::Send | O::RdmaWrite),
             S::Solicited => op == O::Send || (op == O::RdmaWrite && imm),
@@ -164,10 +164,10 @@ mod tests {
                     let a = asked(bits);
                     let got = check_options(op, ty, a);
                     let expect_ok = op_available(op, ty)
-                        && (!a.inline || allowed(op, ty, SendOption::Inline, a.imm))
-                        && (!a.imm || allowed(op, ty, SendOption::Immediate, a.imm))
-                        && (!a.solicited || allowed(op, ty, SendOption::Solicited, a.imm))
-                        && (!a.invalidate || allowed(op, ty, SendOption::Invalidate, a.imm))
+                        && (!a.inline || allowed(op, ty, RequestOption::Inline, a.imm))
+                        && (!a.imm || allowed(op, ty, RequestOption::Immediate, a.imm))
+                        && (!a.solicited || allowed(op, ty, RequestOption::Solicited, a.imm))
+                        && (!a.invalidate || allowed(op, ty, RequestOption::Invalidate, a.imm))
                         && a.ud == (ty == QpType::Ud)
                         && a.xrc == (ty == QpType::XrcSend);
                     assert_eq!(
@@ -189,19 +189,19 @@ mod tests {
                             } => {
                                 assert_eq!((o, qp_type), (op, ty));
                                 let set = match option {
-                                    SendOption::Inline => a.inline,
-                                    SendOption::Immediate => a.imm,
-                                    SendOption::Solicited => a.solicited,
-                                    SendOption::Fence => a.fence,
-                                    SendOption::Invalidate => a.invalidate,
-                                    SendOption::UdDestination => a.ud,
-                                    SendOption::XrcSrq => a.xrc,
+                                    RequestOption::Inline => a.inline,
+                                    RequestOption::Immediate => a.imm,
+                                    RequestOption::Solicited => a.solicited,
+                                    RequestOption::Fence => a.fence,
+                                    RequestOption::Invalidate => a.invalidate,
+                                    RequestOption::UdDestination => a.ud,
+                                    RequestOption::XrcSrq => a.xrc,
                                 };
                                 assert!(set, "{option:?} blamed but not asked: {a:?}");
                             }
                             Error::OptionRequired { option, .. } => match option {
-                                SendOption::UdDestination => assert!(ty == QpType::Ud && !a.ud),
-                                SendOption::XrcSrq => assert!(ty == QpType::XrcSend && !a.xrc),
+                                RequestOption::UdDestination => assert!(ty == QpType::Ud && !a.ud),
+                                RequestOption::XrcSrq => assert!(ty == QpType::XrcSend && !a.xrc),
                                 o => panic!("{o:?} required"),
                             },
                             e => panic!("unexpected {e:?}"),
@@ -230,7 +230,7 @@ mod tests {
             assert!(matches!(
                 check_options(op, QpType::Rc, inline),
                 Err(Error::OptionNotAllowed {
-                    option: SendOption::Inline,
+                    option: RequestOption::Inline,
                     ..
                 })
             ));

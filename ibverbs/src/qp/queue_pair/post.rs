@@ -243,7 +243,7 @@ impl QueuePair {
             if !extended {
                 return Err(Error::SendOpsRequired {
                     op: SendOp::Flush,
-                    needed: crate::types::SendOps::FLUSH,
+                    needed: crate::types::SendOpFlags::FLUSH,
                 });
             }
         }
@@ -251,7 +251,7 @@ impl QueuePair {
             if !extended {
                 return Err(Error::SendOpsRequired {
                     op: SendOp::AtomicWrite,
-                    needed: crate::types::SendOps::ATOMIC_WRITE,
+                    needed: crate::types::SendOpFlags::ATOMIC_WRITE,
                 });
             }
             check_atomic_target(remote)?;

@@ -15,7 +15,7 @@ use super::request::{Op, SendRequest};
 use crate::error::{Error, Result};
 use crate::inflight::Reserved;
 use crate::qp::queue_pair::QueuePair;
-use crate::types::SendOps;
+use crate::types::SendOpFlags;
 
 #[cfg(ibverbs_flush)]
 bitflags::bitflags! {
@@ -40,34 +40,34 @@ pub enum FlushLevel {
     Region = sys::IBV_FLUSH_MR as u8,
 }
 
-impl SendOps {
+impl SendOpFlags {
     /// The data-path operations of an RC queue pair: sends, writes, reads
     /// and atomics, with and without immediate data.
-    pub fn rc_data() -> SendOps {
-        SendOps::SEND
-            | SendOps::SEND_WITH_IMM
-            | SendOps::RDMA_WRITE
-            | SendOps::RDMA_WRITE_WITH_IMM
-            | SendOps::RDMA_READ
-            | SendOps::ATOMIC_CMP_AND_SWP
-            | SendOps::ATOMIC_FETCH_AND_ADD
+    pub fn rc_data() -> SendOpFlags {
+        SendOpFlags::SEND
+            | SendOpFlags::SEND_WITH_IMM
+            | SendOpFlags::RDMA_WRITE
+            | SendOpFlags::RDMA_WRITE_WITH_IMM
+            | SendOpFlags::RDMA_READ
+            | SendOpFlags::ATOMIC_CMP_AND_SWP
+            | SendOpFlags::ATOMIC_FETCH_AND_ADD
     }
 }
 
 /// Which `send_ops_flags` bit a request needs.
-fn needed(r: &SendRequest<'_>) -> SendOps {
+fn needed(r: &SendRequest<'_>) -> SendOpFlags {
     match (&r.op, r.imm.is_some(), r.invalidate.is_some()) {
-        (Op::Send, _, true) => SendOps::SEND_WITH_INV,
-        (Op::Send, true, _) => SendOps::SEND_WITH_IMM,
-        (Op::Send, false, _) => SendOps::SEND,
-        (Op::Write(_), true, _) => SendOps::RDMA_WRITE_WITH_IMM,
-        (Op::Write(_), false, _) => SendOps::RDMA_WRITE,
-        (Op::Read(_), ..) => SendOps::RDMA_READ,
-        (Op::CompareSwap { .. }, ..) => SendOps::ATOMIC_CMP_AND_SWP,
-        (Op::FetchAdd { .. }, ..) => SendOps::ATOMIC_FETCH_AND_ADD,
-        (Op::AtomicWrite { .. }, ..) => SendOps::ATOMIC_WRITE,
+        (Op::Send, _, true) => SendOpFlags::SEND_WITH_INV,
+        (Op::Send, true, _) => SendOpFlags::SEND_WITH_IMM,
+        (Op::Send, false, _) => SendOpFlags::SEND,
+        (Op::Write(_), true, _) => SendOpFlags::RDMA_WRITE_WITH_IMM,
+        (Op::Write(_), false, _) => SendOpFlags::RDMA_WRITE,
+        (Op::Read(_), ..) => SendOpFlags::RDMA_READ,
+        (Op::CompareSwap { .. }, ..) => SendOpFlags::ATOMIC_CMP_AND_SWP,
+        (Op::FetchAdd { .. }, ..) => SendOpFlags::ATOMIC_FETCH_AND_ADD,
+        (Op::AtomicWrite { .. }, ..) => SendOpFlags::ATOMIC_WRITE,
         #[cfg(ibverbs_flush)]
-        (Op::Flush { .. }, ..) => SendOps::FLUSH,
+        (Op::Flush { .. }, ..) => SendOpFlags::FLUSH,
     }
 }
 
@@ -88,9 +88,9 @@ macro_rules! op {
 
 impl QueuePair {
     /// The operations this queue pair was created for with
-    /// [`QueuePairBuilder::send_ops`](crate::QueuePairBuilder::send_ops);
+    /// [`QueuePairBuilder::send_ops`](crate::qp::QueuePairBuilder::send_ops);
     /// `None` for a classic queue pair.
-    pub fn send_ops(&self) -> Option<SendOps> {
+    pub fn send_ops(&self) -> Option<SendOpFlags> {
         self.inner.qpx.map(|(_, ops)| ops)
     }
 
@@ -321,7 +321,7 @@ pub(crate) enum WindowWr<'a> {
 impl QueuePair {
     /// Posts one signaled memory-window request in its own `ibv_wr_start`
     /// … `ibv_wr_complete` region when this queue pair was created with its
-    /// [`SendOps`] flag (`BIND_MW`, `LOCAL_INV`); `None` otherwise (the
+    /// [`SendOpFlags`] flag (`BIND_MW`, `LOCAL_INV`); `None` otherwise (the
     /// caller posts it with `ibv_post_send`, which ibv_wr_post(3) lets
     /// interleave with the regions). The caller holds the send lock (the
     /// region is the QP's posting critical section) and keeps the window and
@@ -329,8 +329,8 @@ impl QueuePair {
     pub(crate) fn post_window_ex(&self, wr_id: u64, wr: WindowWr<'_>) -> Option<Result<()>> {
         let (qpx, ops) = self.inner.qpx?;
         let need = match wr {
-            WindowWr::Bind { .. } => SendOps::BIND_MW,
-            WindowWr::LocalInv { .. } => SendOps::LOCAL_INV,
+            WindowWr::Bind { .. } => SendOpFlags::BIND_MW,
+            WindowWr::LocalInv { .. } => SendOpFlags::LOCAL_INV,
         };
         if !ops.contains(need) {
             return None;

@@ -394,7 +394,7 @@ impl RecvQueue {
     ///
     /// # Errors
     /// As [`post_chain`](Self::post_chain); the request's buffers come back
-    /// in the [`Refused`](crate::Refused).
+    /// in the [`Refused`](crate::qp::Refused).
     ///
     /// # References
     /// `ibv_post_recv(3)`

@@ -231,7 +231,7 @@ impl<'a> SendRequest<'a> {
     /// at `remote.addr` (8-byte aligned) as one atomic unit, byte for byte
     /// (use `to_le_bytes`/`to_be_bytes` for the peer's byte order). Posted
     /// only to a queue pair created with
-    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
+    /// [`SendOpFlags::ATOMIC_WRITE`](crate::qp::SendOpFlags::ATOMIC_WRITE); the value is
     /// copied at post time, so the request carries no buffer.
     #[doc(alias = "ibv_wr_atomic_write")]
     pub fn atomic_write(remote: RemoteMemory, value: [u8; 8]) -> Self {
@@ -239,10 +239,10 @@ impl<'a> SendRequest<'a> {
     }
 
     /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
-    /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
+    /// (or, with [`FlushLevel::Region`](crate::qp::FlushLevel::Region), to its
     /// whole memory region) globally visible or persistent. Posted to
     /// a queue pair created with
-    /// `SendOps::FLUSH`; the peer's region needs the matching
+    /// `SendOpFlags::FLUSH`; the peer's region needs the matching
     /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
     /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
     #[cfg(ibverbs_flush)]
@@ -288,7 +288,7 @@ impl<'a> SendRequest<'a> {
 
     /// Makes a send also invalidate the peer's memory window (or region)
     /// with remote key `rkey` (`IBV_WR_SEND_WITH_INV`): the receiver's
-    /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
+    /// completion reports it ([`WorkCompletion::invalidated_rkey`](crate::cq::WorkCompletion::invalidated_rkey)).
     #[doc(alias = "IBV_WR_SEND_WITH_INV")]
     #[inline]
     pub fn invalidate(mut self, rkey: crate::memory::buffer::RemoteKey) -> Self {
@@ -308,7 +308,7 @@ impl<'a> SendRequest<'a> {
 
     /// Whether a completion is generated (default true). Unsignaled
     /// requests may only carry inline data or
-    /// [`FrozenBuffer`](crate::FrozenBuffer)s: their buffers are released
+    /// [`FrozenBuffer`](crate::memory::FrozenBuffer)s: their buffers are released
     /// when a later signaled request completes, not handed back.
     #[inline]
     pub fn signaled(self, on: bool) -> Self {
@@ -344,7 +344,7 @@ impl<'a> SendRequest<'a> {
     }
 
     /// The XRC SRQ that takes the message at the receiving end, by its
-    /// number ([`SharedReceiveQueue::xrc_srq_num`](crate::SharedReceiveQueue::xrc_srq_num)
+    /// number ([`SharedReceiveQueue::xrc_srq_num`](crate::qp::SharedReceiveQueue::xrc_srq_num)
     /// there): required on an XRC send queue pair
     /// ([`QpType::XrcSend`](crate::QpType::XrcSend)), refused on any other
     /// (`remote_srqn`, `ibv_wr_set_xrc_srqn` on the extended path).

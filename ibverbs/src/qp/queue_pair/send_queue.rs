@@ -415,7 +415,7 @@ impl SendQueue {
     /// Atomic write (`IBV_WR_ATOMIC_WRITE`): `value` lands in the 8 bytes at
     /// `remote.addr` (8-byte aligned) as one atomic unit, byte for byte.
     /// Only on a queue pair created with
-    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE); the value is
+    /// [`SendOpFlags::ATOMIC_WRITE`](crate::qp::SendOpFlags::ATOMIC_WRITE); the value is
     /// copied at post time.
     ///
     /// # Errors
@@ -428,9 +428,9 @@ impl SendQueue {
     }
 
     /// Flush (`ibv_wr_flush`): makes the peer's earlier writes to `remote`
-    /// (or, with [`FlushLevel::Region`](crate::FlushLevel::Region), to its
+    /// (or, with [`FlushLevel::Region`](crate::qp::FlushLevel::Region), to its
     /// whole memory region) globally visible or persistent. Only on a
-    /// queue pair created with `SendOps::FLUSH`.
+    /// queue pair created with `SendOpFlags::FLUSH`.
     ///
     /// # Errors
     /// As [`atomic_write`](Self::atomic_write).
@@ -454,7 +454,7 @@ impl SendQueue {
     /// Posts a chain of requests with one doorbell: the first `n` the
     /// device took leave `wrs` (their buffers are in their slots), the
     /// rest stay there with the error. On a queue pair created with
-    /// [`SendOps`](crate::SendOps) the chain goes in one `ibv_wr_start` …
+    /// [`SendOpFlags`](crate::qp::SendOpFlags) the chain goes in one `ibv_wr_start` …
     /// `ibv_wr_complete` region: all or nothing.
     ///
     /// # Errors

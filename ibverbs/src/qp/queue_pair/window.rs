@@ -72,7 +72,7 @@ impl SendQueue {
     /// returns what to give the peer. Type 1 windows go through
     /// `ibv_bind_mw`, type 2 through an `IBV_WR_BIND_MW` work request
     /// (`ibv_wr_bind_mw` on a queue pair created with
-    /// [`SendOps::BIND_MW`](crate::SendOps::BIND_MW)); both
+    /// [`SendOpFlags::BIND_MW`](crate::qp::SendOpFlags::BIND_MW)); both
     /// complete on this QP's send CQ with `wr_id` (signaled), and the key is
     /// valid once that completion succeeded (or, per IBA ordering, for
     /// sends posted after it on this QP).
@@ -115,7 +115,7 @@ impl SendQueue {
     /// # Example
     /// ```no_run
     /// # fn demo(pd: &ibverbs::ProtectionDomain, qp: &ibverbs::QueuePair) -> ibverbs::Result<()> {
-    /// use ibverbs::{AccessFlags, MwType};
+    /// use ibverbs::{AccessFlags, memory::MwType};
     /// let mem = pd.alloc_shared(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     /// let mw = pd.alloc_mw(MwType::Type2)?;
     /// let mut sq = qp.send_queue()?;
@@ -197,7 +197,7 @@ impl SendQueue {
     /// remote access error, and the window releases its regions. A type 2
     /// window is invalidated with `IBV_WR_LOCAL_INV` (`ibv_wr_local_inv` on
     /// a queue pair created with
-    /// [`SendOps::LOCAL_INV`](crate::SendOps::LOCAL_INV)); a type 1 window
+    /// [`SendOpFlags::LOCAL_INV`](crate::qp::SendOpFlags::LOCAL_INV)); a type 1 window
     /// (which IBA does not let `LOCAL_INV` touch) is unbound by a
     /// zero-length bind. A completion with an error changes nothing: the
     /// window keeps its binding, its key and its regions.
