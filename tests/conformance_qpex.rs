@@ -34,7 +34,7 @@ fn ex(qp_type: QpType, ops: SendOpFlags) -> Players {
 }
 
 /// A send (with immediate data when the queue pair was created for plain
-/// sends) is refused with `SendOpsRequired` naming the flag it lacks,
+/// sends) is refused with `SendOpFlagsRequired` naming the flag it lacks,
 /// before anything is posted, and handed back.
 fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOpFlags) {
     let (buf, o, need) = if ops.contains(SendOpFlags::SEND) {
@@ -50,7 +50,7 @@ fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOpFlags) {
     }
     .unwrap_err();
     assert!(
-        matches!(e.error, Error::SendOpsRequired { needed, .. } if needed == need),
+        matches!(e.error, Error::SendOpFlagsRequired { needed, .. } if needed == need),
         "{ops:?}: {}",
         e.error
     );

@@ -182,7 +182,7 @@ fn operations_not_created_for_are_refused_by_name() {
     let mut sq = p.a.send_queue().unwrap();
     let e = sq.write_inline(b"no", remote, Wr::id(0)).unwrap_err();
     assert!(
-        matches!(e, Error::SendOpsRequired { op: SendOp::RdmaWrite, needed }
+        matches!(e, Error::SendOpFlagsRequired { op: SendOp::RdmaWrite, needed }
             if needed == SendOpFlags::RDMA_WRITE),
         "{e}"
     );
@@ -192,7 +192,7 @@ fn operations_not_created_for_are_refused_by_name() {
         .atomic_write(remote.slice(0, 8).unwrap(), [0; 8], Wr::id(0))
         .unwrap_err();
     assert!(
-        matches!(e, Error::SendOpsRequired { op: SendOp::AtomicWrite, needed }
+        matches!(e, Error::SendOpFlagsRequired { op: SendOp::AtomicWrite, needed }
             if needed == SendOpFlags::ATOMIC_WRITE),
         "{e}"
     );
@@ -210,7 +210,7 @@ fn operations_not_created_for_are_refused_by_name() {
         .atomic_write(remote.slice(0, 8).unwrap(), [0; 8], Wr::id(0))
         .unwrap_err();
     assert!(
-        matches!(e, Error::SendOpsRequired { op: SendOp::AtomicWrite, needed }
+        matches!(e, Error::SendOpFlagsRequired { op: SendOp::AtomicWrite, needed }
             if needed == SendOpFlags::ATOMIC_WRITE),
         "{e}"
     );
@@ -226,7 +226,7 @@ fn operations_not_created_for_are_refused_by_name() {
         .write(buf, remote.slice(0, 4).unwrap(), Wr::id(0))
         .unwrap_err();
     assert!(
-        matches!(e.error, Error::SendOpsRequired { .. }),
+        matches!(e.error, Error::SendOpFlagsRequired { .. }),
         "{}",
         e.error
     );

@@ -411,7 +411,7 @@ pub enum Error {
     /// flush need a queue pair created with [`SendOpFlags`], and a queue pair
     /// created with `SendOpFlags` posts only the operations it names.
     #[error("{op} needs a queue pair created with send_ops including {}", FlagNames(.needed))]
-    SendOpsRequired {
+    SendOpFlagsRequired {
         /// The request's operation.
         op: SendOp,
         /// The [`SendOpFlags`] flag it needs.
@@ -939,7 +939,7 @@ impl Error {
             Error::Verb { io, .. } => io.kind(),
             Error::Unsupported(_)
             | Error::OpNotAvailable { .. }
-            | Error::SendOpsRequired { .. }
+            | Error::SendOpFlagsRequired { .. }
             | Error::DeviceLacks { .. } => K::Unsupported,
             Error::NoDevice { .. }
             | Error::NoActivePort { .. }

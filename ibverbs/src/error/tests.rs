@@ -140,7 +140,7 @@ fn every_variant() -> Vec<Error> {
         Error::WrongOperation {
             expected: SendOp::FetchAndAdd,
         },
-        Error::SendOpsRequired {
+        Error::SendOpFlagsRequired {
             op: SendOp::AtomicWrite,
             needed: SendOpFlags::ATOMIC_WRITE,
         },
@@ -263,7 +263,7 @@ fn every_variant() -> Vec<Error> {
             | Error::MissingRemoteAddress { .. }
             | Error::PreparedUnsignaled
             | Error::WrongOperation { .. }
-            | Error::SendOpsRequired { .. }
+            | Error::SendOpFlagsRequired { .. }
             | Error::EmptyRegistration
             | Error::NullStorage
             | Error::WindowNotBound
@@ -350,7 +350,7 @@ fn numbers_and_names_are_in_the_display() {
         "a memory window cannot grant LOCAL_WRITE | MW_BIND"
     );
     assert_eq!(
-        show(Error::SendOpsRequired {
+        show(Error::SendOpFlagsRequired {
             op: SendOp::AtomicWrite,
             needed: SendOpFlags::ATOMIC_WRITE,
         }),

@@ -241,7 +241,7 @@ impl QueuePair {
         #[cfg(ibverbs_flush)]
         if let Op::Flush { .. } = &r.op {
             if !extended {
-                return Err(Error::SendOpsRequired {
+                return Err(Error::SendOpFlagsRequired {
                     op: SendOp::Flush,
                     needed: crate::types::SendOpFlags::FLUSH,
                 });
@@ -249,7 +249,7 @@ impl QueuePair {
         }
         if let Op::AtomicWrite { remote, .. } = &r.op {
             if !extended {
-                return Err(Error::SendOpsRequired {
+                return Err(Error::SendOpFlagsRequired {
                     op: SendOp::AtomicWrite,
                     needed: crate::types::SendOpFlags::ATOMIC_WRITE,
                 });

@@ -129,7 +129,7 @@ impl QueuePair {
             }
             let need = needed(r);
             if !ops.contains(need) {
-                return Err(Error::SendOpsRequired {
+                return Err(Error::SendOpFlagsRequired {
                     op: r.op.kind(),
                     needed: need,
                 });

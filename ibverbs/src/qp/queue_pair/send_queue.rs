@@ -419,7 +419,7 @@ impl SendQueue {
     /// copied at post time.
     ///
     /// # Errors
-    /// [`Error::SendOpsRequired`], [`Error::Misaligned`], as
+    /// [`Error::SendOpFlagsRequired`], [`Error::Misaligned`], as
     /// [`send`](Self::send) otherwise.
     #[doc(alias = "ibv_wr_atomic_write")]
     pub fn atomic_write(&mut self, remote: RemoteMemory, value: [u8; 8], o: Wr) -> Result<()> {
@@ -462,7 +462,7 @@ impl SendQueue {
     /// table): [`Error::OpNotAvailable`], [`Error::OptionNotAllowed`],
     /// [`Error::OptionRequired`], [`Error::InlineTooLarge`],
     /// [`Error::UnsignaledExclusive`], [`Error::UdMessageTooLong`],
-    /// [`Error::SendOpsRequired`], [`Error::TooManySges`],
+    /// [`Error::SendOpFlagsRequired`], [`Error::TooManySges`],
     /// [`Error::ForeignProtectionDomain`], [`Error::FrozenBuffer`],
     /// [`Error::MissingAccess`], [`Error::OutOfRange`] (a buffer longer than
     /// an SGE describes), [`Error::Misaligned`], [`Error::AtomicResultBuffer`];
