@@ -427,7 +427,7 @@ fn mcast_mckey_validation_fails_loudly_on_corruption() {
     let args = ["-m", &m, "-b", &bind, "-C", "20", "-S", "700"];
     let recv = run_bounded(&bin, &[&args[..], &["-V"]].concat(), limit);
     std::thread::sleep(Duration::from_secs(2));
-    let knob = format!("{}=5@100", ibverbs_suite::integrity::CORRUPT_ENV);
+    let knob = format!("{}=5@100", ibverbs_tools::integrity::CORRUPT_ENV);
     let prog = bin.to_string_lossy().into_owned();
     let send = run_bounded(
         std::path::Path::new("/usr/bin/env"),

@@ -11,7 +11,7 @@
 //!   `ibv_*_pingpong` from `PATH`. Each run uses its own TCP port, every wait
 //!   is bounded, and children are killed when a test fails.
 
-use ibverbs_suite::pingpong::wire;
+use ibverbs_tools::pingpong::wire;
 
 mod common;
 

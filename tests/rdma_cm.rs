@@ -416,7 +416,7 @@ fn rping_validation_fails_loudly_on_corrupted_data() {
     let dev = common::device();
     let ip = device_ipv4(&dev).to_string();
     let ours = example_bin("rping");
-    let knob = format!("{}=3@20", ibverbs_suite::integrity::CORRUPT_ENV);
+    let knob = format!("{}=3@20", ibverbs_tools::integrity::CORRUPT_ENV);
     for client in [ours.clone(), path_tool("rping")] {
         let port = next_port().to_string();
         let server = ours.to_string_lossy().into_owned();

@@ -6,7 +6,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_suite::perf::args;
+use ibverbs_tools::perf::args;
 
 use args::{BwArgs, CommonArgs, Config, Defaults};
 use clap::Parser;

@@ -7,7 +7,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_suite::pingpong;
+use ibverbs_tools::pingpong;
 
 use std::ffi::CString;
 

@@ -279,7 +279,7 @@ fn build_dlopen_contrast(o: &TestOptions) -> Result<Vec<(String, String)>> {
         contrast_dir.display()
     );
     let mut cmd = util::cargo();
-    cmd.args(["build", "-p", SUITE_PACKAGE]);
+    cmd.args(["build", "-p", util::TOOLS_PACKAGE]);
     for ex in DLOPEN_CONTRAST {
         cmd.args(["--example", ex]);
     }
@@ -334,9 +334,9 @@ fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathB
     .args(features);
     // The device tests run the example programs (ping-pongs, perftest-style
     // tools) as child processes: build them first, same profile.
-    step!("device: building the examples of {SUITE_PACKAGE}");
+    step!("device: building the examples of {}", util::TOOLS_PACKAGE);
     let mut ex = util::cargo();
-    ex.args(["build", "-p", SUITE_PACKAGE, "--examples"])
+    ex.args(["build", "-p", util::TOOLS_PACKAGE, "--examples"])
         .args(features);
     let st = ex
         .status()

@@ -127,7 +127,7 @@ fn read_trace(bytes: &[u8], client: &str, findings: &[String]) -> Vec<String> {
 }
 
 /// What a `CORRUPT`/`FINDING` line of `soak_peer` shows (its texts are
-/// in `src/soak/worker.rs` and `src/soak/model.rs`).
+/// in `tools/src/soak/worker.rs` and `tools/src/soak/model.rs`).
 fn finding_kind(line: &str) -> &'static str {
     if line.contains("never written") {
         "completed successfully, its result never written (the poison still there)"

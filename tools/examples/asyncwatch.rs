@@ -116,7 +116,7 @@ fn run(cli: Cli) -> Result<()> {
                 left.as_millis().clamp(1, i32::MAX as u128) as i32
             }
         };
-        match ibverbs_suite::wait_readable(ctx.as_raw_fd(), ms) {
+        match ibverbs_tools::wait_readable(ctx.as_raw_fd(), ms) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => return Err(format!("poll on the async event fd: {e}").into()),

@@ -13,7 +13,7 @@
 //!
 //! Differences from the C tool: the sender's payload is a pattern (the C
 //! tool sends an uninitialised buffer): message N of each id is
-//! `ibverbs_suite::integrity`'s pattern for sequence number N (1-based),
+//! `ibverbs_tools::integrity`'s pattern for sequence number N (1-based),
 //! with the sequence number and a checksum in its header; its sends are
 //! signaled and waited for before leaving, and `-V` (ours) makes a receiver
 //! check every byte of every message against the pattern for the next
@@ -35,7 +35,7 @@ use ibverbs::{
     AccessFlags, AddressHandle, CompletionQueue, Completions, ProtectionDomain, QpNumber, QpType,
     QueuePair, UdDest, Wr,
 };
-use ibverbs_suite::integrity;
+use ibverbs_tools::integrity;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

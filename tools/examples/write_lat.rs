@@ -27,7 +27,7 @@ use std::time::Instant;
 use clap::Parser;
 use ibverbs::{sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, WorkCompletion, Wr};
 
-use ibverbs_suite::{perf, Done};
+use ibverbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};

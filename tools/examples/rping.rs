@@ -28,7 +28,7 @@ use ibverbs::{
     ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteKey, RemoteMemory, SendQueue,
     SharedBuffer, WcOpcode, Wr,
 };
-use ibverbs_suite::{integrity, Done};
+use ibverbs_tools::{integrity, Done};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -1,8 +1,8 @@
 //! `fault_peer`: the peer program of `cargo xtask faults` (see
-//! `ibverbs_suite::fault` for what it does and the line it ends with).
+//! `ibverbs_tools::fault` for what it does and the line it ends with).
 
 use clap::{Parser, Subcommand};
-use ibverbs_suite::fault::{client, cq_overrun, server, Common, Op};
+use ibverbs_tools::fault::{client, cq_overrun, server, Common, Op};
 
 #[derive(Parser)]
 #[command(about = "Data mover for RDMA fault-injection scenarios")]

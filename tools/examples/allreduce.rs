@@ -36,7 +36,7 @@ use clap::Parser;
 use ibverbs::bytemuck::cast_slice;
 use ibverbs::{AccessFlags, ConnectOptions, GidIndex, LocalPort, RemoteMemory};
 use ibverbs_runtime::{Ranks, Received, WriteChannel};
-use ibverbs_suite::perf::{main_with, stats, Result};
+use ibverbs_tools::perf::{main_with, stats, Result};
 
 /// Inbox slots per channel: a writer may be two steps ahead.
 const SLOTS: u32 = 2;

@@ -4,8 +4,8 @@
 //! reports ([`perf`]), and the fault-injection data mover ([`fault`], the
 //! `fault_peer` binary of `cargo xtask faults`), the soak's data mover
 //! ([`soak`], the `soak_peer` binary of `cargo xtask soak`) and the
-//! validation options' checks ([`integrity`]). Each program in `examples/` is a thin `main` over it;
-//! the device tests in `tests/` and the fuzz targets use it too.
+//! validation options' checks ([`integrity`]). Each program in this crate's `examples/` is a thin
+//! `main` over it; the device tests and the fuzz targets use it too.
 
 pub mod done;
 pub mod fault;

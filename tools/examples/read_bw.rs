@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use ibverbs::{AccessFlags, Completion, LocalBuffer, RemoteMemory, SendRequest};
 
-use ibverbs_suite::{perf, Done};
+use ibverbs_tools::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};

@@ -64,7 +64,7 @@ use ibverbs::{
     SendRequest, SharedBuffer,
 };
 use ibverbs_runtime::{Reaped, RequestTable};
-use ibverbs_suite::perf::{main_with, stats, Result};
+use ibverbs_tools::perf::{main_with, stats, Result};
 
 /// Bytes per block.
 const BLOCK: usize = 4096;

@@ -33,7 +33,7 @@ use ibverbs::{
     WorkCompletion, Wr,
 };
 
-use ibverbs_suite::{perf, Done};
+use ibverbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};
