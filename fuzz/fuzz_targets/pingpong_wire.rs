@@ -1,4 +1,4 @@
-//! The ping-pong address message from the peer (`src/pingpong/wire.rs`,
+//! The ping-pong address message from the peer (`tools/src/pingpong/wire.rs`,
 //! rdma-core's `"%04x:%06x:%06x:%s"` format): `decode` never panics and what
 //! it accepts re-encodes to a message that decodes to the same address;
 //! `encode` output always decodes; `format_gid` writes exactly what glibc's
