@@ -1,4 +1,4 @@
-//! The ring all-reduce workload (`examples/allreduce.rs`), as N processes
+//! The ring all-reduce workload (`tools/examples/allreduce.rs`), as N processes
 //! of the example on the test device over 127.0.0.1 (device tests, run by
 //! `cargo xtask test` inside the SoftRoCE VM): every rank must exit 0 and
 //! print its figures and `VERIFIED` (the example checks every element of

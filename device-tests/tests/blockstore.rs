@@ -1,4 +1,4 @@
-//! The block store workload (`examples/blockstore.rs`) as processes on the
+//! The block store workload (`tools/examples/blockstore.rs`) as processes on the
 //! test device over 127.0.0.1 (device tests, run by `cargo xtask test`
 //! inside the SoftRoCE VM): honest clients print their three phase lines
 //! and `VERIFIED`, the server re-checks every block and prints `VERIFIED`.

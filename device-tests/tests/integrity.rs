@@ -1,7 +1,7 @@
 //! The validation options fail loudly on a corrupted message (issue #24
 //! item 2): the sender of one side flips one byte of one message after its
 //! checksum was computed (`IBVERBS_SUITE_CORRUPT`, test instrumentation in
-//! `src/integrity.rs`), and the side that receives it, directly or through
+//! `tools/src/integrity.rs`), and the side that receives it, directly or through
 //! rdma-core's echoing C tool, must exit 1 at once naming the iteration and
 //! the offset, without retrying. (The passing runs with `-c`, ours against
 //! ours and against the C tools both ways, are in `pingpong_interop.rs`.)

@@ -1,5 +1,5 @@
 //! Tests of the perftest-style example tools (their statistics are tested
-//! beside `src/perf/stats.rs`).
+//! beside `tools/src/perf/stats.rs`).
 //!
 //! Device tests (`#[ignore = "needs an RDMA device"]`, run by `cargo xtask
 //!   test` inside the SoftRoCE VM): every tool as a server and a client

@@ -2,7 +2,7 @@
 //! `srq_pingpong`) on a device against themselves, against rdma-core's C
 //! tools in both directions, and against hostile peers. (Their wire format
 //! and TCP exchange are tested on any host beside their code,
-//! `src/pingpong/wire.rs` and `exchange.rs`.)
+//! `tools/src/pingpong/wire.rs` and `exchange.rs`.)
 //!
 //! Device tests (`#[ignore = "needs an RDMA device"]`, run by
 //!   `cargo xtask test` in the SoftRoCE VM) spawn the example binaries

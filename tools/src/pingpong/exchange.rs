@@ -12,7 +12,7 @@
 //! up or sends garbage ends the exchange with an [`ExchangeError`] saying
 //! what happened, never a hang or a panic.
 //!
-//! std only (uses [`super::wire`]), so `tests/pingpong_interop.rs` can
+//! std only (uses [`super::wire`]), so `device-tests/tests/pingpong_interop.rs` can
 //! include it and test it on any host.
 
 use std::fmt;

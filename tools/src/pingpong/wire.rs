@@ -275,7 +275,7 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 }
 
 /// Sample addresses and messages: the tests of this module, of the exchange
-/// and of the ping-pong programs (`tests/pingpong_interop.rs`) share them.
+/// and of the ping-pong programs (`device-tests/tests/pingpong_interop.rs`) share them.
 pub mod fixtures {
     use super::{Dest, MSG_LEN};
 

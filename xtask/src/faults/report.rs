@@ -527,7 +527,7 @@ const FINDINGS: &str = "
 const BAD_INPUT: &str = "
 ## Bad input
 
-Bad input is covered by `tests/bad_input.rs` (unknown devices, ports, GID
+Bad input is covered by `device-tests/tests/bad_input.rs` (unknown devices, ports, GID
 indices, MTUs, `ulimit -l`, zero and maximum lengths, device caps, posting
 before RTS, revoked rkeys, UD over the MTU): each yields an error naming the
 problem. `cargo xtask fuzz` fuzzes every parser of untrusted input.
