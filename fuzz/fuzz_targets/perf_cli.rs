@@ -1,4 +1,4 @@
-//! The perftest-style tools' command line (`src/perf/args.rs`):
+//! The perftest-style tools' command line (`tools/src/perf/args.rs`):
 //! `parse_size` round-trips what it accepts, and an argument vector through
 //! clap and `Config::new` never panics and yields a configuration within
 //! its documented bounds, for every tool's defaults.
@@ -6,7 +6,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_suite::perf::args;
+use ibverbs_tools::perf::args;
 
 use args::{BwArgs, CommonArgs, Config, Defaults};
 use clap::Parser;

@@ -1,4 +1,4 @@
-//! The ping-pong programs' command-line values (`src/pingpong`):
+//! The ping-pong programs' command-line values (`tools/src/pingpong`):
 //! `parse_c_number` agrees with C's `strtoul(s, &end, 0)` on every string
 //! C would take whole (no sign, no leading space); the range parsers
 //! return only values in range; and a whole argument vector through clap
@@ -7,7 +7,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_suite::pingpong;
+use ibverbs_tools::pingpong;
 
 use std::ffi::CString;
 

@@ -1,11 +1,11 @@
-//! The ping-pong address message from the peer (`src/pingpong/wire.rs`,
+//! The ping-pong address message from the peer (`tools/src/pingpong/wire.rs`,
 //! rdma-core's `"%04x:%06x:%06x:%s"` format): `decode` never panics and what
 //! it accepts re-encodes to a message that decodes to the same address;
 //! `encode` output always decodes; `format_gid` writes exactly what glibc's
 //! `inet_ntop` writes, and std parses it back to the same bytes.
 #![no_main]
 
-use ibverbs_suite::pingpong::wire;
+use ibverbs_tools::pingpong::wire;
 
 use std::ffi::CStr;
 use std::net::Ipv6Addr;

@@ -249,7 +249,7 @@ device_enum! {
         /// (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC` in its
         /// [`ConnectOptions::remote_access`](crate::ConnectOptions::remote_access)
         /// or `qp_access_flags`): rxe reports this status then, whatever
-        /// its memory grants (`tests/connect.rs`; other devices may report
+        /// its memory grants (`device-tests/tests/connect.rs`; other devices may report
         /// [`RemAccessErr`](Self::RemAccessErr)). Both queue pairs end in
         /// ERR.
         RemInvReqErr = sys::IBV_WC_REM_INV_REQ_ERR,

@@ -1,4 +1,4 @@
-/* The C twin of `fault_peer` (src/fault.rs, src/fault/message.rs) for
+/* The C twin of `fault_peer` (tools/src/fault.rs, tools/src/fault/message.rs) for
  * `cargo xtask faults --peer c|both`: the same traffic on libibverbs alone,
  * so that a fault row failing for both is the provider's and one failing
  * only for ours is the library's (issue #24). Built by xtask with `cc`.
@@ -82,7 +82,7 @@ static void sleep_ms(long ms)
 	nanosleep(&t, NULL);
 }
 
-/* ---- messages (src/fault/message.rs) ---- */
+/* ---- messages (tools/src/fault/message.rs) ---- */
 static uint64_t fnv(const uint8_t *b, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ULL;

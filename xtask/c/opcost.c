@@ -1,4 +1,4 @@
-/* The C twin of examples/opcost.rs for `cargo xtask instr`: the same program
+/* The C twin of tools/examples/opcost.rs for `cargo xtask instr`: the same program
  * on libibverbs, written the way perftest writes its loops (one ibv_send_wr
  * per request, built once and re-posted; each request's record names its
  * queue pair, as the Rust program's do). N RC queue pairs, each connected

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: our example tools against rdma-core's C tools, side by side in one
 //! SoftRoCE VM.
 //!
-//! On the host: build the root package's examples (release), write a plan (every run's exact
+//! On the host: build the tools' examples (release), write a plan (every run's exact
 //! server and client command lines, in ABBA order) to `target/bench/plan.json`, boot one VM
 //! and run `xtask bench --run-plan` (a copy of this binary) in it. In the VM ([`runner`]): for
 //! each run start the server, wait until its TCP port listens, run the client to `localhost`,
@@ -42,8 +42,6 @@ use crate::util::{self, quote};
 use crate::vm::{self, VmConfig};
 use crate::{step, VmOpts};
 
-/// The root package, which owns `examples/`.
-const SUITE_PACKAGE: &str = "ibverbs-suite";
 /// Default message sizes (atomics always use 8 B).
 pub const DEFAULT_SIZES: &[u64] = &[2, 64, 1024, 4096, 65536];
 /// `--quick` sizes.
@@ -409,13 +407,16 @@ fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// `cargo build --release -p ibverbs-suite --examples`; if that fails (an example being written
+/// `cargo build --release -p ibverbs-tools --examples`; if that fails (an example being written
 /// does not compile yet), each wanted example on its own, so the others are still measured.
 /// Returns name → executable, and name → why not.
 fn build_examples(
     wanted: &[&str],
 ) -> Result<(BTreeMap<String, PathBuf>, BTreeMap<String, String>)> {
-    step!("bench: building the examples of {SUITE_PACKAGE} (release)");
+    step!(
+        "bench: building the examples of {} (release)",
+        util::TOOLS_PACKAGE
+    );
     let mut problems = BTreeMap::new();
     match util::build_examples(true, &["--examples"]) {
         Ok(all) => return Ok((all, problems)),
@@ -425,10 +426,10 @@ fn build_examples(
     let mut names: Vec<&str> = wanted.to_vec();
     names.sort_unstable();
     names.dedup();
-    let root = crate::repo_root()?;
+    let examples = crate::repo_root()?.join(util::TOOLS_DIR).join("examples");
     for name in names {
-        if !root.join("examples").join(format!("{name}.rs")).is_file()
-            && !root.join("examples").join(name).join("main.rs").is_file()
+        if !examples.join(format!("{name}.rs")).is_file()
+            && !examples.join(name).join("main.rs").is_file()
         {
             continue;
         }

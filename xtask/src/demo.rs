@@ -1,4 +1,4 @@
-//! `cargo xtask demo`: build the root package's examples and run the demo inside a VM.
+//! `cargo xtask demo`: build the tools' examples and run the demo inside a VM.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ pub fn demo_command(examples: &BTreeMap<String, PathBuf>) -> Result<String> {
     let built: Vec<&str> = examples.keys().map(String::as_str).collect();
     bail!(
         "neither the `rc_pingpong` nor the `loopback` example exists yet (built examples: {}); \
-         add examples/loopback.rs or examples/rc_pingpong.rs to the root package",
+         add tools/examples/loopback.rs or tools/examples/rc_pingpong.rs",
         if built.is_empty() {
             "none".to_string()
         } else {
@@ -40,7 +40,7 @@ pub fn demo_command(examples: &BTreeMap<String, PathBuf>) -> Result<String> {
     )
 }
 
-/// Builds the examples of the root package; returns name → executable.
+/// Builds the examples of the tools' package; returns name → executable.
 pub fn cmd_demo(release: bool, opts: &VmOpts) -> Result<i32> {
     step!(
         "demo: building the examples ({})",

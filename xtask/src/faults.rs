@@ -2,7 +2,7 @@
 //!
 //! Two VMs joined by a `-netdev socket` link carry real RoCE v2 between two
 //! kernels (`rxe1` on each `eth1`). vm0 runs the server side of every
-//! scenario, vm1 the client side, both with `fault_peer` (src/bin, src/fault.rs); each
+//! scenario, vm1 the client side, both with `fault_peer` (tools/src/bin, tools/src/fault.rs); each
 //! side's script applies its faults (netem on its own eth1, killing the
 //! server, taking the link down) and records the peer's `RESULT` line and
 //! `rdma resource show` into `target/faults/`. Workload rows run the
@@ -55,7 +55,7 @@ pub struct FaultsOptions {
 /// The data mover of a transfer row: `fault_peer` or its C twin.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Peer {
-    /// `fault_peer` (src/fault.rs), on this library.
+    /// `fault_peer` (tools/src/fault.rs), on this library.
     Rust,
     /// `fault_peer_c` (xtask/c/fault_peer.c), on libibverbs alone.
     C,
@@ -416,7 +416,7 @@ fn run_vms(o: &FaultsOptions, list: &[Scenario], repo: &Path, dir: &Path) -> Res
         "build",
         "--release",
         "-p",
-        "ibverbs-suite",
+        util::TOOLS_PACKAGE,
         "--bin",
         "fault_peer",
     ]);

@@ -6,7 +6,7 @@
 //! of callgrind runs of the same program that differ only in length, and the marginal count
 //! (difference of the counts / difference of the operations) cancels start-up, set-up and
 //! teardown:
-//! - `opcost` (examples/opcost.rs) and its C twin (xtask/c/opcost.c, built here with `cc`): N
+//! - `opcost` (tools/examples/opcost.rs) and its C twin (xtask/c/opcost.c, built here with `cc`): N
 //!   RC queue pairs connected to themselves on one CQ per thread, signaled 64-byte RDMA
 //!   writes. Their never-inlined `instr_post` / `instr_poll` / `instr_empty` / `instr_wait`
 //!   give the inclusive instructions of one post, one poll of up to 16 completions, one empty

@@ -2,7 +2,7 @@
 //! switching every few seconds, every byte checked.
 //!
 //! vm0 runs `soak_peer server` in a restart loop, vm1 `soak_peer client`
-//! (src/soak.rs: many queue pairs and threads on shared CQs, a random mix
+//! (tools/src/soak.rs: many queue pairs and threads on shared CQs, a random mix
 //! of send/receive, writes with and without immediate, reads and atomics
 //! of 1 B – 1 MiB, checked end to end, ledgers compared after every
 //! session). Both VMs follow one fault timeline drawn from the seed
@@ -343,7 +343,7 @@ fn run_vms(
         "build",
         "--release",
         "-p",
-        "ibverbs-suite",
+        util::TOOLS_PACKAGE,
         "--bin",
         "soak_peer",
     ]);

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: host tests, then the device tests (`#[ignore]`d on the host) in a VM.
 //!
-//! The device part builds the root package's test executables on the host, then runs
+//! The device part builds the device tests' executables on the host, then runs
 //! `xtask device-run --plan <file>` (a copy of this binary) inside the VM, which runs each
 //! executable with `--ignored --test-threads=1`, checks the device first and the kernel's
 //! resource counts (`rdma resource show`) before and after, and writes a JSON result file
@@ -21,8 +21,10 @@ use crate::util::{self, quote};
 use crate::vm::{self, VmConfig};
 use crate::{step, VmOpts};
 
-/// The root package, which owns `tests/`.
-const SUITE_PACKAGE: &str = "ibverbs-suite";
+/// The package of the device tests (every test `#[ignore]`d on the host).
+const DEVICE_TESTS_PACKAGE: &str = "ibverbs-device-tests";
+/// Its directory in the repository (the tests are in its `tests/`).
+const DEVICE_TESTS_DIR: &str = "device-tests";
 /// The device the VM provides.
 const VM_DEVICE: &str = "rxe0";
 /// GID index 1 of rxe0 in the VM: eth0 is 10.0.2.15 (QEMU user networking).
@@ -260,10 +262,10 @@ fn device_part(o: &TestOptions) -> Result<DeviceResults> {
     Ok(results)
 }
 
-/// The examples `tests/dlopen.rs` runs in both builds.
+/// The examples `device-tests/tests/dlopen.rs` runs in both builds.
 const DLOPEN_CONTRAST: [&str; 2] = ["devinfo", "rping"];
 
-/// `tests/dlopen.rs` runs [`DLOPEN_CONTRAST`] built both with ibverbs'
+/// `device-tests/tests/dlopen.rs` runs [`DLOPEN_CONTRAST`] built both with ibverbs'
 /// `dlopen` feature and without: the suite's own copies are one of them,
 /// this builds the other into a target directory of its own (features
 /// differ, so the suite's copies would otherwise be rebuilt over). Returns
@@ -279,7 +281,7 @@ fn build_dlopen_contrast(o: &TestOptions) -> Result<Vec<(String, String)>> {
         contrast_dir.display()
     );
     let mut cmd = util::cargo();
-    cmd.args(["build", "-p", SUITE_PACKAGE]);
+    cmd.args(["build", "-p", util::TOOLS_PACKAGE]);
     for ex in DLOPEN_CONTRAST {
         cmd.args(["--example", ex]);
     }
@@ -313,15 +315,15 @@ fn build_dlopen_contrast(o: &TestOptions) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-/// `cargo test --tests --no-run` for the root package; returns the test executables.
+/// `cargo test --tests --no-run` for the device tests' package; returns its test executables.
 fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathBuf>> {
     let repo = crate::repo_root()?;
-    let manifest = repo.join("Cargo.toml");
-    step!("device: building the test executables of {SUITE_PACKAGE}");
+    let manifest = repo.join(DEVICE_TESTS_DIR).join("Cargo.toml");
+    step!("device: building the test executables of {DEVICE_TESTS_PACKAGE}");
     let mut cmd = util::cargo();
     cmd.arg("test");
     if only_suite {
-        cmd.args(["-p", SUITE_PACKAGE]);
+        cmd.args(["-p", DEVICE_TESTS_PACKAGE]);
     } else {
         // same feature resolution as the host run: nothing is rebuilt
         cmd.arg("--workspace");
@@ -334,9 +336,9 @@ fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathB
     .args(features);
     // The device tests run the example programs (ping-pongs, perftest-style
     // tools) as child processes: build them first, same profile.
-    step!("device: building the examples of {SUITE_PACKAGE}");
+    step!("device: building the examples of {}", util::TOOLS_PACKAGE);
     let mut ex = util::cargo();
-    ex.args(["build", "-p", SUITE_PACKAGE, "--examples"])
+    ex.args(["build", "-p", util::TOOLS_PACKAGE, "--examples"])
         .args(features);
     let st = ex
         .status()
@@ -362,7 +364,7 @@ fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathB
     exes.sort();
     exes.dedup();
     if exes.is_empty() {
-        bail!("{SUITE_PACKAGE} has no test executables (tests/*.rs)");
+        bail!("{DEVICE_TESTS_PACKAGE} has no test executables ({DEVICE_TESTS_DIR}/tests/*.rs)");
     }
     for e in &exes {
         step!("device: test executable {}", e.display());
@@ -872,5 +874,31 @@ mod tests {
         assert!(!o(Some("dlopenx")).dlopen());
         assert_eq!(o(Some("dlopen")).feature_args(), ["--features", "dlopen"]);
         assert!(o(None).feature_args().is_empty());
+    }
+
+    /// The packages the harness builds by name are the ones in the directories it
+    /// reads (device tests, examples): a rename on one side only fails here, not
+    /// in the VM.
+    #[test]
+    fn the_packages_built_are_the_ones_in_their_directories() {
+        let root = crate::repo_root().unwrap();
+        for (dir, package) in [
+            (util::TOOLS_DIR, util::TOOLS_PACKAGE),
+            (DEVICE_TESTS_DIR, DEVICE_TESTS_PACKAGE),
+        ] {
+            let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
+            let want = format!("name = \"{package}\"");
+            assert!(
+                manifest.lines().any(|l| l.trim() == want),
+                "{dir}/Cargo.toml does not name the package {package}"
+            );
+        }
+        let tests = root.join(DEVICE_TESTS_DIR).join("tests");
+        assert!(tests.join("dlopen.rs").is_file());
+        assert!(tests.join("pingpong_interop.rs").is_file());
+        for ex in DLOPEN_CONTRAST {
+            let src = root.join(util::TOOLS_DIR).join("examples");
+            assert!(src.join(format!("{ex}.rs")).is_file(), "no example {ex}");
+        }
     }
 }

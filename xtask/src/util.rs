@@ -9,6 +9,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+/// The package of the example programs, the C-compatible tools and the
+/// harness's data movers (`fault_peer`, `soak_peer`). Its examples and
+/// binaries land in the workspace's target directory.
+pub const TOOLS_PACKAGE: &str = "ibverbs-tools";
+/// Its directory in the repository (`tools/examples/`, `tools/src/`).
+pub const TOOLS_DIR: &str = "tools";
+
 static CLOCK: OnceLock<(Instant, &'static str)> = OnceLock::new();
 
 /// Starts the progress clock. `inner` marks the copy of xtask that runs inside a VM.
@@ -223,15 +230,15 @@ pub fn target_dir() -> Result<PathBuf> {
         .with_context(|| format!("cannot resolve {dir}"))
 }
 
-/// Builds examples of the root package (`what`: `--examples` or
+/// Builds examples of [`TOOLS_PACKAGE`] (`what`: `--examples` or
 /// `--example NAME`) and returns each example's executable by name.
 pub fn build_examples(
     release: bool,
     what: &[&str],
 ) -> anyhow::Result<std::collections::BTreeMap<String, std::path::PathBuf>> {
-    let manifest = crate::repo_root()?.join("Cargo.toml");
+    let manifest = crate::repo_root()?.join(TOOLS_DIR).join("Cargo.toml");
     let mut cmd = cargo();
-    cmd.args(["build", "-p", "ibverbs-suite"]).args(what);
+    cmd.args(["build", "-p", TOOLS_PACKAGE]).args(what);
     if release {
         cmd.arg("--release");
     }

@@ -562,7 +562,7 @@ pub(crate) mod samples {
 ---------------------------------------------------------------------------------------
 ";
 
-    /// Our `examples/write_bw.rs` (same table, its own spacing).
+    /// Our `tools/examples/write_bw.rs` (same table, its own spacing).
     pub const RUST_WRITE_BW: &str =
         "---------------------------------------------------------------------------------------
                     RDMA_Write BW Test
@@ -580,7 +580,7 @@ pub(crate) mod samples {
 ---------------------------------------------------------------------------------------
 ";
 
-    /// Our `examples/read_lat.rs`.
+    /// Our `tools/examples/read_lat.rs`.
     pub const RUST_READ_LAT: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
  2              200          60.15        6577.46            76.27         967.23          1395.48                6036.99                  6577.46
 ---------------------------------------------------------------------------------------

@@ -247,8 +247,8 @@ const INTRO: &str = "\
 # Reliability: fault injection, leaks, fuzzing
 
 `cargo xtask faults` boots two VMs joined by a virtual wire and runs
-`fault_peer` (`src/bin/fault_peer.rs` over `src/fault.rs`) and the two
-workloads (`examples/blockstore.rs`, `examples/allreduce.rs`) on both: RoCE
+`fault_peer` (`tools/src/bin/fault_peer.rs` over `tools/src/fault.rs`) and the two
+workloads (`tools/examples/blockstore.rs`, `tools/examples/allreduce.rs`) on both: RoCE
 v2 between two kernels, `rxe1` on each `eth1`, the port's IPv4 RoCE v2 GID.
 Every `fault_peer` message carries a sequence number and a checksum; each
 scenario prints one row and the command fails if any row fails. After every
@@ -527,7 +527,7 @@ const FINDINGS: &str = "
 const BAD_INPUT: &str = "
 ## Bad input
 
-Bad input is covered by `tests/bad_input.rs` (unknown devices, ports, GID
+Bad input is covered by `device-tests/tests/bad_input.rs` (unknown devices, ports, GID
 indices, MTUs, `ulimit -l`, zero and maximum lengths, device caps, posting
 before RTS, revoked rkeys, UD over the MTU): each yields an error naming the
 problem. `cargo xtask fuzz` fuzzes every parser of untrusted input.

@@ -216,7 +216,7 @@ fn workloads(quick: bool) -> Vec<Scenario> {
 /// mckey), so the receivers are in the group before the first datagram. The C sender
 /// posts unsignaled sends and destroys its queue pairs without waiting,
 /// so rxe may drop its last ones: it sends 40 per id for the receiver's
-/// 10 (as tests/multicast.rs).
+/// 10 (as device-tests/tests/multicast.rs).
 fn multicast() -> Vec<Scenario> {
     const C_MCKEY: &str = "/usr/bin/mckey";
     // (label, program, arguments beyond the group and the bind address)

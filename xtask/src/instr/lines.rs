@@ -210,7 +210,7 @@ mod tests {
         let text = "0x0000000000001000\n\
                     take<T>\n/rustc/abc/library/core/src/option.rs:1886\n\
                     post\n/repo/ibverbs/src/qp/queue_pair/post.rs:523 (discriminator 2)\n\
-                    main\n/repo/examples/opcost.rs:10\n\
+                    main\n/repo/tools/examples/opcost.rs:10\n\
                     0x0000000000001004\n\
                     memcpy\n??:0\n";
         let m = parse_addr2line(text);
