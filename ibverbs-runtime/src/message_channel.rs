@@ -170,8 +170,6 @@ pub struct MessageChannel {
     /// The queue pair's posting handles, taken once it is connected.
     sq: Option<SendQueue>,
     rq: Option<RecvQueue>,
-    /// Receives posted again since the last return of credits.
-    owed: u32,
     sq_used: u32,
     sq_depth: u32,
     connected: bool,
@@ -260,7 +258,6 @@ impl MessageChannel {
             polled: VecDeque::with_capacity((sq_depth + rq_depth) as usize),
             sq: None,
             rq: None,
-            owed: 0,
             sq_used: 0,
             sq_depth,
             connected: false,
@@ -446,8 +443,7 @@ impl MessageChannel {
     /// Posts one message (the caller checked the credit, the send queue
     /// and the send slot for data; `connect` for the hello).
     fn post(&mut self, data: &[u8], is_data: bool) -> Result<()> {
-        let owed = std::mem::take(&mut self.owed);
-        let imm = self.credits.stamp(is_data, owed);
+        let imm = self.credits.stamp(is_data);
         let Some(sq) = self.sq.as_mut() else {
             return Err(ibverbs::Error::NotReadyToSend {
                 state: ibverbs::QpState::Reset,
@@ -491,7 +487,7 @@ impl MessageChannel {
     /// polled yet can take those, and then the return waits for the next
     /// call (every call polls, and the completions it waits for arrive).
     fn return_credits(&mut self) -> Result<()> {
-        if self.credits.should_return(self.owed) && self.sq_used < self.sq_depth && !self.failed {
+        if self.credits.should_return() && self.sq_used < self.sq_depth && !self.failed {
             self.post(&[], false)?;
         }
         Ok(())
@@ -649,7 +645,7 @@ impl MessageChannel {
         }
         let result = match self.repost(buf) {
             Ok(()) => {
-                self.owed += 1;
+                self.credits.release();
                 self.return_credits()
             }
             Err(e) => Err(self.fail(e)),

@@ -1,10 +1,12 @@
 //! A channel of RDMA writes with immediate data into a ring of the peer's
 //! slots, with credits: [`WriteChannel`] (its docs give the protocol),
-//! [`Received`], and the pure accounting (`Window`), unit-tested here.
+//! [`Received`], and the pure accounting (`Window`: the shared credit
+//! window and the writes' sequence numbers), unit-tested here.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::credit_window::CreditWindow;
 use crate::error::{Error, Result};
 use crate::ChannelProblem;
 use ibverbs::{
@@ -22,23 +24,19 @@ const SLOT_MASK: u64 = (1 << 32) - 1;
 /// The most slots a channel may have (as a message channel's window).
 const MAX_SLOTS: u32 = 4096;
 
-/// The credit and sequence accounting of one end, free of verbs.
+/// The credit and sequence accounting of one end, free of verbs: the
+/// channels' credit window (granted from the start: both ends exist before
+/// either writes) and the sequence numbers of the writes.
 ///
 /// Writes of this end: `credits + outstanding == slots` (a write takes a
-/// credit, a credit message of the peer gives some back, never more than
-/// are outstanding). The peer's writes: at most `slots` arrived and not
-/// yet handed out *or* handed out and not yet released (`held`), since
-/// the peer writes only with a credit and a credit goes back only when
-/// [`release`](Window::release) says so.
+/// credit, a credit message of the peer gives some back: at least one,
+/// never more than are outstanding). The peer's writes: at most `slots`
+/// arrived and not yet handed out *or* handed out and not yet released
+/// (`held`), since the peer writes only with a credit and a credit goes
+/// back only when [`release`](Window::release) says so.
 #[derive(Debug, Clone)]
 struct Window {
-    slots: u32,
-    credits: u32,
-    outstanding: u32,
-    /// The peer's writes polled and not yet released.
-    held: u32,
-    /// Released, not yet returned to the peer.
-    owed: u32,
+    counts: CreditWindow,
     /// Sequence number (16 bits, wrapping) of this end's next write.
     tx_seq: u16,
     /// Sequence number of the peer's next write.
@@ -47,12 +45,10 @@ struct Window {
 
 impl Window {
     fn new(slots: u32) -> Window {
+        let mut counts = CreditWindow::new(slots);
+        counts.grant();
         Window {
-            slots,
-            credits: slots,
-            outstanding: 0,
-            held: 0,
-            owed: 0,
+            counts,
             tx_seq: 0,
             rx_seq: 0,
         }
@@ -61,9 +57,7 @@ impl Window {
     /// Takes a credit for a write (the caller checked `credits > 0`); its
     /// immediate data.
     fn write(&mut self) -> u32 {
-        debug_assert!(self.credits > 0);
-        self.credits -= 1;
-        self.outstanding += 1;
+        self.counts.take();
         let seq = self.tx_seq;
         self.tx_seq = seq.wrapping_add(1);
         u32::from(seq)
@@ -71,15 +65,14 @@ impl Window {
 
     /// Counts the peer's credit message returning `returned`.
     fn credit(&mut self, returned: u32) -> std::result::Result<(), ChannelProblem> {
-        if returned == 0 || returned > self.outstanding {
+        if returned == 0 {
+            // A credit message always returns some.
             return Err(ChannelProblem::Credits {
                 returned,
-                outstanding: self.outstanding,
+                outstanding: self.counts.outstanding(),
             });
         }
-        self.outstanding -= returned;
-        self.credits += returned;
-        Ok(())
+        self.counts.accept(returned, false)
     }
 
     /// Checks and counts a write of the peer with immediate data `imm`.
@@ -90,13 +83,7 @@ impl Window {
                 expected: self.rx_seq,
             });
         }
-        if self.held >= self.slots {
-            return Err(ChannelProblem::Overrun {
-                held: self.held + 1,
-                window: self.slots,
-            });
-        }
-        self.held += 1;
+        self.counts.accept(0, true)?;
         self.rx_seq = self.rx_seq.wrapping_add(1);
         Ok(())
     }
@@ -104,17 +91,12 @@ impl Window {
     /// A handed-out write was released (its slot copied out): its credit
     /// is owed to the peer.
     fn release(&mut self) {
-        // Clamped, not asserted: runs in `Received`'s drop.
-        if self.held > self.owed {
-            self.owed += 1;
-        }
+        self.counts.release();
     }
 
     /// The owed credits, now returned (their message is being posted).
     fn take_owed(&mut self) -> u32 {
-        let owed = std::mem::take(&mut self.owed);
-        self.held -= owed;
-        owed
+        self.counts.take_owed()
     }
 }
 
@@ -360,7 +342,7 @@ impl WriteChannel {
 
     /// Writes this end may post now without waiting.
     pub fn credits(&self) -> u32 {
-        self.window.credits
+        self.window.counts.credits()
     }
 
     /// Starts the channel once its queue pair is connected: `peer` is the
@@ -424,7 +406,9 @@ impl WriteChannel {
         }
         self.usable("WriteChannel::send")?;
         let deadline = deadline(timeout);
-        while self.window.credits == 0 || self.sq_used >= self.sq_depth || self.send_free.is_empty()
+        while self.window.counts.credits() == 0
+            || self.sq_used >= self.sq_depth
+            || self.send_free.is_empty()
         {
             if !self.turn(deadline)? {
                 return Err(timed_out("WriteChannel::send", timeout));
@@ -452,7 +436,7 @@ impl WriteChannel {
             return Err(self.fail(e));
         }
         self.sq_used += 1;
-        self.tx_slot = (self.tx_slot + 1) % self.window.slots;
+        self.tx_slot = (self.tx_slot + 1) % self.window.counts.size();
         Ok(())
     }
 
@@ -469,7 +453,7 @@ impl WriteChannel {
         loop {
             if let Some(len) = self.arrivals.pop_front() {
                 let offset = self.rx_slot as usize * self.slot_size;
-                self.rx_slot = (self.rx_slot + 1) % self.window.slots;
+                self.rx_slot = (self.rx_slot + 1) % self.window.counts.size();
                 return Ok(Some(Received {
                     chan: self,
                     offset,
@@ -497,7 +481,7 @@ impl WriteChannel {
     pub fn flush(&mut self, timeout: Option<Duration>) -> Result<()> {
         self.usable("WriteChannel::flush")?;
         let deadline = deadline(timeout);
-        while self.sq_used > 0 || self.window.owed > 0 {
+        while self.sq_used > 0 || self.window.counts.owed() > 0 {
             if !self.turn(deadline)? {
                 return Err(timed_out("WriteChannel::flush", timeout));
             }
@@ -523,7 +507,7 @@ impl WriteChannel {
 
     /// Returns owed credits when the send queue has room.
     fn return_credits(&mut self) -> Result<()> {
-        if self.window.owed == 0 || self.sq_used >= self.sq_depth || self.failed {
+        if self.window.counts.owed() == 0 || self.sq_used >= self.sq_depth || self.failed {
             return Ok(());
         }
         let n = self.window.take_owed();
@@ -667,9 +651,9 @@ impl std::fmt::Debug for WriteChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteChannel")
             .field("qp_num", &self.qp.qp_num())
-            .field("slots", &self.window.slots)
+            .field("slots", &self.window.counts.size())
             .field("slot_size", &self.slot_size)
-            .field("credits", &self.window.credits)
+            .field("credits", &self.window.counts.credits())
             .field("arrived", &self.arrivals.len())
             .field("failed", &self.failed)
             .finish()
@@ -774,7 +758,7 @@ mod tests {
     fn credits_bound_writes() {
         let mut w = Window::new(2);
         assert_eq!((w.write(), w.write()), (0, 1));
-        assert_eq!(w.credits, 0);
+        assert_eq!(w.counts.credits(), 0);
         assert_eq!(
             w.credit(3),
             Err(ChannelProblem::Credits {
@@ -784,7 +768,10 @@ mod tests {
         );
         assert!(w.credit(0).is_err());
         w.credit(1).unwrap();
-        assert_eq!((w.credits, w.outstanding, w.write()), (1, 1, 2));
+        assert_eq!(
+            (w.counts.credits(), w.counts.outstanding(), w.write()),
+            (1, 1, 2)
+        );
     }
 
     #[test]
@@ -811,7 +798,7 @@ mod tests {
         w.release();
         w.release();
         w.release(); // more releases than writes held: clamped
-        assert_eq!((w.take_owed(), w.held), (2, 0));
+        assert_eq!((w.take_owed(), w.counts.held()), (2, 0));
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! The credit and sequence accounting of one end of a
 //! [`MessageChannel`](super::MessageChannel): pure arithmetic, no verbs, so
-//! that the bound the channel rests on is tested here on its own.
+//! that the bound the channel rests on is tested here on its own. The
+//! counting of credits, held and owed messages is the channels' shared
+//! `CreditWindow` (`credit_window.rs`, with its own tests); this module
+//! adds the wire format (sequence numbers, the control bit, the hello),
+//! the threshold and the reserve.
 //!
 //! # Contract
 //!
@@ -43,6 +47,8 @@
 //! messages: the peer returns credits as soon as `threshold` are owed (with
 //! its next message, or alone), so fewer than `threshold` stay owed, and
 //! `threshold <= window`.
+
+use crate::credit_window::CreditWindow;
 
 /// Which message of a channel: bit 31 of the immediate data.
 const CONTROL: u32 = 1 << 31;
@@ -160,17 +166,11 @@ pub(super) enum Incoming {
     Data,
 }
 
-/// The accounting of one end (see the module docs for the contract).
+/// The accounting of one end (see the module docs for the contract): the
+/// credit window, and the sequence numbers and hello of the wire format.
 #[derive(Debug, Clone)]
 pub(super) struct Credits {
-    window: u32,
-    /// Data messages this end may send now.
-    credits: u32,
-    /// Data messages sent and not yet returned: `credits + outstanding ==
-    /// window` once the hello came.
-    outstanding: u32,
-    /// The peer's data messages received and not yet returned.
-    held: u32,
+    window: CreditWindow,
     tx_seq: u16,
     rx_seq: u16,
     hello_seen: bool,
@@ -182,10 +182,7 @@ impl Credits {
     pub(super) fn new(window: u32) -> Credits {
         debug_assert!((1..=MAX_WINDOW).contains(&window));
         Credits {
-            window,
-            credits: 0,
-            outstanding: 0,
-            held: 0,
+            window: CreditWindow::new(window),
             tx_seq: 0,
             rx_seq: 0,
             hello_seen: false,
@@ -194,29 +191,28 @@ impl Credits {
 
     /// Data messages this end may send now.
     pub(super) fn credits(&self) -> u32 {
-        self.credits
+        self.window.credits()
     }
 
-    /// Whether `owed` credits (receives posted again, not yet returned)
-    /// are worth a control message of their own.
-    pub(super) fn should_return(&self, owed: u32) -> bool {
-        owed >= threshold(self.window)
+    /// A data message handed out was released (its receive posted again):
+    /// its credit is owed to the peer.
+    pub(super) fn release(&mut self) {
+        self.window.release();
     }
 
-    /// The immediate data of the next message, returning `owed` credits
-    /// (`owed <= held`, which the channel's counting guarantees): a data
-    /// message takes a credit (the caller checked
+    /// Whether the credits owed are worth a control message of their own.
+    pub(super) fn should_return(&self) -> bool {
+        self.window.owed() >= threshold(self.window.size())
+    }
+
+    /// The immediate data of the next message, returning every credit
+    /// owed: a data message takes a credit (the caller checked
     /// [`credits`](Self::credits)).
-    pub(super) fn stamp(&mut self, data: bool, owed: u32) -> u32 {
-        // Clamped, not asserted: a credit return runs in `Message`'s drop,
-        // which never panics.
-        let owed = owed.min(self.held);
-        self.held -= owed;
+    pub(super) fn stamp(&mut self, data: bool) -> u32 {
+        let owed = self.window.take_owed();
         let mut imm = (u32::from(self.tx_seq) << SEQ_SHIFT) | owed;
         if data {
-            debug_assert!(self.credits > 0);
-            self.credits -= 1;
-            self.outstanding += 1;
+            self.window.take();
         } else {
             imm |= CONTROL;
         }
@@ -256,23 +252,7 @@ impl Credits {
             }
             (true, false) => Incoming::Data,
         };
-        if returned > self.outstanding {
-            return Err(ChannelProblem::Credits {
-                returned,
-                outstanding: self.outstanding,
-            });
-        }
-        if kind == Incoming::Data && self.held >= self.window {
-            return Err(ChannelProblem::Overrun {
-                held: self.held + 1,
-                window: self.window,
-            });
-        }
-        self.outstanding -= returned;
-        self.credits += returned;
-        if kind == Incoming::Data {
-            self.held += 1;
-        }
+        self.window.accept(returned, kind == Incoming::Data)?;
         self.rx_seq = self.rx_seq.wrapping_add(1) & SEQ_MASK;
         Ok(kind)
     }
@@ -280,7 +260,7 @@ impl Credits {
     /// The peer's hello was checked: the window's credits are granted.
     pub(super) fn hello(&mut self) {
         self.hello_seen = true;
-        self.credits = self.window;
+        self.window.grant();
     }
 
     /// Whether the peer's hello came.

@@ -8,6 +8,18 @@ use std::collections::VecDeque;
 
 use super::*;
 
+/// The immediate data of a data message numbered `seq` returning nothing,
+/// as a peer that ignores its credits would send it.
+fn data(seq: u16) -> u32 {
+    u32::from(seq) << SEQ_SHIFT
+}
+
+/// The immediate data of a credit message numbered `seq` returning
+/// `returned`, whatever the sender holds.
+fn credit(seq: u16, returned: u32) -> u32 {
+    (u32::from(seq) << SEQ_SHIFT) | CONTROL | returned
+}
+
 #[test]
 fn threshold_and_reserve() {
     assert_eq!((threshold(1), reserve(1)), (1, 1));
@@ -30,15 +42,15 @@ fn hello_first_then_credits() {
     let mut b = Credits::new(4);
     assert_eq!(a.credits(), 0);
     // B's hello reaches A.
-    let imm = b.stamp(false, 0);
+    let imm = b.stamp(false);
     assert_eq!(a.receive(imm, HELLO_LEN), Ok(Incoming::Hello));
     a.hello();
     assert_eq!(a.credits(), 4);
     assert!(a.ready());
     // Data before A's hello reached B is refused at B.
-    let data = a.stamp(true, 0);
+    let first = a.stamp(true);
     assert_eq!(
-        b.receive(data, 10),
+        b.receive(first, 10),
         Err(ChannelProblem::Unexpected {
             what: "a message before the peer's hello"
         })
@@ -49,22 +61,22 @@ fn hello_first_then_credits() {
 fn every_check_refuses_with_its_numbers() {
     let mut a = Credits::new(4);
     let mut b = Credits::new(4);
-    let h = b.stamp(false, 0);
+    let h = b.stamp(false);
     a.receive(h, HELLO_LEN).unwrap();
     a.hello();
-    let h = a.stamp(false, 0);
+    let h = a.stamp(false);
     b.receive(h, HELLO_LEN).unwrap();
     b.hello();
     // A sends two; B gets them.
     for _ in 0..2 {
-        let m = a.stamp(true, 0);
+        let m = a.stamp(true);
         assert_eq!(b.receive(m, 100), Ok(Incoming::Data));
     }
     assert_eq!(a.credits(), 2);
     // A sequence skipped.
     let mut skip = b.clone();
-    let _lost = skip.stamp(true, 0);
-    let m = skip.stamp(true, 0);
+    let _lost = skip.stamp(true);
+    let m = skip.stamp(true);
     assert_eq!(
         a.clone().receive(m, 1),
         Err(ChannelProblem::Sequence {
@@ -73,9 +85,7 @@ fn every_check_refuses_with_its_numbers() {
         })
     );
     // Too many credits back: B holds 2, says 3.
-    let mut liar = b.clone();
-    liar.held = 3;
-    let m = liar.stamp(false, 3);
+    let m = credit(b.tx_seq, 3);
     assert_eq!(
         a.clone().receive(m, 0),
         Err(ChannelProblem::Credits {
@@ -83,13 +93,17 @@ fn every_check_refuses_with_its_numbers() {
             outstanding: 2
         })
     );
-    // An honest return of 2.
-    let m = b.clone().stamp(false, 2);
+    // An honest return of 2, once B released both.
+    let mut honest = b.clone();
+    honest.release();
+    honest.release();
+    let m = honest.stamp(false);
+    assert_eq!(m & RETURNED_MASK, 2);
     let mut a2 = a.clone();
     assert_eq!(a2.receive(m, 0), Ok(Incoming::Credit));
     assert_eq!(a2.credits(), 4);
     // A control message with a payload, a second hello.
-    let m = b.clone().stamp(false, 0);
+    let m = b.clone().stamp(false);
     assert!(matches!(
         a.clone().receive(m, 5),
         Err(ChannelProblem::Unexpected { .. })
@@ -101,16 +115,13 @@ fn every_check_refuses_with_its_numbers() {
         })
     );
     // An overrun: A sends a fifth data message without a credit.
-    let mut greedy = a.clone();
-    greedy.credits = 3;
     let mut b2 = b.clone();
-    for _ in 0..2 {
-        let m = greedy.stamp(true, 0);
-        b2.receive(m, 1).unwrap();
+    let next = a.tx_seq;
+    for k in 0..2 {
+        b2.receive(data(next + k), 1).unwrap();
     }
-    let m = greedy.stamp(true, 0);
     assert_eq!(
-        b2.receive(m, 1),
+        b2.receive(data(next + 2), 1),
         Err(ChannelProblem::Overrun { held: 5, window: 4 })
     );
 }
@@ -119,15 +130,16 @@ fn every_check_refuses_with_its_numbers() {
 fn sequence_numbers_wrap() {
     let mut a = Credits::new(1);
     let mut b = Credits::new(1);
-    let h = b.stamp(false, 0);
+    let h = b.stamp(false);
     a.receive(h, HELLO_LEN).unwrap();
     a.hello();
     // A's hello is not modelled here: B counts from A's first data message.
     b.hello_seen = true;
     for _ in 0..(3 * u32::from(SEQ_MASK)) {
-        let m = a.stamp(true, 0);
+        let m = a.stamp(true);
         assert_eq!(b.receive(m, 0), Ok(Incoming::Data));
-        let back = b.stamp(false, 1);
+        b.release();
+        let back = b.stamp(false);
         assert_eq!(a.receive(back, 0), Ok(Incoming::Credit));
     }
 }
@@ -152,8 +164,6 @@ struct End {
     cq: VecDeque<(u32, usize)>,
     /// Data messages handed to the user, not yet released.
     user: u32,
-    /// Receives posted again, not yet returned.
-    owed: u32,
     to_send: u32,
     received: u32,
 }
@@ -165,7 +175,6 @@ impl End {
             posted: window + reserve(window),
             cq: VecDeque::new(),
             user: 0,
-            owed: 0,
             to_send,
             received: 0,
         }
@@ -187,7 +196,7 @@ fn run(window: u32, n: u32, seed: u64) -> usize {
     // wire[i]: messages from end i to end 1 - i, in flight.
     let mut wire: [VecDeque<(u32, usize)>; 2] = [VecDeque::new(), VecDeque::new()];
     for (i, w) in wire.iter_mut().enumerate() {
-        w.push_back((ends[i].credits.stamp(false, 0), HELLO_LEN));
+        w.push_back((ends[i].credits.stamp(false), HELLO_LEN));
     }
     let mut most_pending = 0;
     let mut idle = 0;
@@ -203,8 +212,7 @@ fn run(window: u32, n: u32, seed: u64) -> usize {
         let acted = match rng.below(5) {
             // Send data, returning what is owed.
             0 if me.to_send > 0 && me.credits.ready() && me.credits.credits() > 0 => {
-                let owed = std::mem::take(&mut me.owed);
-                wire[i].push_back((me.credits.stamp(true, owed), 1));
+                wire[i].push_back((me.credits.stamp(true), 1));
                 me.to_send -= 1;
                 true
             }
@@ -236,13 +244,12 @@ fn run(window: u32, n: u32, seed: u64) -> usize {
             3 if me.user > 0 => {
                 me.user -= 1;
                 me.posted += 1;
-                me.owed += 1;
+                me.credits.release();
                 true
             }
             // Credits alone when enough are owed.
-            4 if me.credits.should_return(me.owed) => {
-                let owed = std::mem::take(&mut me.owed);
-                wire[i].push_back((me.credits.stamp(false, owed), 0));
+            4 if me.credits.should_return() => {
+                wire[i].push_back((me.credits.stamp(false), 0));
                 true
             }
             _ => false,
@@ -255,7 +262,13 @@ fn run(window: u32, n: u32, seed: u64) -> usize {
             idle < 10_000,
             "deadlock (window {window}, seed {seed}): {:?}",
             ends.iter()
-                .map(|e| (e.to_send, e.received, e.credits.credits(), e.owed, e.user))
+                .map(|e| (
+                    e.to_send,
+                    e.received,
+                    e.credits.credits(),
+                    e.credits.window.owed(),
+                    e.user
+                ))
                 .collect::<Vec<_>>()
         );
     }

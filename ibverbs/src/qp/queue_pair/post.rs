@@ -173,6 +173,28 @@ pub(super) fn fill_sges(sg: &SgList, out: &mut [sys::ibv_sge]) -> usize {
     n
 }
 
+/// The inline rule of DESIGN.md's request-option table: a request may ask
+/// the provider to copy at most `max` bytes (the queue pair's
+/// `max_inline_data`) into its work request. What it asks to copy is its
+/// inline data (`inline`), else, with `IBV_SEND_INLINE` (`flag`), its
+/// buffers' bytes (`buffers_len`, measured only then); without either it
+/// inlines nothing. `Some(len)`: the `len` bytes asked are too many.
+/// Which operations may inline at all is [`check_options`]' rule.
+#[inline(always)]
+fn inline_excess(
+    inline: Option<&[u8]>,
+    flag: bool,
+    buffers_len: impl FnOnce() -> u64,
+    max: u32,
+) -> Option<u64> {
+    let len = match inline {
+        Some(data) => data.len() as u64,
+        None if flag => buffers_len(),
+        None => return None,
+    };
+    (len > u64::from(max)).then_some(len)
+}
+
 impl QueuePair {
     /// Checks a request before posting: DESIGN.md's request-option table
     /// ([`check_options`]), then the queue pair's limits and the buffers.
@@ -199,14 +221,19 @@ impl QueuePair {
                 // Inline bytes: only their length can be wrong, and they
                 // carry no buffer, so the request may be unsignaled too.
                 (Some(data), Op::Send | Op::Write(_), SgList::Empty)
-                    if data.len() <= caps.max_inline_data as usize =>
+                    if inline_excess(Some(data), false, || 0, caps.max_inline_data).is_none() =>
                 {
                     return Ok(());
                 }
                 (None, Op::Send | Op::Write(_), _)
                     if r.is_signaled()
-                        && (!inline_flag
-                            || r.sg.total_len() <= u64::from(caps.max_inline_data)) =>
+                        && inline_excess(
+                            None,
+                            inline_flag,
+                            || r.sg.total_len(),
+                            caps.max_inline_data,
+                        )
+                        .is_none() =>
                 {
                     return check_bufs(
                         &r.sg,
@@ -272,17 +299,16 @@ impl QueuePair {
                 return Err(Error::UdMessageTooLong { len, mtu });
             }
         }
-        let inline_len = match r.inline {
-            Some(data) => Some(data.len() as u64),
-            None => inline_flag.then(|| r.sg.total_len()),
-        };
-        if let Some(len) = inline_len {
-            if len > u64::from(caps.max_inline_data) {
-                return Err(Error::InlineTooLarge {
-                    len,
-                    max: caps.max_inline_data,
-                });
-            }
+        if let Some(len) = inline_excess(
+            r.inline,
+            inline_flag,
+            || r.sg.total_len(),
+            caps.max_inline_data,
+        ) {
+            return Err(Error::InlineTooLarge {
+                len,
+                max: caps.max_inline_data,
+            });
         }
         if !r.is_signaled() && !self.inner.sq_sig_all && !r.sg.all_frozen() {
             return Err(Error::UnsignaledExclusive { op });
@@ -438,7 +464,32 @@ pub(super) unsafe fn write_send_wr(
 
 #[cfg(test)]
 mod tests {
-    use super::posted_count;
+    use super::{inline_excess, posted_count};
+
+    #[test]
+    fn inline_excess_counts_only_what_is_inlined() {
+        let unmeasured = || -> u64 { panic!("buffers measured without IBV_SEND_INLINE") };
+        // Nothing inlined: no limit, the buffers are not measured.
+        assert_eq!(inline_excess(None, false, unmeasured, 0), None);
+        // Inline data, up to the limit.
+        assert_eq!(inline_excess(Some(&[7; 64]), false, unmeasured, 64), None);
+        assert_eq!(
+            inline_excess(Some(&[7; 65]), false, unmeasured, 64),
+            Some(65)
+        );
+        assert_eq!(inline_excess(Some(&[]), false, unmeasured, 0), None);
+        // Inline data is what is copied, flag or not: not the buffers.
+        assert_eq!(inline_excess(Some(&[7; 8]), true, unmeasured, 8), None);
+        assert_eq!(inline_excess(Some(&[7; 9]), true, unmeasured, 8), Some(9));
+        // IBV_SEND_INLINE on buffers: their bytes.
+        assert_eq!(inline_excess(None, true, || 64, 64), None);
+        assert_eq!(inline_excess(None, true, || 65, 64), Some(65));
+        assert_eq!(inline_excess(None, true, || 0, 0), None);
+        assert_eq!(
+            inline_excess(None, true, || u64::MAX, u32::MAX),
+            Some(u64::MAX)
+        );
+    }
 
     #[test]
     fn posted_count_from_bad_pointer() {

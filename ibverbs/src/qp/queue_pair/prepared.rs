@@ -336,10 +336,7 @@ impl PreparedSend {
     /// bytes peers may change). One load, no read-modify-write.
     #[inline]
     pub fn bytes(&self, index: usize) -> Option<&[u8]> {
-        if self.is_posted() {
-            return None;
-        }
-        bytes_of(&self.sg, index)
+        bytes_of(&self.postings, &self.sg, index)
     }
 
     /// The bytes of buffer `index` to change before the next posting, or
@@ -347,10 +344,7 @@ impl PreparedSend {
     /// buffer).
     #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
-        if self.is_posted() {
-            return None;
-        }
-        bytes_mut_of(&mut self.sg, index)
+        bytes_mut_of(&self.postings, &mut self.sg, index)
     }
 
     /// Gives the buffers back, or the request itself while a posting is
@@ -501,6 +495,9 @@ impl RecvQueue {
     }
 }
 
+// The same accessors as PreparedSend's, each type documenting its own; the
+// rule they rest on (no bytes while a posting may be outstanding) is written
+// once, in `bytes_of` and `bytes_mut_of`.
 impl PreparedRecv {
     /// Whether a posting may still be outstanding (its completion not yet
     /// claimed).
@@ -525,20 +522,14 @@ impl PreparedRecv {
     /// read-modify-write.
     #[inline]
     pub fn bytes(&self, index: usize) -> Option<&[u8]> {
-        if self.is_posted() {
-            return None;
-        }
-        bytes_of(&self.sg, index)
+        bytes_of(&self.postings, &self.sg, index)
     }
 
     /// The bytes of buffer `index`, writable, or `None` while a posting is
     /// outstanding.
     #[inline]
     pub fn bytes_mut(&mut self, index: usize) -> Option<&mut [u8]> {
-        if self.is_posted() {
-            return None;
-        }
-        bytes_mut_of(&mut self.sg, index)
+        bytes_mut_of(&self.postings, &mut self.sg, index)
     }
 
     /// Gives the buffers back, or the request itself while a posting is
@@ -555,9 +546,14 @@ impl PreparedRecv {
     }
 }
 
-/// The bytes of buffer `index` of `sg` (local or frozen only: a shared
-/// buffer's peers may change).
-fn bytes_of(sg: &SgList, index: usize) -> Option<&[u8]> {
+/// The bytes of buffer `index` of a prepared request's `sg`: none while
+/// one of its `postings` may be outstanding (the device may be reading or
+/// writing them), nor of a shared buffer (its peers may change them).
+#[inline(always)]
+fn bytes_of<'a>(postings: &Postings, sg: &'a SgList, index: usize) -> Option<&'a [u8]> {
+    if postings.any_outstanding() {
+        return None;
+    }
     match sg.iter().nth(index)? {
         Buf::Local(b) => Some(b),
         Buf::Frozen(b) => Some(b),
@@ -565,8 +561,14 @@ fn bytes_of(sg: &SgList, index: usize) -> Option<&[u8]> {
     }
 }
 
-/// The bytes of buffer `index` of `sg`, writable (local only).
-fn bytes_mut_of(sg: &mut SgList, index: usize) -> Option<&mut [u8]> {
+/// The bytes of buffer `index` of a prepared request's `sg`, writable: as
+/// [`bytes_of`], and of a local buffer only (a frozen buffer's bytes never
+/// change).
+#[inline(always)]
+fn bytes_mut_of<'a>(postings: &Postings, sg: &'a mut SgList, index: usize) -> Option<&'a mut [u8]> {
+    if postings.any_outstanding() {
+        return None;
+    }
     let b = match sg {
         SgList::One(b) if index == 0 => b,
         SgList::Many(v) => v.get_mut(index)?,

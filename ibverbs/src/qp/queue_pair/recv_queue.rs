@@ -13,6 +13,7 @@ use super::send_queue::{no_room, Posted, Refused};
 use crate::error::{Error, Result};
 use crate::inflight::{Payload, Reserved, Ring};
 use crate::memory::buffer::{Buf, DeviceWritable, SgList};
+use crate::memory::protection_domain::ProtectionDomain;
 use crate::qp::queue_pair::QueuePair;
 use crate::qp::shared_receive_queue::SharedReceiveQueue;
 use crate::types::QpState;
@@ -107,23 +108,15 @@ impl QueuePair {
         let post_fn = unsafe {
             std::mem::transmute::<super::PostRecvFn, RecvPostFn>(self.inner.post_recv_fn)
         };
-        let caps = &self.inner.caps;
-        Ok(RecvQueue {
+        Ok(RecvQueue::new(
             ring,
             post_fn,
-            target: self.as_ptr().cast(),
-            pd: Arc::as_ptr(&self.inner.pd.inner).cast(),
-            qp_queue: true,
-            max_sge: caps.max_recv_sge,
-            // One SGE, never empty (`recv`): set once.
-            wr: sys::ibv_recv_wr {
-                num_sge: 1,
-                ..Default::default()
-            },
-            sge: sys::ibv_sge::default(),
-            scratch: RecvScratch::new(cell.depth(), caps.max_recv_sge),
-            owner: Owner::Qp(self.clone()),
-        })
+            self.as_ptr().cast(),
+            self.pd(),
+            self.inner.caps.max_recv_sge,
+            cell.depth(),
+            Owner::Qp(self.clone()),
+        ))
     }
 }
 
@@ -137,26 +130,50 @@ impl SharedReceiveQueue {
         let ring = cell.take().ok_or(Error::QueueTaken {
             queue: "shared receive queue",
         })?;
-        Ok(RecvQueue {
+        Ok(RecvQueue::new(
             ring,
-            post_fn: self.post_fn(),
-            target: self.as_ptr().cast(),
-            pd: Arc::as_ptr(&self.pd().inner).cast(),
-            qp_queue: false,
-            max_sge: self.max_sge(),
+            self.post_fn(),
+            self.as_ptr().cast(),
+            self.pd(),
+            self.max_sge(),
+            cell.depth(),
+            Owner::Srq(self.clone()),
+        ))
+    }
+}
+
+impl RecvQueue {
+    /// The handle of `owner`'s receive queue: its `ring` (taken from its
+    /// cell), the provider's `post_fn` and the queue's C object `target`;
+    /// the protection domain, SGEs per receive and depth of the queue.
+    #[inline(always)]
+    fn new(
+        ring: NonNull<Ring>,
+        post_fn: RecvPostFn,
+        target: *mut std::ffi::c_void,
+        pd: &ProtectionDomain,
+        max_sge: u32,
+        depth: u32,
+        owner: Owner,
+    ) -> RecvQueue {
+        RecvQueue {
+            ring,
+            post_fn,
+            target,
+            pd: Arc::as_ptr(&pd.inner).cast(),
+            qp_queue: matches!(owner, Owner::Qp(_)),
+            max_sge,
             // One SGE, never empty (`recv`): set once.
             wr: sys::ibv_recv_wr {
                 num_sge: 1,
                 ..Default::default()
             },
             sge: sys::ibv_sge::default(),
-            scratch: RecvScratch::new(cell.depth(), self.max_sge()),
-            owner: Owner::Srq(self.clone()),
-        })
+            scratch: RecvScratch::new(depth, max_sge),
+            owner,
+        }
     }
-}
 
-impl RecvQueue {
     /// The queue pair whose receive queue this is (`None` for an SRQ's).
     pub fn qp(&self) -> Option<&QueuePair> {
         match &self.owner {
