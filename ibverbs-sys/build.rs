@@ -265,5 +265,5 @@ fn compile_static_fns(manifest_dir: &Path, out_dir: &Path, found: &Found, redire
     if rdmacm_enabled() {
         build.define("IBVERBS_SYS_RDMACM", None);
     }
-    build.compile("ibverbs_sys_static_fns");
+    build.compile("rdma_verbs_sys_static_fns");
 }

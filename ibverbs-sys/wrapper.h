@@ -1,4 +1,4 @@
-/* The C surface that ibverbs-sys binds: libibverbs, and librdmacm with the
+/* The C surface that rdma-verbs-sys binds: libibverbs, and librdmacm with the
  * `rdmacm` feature. bindgen reads this file; with `wrap_static_fns` every
  * static inline function it declares is also compiled into a small C
  * library, so each inline verb is callable from Rust exactly as C sees it

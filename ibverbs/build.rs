@@ -1,4 +1,4 @@
-//! Feature detection from the version `ibverbs-sys` found (its `links`
+//! Feature detection from the version `rdma-verbs-sys` found (its `links`
 //! metadata, `DEP_IBVERBS_VERSION`): verbs newer than the oldest supported
 //! rdma-core are compiled in only when the installed headers have them.
 

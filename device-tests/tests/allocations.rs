@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionRef, WorkCompletion},
     qp::{AddressVector, UdDest},
     AccessFlags, Completion, CompletionQueue, Completions, LocalBuffer, QpType, RecvRequest,
@@ -337,8 +337,8 @@ fn ud_send_with_address_handle_does_not_allocate() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn exchange_mesh_barrier_does_not_allocate() {
-    use ibverbs::{ConnectOptions, LocalPort};
-    use ibverbs_runtime::Ranks;
+    use rdma_verbs::{ConnectOptions, LocalPort};
+    use rdma_verbs_runtime::Ranks;
     let ls: Vec<std::net::TcpListener> = (0..2)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
@@ -378,7 +378,7 @@ fn exchange_mesh_barrier_does_not_allocate() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn message_channel_send_and_recv_do_not_allocate() {
-    use ibverbs_runtime::MessageChannel;
+    use rdma_verbs_runtime::MessageChannel;
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
     // A window of 4: credits run out and come back (alone and piggy-backed)
@@ -462,7 +462,7 @@ fn request_table_and_stream_do_not_allocate() {
     // covered values handed out. The stream owns a's send handle (it
     // cannot lend it to `RequestTable::post_send`), so the table's send
     // goes from b to a.
-    use ibverbs_runtime::{Reaped, RequestTable};
+    use rdma_verbs_runtime::{Reaped, RequestTable};
     let p = common::pair(QpType::Rc, common::remote_all(), |b| {
         b.max_send_wr(16).max_inline_data(64)
     });
@@ -541,7 +541,7 @@ fn async_queue_pair_send_and_recv_do_not_allocate() {
     // The Tokio dispatcher's path: post a receive and a send, await both
     // futures (driving the completion channel, re-arming, filing each
     // completion in the dispatcher's slab, waking), reuse both buffers.
-    use ibverbs_tokio::AsyncQueuePair;
+    use rdma_verbs_tokio::AsyncQueuePair;
     let t = common::device();
     let pd = t.ctx.alloc_pd().unwrap();
     let (a, b) = (

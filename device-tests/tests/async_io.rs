@@ -1,4 +1,4 @@
-//! The Tokio integration (`ibverbs-tokio`): `AsyncQueuePair`
+//! The Tokio integration (`rdma-verbs-tokio`): `AsyncQueuePair`
 //! futures for every verb, many at once, cancellation (a dropped future
 //! leaves its buffer with the queue pair until the completion arrives),
 //! error completions, `EventStream`, and the `async_echo` example run as
@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use common::process::{self, device_args, Finished, Running};
 use common::{channel_qp, connect_pair, device, pattern, remote_all, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     device::AsyncEventType, AccessFlags, Completion, Error, ProtectionDomain, QpState, QpType,
     RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
 };
-use ibverbs_tokio::{AsyncQueuePair, CompletionFuture, EventStream};
+use rdma_verbs_tokio::{AsyncQueuePair, CompletionFuture, EventStream};
 
 /// Longest any single await may take here.
 const BOUND: Duration = Duration::from_secs(10);
@@ -63,7 +63,7 @@ fn pair(access: AccessFlags, depth: u32) -> Pair {
     }
 }
 
-fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> ibverbs::LocalBuffer {
+fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> rdma_verbs::LocalBuffer {
     let mut b = pd.alloc(len, local()).unwrap();
     b.copy_from_slice(&pattern(len, seed));
     b
@@ -431,7 +431,7 @@ async fn async_error_completions_resolve_every_waiter() {
     p.b.queue_pair().to_err().unwrap();
     for t in [t1, t2] {
         match within("flushed recv", t).await.unwrap() {
-            Err(ibverbs_tokio::Error::Verbs(Error::WorkCompletion { status, .. })) => {
+            Err(rdma_verbs_tokio::Error::Verbs(Error::WorkCompletion { status, .. })) => {
                 assert_eq!(status, WcStatus::WrFlushErr)
             }
             other => panic!("expected a flush error, got {other:?}"),
@@ -451,7 +451,7 @@ async fn async_error_completions_resolve_every_waiter() {
     )
     .await
     {
-        Err(ibverbs_tokio::Error::Verbs(Error::WorkCompletion { status, wr_id, .. })) => {
+        Err(rdma_verbs_tokio::Error::Verbs(Error::WorkCompletion { status, wr_id, .. })) => {
             assert_eq!(status, WcStatus::RemAccessErr);
             assert_ne!(wr_id, 0);
         }
@@ -468,14 +468,14 @@ fn async_construction_errors() {
     // Outside a runtime: an error, not a panic.
     let qp = channel_qp(&dev, &pd, 4);
     match AsyncQueuePair::new(qp.clone()) {
-        Err(ibverbs_tokio::Error::NoRuntime {
+        Err(rdma_verbs_tokio::Error::NoRuntime {
             by: "AsyncQueuePair",
         }) => {}
         other => panic!("expected NoRuntime, got {other:?}"),
     }
     assert!(matches!(
         EventStream::new(&dev.ctx),
-        Err(ibverbs_tokio::Error::NoRuntime { by: "EventStream" })
+        Err(rdma_verbs_tokio::Error::NoRuntime { by: "EventStream" })
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -486,7 +486,7 @@ fn async_construction_errors() {
         let cq = dev.ctx.create_cq(256).build().unwrap();
         let plain = pd.create_qp(QpType::Rc, &cq, &cq).build().unwrap();
         match AsyncQueuePair::new(plain) {
-            Err(ibverbs_tokio::Error::Verbs(Error::NoCompletionChannel {
+            Err(rdma_verbs_tokio::Error::Verbs(Error::NoCompletionChannel {
                 which: "AsyncQueuePair's send CQ",
             })) => {}
             other => panic!("expected NoCompletionChannel, got {other:?}"),
@@ -497,7 +497,7 @@ fn async_construction_errors() {
         assert!(
             matches!(
                 second,
-                ibverbs_tokio::Error::AlreadyDriven {
+                rdma_verbs_tokio::Error::AlreadyDriven {
                     by: "AsyncQueuePair",
                     ..
                 }
@@ -534,7 +534,7 @@ async fn async_events_stream() {
     assert!(
         matches!(
             twice,
-            ibverbs_tokio::Error::AlreadyDriven {
+            rdma_verbs_tokio::Error::AlreadyDriven {
                 by: "EventStream",
                 ..
             }
@@ -557,7 +557,7 @@ async fn async_events_stream() {
     assert_eq!(ev.event_type(), AsyncEventType::SrqLimitReached, "{ev:?}");
     assert_eq!(
         ev.element(),
-        ibverbs::device::AsyncElement::Srq(Some(setup.srq.id())),
+        rdma_verbs::device::AsyncElement::Srq(Some(setup.srq.id())),
         "{ev:?}"
     );
     ctx.set_async_nonblocking(false).unwrap();

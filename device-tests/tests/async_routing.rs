@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{connect_pair, endpoint, options, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     device::{AsyncElement, AsyncEvent, AsyncEventReceiver, AsyncEventType},
     qp::SharedReceiveQueue,
     sys, AccessFlags, Context, Error, ProtectionDomain, QpType, QueuePair, RecvRequest, SendQueue,
@@ -66,7 +66,7 @@ struct SrqSide {
     sender: QueuePair,
     sq: SendQueue,
     receiver: QueuePair,
-    cq: ibverbs::CompletionQueue,
+    cq: rdma_verbs::CompletionQueue,
 }
 
 fn srq_side(dev: &TestDevice, pd: &ProtectionDomain, n: u32, limit: u32) -> SrqSide {
@@ -211,7 +211,7 @@ fn async_route_last_wqe_to_its_qp() {
         None if common::is_rxe(&dev) => panic!("rxe raises LAST_WQE_REACHED: none routed"),
         None => common::unsupported(
             "IBV_EVENT_QP_LAST_WQE_REACHED",
-            &ibverbs::Error::Unsupported("a LAST_WQE_REACHED event within 5 s"),
+            &rdma_verbs::Error::Unsupported("a LAST_WQE_REACHED event within 5 s"),
         ),
     }
     assert_eq!(rx2.drain(), vec![], "the other QP got an event");
@@ -256,7 +256,7 @@ fn async_route_comm_est_to_its_qp() {
         }
         None => common::unsupported(
             "IBV_EVENT_COMM_EST",
-            &ibverbs::Error::Unsupported("a COMM_EST event within 5 s"),
+            &rdma_verbs::Error::Unsupported("a COMM_EST event within 5 s"),
         ),
     }
     assert_eq!(rx_a.drain(), vec![], "the sender got an event");
@@ -349,7 +349,7 @@ fn async_route_cq_err_to_its_cq() {
         None if common::is_rxe(&dev) => panic!("rxe raises CQ_ERR on an overrun: none routed"),
         None => common::unsupported(
             "IBV_EVENT_CQ_ERR",
-            &ibverbs::Error::Unsupported("a CQ_ERR event within 5 s of an overrun"),
+            &rdma_verbs::Error::Unsupported("a CQ_ERR event within 5 s of an overrun"),
         ),
     }
     assert_eq!(rx_big.drain(), vec![], "the other CQ got an event");
@@ -404,7 +404,7 @@ async fn async_route_tokio_next_unrouted_routes() {
     let pd = dev.ctx.alloc_pd().unwrap();
     let mut a = srq_side(&dev, &pd, 8, 4);
     let rx = a.srq.async_events();
-    let mut events = ibverbs_tokio::EventStream::new(&dev.ctx).unwrap();
+    let mut events = rdma_verbs_tokio::EventStream::new(&dev.ctx).unwrap();
     for i in 0..5u8 {
         a.sq.send_inline(&[i], Wr::id(0)).unwrap();
     }

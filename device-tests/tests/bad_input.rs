@@ -10,7 +10,7 @@
 mod common;
 
 use common::{device, pair, pattern, remote_all, wait, wait_ok, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     device::{GidIndex, Mtu},
     qp::{AddressHandle, AddressVector, QpAttr, UdDest},
     sys, AccessFlags, CompletionQueue, ConnectOptions, Endpoint, Error, Gid, LocalBuffer,
@@ -63,7 +63,7 @@ fn unknown_device_name_is_no_device() {
         "a/b",
         "x".repeat(300).as_str(),
     ] {
-        match ibverbs::open_device(name) {
+        match rdma_verbs::open_device(name) {
             Err(e) if matches!(&e, Error::NoDevice { name: Some(n) } if n == name) => {
                 let msg = e.to_string();
                 assert!(msg.contains(&format!("{name:?}")), "{msg:?} lacks {name:?}");
@@ -543,7 +543,8 @@ fn sizes_beyond_the_device_caps_name_the_cap() {
 
     let wr = above(d.max_qp_wr(), "max_qp_wr");
     let sge = above(d.max_sge(), "max_sge");
-    type Tune = fn(ibverbs::qp::QueuePairBuilder<'_>, u32) -> ibverbs::qp::QueuePairBuilder<'_>;
+    type Tune =
+        fn(rdma_verbs::qp::QueuePairBuilder<'_>, u32) -> rdma_verbs::qp::QueuePairBuilder<'_>;
     let cases: [(&str, u32, &str, Tune); 4] = [
         ("max_send_wr", wr, "max_qp_wr", |b, v| b.max_send_wr(v)),
         ("max_recv_wr", wr, "max_qp_wr", |b, v| b.max_recv_wr(v)),
@@ -610,7 +611,7 @@ fn out_of_range_connect_values_are_refused_before_any_step() {
     let opts = || ConnectOptions::new(dev.port).gid_index(dev.gid_index);
     let (qp, me) = rc_qp(&dev, &pd, &cq);
     let wide_qpn = Endpoint {
-        qp_num: ibverbs::qp::QpNumber(1 << 24),
+        qp_num: rdma_verbs::qp::QpNumber(1 << 24),
         ..me
     };
     let wide_psn = Endpoint { psn: 1 << 24, ..me };

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::example_bin;
 use common::process::{self, device_args, Finished, Running};
-use ibverbs::{
+use rdma_verbs::{
     AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort, ProtectionDomain, QpType,
     QueuePair, RemoteMemory, WcStatus, Wr,
 };
@@ -160,7 +160,8 @@ fn intrude(port: u16) -> Intruder {
             .local_port(&local)
             .rd_atomic(16);
         let me = local.endpoint(&qp, Endpoint::random_psn()).unwrap();
-        let peer = ibverbs_runtime::exchange(&mut tcp, &me, &[], Duration::from_secs(10)).unwrap();
+        let peer =
+            rdma_verbs_runtime::exchange(&mut tcp, &me, &[], Duration::from_secs(10)).unwrap();
         qp.connect(&me, &peer.endpoint, &opts).unwrap();
         let store = RemoteMemory::from_bytes(&peer.private[..RemoteMemory::WIRE_LEN]).unwrap();
         let mut grant = [0u8; RemoteMemory::WIRE_LEN];

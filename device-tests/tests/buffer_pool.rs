@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{pair, pattern, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     memory::{BufferPool, PutError},
     AccessFlags, Error, LocalBuffer, QpType, Wr,
 };
@@ -20,7 +20,7 @@ fn local() -> AccessFlags {
 
 /// A free buffer of `pool`, waiting (10 s at most) while other threads
 /// hold them all.
-fn get_waiting(pool: &BufferPool) -> ibverbs::memory::PooledBuffer {
+fn get_waiting(pool: &BufferPool) -> rdma_verbs::memory::PooledBuffer {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(b) = pool.get() {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{memory::SgList, AccessFlags, Error, QpType, WcOpcode, WcStatus, Wr};
+use rdma_verbs::{memory::SgList, AccessFlags, Error, QpType, WcOpcode, WcStatus, Wr};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
@@ -139,11 +139,11 @@ fn chunks_of_one_registration_post_independently_and_join_back() {
     // Out of order: refused, the pieces handed back untouched.
     back.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
     let pieces: Vec<_> = back.into_iter().map(|(_, b)| b).collect();
-    let mut pieces = ibverbs::LocalBuffer::join(pieces).unwrap_err();
+    let mut pieces = rdma_verbs::LocalBuffer::join(pieces).unwrap_err();
     assert_eq!(pieces.len(), 4);
     pieces.reverse();
     pieces.push(rest);
-    let joined = ibverbs::LocalBuffer::join(pieces).unwrap();
+    let joined = rdma_verbs::LocalBuffer::join(pieces).unwrap();
     assert_eq!((joined.addr(), joined.len()), (addr, 1124));
     for i in 0..4u8 {
         let at = 256 * i as usize;
@@ -155,8 +155,8 @@ fn chunks_of_one_registration_post_independently_and_join_back() {
     assert_eq!((chunks.len(), rest.len()), (2, 0));
     let other = p.pd.alloc(562, local()).unwrap();
     let mixed = vec![chunks.into_iter().next().unwrap(), other];
-    assert_eq!(ibverbs::LocalBuffer::join(mixed).unwrap_err().len(), 2);
-    assert!(ibverbs::LocalBuffer::join(Vec::new()).is_err());
+    assert_eq!(rdma_verbs::LocalBuffer::join(mixed).unwrap_err().len(), 2);
+    assert!(rdma_verbs::LocalBuffer::join(Vec::new()).is_err());
 
     // Shared buffers carve the same way.
     let shared = p.pd.alloc_shared(64, remote_all()).unwrap();
@@ -164,7 +164,7 @@ fn chunks_of_one_registration_post_independently_and_join_back() {
     assert_eq!((parts.len(), rest.len()), (4, 0));
     let mut parts = parts;
     parts.push(rest);
-    assert_eq!(ibverbs::SharedBuffer::join(parts).unwrap().len(), 64);
+    assert_eq!(rdma_verbs::SharedBuffer::join(parts).unwrap().len(), 64);
 }
 
 /// Typed views: `f32`s written through a slice of a local buffer cross an

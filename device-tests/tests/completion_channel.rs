@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionChannel, CompletionRef},
     AccessFlags, Completion, CompletionQueue, Completions, LocalBuffer, ProtectionDomain, QpType,
     QueuePair, WcOpcode, Wr,
@@ -383,7 +383,7 @@ fn destroy_waits_for_the_ack_of_an_event_read() {
     let mut cq_context = std::ptr::null_mut();
     // SAFETY: live channel, valid out-pointers; the event is acknowledged
     // below (the contract of `CompletionChannel::as_ptr`).
-    let rc = unsafe { ibverbs_sys::ibv_get_cq_event(w.ch.as_ptr(), &mut cq, &mut cq_context) };
+    let rc = unsafe { rdma_verbs_sys::ibv_get_cq_event(w.ch.as_ptr(), &mut cq, &mut cq_context) };
     assert_eq!(rc, 0, "ibv_get_cq_event");
     assert_eq!(cq, w.cq_a.as_ptr());
     assert!(!cq_context.is_null(), "the library's cq_context");
@@ -402,7 +402,7 @@ fn destroy_waits_for_the_ack_of_an_event_read() {
     );
     // SAFETY: the event read above, acknowledged once; the CQ is not
     // destroyed before this acknowledgement.
-    unsafe { ibverbs_sys::ibv_ack_cq_events(cq, 1) };
+    unsafe { rdma_verbs_sys::ibv_ack_cq_events(cq, 1) };
     dropper.join().unwrap();
     drop(dog);
     match ch.get_event() {
@@ -536,7 +536,7 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
     assert!(
         matches!(
             err,
-            ibverbs::Error::NoCompletionChannel {
+            rdma_verbs::Error::NoCompletionChannel {
                 which: "CQ waited on"
             }
         ),
@@ -551,7 +551,7 @@ fn wait_times_out_asleep_and_refuses_what_it_cannot_wait_on() {
         .wait(&mut out, Some(Duration::ZERO))
         .expect_err("a wait on a shared channel is refused");
     assert!(
-        matches!(err, ibverbs::Error::CompletionChannelShared { cqs: 2 }),
+        matches!(err, rdma_verbs::Error::CompletionChannelShared { cqs: 2 }),
         "{err:?}"
     );
     drop_all(w);

@@ -9,14 +9,14 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::{pair, pattern, remote_all};
-use ibverbs::{
+use rdma_verbs::{
     cq::WorkCompletion, memory::SgList, AccessFlags, Completion, CompletionQueue, Completions,
     Error, LocalBuffer, QpType, QueuePair, RemoteMemory, SendRequest, WcOpcode, Wr,
 };
 
 /// Polls one completion with `poll_one`: its entry into `wc`, its buffers
 /// returned.
-fn poll_into_ok(cq: &ibverbs::CompletionQueue, wc: &mut WorkCompletion) -> SgList {
+fn poll_into_ok(cq: &rdma_verbs::CompletionQueue, wc: &mut WorkCompletion) -> SgList {
     let mut c = common::poll_until(|| cq.poll_one().unwrap());
     *wc = *c.wc();
     assert!(wc.is_success(), "{:?}", wc.status());
@@ -68,7 +68,7 @@ fn create_poll_empty_and_arm() {
     assert!(cq.capacity() >= 100);
     let mut out = Completions::with_capacity(8);
     assert_eq!(cq.poll(&mut out).unwrap().len(), 0);
-    let mut raw = [ibverbs::cq::WorkCompletion::default(); 4];
+    let mut raw = [rdma_verbs::cq::WorkCompletion::default(); 4];
     // SAFETY: no queue pair reports to `cq`.
     assert_eq!(unsafe { cq.poll_raw(&mut raw) }.unwrap(), 0);
     assert!(cq.poll_one().unwrap().is_none());

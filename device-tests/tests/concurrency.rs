@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, RecvTimeoutError};
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionChannel, Polled},
     memory::FrozenBuffer,
     qp::{AddressHandle, SharedReceiveQueue},

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{device, pair, pattern, remote_all, wait, Pair};
-use ibverbs::{
+use rdma_verbs::{
     memory::RemoteKey,
     qp::{Posted, QpAttr, QpCaps, SendOp, SendOpFlags},
     AccessFlags, Error, LocalBuffer, QpState, QpType, QueuePair, RemoteMemory, SendQueue, WcStatus,
@@ -66,7 +66,12 @@ struct Refusal {
 /// moved to ERR by hand, as a caller would to get its receives back),
 /// that neither queue keeps anything outstanding, and that the target is
 /// unchanged. Returns the status and the responder's state.
-fn refuse(p: &Pair, op: Remote, remote: RemoteMemory, target: &ibverbs::SharedBuffer) -> Refusal {
+fn refuse(
+    p: &Pair,
+    op: Remote,
+    remote: RemoteMemory,
+    target: &rdma_verbs::SharedBuffer,
+) -> Refusal {
     p.b.recv_queue()
         .unwrap()
         .recv(p.pd.alloc(64, local()).unwrap(), 30)
@@ -122,7 +127,7 @@ fn refuse(p: &Pair, op: Remote, remote: RemoteMemory, target: &ibverbs::SharedBu
 
 /// 64 bytes of `pattern(64, 5)` in a region granting `access`; its first
 /// word as the peer names it.
-fn target(p: &Pair, access: AccessFlags) -> (ibverbs::SharedBuffer, RemoteMemory) {
+fn target(p: &Pair, access: AccessFlags) -> (rdma_verbs::SharedBuffer, RemoteMemory) {
     let mut t = p.pd.alloc_shared(64, access).unwrap();
     t.copy_from_slice(0, &pattern(64, 5)).unwrap();
     let word = t.remote().unwrap().slice(0, 8).unwrap();
@@ -243,8 +248,8 @@ fn requested() -> QpCaps {
 }
 
 fn create(
-    p: &ibverbs::ProtectionDomain,
-    cq: &ibverbs::CompletionQueue,
+    p: &rdma_verbs::ProtectionDomain,
+    cq: &rdma_verbs::CompletionQueue,
     ty: QpType,
     ops: Option<SendOpFlags>,
 ) -> QueuePair {
@@ -437,7 +442,10 @@ fn conformance_query_pkey() {
         "{e}"
     );
     assert!(e.to_string().contains("past the P_Key table"), "{e}");
-    let e = dev.ctx.query_pkey(ibverbs::PortNumber(200), 0).unwrap_err();
+    let e = dev
+        .ctx
+        .query_pkey(rdma_verbs::PortNumber(200), 0)
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -499,7 +507,7 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
     assert!(max >= 2, "granted {max}");
     let bufs = |n: u32| {
         (0..n)
-            .map(|_| ibverbs::memory::Buf::Local(p.pd.alloc(8, local()).unwrap()))
+            .map(|_| rdma_verbs::memory::Buf::Local(p.pd.alloc(8, local()).unwrap()))
             .collect::<Vec<_>>()
     };
     let mut rq = p.b.recv_queue().unwrap();
@@ -524,11 +532,11 @@ fn conformance_recv_with_more_sges_than_max_recv_sge_is_refused() {
     assert_eq!((c.wr_id(), c.wc().byte_len() as usize), (2, total));
     let mut got = Vec::new();
     match c.take_buffers() {
-        ibverbs::memory::SgList::Many(v) => {
+        rdma_verbs::memory::SgList::Many(v) => {
             assert_eq!(v.len(), max as usize);
             for b in v {
                 match b {
-                    ibverbs::memory::Buf::Local(b) => got.extend_from_slice(&b[..]),
+                    rdma_verbs::memory::Buf::Local(b) => got.extend_from_slice(&b[..]),
                     other => panic!("{other:?}"),
                 }
             }
@@ -571,16 +579,16 @@ fn conformance_ah_without_grh_on_roce_is_refused() {
     let dev = device();
     let port = dev.ctx.query_port(dev.port).unwrap();
     assert!(
-        port.link_layer() == ibverbs::device::LinkLayer::Ethernet || !common::is_rxe(&dev),
+        port.link_layer() == rdma_verbs::device::LinkLayer::Ethernet || !common::is_rxe(&dev),
         "rxe is RoCE"
     );
-    if port.link_layer() != ibverbs::device::LinkLayer::Ethernet {
+    if port.link_layer() != rdma_verbs::device::LinkLayer::Ethernet {
         eprintln!("UNSUPPORTED on this device: not a RoCE port, nothing to refuse");
         return;
     }
     assert!(port.grh_required());
     let pd = dev.ctx.alloc_pd().unwrap();
-    let av = ibverbs::qp::AddressVector::infiniband(dev.port, 0);
+    let av = rdma_verbs::qp::AddressVector::infiniband(dev.port, 0);
     assert!(!av.is_global());
     let e = pd.create_ah(&av).unwrap_err();
     eprintln!("library: {e}");
@@ -593,18 +601,18 @@ fn conformance_ah_without_grh_on_roce_is_refused() {
     let mut raw = *av.as_raw();
     // SAFETY: live PD; `raw` is a valid ibv_ah_attr outliving the call; an
     // AH it might return is destroyed below, once.
-    let ah = unsafe { ibverbs::sys::ibv_create_ah(pd.as_ptr(), &mut raw) };
+    let ah = unsafe { rdma_verbs::sys::ibv_create_ah(pd.as_ptr(), &mut raw) };
     let errno = std::io::Error::last_os_error();
     if !ah.is_null() {
         // SAFETY: just created, never shared.
-        unsafe { ibverbs::sys::ibv_destroy_ah(ah) };
+        unsafe { rdma_verbs::sys::ibv_destroy_ah(ah) };
         panic!("the verb accepted an AH without a GRH on a RoCE port");
     }
     eprintln!("the verb itself: {errno}");
 
     // With the GRH the same port is fine.
     let gid = dev.ctx.query_gid(dev.port, dev.gid_index).unwrap();
-    pd.create_ah(&ibverbs::qp::AddressVector::roce(
+    pd.create_ah(&rdma_verbs::qp::AddressVector::roce(
         dev.port,
         gid,
         dev.gid_index,
@@ -643,7 +651,7 @@ fn conformance_remote_write_or_atomic_without_local_write_is_refused() {
         // SAFETY: live PD; `mem` outlives the call; a region it might
         // return is deregistered below, before `mem` is dropped.
         let mr = unsafe {
-            ibverbs::sys::ibv_reg_mr(
+            rdma_verbs::sys::ibv_reg_mr(
                 pd.as_ptr(),
                 mem.as_mut_ptr().cast(),
                 mem.len(),
@@ -653,7 +661,7 @@ fn conformance_remote_write_or_atomic_without_local_write_is_refused() {
         let errno = std::io::Error::last_os_error();
         if !mr.is_null() {
             // SAFETY: just registered, never used.
-            unsafe { ibverbs::sys::ibv_dereg_mr(mr) };
+            unsafe { rdma_verbs::sys::ibv_dereg_mr(mr) };
             panic!("the verb accepted {access:?} without LOCAL_WRITE");
         }
         eprintln!("{access:?}: the verb itself: {errno}");

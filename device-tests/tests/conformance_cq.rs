@@ -11,7 +11,7 @@
 mod common;
 
 use common::{device, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     cq::CompletionFields,
     qp::{AddressVector, UdDest},
     AccessFlags, CompletionQueue, Error, QpType, WcOpcode, Wr,
@@ -158,7 +158,7 @@ fn fields() -> [(CompletionFields, &'static str); 9] {
 /// of 32 bytes with immediate data from the sender to the receiver,
 /// polled from `rcq`. Returns the receive's completion, and the two QP
 /// numbers (receiver, sender).
-fn ud_receive(dev: &TestDevice, rcq: &CompletionQueue) -> (ibverbs::Completion, u32, u32) {
+fn ud_receive(dev: &TestDevice, rcq: &CompletionQueue) -> (rdma_verbs::Completion, u32, u32) {
     let pd = dev.ctx.alloc_pd().unwrap();
     let scq = dev.ctx.create_cq(256).build().unwrap();
     let rx = pd.create_qp(QpType::Ud, rcq, rcq).build().unwrap();

@@ -40,7 +40,7 @@ fn page_size() -> u64 {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn conformance_device_attributes_are_sane_and_match_sysfs() {
-    let list = ibverbs::devices().unwrap();
+    let list = rdma_verbs::devices().unwrap();
     assert!(!list.is_empty());
     let page = page_size();
     for dev in list.iter() {
@@ -221,16 +221,16 @@ fn conformance_query_port_and_its_bad_flows() {
             a.max_msg_size()
         );
         assert!(
-            !matches!(a.state(), ibverbs::device::PortState::Unknown(_)),
+            !matches!(a.state(), rdma_verbs::device::PortState::Unknown(_)),
             "{a:?}"
         );
         assert!((1..=7).contains(&a.phys_state()), "port {p}: phys_state");
         assert!(
-            !matches!(a.max_mtu(), ibverbs::device::Mtu::Unknown(_)),
+            !matches!(a.max_mtu(), rdma_verbs::device::Mtu::Unknown(_)),
             "{a:?}"
         );
         assert!(
-            !matches!(a.active_mtu(), ibverbs::device::Mtu::Unknown(_)),
+            !matches!(a.active_mtu(), rdma_verbs::device::Mtu::Unknown(_)),
             "{a:?}"
         );
         assert!(
@@ -246,7 +246,7 @@ fn conformance_query_port_and_its_bad_flows() {
         assert!(
             matches!(
                 a.link_layer(),
-                ibverbs::device::LinkLayer::InfiniBand | ibverbs::device::LinkLayer::Ethernet
+                rdma_verbs::device::LinkLayer::InfiniBand | rdma_verbs::device::LinkLayer::Ethernet
             ),
             "{a:?}"
         );
@@ -256,15 +256,16 @@ fn conformance_query_port_and_its_bad_flows() {
         let Ok(n) = u8::try_from(u16::from(ports) + k) else {
             break;
         };
-        let e = ctx.query_port(ibverbs::PortNumber(n)).unwrap_err();
+        let e = ctx.query_port(rdma_verbs::PortNumber(n)).unwrap_err();
         assert_eq!(e.verb(), Some("ibv_query_port"), "port {n}: {e:?}");
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "port {n}: {e:?}");
     }
 
-    let mut entries = [ibverbs::sys::ibv_gid_entry::default()];
+    let mut entries = [rdma_verbs::sys::ibv_gid_entry::default()];
     // SAFETY: live context; `entries` has room for one entry and the call
     // is told there is room for none.
-    let n = unsafe { ibverbs::sys::ibv_query_gid_table(ctx.as_ptr(), entries.as_mut_ptr(), 0, 0) };
+    let n =
+        unsafe { rdma_verbs::sys::ibv_query_gid_table(ctx.as_ptr(), entries.as_mut_ptr(), 0, 0) };
     eprintln!("ibv_query_gid_table with room for 0 entries: {n}");
     assert_eq!(n, -(libc::EINVAL as isize));
 }

@@ -13,7 +13,7 @@
 mod common;
 
 use common::{device, pair, remote_all, wait};
-use ibverbs::{
+use rdma_verbs::{
     qp::{AddressVector, QpCaps, SendOpFlags},
     sys, AccessFlags, Error, QpState, QpType, WcStatus, Wr,
 };
@@ -233,11 +233,11 @@ fn conformance_create_and_destroy_ah() {
 /// provider's answer to the post.
 fn raw_fetch_add(
     p: &common::Pair,
-    result: &ibverbs::LocalBuffer,
+    result: &rdma_verbs::LocalBuffer,
     lkey: u32,
     remote_addr: u64,
     rkey: u32,
-) -> ibverbs::Result<()> {
+) -> rdma_verbs::Result<()> {
     let mut sge = sys::ibv_sge {
         addr: result.addr(),
         length: 8,
@@ -321,7 +321,7 @@ fn conformance_atomic_to_a_misaligned_address_fails() {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 8),
+        matches!(&e.buf, rdma_verbs::memory::Buf::Local(b) if b.len() == 8),
         "the result buffer comes back"
     );
     assert_eq!(p.a.send_outstanding(), 0);

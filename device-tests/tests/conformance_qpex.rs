@@ -17,7 +17,7 @@
 mod common;
 
 use common::traffic::{players, Atomic, CqKind, Players, Rdma, Via, UD_QKEY};
-use ibverbs::{
+use rdma_verbs::{
     qp::{SendOpFlags, UdDest},
     AccessFlags, Error, QpState, QpType, Wr,
 };
@@ -55,7 +55,7 @@ fn refuses_what_it_was_not_created_for(p: &Players, ops: SendOpFlags) {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == len),
+        matches!(&e.buf, rdma_verbs::memory::Buf::Local(b) if b.len() == len),
         "the buffer comes back"
     );
     assert_eq!(p.client.qp.send_outstanding(), 0);
@@ -187,7 +187,7 @@ fn conformance_qpex_post_receive_in_reset_is_refused() {
     assert_eq!(e.error.verb(), Some("ibv_post_recv"), "{:?}", e.error);
     assert_eq!(e.error.raw_os_error(), Some(libc::EINVAL), "{:?}", e.error);
     assert!(
-        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 64),
+        matches!(&e.buf, rdma_verbs::memory::Buf::Local(b) if b.len() == 64),
         "the buffer comes back"
     );
     assert_eq!(qp.recv_outstanding(), 0);
@@ -246,7 +246,7 @@ fn conformance_qpex_full_receive_queue_refuses_one_more() {
         e.error
     );
     assert!(
-        matches!(&e.buf, ibverbs::memory::Buf::Local(b) if b.len() == 64),
+        matches!(&e.buf, rdma_verbs::memory::Buf::Local(b) if b.len() == 64),
         "the buffer comes back"
     );
     assert_eq!(qp.recv_outstanding(), depth);
@@ -278,7 +278,7 @@ fn conformance_qpex_receive_with_more_sges_than_max_recv_sge_is_refused() {
     let qp = &p.server.qp;
     let max = qp.caps().max_recv_sge;
     let bufs = (0..=max)
-        .map(|_| ibverbs::memory::Buf::Local(p.buf(&[0; 64])))
+        .map(|_| rdma_verbs::memory::Buf::Local(p.buf(&[0; 64])))
         .collect();
     let e = qp.recv_queue().unwrap().recv_sgl(bufs, 0).unwrap_err();
     eprintln!("{} entries, max_recv_sge {max}: {}", max + 1, e.error);

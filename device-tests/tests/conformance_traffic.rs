@@ -11,7 +11,7 @@
 mod common;
 
 use common::traffic::{players, CqKind, Via};
-use ibverbs::{AccessFlags, QpType};
+use rdma_verbs::{AccessFlags, QpType};
 
 const ITERS: usize = 100;
 const SIZE: usize = 1024;

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{device, pair, pattern, remote_all, wait};
-use ibverbs::{
+use rdma_verbs::{
     qp::Posted, AccessFlags, ConnectOptions, Endpoint, LocalPort, QpState, QpType, RemoteMemory,
     SendQueue, WcStatus, Wr,
 };
@@ -80,7 +80,7 @@ fn endpoints_and_memory_cross_as_bytes() {
 }
 
 /// A request on a local buffer and a peer's memory, posted on a send queue.
-type Op = fn(&mut SendQueue, ibverbs::LocalBuffer, RemoteMemory, Wr) -> Posted;
+type Op = fn(&mut SendQueue, rdma_verbs::LocalBuffer, RemoteMemory, Wr) -> Posted;
 
 /// One connection per operation the peer's queue pair was not connected
 /// to accept: `op(buf, remote)` builds the request `a` posts to `b`'s

@@ -2,13 +2,13 @@
 
 mod common;
 
-use ibverbs::device::{GidIndex, GidType, LinkLayer, PortState};
+use rdma_verbs::device::{GidIndex, GidType, LinkLayer, PortState};
 
 #[test]
 fn device_list_works_with_or_without_devices() {
     // Runs everywhere: an empty list is fine, an error is only allowed when
     // the kernel has no RDMA at all.
-    match ibverbs::devices() {
+    match rdma_verbs::devices() {
         Ok(list) => {
             for d in list.iter() {
                 assert!(!d.name().is_empty());
@@ -43,7 +43,7 @@ fn port_is_active_with_sane_attributes() {
     }
     eprintln!("{port:?}");
     // A port the device does not have is an error naming the verb.
-    let bad = t.ctx.query_port(ibverbs::PortNumber(200)).unwrap_err();
+    let bad = t.ctx.query_port(rdma_verbs::PortNumber(200)).unwrap_err();
     assert_eq!(bad.verb(), Some("ibv_query_port"));
 }
 
@@ -105,7 +105,7 @@ fn softroce_vm_rxe0_facts() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn async_event_srq_limit_reached() {
-    use ibverbs::{device::AsyncEventType, Wr};
+    use rdma_verbs::{device::AsyncEventType, Wr};
     use std::os::fd::AsRawFd;
     let t = common::device();
     let ctx = &t.ctx;
@@ -133,7 +133,7 @@ fn async_event_srq_limit_reached() {
     assert_eq!(ev.port(), None);
     assert_eq!(
         ev.element(),
-        ibverbs::device::AsyncElement::Srq(Some(setup.srq.id())),
+        rdma_verbs::device::AsyncElement::Srq(Some(setup.srq.id())),
         "{ev:?}"
     );
     ctx.set_async_nonblocking(false).unwrap();

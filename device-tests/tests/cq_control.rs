@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{connect_pair, device, is_rxe, pattern, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     qp::UdDest, AccessFlags, Completion, CompletionQueue, Completions, Error, ProtectionDomain,
     QpType, QueuePair, WcOpcode, Wr,
 };
@@ -252,15 +252,15 @@ fn cq_moderation_is_set_or_refused_by_capability() {
         );
         eprintln!("refused: {e}");
         // The refusal matches the provider: the verb itself is missing.
-        let mut raw = ibverbs::sys::ibv_modify_cq_attr {
-            attr_mask: ibverbs::sys::ibv_cq_attr_mask::IBV_CQ_ATTR_MODERATE.0,
-            moderate: ibverbs::sys::ibv_moderate_cq {
+        let mut raw = rdma_verbs::sys::ibv_modify_cq_attr {
+            attr_mask: rdma_verbs::sys::ibv_cq_attr_mask::IBV_CQ_ATTR_MODERATE.0,
+            moderate: rdma_verbs::sys::ibv_moderate_cq {
                 cq_count: 4,
                 cq_period: 10,
             },
         };
         // SAFETY: live CQ; `raw` is valid for the call.
-        let rc = unsafe { ibverbs::sys::ibv_modify_cq(p.cq_a.as_ptr(), &mut raw) };
+        let rc = unsafe { rdma_verbs::sys::ibv_modify_cq(p.cq_a.as_ptr(), &mut raw) };
         eprintln!("raw ibv_modify_cq: {rc}");
         if is_rxe(&p.dev) {
             assert_eq!(rc, libc::EOPNOTSUPP, "rxe has no modify_cq");
@@ -299,7 +299,7 @@ fn cq_resize_below_the_fill_rxe_refuses_once_completions_arrived() {
     let p = pair_asym(7, 6, 1);
     let raw_resize = |cq: &CompletionQueue, n: i32| {
         // SAFETY: live CQ; see the test's docs for the stale capacity.
-        unsafe { ibverbs::sys::ibv_resize_cq(cq.as_ptr(), n) }
+        unsafe { rdma_verbs::sys::ibv_resize_cq(cq.as_ptr(), n) }
     };
     // Six sends completed and waiting in cq_a: rxe refuses to shrink to 1.
     post_messages(&p, 6, 1);
@@ -358,9 +358,12 @@ fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
     };
     let (a, b) = (ud(&cq_a, 6, 1), ud(&cq_b, 1, 16));
     let port = dev.ctx.query_port(dev.port).unwrap();
-    let av =
-        ibverbs::qp::AddressVector::for_port(&port, &common::endpoint(&dev, &b, 0), dev.gid_index)
-            .unwrap();
+    let av = rdma_verbs::qp::AddressVector::for_port(
+        &port,
+        &common::endpoint(&dev, &b, 0),
+        dev.gid_index,
+    )
+    .unwrap();
     let ah = pd.create_ah(&av).unwrap();
     let mut outcomes = Vec::new();
     let mut sq = a.send_queue().unwrap();
@@ -371,7 +374,7 @@ fn cq_resize_below_the_fill_ud_as_pyverbs_does() {
         }
         // SAFETY: live CQ; only this throwaway CQ's recorded capacity goes
         // stale, and nothing safe is posted on it after a shrink.
-        let rc = unsafe { ibverbs::sys::ibv_resize_cq(cq_a.as_ptr(), 1) };
+        let rc = unsafe { rdma_verbs::sys::ibv_resize_cq(cq_a.as_ptr(), 1) };
         std::thread::sleep(Duration::from_millis(300));
         let polled = poll_once(&cq_a);
         eprintln!(

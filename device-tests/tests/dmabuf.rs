@@ -9,7 +9,7 @@ mod common;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use common::{pair, pattern, remote_all, wait_ok};
-use ibverbs::{AccessFlags, Error, QpType, Wr};
+use rdma_verbs::{AccessFlags, Error, QpType, Wr};
 
 const LEN: usize = 16 * 4096;
 

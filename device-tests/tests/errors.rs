@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pair, remote_all, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     error::TransitionReason,
     memory::{RemoteKey, SgList},
     qp::SendOp,
@@ -262,7 +262,7 @@ fn illegal_state_transitions_are_named() {
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     // RESET -> RTR skips INIT.
     let e = qp
-        .modify(&ibverbs::qp::QpAttr::new().qp_state(QpState::Rtr))
+        .modify(&rdma_verbs::qp::QpAttr::new().qp_state(QpState::Rtr))
         .unwrap_err();
     assert!(
         matches!(
@@ -278,7 +278,7 @@ fn illegal_state_transitions_are_named() {
     // RESET -> INIT without the port.
     let e = qp
         .modify(
-            &ibverbs::qp::QpAttr::new()
+            &rdma_verbs::qp::QpAttr::new()
                 .qp_state(QpState::Init)
                 .pkey_index(0)
                 .qp_access_flags(AccessFlags::LOCAL_WRITE),
@@ -381,7 +381,7 @@ fn stale_completions_of_a_destroyed_qp_are_orphans() {
     wait_ok_all(got);
 }
 
-fn wait_ok_all(cs: Vec<ibverbs::Completion>) {
+fn wait_ok_all(cs: Vec<rdma_verbs::Completion>) {
     for c in cs {
         c.result().unwrap();
     }

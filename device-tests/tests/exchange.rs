@@ -14,11 +14,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{device, pattern, remote_all, wait};
-use ibverbs::{
+use rdma_verbs::{
     error::WireProblem, AccessFlags, CompletionQueue, ConnectOptions, Endpoint, LocalPort,
     ProtectionDomain, QpType, RemoteMemory, SharedBuffer, WcOpcode, Wr,
 };
-use ibverbs_runtime::{Error, Mesh, PeerInfo, Ranks};
+use rdma_verbs_runtime::{Error, Mesh, PeerInfo, Ranks};
 
 /// Bytes of each peer's slot in a rank's target memory.
 const SLOT: usize = 512;
@@ -217,7 +217,7 @@ fn exchange_returns_only_when_every_peer_is_connected() {
     use std::sync::{Arc, Mutex};
     let n = 3;
     let (ls, addrs) = listeners(n);
-    let all: Arc<Mutex<HashMap<(usize, usize), ibverbs::QueuePair>>> = Arc::default();
+    let all: Arc<Mutex<HashMap<(usize, usize), rdma_verbs::QueuePair>>> = Arc::default();
     let threads: Vec<_> = ls
         .into_iter()
         .enumerate()
@@ -246,7 +246,7 @@ fn exchange_returns_only_when_every_peer_is_connected() {
                     let state = theirs.map(|qp| qp.state().unwrap());
                     assert_eq!(
                         state,
-                        Some(ibverbs::QpState::Rts),
+                        Some(rdma_verbs::QpState::Rts),
                         "rank {rank} returned before rank {}'s queue pair to it was connected",
                         p.rank()
                     );
@@ -282,9 +282,9 @@ fn exchange_connects_two_queue_pairs() {
         r.local.endpoint(&b, Endpoint::random_psn()).unwrap(),
     );
     let t = thread::spawn(move || {
-        ibverbs_runtime::exchange(&mut sb, &eb, b"b", Duration::from_secs(10))
+        rdma_verbs_runtime::exchange(&mut sb, &eb, b"b", Duration::from_secs(10))
     });
-    let pa = ibverbs_runtime::exchange(&mut sa, &ea, b"a", Duration::from_secs(10)).unwrap();
+    let pa = rdma_verbs_runtime::exchange(&mut sa, &ea, b"a", Duration::from_secs(10)).unwrap();
     let pb: PeerInfo = t.join().unwrap().unwrap();
     assert_eq!((pa.endpoint, &pa.private[..]), (eb, &b"b"[..]));
     assert_eq!((pb.endpoint, &pb.private[..]), (ea, &b"a"[..]));
@@ -387,10 +387,10 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     // Half a message, then the connection closes.
     let (e, took) = against_fake(long, |s| {
         let me = Endpoint {
-            qp_num: ibverbs::qp::QpNumber(5),
+            qp_num: rdma_verbs::qp::QpNumber(5),
             psn: 1,
             lid: 0,
-            gid: ibverbs::Gid([1; 16]),
+            gid: rdma_verbs::Gid([1; 16]),
         };
         let mut m = b"IBVX\x01\x00\x00\x00\x00".to_vec();
         m.extend_from_slice(&me.to_bytes());
@@ -417,10 +417,10 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     // the queue pair is not connected.
     let (e, _) = against_fake(long, |s| {
         let bogus = Endpoint {
-            qp_num: ibverbs::qp::QpNumber(5),
+            qp_num: rdma_verbs::qp::QpNumber(5),
             psn: 1,
             lid: 0,
-            gid: ibverbs::Gid::ZERO,
+            gid: rdma_verbs::Gid::ZERO,
         };
         let mut m = b"IBVX\x01\x00\x00\x00\x00".to_vec();
         m.extend_from_slice(&bogus.to_bytes());
@@ -434,7 +434,7 @@ fn exchange_hostile_peers_get_typed_errors_and_nothing_hangs() {
     assert!(
         matches!(
             of_rank_1(e),
-            Error::Verbs(ibverbs::Error::MissingRemoteAddress { needed: "GID", .. })
+            Error::Verbs(rdma_verbs::Error::MissingRemoteAddress { needed: "GID", .. })
         ),
         "a zero GID was connected"
     );

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{ex_pair, remote_all};
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionFields, CompletionRef},
     device::Feature,
     qp::{SendOp, SendOpFlags},

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{pair, path_tool, pattern, process, remote_all, wait};
-use ibverbs::{
+use rdma_verbs::{
     device::ForkStatus, AccessFlags, LocalBuffer, QpType, RecvQueue, SendQueue, SharedBuffer,
     WcOpcode, Wr,
 };
@@ -163,11 +163,11 @@ fn fork_and_exit() -> i32 {
 #[ignore = "needs an RDMA device"]
 fn fork_and_spawn_while_rc_traffic_runs_keep_the_parents_data_path() {
     // The process's first call into the library.
-    let before = ibverbs::device::fork_status();
-    let status = ibverbs::device::fork_init().expect("fork_init as the first call");
+    let before = rdma_verbs::device::fork_status();
+    let status = rdma_verbs::device::fork_init().expect("fork_init as the first call");
     eprintln!("fork status before: {before:?}; fork_init: {status:?}");
     assert!(status.is_fork_safe(), "{status:?}");
-    assert_eq!(ibverbs::device::fork_status(), status);
+    assert_eq!(rdma_verbs::device::fork_status(), status);
     if before == ForkStatus::Unneeded {
         // The kernel copies pinned pages at fork: nothing to enable.
         assert_eq!(status, ForkStatus::Unneeded);
@@ -176,17 +176,17 @@ fn fork_and_spawn_while_rc_traffic_runs_keep_the_parents_data_path() {
     traffic.round(0);
     // Now late: the library has called into libibverbs. Already safe, so
     // it says so again (it refuses only when fork support is off).
-    assert_eq!(ibverbs::device::fork_init().unwrap(), status);
+    assert_eq!(rdma_verbs::device::fork_init().unwrap(), status);
     if status == ForkStatus::Unneeded {
         // What rdma-core itself does when called after registrations with
         // the kernel copying pinned pages: rdma-core 44 refuses (EINVAL),
         // 52 and later return 0 and do nothing. Called while no other
         // thread uses verbs (the traffic thread starts below).
         // SAFETY: no other verbs call runs now.
-        let rc = unsafe { ibverbs::sys::ibv_fork_init() };
+        let rc = unsafe { rdma_verbs::sys::ibv_fork_init() };
         eprintln!("rdma-core's own ibv_fork_init after registrations: {rc}");
         assert!(rc == 0 || rc == libc::EINVAL, "{rc}");
-        assert_eq!(ibverbs::device::fork_status(), ForkStatus::Unneeded);
+        assert_eq!(rdma_verbs::device::fork_status(), ForkStatus::Unneeded);
     }
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -7,7 +7,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
-use ibverbs::{
+use rdma_verbs::{
     device::{GidEntry, GidIndex, GidSelector, GidType, LinkLayer},
     Error, Gid, PortNumber,
 };

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::example_bin;
-use ibverbs_tools::integrity::CORRUPT_ENV;
+use rdma_verbs_tools::integrity::CORRUPT_ENV;
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(18900);
 

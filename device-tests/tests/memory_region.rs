@@ -2,7 +2,7 @@
 
 mod common;
 
-use ibverbs::{memory::AnonymousMemory, AccessFlags, Error, Wr};
+use rdma_verbs::{memory::AnonymousMemory, AccessFlags, Error, Wr};
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -92,7 +92,10 @@ fn shared_buffer_accessors() {
         .store(42, std::sync::atomic::Ordering::SeqCst);
     let r = s.remote().unwrap();
     assert_eq!((r.addr, r.len), (s.addr(), 4096));
-    assert_eq!(ibverbs::RemoteMemory::from_bytes(&r.to_bytes()).unwrap(), r);
+    assert_eq!(
+        rdma_verbs::RemoteMemory::from_bytes(&r.to_bytes()).unwrap(),
+        r
+    );
     assert_eq!(r.slice(4000, 96).unwrap().addr, s.addr() + 4000);
     assert!(r.slice(4000, 97).is_none());
 }
@@ -170,7 +173,7 @@ fn regions_larger_than_4_gib() {
         return;
     }
     let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    let p = common::pair(ibverbs::QpType::Rc, rights, |b| b);
+    let p = common::pair(rdma_verbs::QpType::Rc, rights, |b| b);
     let big = match p.pd.alloc_shared(LEN, rights) {
         Ok(b) => b,
         Err(e) if e.raw_os_error() == Some(12) && e.verb() == Some("ibv_reg_mr") => {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{pair, remote_all, wait, wait_ok, Pair};
-use ibverbs::{
+use rdma_verbs::{
     device::Feature,
     memory::{MemoryWindow, MwType},
     qp::SendOpFlags,

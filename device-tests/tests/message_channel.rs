@@ -8,8 +8,8 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, ConnectOptions, Error, QpType, QueuePair, WcStatus, Wr};
-use ibverbs_runtime::{ChannelProblem, MessageChannel};
+use rdma_verbs::{AccessFlags, ConnectOptions, Error, QpType, QueuePair, WcStatus, Wr};
+use rdma_verbs_runtime::{ChannelProblem, MessageChannel};
 
 /// Two channel ends of `slots` × `size` on the test device, connected.
 fn channel_pair(slots: u32, size: usize) -> (MessageChannel, MessageChannel) {
@@ -76,7 +76,7 @@ fn both_ways_end(mut ch: MessageChannel, mine: u64, theirs: u64, done: &Barrier)
                     sent += 1;
                     message(mine, sent, SLOT, &mut out);
                 }
-                Err(ibverbs_runtime::Error::TimedOut { .. }) => {
+                Err(rdma_verbs_runtime::Error::TimedOut { .. }) => {
                     blocked += 1;
                     // No credit: sleep until something arrives.
                     wait = Some(Duration::from_millis(50));
@@ -161,7 +161,7 @@ fn message_channel_oversize_messages_are_refused_and_the_channel_goes_on() {
     let (mut a, mut b) = channel_pair(2, 100);
     let big = vec![1u8; 101];
     match a.send(&big, Some(Duration::ZERO)) {
-        Err(ibverbs_runtime::Error::MessageTooLarge { len: 101, max: 100 }) => {}
+        Err(rdma_verbs_runtime::Error::MessageTooLarge { len: 101, max: 100 }) => {}
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
     a.send(&big[..100], Some(Duration::from_secs(10))).unwrap();
@@ -207,10 +207,10 @@ fn message_channel_a_peer_that_goes_away_is_an_error() {
     // completion for 20 s, so there the flush times out.
     let flushed = a.flush(Some(Duration::from_secs(5)));
     eprintln!("send: {error}; flush: {flushed:?}");
-    let failed = |e: &ibverbs_runtime::Error| {
+    let failed = |e: &rdma_verbs_runtime::Error| {
         matches!(
             e,
-            ibverbs_runtime::Error::Verbs(Error::WorkCompletion {
+            rdma_verbs_runtime::Error::Verbs(Error::WorkCompletion {
                 status: WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr,
                 ..
             })
@@ -218,14 +218,14 @@ fn message_channel_a_peer_that_goes_away_is_an_error() {
     };
     match (&error, &flushed) {
         (e, _) if failed(e) => {}
-        (ibverbs_runtime::Error::TimedOut { .. }, Err(e)) if failed(e) => {}
+        (rdma_verbs_runtime::Error::TimedOut { .. }, Err(e)) if failed(e) => {}
         (
-            ibverbs_runtime::Error::TimedOut { .. },
-            Err(ibverbs_runtime::Error::Verbs(Error::QueuePairInError { .. })),
+            rdma_verbs_runtime::Error::TimedOut { .. },
+            Err(rdma_verbs_runtime::Error::Verbs(Error::QueuePairInError { .. })),
         ) => {}
         (
-            ibverbs_runtime::Error::TimedOut { .. },
-            Err(ibverbs_runtime::Error::TimedOut {
+            rdma_verbs_runtime::Error::TimedOut { .. },
+            Err(rdma_verbs_runtime::Error::TimedOut {
                 op: "MessageChannel::flush",
                 ..
             }),
@@ -236,13 +236,13 @@ fn message_channel_a_peer_that_goes_away_is_an_error() {
         // Broken for good, with a typed error, never a panic.
         assert!(matches!(
             a.send(b"x", None),
-            Err(ibverbs_runtime::Error::Verbs(
+            Err(rdma_verbs_runtime::Error::Verbs(
                 Error::QueuePairInError { .. }
             ))
         ));
         assert!(matches!(
             a.recv(None),
-            Err(ibverbs_runtime::Error::Verbs(
+            Err(rdma_verbs_runtime::Error::Verbs(
                 Error::QueuePairInError { .. }
             ))
         ));
@@ -296,7 +296,7 @@ fn raw_send(raw: &QueuePair, bytes: &[u8], imm: u32) {
 
 fn protocol_error(ch: &mut MessageChannel) -> ChannelProblem {
     match ch.recv(Some(Duration::from_secs(5))) {
-        Err(ibverbs_runtime::Error::ChannelProtocol { problem }) => problem,
+        Err(rdma_verbs_runtime::Error::ChannelProtocol { problem }) => problem,
         other => panic!("expected a protocol error, got {other:?}"),
     }
 }
@@ -315,7 +315,7 @@ fn message_channel_peers_that_break_the_protocol_are_typed_errors() {
     );
     assert!(matches!(
         ch.recv(None),
-        Err(ibverbs_runtime::Error::Verbs(
+        Err(rdma_verbs_runtime::Error::Verbs(
             Error::QueuePairInError { .. }
         ))
     ));
@@ -376,7 +376,7 @@ fn message_channel_peers_that_break_the_protocol_are_typed_errors() {
                 // Keep the receive: forgetting leaks it (never reposted).
                 std::mem::forget(m);
             }
-            Err(ibverbs_runtime::Error::ChannelProtocol { problem }) => break problem,
+            Err(rdma_verbs_runtime::Error::ChannelProtocol { problem }) => break problem,
             other => panic!("after {got} messages: {other:?}"),
         }
     };

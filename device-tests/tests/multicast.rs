@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use common::{assert_quiet, device_ipv4, example_bin, path_tool, run_bounded, wait};
-use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace, UdParam};
-use ibverbs::{
+use rdma_verbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace, UdParam};
+use rdma_verbs::{
     qp::{AddressHandle, AddressVector, QpNumber, UdDest},
     AccessFlags, CompletionQueue, Error, Gid, LocalBuffer, ProtectionDomain, QpType, QueuePair,
     WcOpcode, Wr,
@@ -428,7 +428,7 @@ fn mcast_mckey_validation_fails_loudly_on_corruption() {
     let args = ["-m", &m, "-b", &bind, "-C", "20", "-S", "700"];
     let recv = run_bounded(&bin, &[&args[..], &["-V"]].concat(), limit);
     std::thread::sleep(Duration::from_secs(2));
-    let knob = format!("{}=5@100", ibverbs_tools::integrity::CORRUPT_ENV);
+    let knob = format!("{}=5@100", rdma_verbs_tools::integrity::CORRUPT_ENV);
     let prog = bin.to_string_lossy().into_owned();
     let send = run_bounded(
         std::path::Path::new("/usr/bin/env"),

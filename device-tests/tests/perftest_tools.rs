@@ -121,7 +121,7 @@ fn check_table(f: &Finished, header: &str, sizes: &[u64], iters: u64, figures: u
 }
 
 fn sweep(max: u64) -> Vec<u64> {
-    ibverbs_tools::perf::stats::sizes(true, 2, max)
+    rdma_verbs_tools::perf::stats::sizes(true, 2, max)
 }
 
 // ---------------------------------------------------------------------------

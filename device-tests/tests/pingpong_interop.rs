@@ -11,7 +11,7 @@
 //!   `ibv_*_pingpong` from `PATH`. Each run uses its own TCP port, every wait
 //!   is bounded, and children are killed when a test fails.
 
-use ibverbs_tools::pingpong::wire;
+use rdma_verbs_tools::pingpong::wire;
 
 mod common;
 
@@ -494,13 +494,13 @@ fn interop(tool: &str, opts: &str) {
 fn rc_without_gid_flag_uses_the_default_gid() {
     let d = dev();
     let t = common::device();
-    if t.ctx.query_port(t.port).unwrap().link_layer() != ibverbs::device::LinkLayer::Ethernet {
+    if t.ctx.query_port(t.port).unwrap().link_layer() != rdma_verbs::device::LinkLayer::Ethernet {
         eprintln!("not RoCE: LID addressing, no GID to choose");
         return;
     }
     let want = t
         .ctx
-        .select_gid(t.port, &ibverbs::device::GidSelector::Automatic)
+        .select_gid(t.port, &rdma_verbs::device::GidSelector::Automatic)
         .unwrap();
     let (s, _) = pingpong(rust("rc", &d, "-n 50 -c"), c("rc", &d, "-n 50 -c"));
     assert!(
@@ -509,7 +509,7 @@ fn rc_without_gid_flag_uses_the_default_gid() {
         s.local
     );
     if let Ok(gid1) = std::env::var("IBVERBS_TEST_EXPECT_GID1") {
-        assert_eq!(want.index, ibverbs::device::GidIndex(1));
+        assert_eq!(want.index, rdma_verbs::device::GidIndex(1));
         assert!(s.local[0].ends_with(&gid1), "{:?}", s.local);
     }
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{pair, pattern, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     cq::WorkCompletion, memory::SgList, AccessFlags, CompletionQueue, Completions, Error, QpType,
     RecvRequest, SendRequest, WcOpcode, WcStatus, Wr,
 };

@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     memory::SgList, AccessFlags, Completions, Error, QpState, QpType, QueuePair, RecvRequest,
     SendRequest, WcOpcode,
 };
@@ -17,7 +17,7 @@ fn local() -> AccessFlags {
 }
 
 /// Polls one completion with `poll_one` (the path the latency tools use).
-fn poll_one_ok(cq: &ibverbs::CompletionQueue) -> ibverbs::Completion {
+fn poll_one_ok(cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Completion {
     let c = common::poll_until(|| cq.poll_one().unwrap());
     c.result().unwrap_or_else(|e| panic!("{e}: {c:?}"));
     c
@@ -134,7 +134,7 @@ fn prepared_inline_send_owns_a_copy_of_its_bytes() {
 fn prepared_atomic_may_be_posted_again_before_it_completed() {
     let p = pair(QpType::Rc, remote_all(), |b| b.max_send_wr(8));
     let attr = p.dev.ctx.query_device().unwrap();
-    if attr.atomic_cap() == ibverbs::device::AtomicCap::None {
+    if attr.atomic_cap() == rdma_verbs::device::AtomicCap::None {
         eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
         return;
     }

@@ -20,10 +20,13 @@ fn children_keep_parents_alive_in_any_drop_order() {
     let ctx = t.ctx.clone();
     let pd = ctx.alloc_pd().unwrap();
     let buf = pd
-        .register(vec![7u8; 4096], ibverbs::AccessFlags::LOCAL_WRITE)
+        .register(vec![7u8; 4096], rdma_verbs::AccessFlags::LOCAL_WRITE)
         .unwrap();
     let cq = ctx.create_cq(256).build().unwrap();
-    let qp = pd.create_qp(ibverbs::QpType::Rc, &cq, &cq).build().unwrap();
+    let qp = pd
+        .create_qp(rdma_verbs::QpType::Rc, &cq, &cq)
+        .build()
+        .unwrap();
     // Drop parents first: the children still work.
     drop(pd);
     drop(cq);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     memory::{Buf, FrozenBuffer, SgList},
     AccessFlags, Completions, QpState, QpType, RecvRequest, SendRequest, WcOpcode, Wr,
 };
@@ -183,7 +183,7 @@ fn rdma_read_into_local_buffer() {
 fn atomics_compare_and_swap_and_fetch_and_add() {
     let p = pair(QpType::Rc, remote_all(), |b| b);
     let attr = p.dev.ctx.query_device().unwrap();
-    if attr.atomic_cap() == ibverbs::device::AtomicCap::None {
+    if attr.atomic_cap() == rdma_verbs::device::AtomicCap::None {
         eprintln!("UNSUPPORTED on this device: atomics (atomic_cap NONE)");
         return;
     }
@@ -410,7 +410,7 @@ fn large_transfers_up_to_one_mebibyte() {
 }
 
 /// Polls `cq` with `poll_one` until a completion arrives (10 s at most).
-fn poll_one_within(cq: &ibverbs::CompletionQueue) -> ibverbs::Completion {
+fn poll_one_within(cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Completion {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if let Some(c) = cq.poll_one().unwrap() {
@@ -440,20 +440,20 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
         .unwrap();
     sq.send_inline(b"hello", Wr::id(8)).unwrap();
     let raw_src = p.pd.alloc(8, local()).unwrap();
-    let mut sge = ibverbs::sys::ibv_sge {
+    let mut sge = rdma_verbs::sys::ibv_sge {
         addr: raw_src.addr(),
         length: 8,
         lkey: raw_src.lkey(),
     };
-    let mut wr = ibverbs::sys::ibv_send_wr {
+    let mut wr = rdma_verbs::sys::ibv_send_wr {
         wr_id: 5,
         sg_list: &mut sge,
         num_sge: 1,
-        opcode: ibverbs::sys::IBV_WR_RDMA_WRITE,
-        send_flags: ibverbs::sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        opcode: rdma_verbs::sys::IBV_WR_RDMA_WRITE,
+        send_flags: rdma_verbs::sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
         ..Default::default()
     };
-    wr.wr.rdma = ibverbs::sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+    wr.wr.rdma = rdma_verbs::sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
         remote_addr: remote.addr + 32,
         rkey: remote.rkey.0,
     };
@@ -501,15 +501,15 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
 
     // A failed request: the error names the caller's wr_id and the buffer
     // still comes back.
-    let bad = ibverbs::RemoteMemory {
-        rkey: ibverbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000),
+    let bad = rdma_verbs::RemoteMemory {
+        rkey: rdma_verbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000),
         ..remote
     };
     let src = p.pd.alloc(8, local()).unwrap();
     sq.write(src, bad.slice(0, 8).unwrap(), Wr::id(42)).unwrap();
     let mut e = poll_one_within(&p.cq_a);
     match e.result() {
-        Err(ibverbs::Error::WorkCompletion { wr_id, .. }) => assert_eq!(wr_id, 42),
+        Err(rdma_verbs::Error::WorkCompletion { wr_id, .. }) => assert_eq!(wr_id, 42),
         other => panic!("expected a failed write, got {other:?}"),
     }
     assert_eq!(e.take_local().map(|b| b.len()), Some(8));
@@ -521,7 +521,7 @@ fn poll_one_hands_back_buffers_and_callers_wr_ids() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_local_port_queried_once_connects_queue_pairs() {
-    use ibverbs::{ConnectOptions, Endpoint, Error, LocalPort};
+    use rdma_verbs::{ConnectOptions, Endpoint, Error, LocalPort};
     let dev = common::device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq = dev.ctx.create_cq(64).build().unwrap();
@@ -585,6 +585,6 @@ fn a_local_port_queried_once_connects_queue_pairs() {
     assert_eq!(stranger.state().unwrap(), QpState::Reset);
 }
 
-fn p_alloc(pd: &ibverbs::ProtectionDomain) -> ibverbs::LocalBuffer {
+fn p_alloc(pd: &rdma_verbs::ProtectionDomain) -> rdma_verbs::LocalBuffer {
     pd.alloc(64, local()).unwrap()
 }

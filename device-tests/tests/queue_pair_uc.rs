@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     memory::RemoteKey, qp::Posted, AccessFlags, Error, LocalBuffer, ProtectionDomain, QpType,
     RemoteMemory, SendQueue, SharedBuffer, WcOpcode, Wr,
 };

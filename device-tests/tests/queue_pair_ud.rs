@@ -6,7 +6,7 @@
 
 mod common;
 
-use ibverbs::{
+use rdma_verbs::{
     device::LinkLayer,
     memory::RemoteKey,
     qp::{AddressHandle, AddressVector, RequestOption, UdDest},
@@ -106,7 +106,7 @@ fn grh_source(grh: &[u8]) -> Gid {
 /// Checks a UD receive of `payload` sent by `from` (whose GID is `gid`)
 /// and returns its buffer.
 fn check_ud_recv(
-    c: &mut ibverbs::Completion,
+    c: &mut rdma_verbs::Completion,
     from: &QueuePair,
     gid: Gid,
     payload: &[u8],

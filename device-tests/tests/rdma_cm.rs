@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use common::{device_ipv4, example_bin, path_tool, run_bounded, wait_ok};
-use ibverbs::cm::{CmEventType, CmId, CmOption, ConnParam, EventChannel};
-use ibverbs::{AccessFlags, Error, QpType, Wr};
+use rdma_verbs::cm::{CmEventType, CmId, CmOption, ConnParam, EventChannel};
+use rdma_verbs::{AccessFlags, Error, QpType, Wr};
 
 const T: Option<Duration> = Some(Duration::from_secs(10));
 static PORT: AtomicU16 = AtomicU16::new(17200);
@@ -53,8 +53,8 @@ fn serve_once(addr: SocketAddr, reject: bool) -> std::thread::JoinHandle<Result<
         let mut c = wait_ok(&cq);
         let got = c.take_local().unwrap()[..c.byte_len() as usize].to_vec();
         // The client's memory first (its wire form); echo the rest there.
-        let n = ibverbs::RemoteMemory::WIRE_LEN;
-        let remote = ibverbs::RemoteMemory::from_bytes(&got[..n])?;
+        let n = rdma_verbs::RemoteMemory::WIRE_LEN;
+        let remote = rdma_verbs::RemoteMemory::from_bytes(&got[..n])?;
         let mut src = pd.alloc(got.len() - n, AccessFlags::LOCAL_WRITE)?;
         src.copy_from_slice(&got[n..]);
         let mut sq = qp.send_queue()?;
@@ -104,7 +104,7 @@ const SEND_ID: u64 = 2;
 /// The active side of [`serve_once`]'s exchange on a resolved `id`:
 /// connects, sends its memory and a message, checks the echo, disconnects.
 /// Returns the connected QP's attributes.
-fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::qp::QpAttrView {
+fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> rdma_verbs::qp::QpAttrView {
     let ctx = id.context().expect("a device after resolution");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).build().unwrap();
@@ -124,10 +124,10 @@ fn echo_client(ch: &EventChannel, id: &CmId, addr: SocketAddr) -> ibverbs::qp::Q
         .expect(CmEventType::Established)
         .unwrap();
     assert_eq!(id.peer_addr(), Some(addr));
-    assert_eq!(qp.state().unwrap(), ibverbs::QpState::Rts);
+    assert_eq!(qp.state().unwrap(), rdma_verbs::QpState::Rts);
     let attr = qp.query().unwrap().0;
 
-    let n = ibverbs::RemoteMemory::WIRE_LEN;
+    let n = rdma_verbs::RemoteMemory::WIRE_LEN;
     let mut msg = pd.alloc(n + 11, AccessFlags::LOCAL_WRITE).unwrap();
     msg[..n].copy_from_slice(&sink.remote().unwrap().to_bytes());
     msg[n..].copy_from_slice(b"echo via cm");
@@ -159,7 +159,7 @@ fn connect_accept_data_disconnect() {
     let (ch, id) = resolved(addr);
     echo_client(&ch, &id, addr);
     let seen = server.join().unwrap().unwrap();
-    assert_eq!(&seen[ibverbs::RemoteMemory::WIRE_LEN..], b"echo via cm");
+    assert_eq!(&seen[rdma_verbs::RemoteMemory::WIRE_LEN..], b"echo via cm");
 }
 
 #[test]
@@ -416,7 +416,7 @@ fn rping_validation_fails_loudly_on_corrupted_data() {
     let dev = common::device();
     let ip = device_ipv4(&dev).to_string();
     let ours = example_bin("rping");
-    let knob = format!("{}=3@20", ibverbs_tools::integrity::CORRUPT_ENV);
+    let knob = format!("{}=3@20", rdma_verbs_tools::integrity::CORRUPT_ENV);
     for client in [ours.clone(), path_tool("rping")] {
         let port = next_port().to_string();
         let server = ours.to_string_lossy().into_owned();

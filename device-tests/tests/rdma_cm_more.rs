@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use common::{device_ipv4, wait_ok};
-use ibverbs::cm::{AddrInfo, AddrInfoHints, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
-use ibverbs::{
+use rdma_verbs::cm::{
+    AddrInfo, AddrInfoHints, CmEventType, CmId, ConnParam, EventChannel, PortSpace,
+};
+use rdma_verbs::{
     device::GidSelector, qp::UdDest, AccessFlags, Completion, CompletionQueue, Error, LocalBuffer,
     ProtectionDomain, QpState, QueuePair, RemoteMemory, Wr,
 };
@@ -297,7 +299,7 @@ fn rdma_cm_create_qp_on_both_sides_carries_sends_writes_and_reads() {
     // A UD id's create_qp makes a UD queue pair in RTS.
     let (_ch, ud) = resolved(PortSpace::Udp, addr, None);
     let side = Side::new(ud, 0, 64);
-    assert_eq!(side.qp.qp_type(), ibverbs::QpType::Ud);
+    assert_eq!(side.qp.qp_type(), rdma_verbs::QpType::Ud);
     assert_eq!(side.qp.state().unwrap(), QpState::Rts);
 }
 
@@ -342,7 +344,10 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
     let ctx = cid.context().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).build().unwrap();
-    let qp = pd.create_qp(ibverbs::QpType::Rc, &cq, &cq).build().unwrap();
+    let qp = pd
+        .create_qp(rdma_verbs::QpType::Rc, &cq, &cq)
+        .build()
+        .unwrap();
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     cid.connect(&qp, &ConnParam::new()).unwrap();
     assert_eq!(
@@ -360,7 +365,7 @@ fn rdma_cm_establish_for_a_queue_pair_the_caller_created() {
     let spd = sctx.alloc_pd().unwrap();
     let scq = sctx.create_cq(256).build().unwrap();
     let sqp = spd
-        .create_qp(ibverbs::QpType::Rc, &scq, &scq)
+        .create_qp(rdma_verbs::QpType::Rc, &scq, &scq)
         .build()
         .unwrap();
     sid.init_qp(&sqp).unwrap();
@@ -678,7 +683,7 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         .unwrap();
     let to_client = server
         .pd
-        .create_ah(&ibverbs::qp::AddressVector::roce(
+        .create_ah(&rdma_verbs::qp::AddressVector::roce(
             server.id.port_num(),
             gid.gid,
             gid.index,
@@ -703,7 +708,7 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
         // Echo it back to the QPN it came from.
         let mut b = server.pd.alloc(len, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&data);
-        let back = UdDest::new(&to_client, ibverbs::qp::QpNumber(c.src_qp()), qkey);
+        let back = UdDest::new(&to_client, rdma_verbs::qp::QpNumber(c.src_qp()), qkey);
         server
             .qp
             .send_queue()
@@ -717,7 +722,7 @@ fn rdma_cm_udp_connect_accept_gives_ud_params_and_carries_datagrams() {
     let rc_cq = client.pd.context().create_cq(256).build().unwrap();
     let rc = client
         .pd
-        .create_qp(ibverbs::QpType::Rc, &rc_cq, &rc_cq)
+        .create_qp(rdma_verbs::QpType::Rc, &rc_cq, &rc_cq)
         .build()
         .unwrap();
     assert!(matches!(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait_ok};
-use ibverbs::{memory::RegisterOptions, AccessFlags, Error, QpType, RemoteMemory, Wr};
+use rdma_verbs::{memory::RegisterOptions, AccessFlags, Error, QpType, RemoteMemory, Wr};
 
 const TARGET_IOVA: u64 = 0x7_0000_0000;
 const SOURCE_IOVA: u64 = 0x10_0000_0000;

@@ -4,12 +4,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     memory::{RemoteKey, SgList},
     AccessFlags, LocalBuffer, QpType, QueuePair, RecvQueue, RecvRequest, RemoteMemory, SendQueue,
     SendRequest, WcStatus, Wr,
 };
-use ibverbs_runtime::{Reaped, RequestTable, SendStream};
+use rdma_verbs_runtime::{Reaped, RequestTable, SendStream};
 
 /// What a test's value says of its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ fn post_send_polling<'a>(
                 assert!(
                     matches!(
                         e.error,
-                        ibverbs_runtime::Error::RequestTableFull { capacity: DEPTH }
+                        rdma_verbs_runtime::Error::RequestTableFull { capacity: DEPTH }
                     ),
                     "{e}"
                 );
@@ -143,7 +143,7 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
     assert!(
         matches!(
             e.error,
-            ibverbs_runtime::Error::CompletionQueueMismatch {
+            rdma_verbs_runtime::Error::CompletionQueueMismatch {
                 queue: "receive queue"
             }
         ),
@@ -255,11 +255,11 @@ fn request_table_many_qps_share_one_cq_and_one_table_at_depth_16() {
 
 /// A protection domain's frozen 64-byte pattern (test helper).
 trait FrozenPattern {
-    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::memory::FrozenBuffer;
+    fn alloc_frozen_pattern(&self, seed: usize) -> rdma_verbs::memory::FrozenBuffer;
 }
 
-impl FrozenPattern for ibverbs::ProtectionDomain {
-    fn alloc_frozen_pattern(&self, seed: usize) -> ibverbs::memory::FrozenBuffer {
+impl FrozenPattern for rdma_verbs::ProtectionDomain {
+    fn alloc_frozen_pattern(&self, seed: usize) -> rdma_verbs::memory::FrozenBuffer {
         let mut b = self.alloc(64, AccessFlags::LOCAL_WRITE).unwrap();
         b.copy_from_slice(&common::pattern(64, seed as u8));
         b.freeze()
@@ -342,7 +342,7 @@ fn post_stream_polling<'a>(
             Ok(()) => return,
             Err(e) => {
                 assert!(
-                    matches!(e.error, ibverbs_runtime::Error::RequestTableFull { .. }),
+                    matches!(e.error, rdma_verbs_runtime::Error::RequestTableFull { .. }),
                     "{e}"
                 );
                 (buffers, value) = (e.buffers, e.value);
@@ -462,7 +462,7 @@ fn request_table_failing_unsignaled_stream_write_returns_its_value_with_its_erro
         .post_stream(&mut stream, SendRequest::write_inline(b"x", remote), 77)
         .unwrap_err();
     assert!(
-        matches!(e.error, ibverbs_runtime::Error::StreamOfAnotherTable),
+        matches!(e.error, rdma_verbs_runtime::Error::StreamOfAnotherTable),
         "{e}"
     );
     assert_eq!(e.value, 77);

@@ -6,7 +6,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::CompletionRef, device::AsyncEventType, qp::SharedReceiveQueue, AccessFlags, Completion,
     CompletionQueue, Completions, Error, LocalBuffer, ProtectionDomain, QpType, QueuePair,
     RecvRequest, SendQueue, WcOpcode, Wr,

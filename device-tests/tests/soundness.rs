@@ -8,7 +8,7 @@
 mod common;
 
 use common::{pair, remote_all, Pair};
-use ibverbs::{
+use rdma_verbs::{
     error::TransitionReason,
     qp::{AddressVector, QpAttr, RequestOption, SendOp, SendOpFlags, UdDest},
     AccessFlags, Error, LocalBuffer, QpState, QpType, QueuePair, RemoteMemory, SendQueue,
@@ -262,7 +262,7 @@ fn post_typed(
         _ => o,
     };
     let buf = |n| p.pd.alloc(n, AccessFlags::LOCAL_WRITE).unwrap();
-    let back = |e: ibverbs::qp::Refused<ibverbs::memory::Buf>| (e.error, e.buf.len() as u64);
+    let back = |e: rdma_verbs::qp::Refused<rdma_verbs::memory::Buf>| (e.error, e.buf.len() as u64);
     let ty = sq.qp().qp_type();
     if op != SendOp::Send && dest.is_some() && available(op, ty) {
         return None;
@@ -435,7 +435,7 @@ fn ud_pair() -> Pair {
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq_a = dev.ctx.create_cq(256).build().unwrap();
     let cq_b = dev.ctx.create_cq(256).build().unwrap();
-    let qp = |cq: &ibverbs::CompletionQueue| {
+    let qp = |cq: &rdma_verbs::CompletionQueue| {
         let qp: QueuePair = pd
             .create_qp(QpType::Ud, cq, cq)
             .max_inline_data(64)
@@ -456,7 +456,7 @@ fn ud_pair() -> Pair {
 }
 
 /// An address handle to `p.b` (for a UD destination on a connected pair).
-fn ud_ah(p: &Pair) -> ibverbs::qp::AddressHandle {
+fn ud_ah(p: &Pair) -> rdma_verbs::qp::AddressHandle {
     let ep = common::endpoint(&p.dev, &p.b, 0);
     let port = p.dev.ctx.query_port(p.dev.port).unwrap();
     let av = AddressVector::for_port(&port, &ep, p.dev.gid_index).unwrap();
@@ -487,7 +487,7 @@ fn soundness_empty_buffers_are_left_out_of_the_scatter_list() {
     common::wait_ok(&p.cq_a);
     let mut r = common::wait_ok(&p.cq_b);
     assert_eq!(r.byte_len(), 16);
-    let ibverbs::memory::SgList::Many(bufs) = r.take_buffers() else {
+    let rdma_verbs::memory::SgList::Many(bufs) = r.take_buffers() else {
         panic!("the scatter list comes back whole");
     };
     let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
@@ -514,13 +514,13 @@ fn soundness_a_state_the_device_changed_is_checked_from_the_real_state() {
     let p = pair(QpType::Rc, remote_all(), |b| b);
     let target = p.pd.alloc_shared(64, remote_all()).unwrap();
     let mut remote = target.remote().unwrap();
-    remote.rkey = ibverbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
+    remote.rkey = rdma_verbs::memory::RemoteKey(remote.rkey.0 ^ 0x5a5a_0000);
     let src = p.pd.alloc(8, AccessFlags::LOCAL_WRITE).unwrap();
     // Through a handle taken for the one post (none lives at the reset
     // below).
     common::post_send(&p.a, SendRequest::write(src, remote)).unwrap();
     let c = common::wait(&p.cq_a, 1).pop().unwrap();
-    assert_eq!(c.status(), ibverbs::WcStatus::RemAccessErr, "{c:?}");
+    assert_eq!(c.status(), rdma_verbs::WcStatus::RemAccessErr, "{c:?}");
     // RTS -> SQD and RTS -> RTS are legal from the state this crate set,
     // not from ERR.
     let sqd = QpAttr::new().qp_state(QpState::Sqd);

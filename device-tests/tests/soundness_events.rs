@@ -12,19 +12,19 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{channel_qp, connect_pair, pattern, plain_qp};
-use ibverbs::{
+use rdma_verbs::{
     device::{AsyncElement, AsyncEvent, AsyncEventType},
     qp::QpAttr,
     AccessFlags, Context, Error, ProtectionDomain, QpState, QpType, RecvRequest, SendRequest,
     WcOpcode, Wr,
 };
-use ibverbs_tokio::{AsyncQueuePair, EventStream};
+use rdma_verbs_tokio::{AsyncQueuePair, EventStream};
 
 fn local() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
 }
 
-fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> ibverbs::LocalBuffer {
+fn filled(pd: &ProtectionDomain, len: usize, seed: u8) -> rdma_verbs::LocalBuffer {
     let mut b = pd.alloc(len, local()).unwrap();
     b.copy_from_slice(&pattern(len, seed));
     b
@@ -218,7 +218,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
         .unwrap();
     let events = rt1.block_on(async { EventStream::new(&dev.ctx) }).unwrap();
     match rt2.block_on(async { AsyncQueuePair::new(a.clone()) }) {
-        Err(ibverbs_tokio::Error::AlreadyDriven {
+        Err(rdma_verbs_tokio::Error::AlreadyDriven {
             by: "AsyncQueuePair",
             descriptor: "completion channel",
         }) => {}
@@ -227,7 +227,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
     // Through another handle of the same context, too.
     let ctx2 = pd.context().clone();
     match rt2.block_on(async { EventStream::new(&ctx2) }) {
-        Err(e @ ibverbs_tokio::Error::AlreadyDriven { .. }) => {
+        Err(e @ rdma_verbs_tokio::Error::AlreadyDriven { .. }) => {
             assert!(e.to_string().contains("EventStream"), "{e}")
         }
         other => panic!("a second EventStream on another runtime: {other:?}"),
@@ -271,7 +271,7 @@ fn soundness_ev_one_dispatcher_per_channel_across_runtimes() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn soundness_ev_cm_event_is_not_for_a_new_id_at_the_same_address() {
-    use ibverbs::cm::{CmEventType, CmId, EventChannel};
+    use rdma_verbs::cm::{CmEventType, CmId, EventChannel};
     let dev = common::device();
     let addr = std::net::SocketAddr::from((common::device_ipv4(&dev), 17999));
     let ch = EventChannel::new().unwrap();

@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::{assert_quiet, connect_pair, device, pair, poll_until, remote_all, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     memory::{Buf, SgList},
     AccessFlags, Completions, Error, LocalBuffer, QpType, QueuePair, RecvRequest, SendQueue,
     WcStatus, Wr,
@@ -314,12 +314,12 @@ fn soundness_q_a_second_move_to_err_flushes_a_late_receive() {
     p.b.to_err().unwrap();
     assert_quiet(&p.cq_b);
     let mut buf = p.pd.alloc(64, local()).unwrap();
-    let mut sge = ibverbs::sys::ibv_sge {
+    let mut sge = rdma_verbs::sys::ibv_sge {
         addr: buf.as_mut_ptr() as u64,
         length: 64,
         lkey: buf.memory_region().lkey(),
     };
-    let mut wr = ibverbs::sys::ibv_recv_wr {
+    let mut wr = rdma_verbs::sys::ibv_recv_wr {
         wr_id: 77,
         next: std::ptr::null_mut(),
         sg_list: &mut sge,
@@ -472,9 +472,9 @@ fn soundness_q_undersized_cq_behind_an_srq_is_refused() {
 /// `i + 1` into word `i` of `target` (wr_id `i`): what gets refused comes
 /// back with its error, the rest is posted.
 fn post_writes(
-    pd: &ibverbs::ProtectionDomain,
+    pd: &rdma_verbs::ProtectionDomain,
     sq: &mut SendQueue,
-    target: &ibverbs::RemoteMemory,
+    target: &rdma_verbs::RemoteMemory,
     n: u32,
 ) -> Result<(), Error> {
     for i in 0..n {
@@ -492,7 +492,7 @@ fn post_writes(
 /// Waits until word `n - 1` of `target` holds `n` (the last of
 /// [`post_writes`] landed), then a while longer for the acknowledgements:
 /// every write's completion is then queued in the sender's CQ, unpolled.
-fn landed(target: &ibverbs::SharedBuffer, n: u32) {
+fn landed(target: &rdma_verbs::SharedBuffer, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut word = [0u64; 1];
@@ -508,7 +508,7 @@ fn landed(target: &ibverbs::SharedBuffer, n: u32) {
 
 /// Polls `cq` until a poll returns nothing: every completion must be an
 /// orphan (a discarded or destroyed queue's). Returns how many.
-fn poll_empty_of_orphans(cq: &ibverbs::CompletionQueue) -> usize {
+fn poll_empty_of_orphans(cq: &rdma_verbs::CompletionQueue) -> usize {
     let mut batch = Completions::with_capacity(16);
     let mut orphans = 0;
     loop {
@@ -527,7 +527,7 @@ fn poll_empty_of_orphans(cq: &ibverbs::CompletionQueue) -> usize {
 /// Collects `n` completions of `cq` that hand back a buffer (orphans are
 /// skipped and counted), within 10 s: a completion lost to an overrun CQ
 /// fails the test.
-fn buffers_back(cq: &ibverbs::CompletionQueue, n: u32) -> usize {
+fn buffers_back(cq: &rdma_verbs::CompletionQueue, n: u32) -> usize {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut batch = Completions::with_capacity(16);
     let (mut back, mut orphans) = (0, 0);
@@ -554,12 +554,12 @@ fn buffers_back(cq: &ibverbs::CompletionQueue, n: u32) -> usize {
 /// receiver's side (`depth` words).
 struct Filled {
     dev: common::TestDevice,
-    pd: ibverbs::ProtectionDomain,
-    cq: ibverbs::CompletionQueue,
+    pd: rdma_verbs::ProtectionDomain,
+    cq: rdma_verbs::CompletionQueue,
     depth: u32,
     b: QueuePair,
-    target: ibverbs::SharedBuffer,
-    remote: ibverbs::RemoteMemory,
+    target: rdma_verbs::SharedBuffer,
+    remote: rdma_verbs::RemoteMemory,
 }
 
 fn filled_cq() -> (Filled, QueuePair) {
@@ -588,8 +588,8 @@ fn filled_cq() -> (Filled, QueuePair) {
 /// An RC queue pair whose `depth`-deep send queue reports to `cq` (its
 /// receive queue to a CQ of its own).
 fn sender(
-    pd: &ibverbs::ProtectionDomain,
-    cq: &ibverbs::CompletionQueue,
+    pd: &rdma_verbs::ProtectionDomain,
+    cq: &rdma_verbs::CompletionQueue,
     depth: u32,
     dev: &common::TestDevice,
 ) -> QueuePair {

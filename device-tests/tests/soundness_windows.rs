@@ -14,7 +14,7 @@ mod common;
 use std::time::Duration;
 
 use common::{connect_pair, pair, pattern, remote_all, wait, wait_ok, Pair};
-use ibverbs::{
+use rdma_verbs::{
     device::Feature,
     memory::{MemoryWindow, MwType, RemoteKey},
     AccessFlags, CompletionQueue, Completions, Error, ProtectionDomain, QpType, QueuePair,
@@ -211,9 +211,9 @@ fn soundness_mw_type2_failed_bind_keeps_the_old_region() {
 #[ignore = "needs an RDMA device"]
 fn soundness_mw_type2_failed_bind_keeps_the_old_region_wr_path() {
     let p = common::ex_pair(
-        ibverbs::qp::SendOpFlags::rc_data()
-            | ibverbs::qp::SendOpFlags::BIND_MW
-            | ibverbs::qp::SendOpFlags::LOCAL_INV,
+        rdma_verbs::qp::SendOpFlags::rc_data()
+            | rdma_verbs::qp::SendOpFlags::BIND_MW
+            | rdma_verbs::qp::SendOpFlags::LOCAL_INV,
     );
     failed_type2_bind(p);
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{pair, pattern, remote_all, wait, wait_ok};
-use ibverbs::{
+use rdma_verbs::{
     device::Feature,
     memory::{Advice, MwType, OdpGeneralCaps, RegisterOptions},
     AccessFlags, Error, QpType, WcOpcode, WcStatus, Wr,
@@ -74,7 +74,10 @@ fn odp_capability_and_refusals() {
         return;
     }
     assert!(
-        !common::is_rxe(&p.dev) || caps.rc.contains(ibverbs::memory::OdpTransportCaps::WRITE),
+        !common::is_rxe(&p.dev)
+            || caps
+                .rc
+                .contains(rdma_verbs::memory::OdpTransportCaps::WRITE),
         "an rxe with ODP writes over RC"
     );
     let target =
@@ -273,10 +276,10 @@ fn mw_over_iova(kind: MwType, feature: Feature) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn xrc_domain_capability_and_refusals() {
-    use ibverbs::qp::{XrcdOpenFlags, XrcdOptions};
+    use rdma_verbs::qp::{XrcdOpenFlags, XrcdOptions};
     let dev = common::device();
     let attr = dev.ctx.query_device_ex().unwrap();
-    let flag = ibverbs::sys::ibv_device_cap_flags::IBV_DEVICE_XRC.0;
+    let flag = rdma_verbs::sys::ibv_device_cap_flags::IBV_DEVICE_XRC.0;
     let has = attr.as_raw().orig_attr.device_cap_flags & flag != 0;
     assert_eq!(has, attr.supports(Feature::Xrc));
     assert!(!(has && common::is_rxe(&dev)), "rxe has no XRC");
@@ -339,11 +342,11 @@ fn mw_wrong_type_is_refused_by_the_device() {
         }
     }
     // SAFETY: live PD; a window it might return is deallocated at once.
-    let mw = unsafe { ibverbs::sys::ibv_alloc_mw(pd.as_ptr(), 3) };
+    let mw = unsafe { rdma_verbs::sys::ibv_alloc_mw(pd.as_ptr(), 3) };
     let err = std::io::Error::last_os_error();
     if !mw.is_null() {
         // SAFETY: just allocated, never bound.
-        unsafe { ibverbs::sys::ibv_dealloc_mw(mw) };
+        unsafe { rdma_verbs::sys::ibv_dealloc_mw(mw) };
         panic!("the device allocated a memory window of type 3");
     }
     eprintln!("type 3 refused: {err}");

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{connect_pair, device, is_rxe, pair, remote_all, wait_ok, TestDevice};
-use ibverbs::{
+use rdma_verbs::{
     device::{CounterDescription, CounterSource, PortCounters},
     qp::Ece,
     AccessFlags, Error, PortNumber, QpType, WcOpcode, Wr,
@@ -34,7 +34,7 @@ fn counters_until(
 
 /// The refusal of a verb the provider lacks: `Error::Verb` naming it with
 /// `EOPNOTSUPP` (what libibverbs' stub for a missing op answers).
-fn assert_refused_by_name<T: std::fmt::Debug>(result: ibverbs::Result<T>, verb: &str) {
+fn assert_refused_by_name<T: std::fmt::Debug>(result: rdma_verbs::Result<T>, verb: &str) {
     let e = result.expect_err("rxe has no such verb");
     assert_eq!(e.verb(), Some(verb), "{e:?}");
     assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
@@ -224,7 +224,7 @@ fn surface_device_memory_capability_checked() {
         .ctx
         .query_device_ex()
         .unwrap()
-        .supports(ibverbs::device::Feature::DeviceMemory);
+        .supports(rdma_verbs::device::Feature::DeviceMemory);
     assert_eq!(supported, max > 0);
     if is_rxe(&dev) {
         assert_eq!(max, 0, "rxe has no device memory");

@@ -8,8 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Error};
-use ibverbs_runtime::{ChannelProblem, WriteChannel};
+use rdma_verbs::{AccessFlags, Error};
+use rdma_verbs_runtime::{ChannelProblem, WriteChannel};
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
 
@@ -66,7 +66,7 @@ fn write_channel_both_ways() {
                 }
                 match ch.send(&out[..len], Some(Duration::ZERO)) {
                     Ok(()) => *sent += 1,
-                    Err(ibverbs_runtime::Error::TimedOut { .. }) => {}
+                    Err(rdma_verbs_runtime::Error::TimedOut { .. }) => {}
                     Err(e) => panic!("send {sent}: {e}"),
                 }
             }
@@ -121,7 +121,7 @@ fn write_channel_credit_only_after_the_copy() {
 }
 
 fn bytemuck_bytes(words: &[u32]) -> &[u8] {
-    ibverbs::bytemuck::cast_slice(words)
+    rdma_verbs::bytemuck::cast_slice(words)
 }
 
 /// A blocking reader sleeps on its completion channel until a write
@@ -178,18 +178,20 @@ fn write_channel_refusals() {
     let pd = dev.ctx.alloc_pd().unwrap();
     assert!(matches!(
         WriteChannel::create(&pd, 0, 64),
-        Err(ibverbs_runtime::Error::Verbs(Error::OutOfRange { .. }))
+        Err(rdma_verbs_runtime::Error::Verbs(Error::OutOfRange { .. }))
     ));
     let mut a = WriteChannel::create(&pd, 2, 64).unwrap();
     let b = WriteChannel::create(&pd, 2, 128).unwrap();
     assert!(matches!(
         a.send(b"early", T),
-        Err(ibverbs_runtime::Error::Verbs(Error::NotReadyToSend { .. }))
+        Err(rdma_verbs_runtime::Error::Verbs(
+            Error::NotReadyToSend { .. }
+        ))
     ));
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     common::connect_pair(&dev, a.queue_pair(), b.queue_pair(), access);
     match a.start(b.inbox()) {
-        Err(ibverbs_runtime::Error::ChannelProtocol {
+        Err(rdma_verbs_runtime::Error::ChannelProtocol {
             problem:
                 ChannelProblem::Hello {
                     field: "inbox",
@@ -203,18 +205,18 @@ fn write_channel_refusals() {
     let (mut a, mut c) = channel_pair(2, 64);
     assert!(matches!(
         a.start(c.inbox()),
-        Err(ibverbs_runtime::Error::Verbs(Error::QueueFull { .. }))
+        Err(rdma_verbs_runtime::Error::Verbs(Error::QueueFull { .. }))
     ));
     assert!(matches!(
         a.send(&[0; 65], T),
-        Err(ibverbs_runtime::Error::MessageTooLarge { len: 65, max: 64 })
+        Err(rdma_verbs_runtime::Error::MessageTooLarge { len: 65, max: 64 })
     ));
     a.send(&[7; 64], T).unwrap();
     let w = c.recv(T).unwrap().unwrap();
     let mut x = [0u8; 64];
     assert!(matches!(
         w.copy_to_slice(1, &mut x),
-        Err(ibverbs_runtime::Error::Verbs(Error::OutOfBounds { .. }))
+        Err(rdma_verbs_runtime::Error::Verbs(Error::OutOfBounds { .. }))
     ));
     w.copy_to_slice(0, &mut x).unwrap();
     assert_eq!(x, [7; 64]);

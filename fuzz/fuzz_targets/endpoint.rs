@@ -4,7 +4,7 @@
 //! what it refuses is refused for a reason these bytes have.
 #![no_main]
 
-use ibverbs::{Endpoint, Error, error::WireProblem};
+use rdma_verbs::{Endpoint, Error, error::WireProblem};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,4 @@
-//! `ibverbs_runtime::exchange` against a peer whose bytes are the input (over an
+//! `rdma_verbs_runtime::exchange` against a peer whose bytes are the input (over an
 //! in-memory `TimedStream`): never a panic; what it accepts is a message
 //! that this side would write back byte for byte (the bytes after it left
 //! unread); what it refuses is a malformed message (`BadWireFormat` of the
@@ -8,8 +8,8 @@
 use std::io::{self, Cursor, Read, Write};
 use std::time::Duration;
 
-use ibverbs::{Endpoint, Gid, qp::QpNumber};
-use ibverbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
+use rdma_verbs::{Endpoint, Gid, qp::QpNumber};
+use rdma_verbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
 use libfuzzer_sys::fuzz_target;
 
 /// The peer's bytes to read; what this side writes is discarded.

@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use ibverbs::Gid;
+use rdma_verbs::Gid;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! MTUs parse, and they round-trip; unknown raw values are kept, never UB.
 #![no_main]
 
-use ibverbs::device::Mtu;
+use rdma_verbs::device::Mtu;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|v: (u32, u32)| {

@@ -6,7 +6,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_tools::perf::args;
+use rdma_verbs_tools::perf::args;
 
 use args::{BwArgs, CommonArgs, Config, Defaults};
 use clap::Parser;
@@ -59,7 +59,7 @@ fn check_config(cfg: &Config, bw: bool, d: Defaults) {
     assert!(cfg.timeout > std::time::Duration::ZERO);
     assert!(cfg
         .mtu
-        .is_none_or(|m| ibverbs::device::Mtu::from_bytes(m).is_some()));
+        .is_none_or(|m| rdma_verbs::device::Mtu::from_bytes(m).is_some()));
     assert_eq!(cfg.max_size(), *cfg.sizes.last().unwrap());
     for &s in &cfg.sizes {
         assert!(cfg.run_bound(s) >= cfg.timeout);

@@ -7,7 +7,7 @@
 //! Input: the argument vector, arguments separated by NUL bytes.
 #![no_main]
 
-use ibverbs_tools::pingpong;
+use rdma_verbs_tools::pingpong;
 
 use std::ffi::CString;
 
@@ -53,7 +53,7 @@ fn check_value(s: &str) {
         assert!(parsed.is_err(), "{s:?}: {parsed:?}");
     }
     if let Ok(v) = pingpong::parse_mtu(s) {
-        assert!(ibverbs::device::Mtu::from_bytes(v).is_some(), "{s:?} -> {v}");
+        assert!(rdma_verbs::device::Mtu::from_bytes(v).is_some(), "{s:?} -> {v}");
         assert_eq!(parsed, Ok(u64::from(v)));
     }
     if let Ok(v) = pingpong::parse_positive(s) {

@@ -5,7 +5,7 @@
 //! `inet_ntop` writes, and std parses it back to the same bytes.
 #![no_main]
 
-use ibverbs_tools::pingpong::wire;
+use rdma_verbs_tools::pingpong::wire;
 
 use std::ffi::CStr;
 use std::net::Ipv6Addr;

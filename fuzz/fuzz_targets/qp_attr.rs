@@ -5,8 +5,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ibverbs::sys::ibv_qp_attr_mask as M;
-use ibverbs::{AccessFlags, Error, Gid, PortNumber, QpState, QpType, device::{GidIndex, Mtu}, qp::{AddressVector, PathMigState, QpAttr, QpNumber}};
+use rdma_verbs::sys::ibv_qp_attr_mask as M;
+use rdma_verbs::{AccessFlags, Error, Gid, PortNumber, QpState, QpType, device::{GidIndex, Mtu}, qp::{AddressVector, PathMigState, QpAttr, QpNumber}};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

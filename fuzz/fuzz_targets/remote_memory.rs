@@ -7,7 +7,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ibverbs::{Error, RemoteMemory, error::WireProblem, memory::RemoteKey};
+use rdma_verbs::{Error, RemoteMemory, error::WireProblem, memory::RemoteKey};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use ibverbs::error::WireProblem;
+use rdma_verbs::error::WireProblem;
 
 use crate::ChannelProblem;
 
@@ -16,9 +16,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A verb failed or the core refused an argument
-    /// ([`ibverbs::Error`]).
+    /// ([`rdma_verbs::Error`]).
     #[error(transparent)]
-    Verbs(#[from] ibverbs::Error),
+    Verbs(#[from] rdma_verbs::Error),
     /// The out-of-band stream of an endpoint exchange, a mesh connection
     /// or a barrier ([`exchange`](crate::exchange), [`Ranks`](crate::Ranks),
     /// [`Mesh::barrier`](crate::Mesh::barrier)) failed: an I/O error, or the
@@ -127,7 +127,7 @@ impl Error {
 }
 
 impl From<Error> for io::Error {
-    /// The core's errors as [`ibverbs::Error`] converts them; the
+    /// The core's errors as [`rdma_verbs::Error`] converts them; the
     /// runtime's own as the inner error of an `io::Error` of the closest
     /// kind: the stream's own kind for [`Error::OutOfBand`],
     /// `InvalidData` for a peer's malformed messages, `InvalidInput` for
@@ -140,10 +140,10 @@ impl From<Error> for io::Error {
     }
 }
 
-impl<B> From<ibverbs::qp::Refused<B>> for Error {
+impl<B> From<rdma_verbs::qp::Refused<B>> for Error {
     /// A refused request's error (its buffers are dropped: take them out
-    /// of the [`Refused`](ibverbs::qp::Refused) first to keep them).
-    fn from(r: ibverbs::qp::Refused<B>) -> Error {
+    /// of the [`Refused`](rdma_verbs::qp::Refused) first to keep them).
+    fn from(r: rdma_verbs::qp::Refused<B>) -> Error {
         Error::Verbs(r.error)
     }
 }
@@ -156,7 +156,7 @@ mod tests {
     /// variant does not compile until it is listed here.
     fn every_variant() -> Vec<Error> {
         let all = vec![
-            Error::Verbs(ibverbs::Error::QueueFull {
+            Error::Verbs(rdma_verbs::Error::QueueFull {
                 queue: "send queue",
                 depth: 16,
             }),
@@ -237,13 +237,13 @@ mod tests {
         };
         assert_eq!(e.to_string(), "peer rank 2: barrier timed out after 1s");
         assert_eq!(e.io_kind(), io::ErrorKind::TimedOut);
-        let core = Error::from(ibverbs::Error::QueueFull {
+        let core = Error::from(rdma_verbs::Error::QueueFull {
             queue: "send queue",
             depth: 16,
         });
         assert!(matches!(
             core,
-            Error::Verbs(ibverbs::Error::QueueFull { .. })
+            Error::Verbs(rdma_verbs::Error::QueueFull { .. })
         ));
         assert_eq!(io::Error::from(core).kind(), io::ErrorKind::ResourceBusy);
     }

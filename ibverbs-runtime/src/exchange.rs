@@ -6,14 +6,14 @@
 //!
 //! No memory is handed to the device here: the exchange carries bytes,
 //! and the mesh creates queue pairs through the caller's closure and
-//! connects them with [`QueuePair::connect`](ibverbs::QueuePair::connect).
+//! connects them with [`QueuePair::connect`](rdma_verbs::QueuePair::connect).
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use ibverbs::{error::WireProblem, Endpoint};
+use rdma_verbs::{error::WireProblem, Endpoint};
 
 use crate::error::{Error, Result};
 
@@ -38,10 +38,10 @@ pub(crate) const WHAT: &str = "endpoint exchange";
 /// What the peer sent in an exchange ([`exchange`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerInfo {
-    /// The peer's endpoint, for [`QueuePair::connect`](ibverbs::QueuePair::connect).
+    /// The peer's endpoint, for [`QueuePair::connect`](rdma_verbs::QueuePair::connect).
     pub endpoint: Endpoint,
     /// The peer's private bytes (at most [`MAX_PRIVATE_LEN`]), for
-    /// example a [`RemoteMemory`](ibverbs::RemoteMemory)'s wire form.
+    /// example a [`RemoteMemory`](rdma_verbs::RemoteMemory)'s wire form.
     pub private: Vec<u8>,
 }
 
@@ -107,7 +107,7 @@ impl TimedStream for UnixStream {
 ///
 /// # Errors
 /// Before sending anything, [`Error::Verbs`] with
-/// [`ibverbs::Error::OutOfRange`] when `private` is longer than
+/// [`rdma_verbs::Error::OutOfRange`] when `private` is longer than
 /// [`MAX_PRIVATE_LEN`]. Then the errors of [`Incoming::advance`] for the
 /// peer's message, and [`Error::OutOfBand`] (`during: "endpoint
 /// exchange"`) for an I/O error of the stream, or of kind
@@ -115,15 +115,15 @@ impl TimedStream for UnixStream {
 ///
 /// # Example
 /// ```no_run
-/// # fn demo(qp: &ibverbs::QueuePair, local: &ibverbs::LocalPort,
-/// #         opts: &ibverbs::ConnectOptions, target: &ibverbs::SharedBuffer)
+/// # fn demo(qp: &rdma_verbs::QueuePair, local: &rdma_verbs::LocalPort,
+/// #         opts: &rdma_verbs::ConnectOptions, target: &rdma_verbs::SharedBuffer)
 /// #         -> Result<(), Box<dyn std::error::Error>> {
 /// use std::{net::TcpStream, time::Duration};
-/// use ibverbs::{Endpoint, RemoteMemory};
+/// use rdma_verbs::{Endpoint, RemoteMemory};
 /// let mut tcp = TcpStream::connect("server:18515")?;
 /// let me = local.endpoint(qp, Endpoint::random_psn())?;
 /// let mine = target.remote().unwrap().to_bytes();
-/// let peer = ibverbs_runtime::exchange(&mut tcp, &me, &mine, Duration::from_secs(10))?;
+/// let peer = rdma_verbs_runtime::exchange(&mut tcp, &me, &mine, Duration::from_secs(10))?;
 /// qp.connect(&me, &peer.endpoint, opts)?;
 /// let theirs = RemoteMemory::from_bytes(&peer.private)?; // for RDMA reads/writes
 /// # drop(theirs); Ok(()) }
@@ -153,11 +153,11 @@ pub fn exchange<S: TimedStream>(
 /// [`exchange`] writes), for a stream [`exchange`] does not drive.
 ///
 /// # Errors
-/// [`Error::Verbs`] with [`ibverbs::Error::OutOfRange`] when `private` is
+/// [`Error::Verbs`] with [`rdma_verbs::Error::OutOfRange`] when `private` is
 /// longer than [`MAX_PRIVATE_LEN`].
 pub fn message(local: &Endpoint, private: &[u8]) -> Result<Vec<u8>> {
     if private.len() > MAX_PRIVATE_LEN {
-        return Err(ibverbs::Error::OutOfRange {
+        return Err(rdma_verbs::Error::OutOfRange {
             what: "private bytes of an endpoint exchange",
             value: private.len() as u64,
             max: MAX_PRIVATE_LEN as u64,
@@ -257,9 +257,11 @@ impl Incoming {
 
 /// A core wire-format error as the runtime's (an endpoint inside a
 /// runtime message); any other as it is.
-fn wire(e: ibverbs::Error) -> Error {
+fn wire(e: rdma_verbs::Error) -> Error {
     match e {
-        ibverbs::Error::BadWireFormat { what, problem } => Error::BadWireFormat { what, problem },
+        rdma_verbs::Error::BadWireFormat { what, problem } => {
+            Error::BadWireFormat { what, problem }
+        }
         e => Error::Verbs(e),
     }
 }

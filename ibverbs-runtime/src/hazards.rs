@@ -1,5 +1,5 @@
 //! Proofs that the runtime blocks keep the core's ownership model at
-//! compile time (the core's own are `ibverbs::hazards`).
+//! compile time (the core's own are `rdma_verbs::hazards`).
 //!
 //! Each section shows code the compiler **rejects** and its compiling twin.
 //! The rejected code is a UI test, `ibverbs-runtime/tests/ui/NN_*.rs`,
@@ -19,8 +19,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut sq = qp.send_queue()?;
 //! let mut table = RequestTable::new(cq, 16);
@@ -48,8 +48,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut sq = qp.send_queue()?;
 //! let mut table = RequestTable::new(cq, 16);
@@ -74,8 +74,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(ch: &mut MessageChannel) -> Result<()> {
 //! let msg = ch.recv(None)?.unwrap();
 //! let first = msg.first().copied(); // copied out while the message lives
@@ -94,8 +94,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(ch: &mut MessageChannel) -> Result<()> {
 //! let first_len = ch.recv(None)?.unwrap().len(); // dropped: released
 //! let second = ch.recv(None)?.unwrap();
@@ -115,8 +115,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(ch: &mut MessageChannel) -> Result<()> {
 //! let mut copy = [0u8; 64];
 //! let len = {
@@ -140,8 +140,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(mut ch: MessageChannel) -> Result<()> {
 //! // One thread per end: move it there.
 //! std::thread::spawn(move || ch.send(b"one", None)).join().unwrap()?;
@@ -161,8 +161,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(ch: &mut WriteChannel) -> Result<()> {
 //! let w = ch.recv(None)?.unwrap();
 //! let mut floats = vec![0f32; w.len() / 4];
@@ -182,8 +182,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+//! # use rdma_verbs::*;
+//! # use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 //! # fn f(ch: &mut WriteChannel) -> Result<()> {
 //! let mut b = [0u8; 4];
 //! ch.recv(None)?.unwrap().copy_to_slice(0, &mut b)?; // copied, then released

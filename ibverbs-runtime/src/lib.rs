@@ -1,7 +1,7 @@
-//! Runtime building blocks on the [`ibverbs`] crate's public API: what a
+//! Runtime building blocks on the [`rdma_verbs`] crate's public API: what a
 //! storage service, an RPC system or a collective library builds first.
 //!
-//! * [`exchange`]: this side's [`Endpoint`](ibverbs::Endpoint) and some
+//! * [`exchange`]: this side's [`Endpoint`](rdma_verbs::Endpoint) and some
 //!   private bytes for the peer's, over a stream, within a deadline; the
 //!   message is sans-IO ([`message`], [`Incoming`]) for any other stream.
 //! * [`Ranks`] and [`Mesh`]: N ranks connected pairwise (all to all, or a

@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use ibverbs::{
+use rdma_verbs::{
     AccessFlags, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalBuffer,
     ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, Wr,
 };
@@ -96,11 +96,11 @@ const VERSION: u8 = 1;
 /// # Errors and failure
 ///
 /// An error completion (a peer that went away shows as
-/// [`WcStatus::RetryExcErr`](ibverbs::WcStatus::RetryExcErr) on this end's
+/// [`WcStatus::RetryExcErr`](rdma_verbs::WcStatus::RetryExcErr) on this end's
 /// next send), a message that breaks the protocol
 /// ([`Error::ChannelProtocol`]) or a failed verb is returned once; the
 /// channel moves its queue pair to ERR, and every later call returns
-/// [`ibverbs::Error::QueuePairInError`]. Messages that arrived before are still
+/// [`rdma_verbs::Error::QueuePairInError`]. Messages that arrived before are still
 /// handed out by [`recv`](MessageChannel::recv), in order, before the error.
 /// A receiver learns that its peer is gone only by sending (RC has no
 /// keep-alive): a pure receiver sees its [`recv`](MessageChannel::recv)
@@ -124,8 +124,8 @@ const VERSION: u8 = 1;
 /// # Example
 /// ```no_run
 /// use std::time::Duration;
-/// use ibverbs::*;
-/// use ibverbs_runtime::{MessageChannel, Result};
+/// use rdma_verbs::*;
+/// use rdma_verbs_runtime::{MessageChannel, Result};
 /// # fn demo(pd: &ProtectionDomain, local: &LocalPort, port: PortNumber,
 /// #         exchange: impl Fn(Endpoint) -> Endpoint) -> Result<()> {
 /// // 8 slots of 4 KiB; the peer creates its end with the same numbers.
@@ -166,7 +166,7 @@ pub struct MessageChannel {
     stash: VecDeque<(LocalBuffer, usize)>,
     done: Completions,
     /// Completions polled, not yet handled (room for a whole poll).
-    polled: VecDeque<ibverbs::Completion>,
+    polled: VecDeque<rdma_verbs::Completion>,
     /// The queue pair's posting handles, taken once it is connected.
     sq: Option<SendQueue>,
     rq: Option<RecvQueue>,
@@ -189,8 +189,8 @@ impl MessageChannel {
     /// bytes, in two registrations.
     ///
     /// # Errors
-    /// [`ibverbs::Error::OutOfRange`] for `slots` outside `1..=4096` or a
-    /// `slot_size` above `u32::MAX`; [`ibverbs::Error::Verb`] naming the verb
+    /// [`rdma_verbs::Error::OutOfRange`] for `slots` outside `1..=4096` or a
+    /// `slot_size` above `u32::MAX`; [`rdma_verbs::Error::Verb`] naming the verb
     /// that failed (`ibv_create_comp_channel`, `ibv_create_cq`,
     /// `ibv_create_qp`, `ibv_reg_mr`).
     ///
@@ -198,7 +198,7 @@ impl MessageChannel {
     /// `ibv_create_qp(3)`, `ibv_create_cq(3)`, `ibv_reg_mr(3)`
     pub fn create(pd: &ProtectionDomain, slots: u32, slot_size: usize) -> Result<MessageChannel> {
         if !(1..=credits::MAX_WINDOW).contains(&slots) {
-            return Err(ibverbs::Error::OutOfRange {
+            return Err(rdma_verbs::Error::OutOfRange {
                 what: "message channel slots",
                 value: u64::from(slots),
                 max: u64::from(credits::MAX_WINDOW),
@@ -206,7 +206,7 @@ impl MessageChannel {
             .into());
         }
         if u32::try_from(slot_size).is_err() {
-            return Err(ibverbs::Error::OutOfRange {
+            return Err(rdma_verbs::Error::OutOfRange {
                 what: "message channel slot size",
                 value: slot_size as u64,
                 max: u64::from(u32::MAX),
@@ -267,7 +267,7 @@ impl MessageChannel {
     }
 
     /// The channel's queue pair, for its [`Endpoint`]
-    /// ([`LocalPort::endpoint`](ibverbs::LocalPort::endpoint)). Connect it
+    /// ([`LocalPort::endpoint`](rdma_verbs::LocalPort::endpoint)). Connect it
     /// with [`connect`](Self::connect), and post nothing on it: the
     /// channel takes every completion of its queue for its own.
     pub fn queue_pair(&self) -> &QueuePair {
@@ -292,15 +292,15 @@ impl MessageChannel {
     /// and retried `retry_cnt` times an ACK timeout apart (about half a
     /// second with the defaults of [`ConnectOptions`]; raise
     /// [`ConnectOptions::timeout`] for more) before the hello fails with
-    /// [`WcStatus::RetryExcErr`](ibverbs::WcStatus::RetryExcErr), reported
+    /// [`WcStatus::RetryExcErr`](rdma_verbs::WcStatus::RetryExcErr), reported
     /// by the next call. (Sending the hello at the first call instead
     /// would make a peer that waits for this end before its own first
     /// call wait for ever.)
     ///
     /// # Errors
-    /// As [`QueuePair::connect`]; [`ibverbs::Error::Verb`] naming `ibv_post_recv`
+    /// As [`QueuePair::connect`]; [`rdma_verbs::Error::Verb`] naming `ibv_post_recv`
     /// or `ibv_post_send`. A channel connected once is refused with
-    /// [`ibverbs::Error::InvalidTransition`] by the queue pair.
+    /// [`rdma_verbs::Error::InvalidTransition`] by the queue pair.
     pub fn connect(
         &mut self,
         local: &Endpoint,
@@ -335,12 +335,12 @@ impl MessageChannel {
     ///   (nothing sent; the channel stays usable);
     /// * [`Error::TimedOut`] when no credit (or send slot) came within
     ///   `timeout` (nothing sent; the channel stays usable);
-    /// * [`ibverbs::Error::NotReadyToSend`] before [`connect`](Self::connect);
-    /// * [`ibverbs::Error::WorkCompletion`] for an error completion (a peer that
+    /// * [`rdma_verbs::Error::NotReadyToSend`] before [`connect`](Self::connect);
+    /// * [`rdma_verbs::Error::WorkCompletion`] for an error completion (a peer that
     ///   went away: `RetryExcErr`), [`Error::ChannelProtocol`] for a peer
-    ///   that broke the protocol, [`ibverbs::Error::Verb`] for a verb that failed:
+    ///   that broke the protocol, [`rdma_verbs::Error::Verb`] for a verb that failed:
     ///   then the channel is broken, and later calls return
-    ///   [`ibverbs::Error::QueuePairInError`].
+    ///   [`rdma_verbs::Error::QueuePairInError`].
     pub fn send(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<()> {
         if data.len() > self.slot_size {
             return Err(Error::MessageTooLarge {
@@ -429,11 +429,11 @@ impl MessageChannel {
             return Err(e);
         }
         if self.failed {
-            return Err(ibverbs::Error::QueuePairInError { verb: op }.into());
+            return Err(rdma_verbs::Error::QueuePairInError { verb: op }.into());
         }
         if !self.connected {
-            return Err(ibverbs::Error::NotReadyToSend {
-                state: ibverbs::QpState::Reset,
+            return Err(rdma_verbs::Error::NotReadyToSend {
+                state: rdma_verbs::QpState::Reset,
             }
             .into());
         }
@@ -445,8 +445,8 @@ impl MessageChannel {
     fn post(&mut self, data: &[u8], is_data: bool) -> Result<()> {
         let imm = self.credits.stamp(is_data);
         let Some(sq) = self.sq.as_mut() else {
-            return Err(ibverbs::Error::NotReadyToSend {
-                state: ibverbs::QpState::Reset,
+            return Err(rdma_verbs::Error::NotReadyToSend {
+                state: rdma_verbs::QpState::Reset,
             }
             .into());
         };
@@ -458,7 +458,7 @@ impl MessageChannel {
             // first send and a slot holds it.
             let Some(slot) = self.send_free.pop() else {
                 return Err(self.fail(
-                    ibverbs::Error::QueueFull {
+                    rdma_verbs::Error::QueueFull {
                         queue: "message channel send slots",
                         depth: self.slots,
                     }
@@ -527,7 +527,7 @@ impl MessageChannel {
             Some(left) => self.cq.wait(&mut self.done, left)?,
         };
         self.polled
-            .extend(polled.map(ibverbs::cq::CompletionRef::into_owned));
+            .extend(polled.map(rdma_verbs::cq::CompletionRef::into_owned));
         Ok(self.polled.len() - before)
     }
 
@@ -562,7 +562,7 @@ impl MessageChannel {
 
     /// Handles one completion; its error, if any. Once the channel failed,
     /// only messages are taken in (nothing is posted again).
-    fn handle(&mut self, mut c: ibverbs::Completion) -> Option<Error> {
+    fn handle(&mut self, mut c: rdma_verbs::Completion) -> Option<Error> {
         if let Err(e) = c.result() {
             return Some(e.into()); // buffers dropped with `c`: the device is done
         }
@@ -629,8 +629,8 @@ impl MessageChannel {
     /// Posts a receive again (a control message's, at once).
     fn repost(&mut self, buf: LocalBuffer) -> Result<()> {
         let Some(rq) = self.rq.as_mut() else {
-            return Err(ibverbs::Error::NotReadyToSend {
-                state: ibverbs::QpState::Reset,
+            return Err(rdma_verbs::Error::NotReadyToSend {
+                state: rdma_verbs::QpState::Reset,
             }
             .into());
         };

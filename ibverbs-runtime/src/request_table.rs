@@ -28,7 +28,7 @@ use std::time::Duration;
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
-use ibverbs::{
+use rdma_verbs::{
     Completion, CompletionQueue, Completions, QueuePair, RecvQueue, RecvRequest, SendQueue,
     SendRequest,
 };
@@ -296,7 +296,7 @@ pub enum Reaped<T> {
     /// it has no completion of its own, the signaled request after it
     /// completed (this comes before that one's [`Done`](Self::Done), in
     /// posting order). Its buffers (inline data or
-    /// [`FrozenBuffer`](ibverbs::memory::FrozenBuffer)s) were released by the queue
+    /// [`FrozenBuffer`](rdma_verbs::memory::FrozenBuffer)s) were released by the queue
     /// pair, as for every unsignaled request.
     Covered(T),
     /// A completion of a request that was not posted through this table
@@ -312,7 +312,7 @@ pub struct TableRefused<T> {
     /// Why.
     pub error: Error,
     /// The request's buffers.
-    pub buffers: ibverbs::memory::SgList,
+    pub buffers: rdma_verbs::memory::SgList,
     /// The value it was posted with.
     pub value: T,
 }
@@ -367,10 +367,10 @@ impl<T> From<TableRefused<T>> for std::io::Error {
 ///
 /// # Example
 /// ```no_run
-/// # fn demo(pd: &ibverbs::ProtectionDomain, sqs: &mut [ibverbs::SendQueue],
-/// #         cq: &ibverbs::CompletionQueue, remote: ibverbs::RemoteMemory) -> ibverbs_runtime::Result<()> {
-/// use ibverbs::{AccessFlags, SendRequest};
-/// use ibverbs_runtime::{Reaped, RequestTable};
+/// # fn demo(pd: &rdma_verbs::ProtectionDomain, sqs: &mut [rdma_verbs::SendQueue],
+/// #         cq: &rdma_verbs::CompletionQueue, remote: rdma_verbs::RemoteMemory) -> rdma_verbs_runtime::Result<()> {
+/// use rdma_verbs::{AccessFlags, SendRequest};
+/// use rdma_verbs_runtime::{Reaped, RequestTable};
 ///
 /// // Read block `i` through queue pair `i % sqs.len()`, 16 at a time.
 /// let mut table = RequestTable::<usize>::new(cq, 16);
@@ -474,7 +474,7 @@ impl<T> RequestTable<T> {
     /// [`TableRefused`]; nothing was posted. [`Error::RequestTableFull`]
     /// (poll first); [`Error::CompletionQueueMismatch`] when the send queue
     /// reports to another CQ than the table's; every refusal of
-    /// [`SendQueue::post_chain`] (its [`ibverbs::Error::QueueFull`] when the send
+    /// [`SendQueue::post_chain`] (its [`rdma_verbs::Error::QueueFull`] when the send
     /// queue is full).
     ///
     /// # References
@@ -644,7 +644,7 @@ impl<T> RequestTable<T> {
                 return Ok(!sq.has_room(1));
             }
             if self.polled.len() > self.batch.capacity() {
-                return Err(ibverbs::Error::QueueFull {
+                return Err(rdma_verbs::Error::QueueFull {
                     queue: "send queue",
                     depth: sq.qp().send_capacity(),
                 }
@@ -732,7 +732,7 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 /// [`RequestTable::post_stream`].
 ///
 /// Unsignaled requests may carry only inline data or
-/// [`FrozenBuffer`](ibverbs::memory::FrozenBuffer)s (DESIGN.md: the queue pair
+/// [`FrozenBuffer`](rdma_verbs::memory::FrozenBuffer)s (DESIGN.md: the queue pair
 /// releases them when a later completion retires them); the stream
 /// signals any other request itself. Finish a stream with a signaled
 /// request ([`signal_next`](Self::signal_next) before the last post):
@@ -745,10 +745,10 @@ impl<T> std::fmt::Debug for RequestTable<T> {
 ///
 /// # Example
 /// ```no_run
-/// # fn demo(qp: &ibverbs::QueuePair, cq: &ibverbs::CompletionQueue,
-/// #         remote: ibverbs::RemoteMemory) -> ibverbs_runtime::Result<()> {
-/// use ibverbs::SendRequest;
-/// use ibverbs_runtime::{Reaped, RequestTable};
+/// # fn demo(qp: &rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue,
+/// #         remote: rdma_verbs::RemoteMemory) -> rdma_verbs_runtime::Result<()> {
+/// use rdma_verbs::SendRequest;
+/// use rdma_verbs_runtime::{Reaped, RequestTable};
 ///
 /// let mut table = RequestTable::<u64>::new(cq, qp.send_capacity());
 /// // The stream keeps the send queue's handle: a completion every 8th write.

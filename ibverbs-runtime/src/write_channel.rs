@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::credit_window::CreditWindow;
 use crate::error::{Error, Result};
 use crate::ChannelProblem;
-use ibverbs::{
+use rdma_verbs::{
     AccessFlags, Completion, CompletionQueue, Completions, LocalBuffer, ProtectionDomain, QpType,
     QueuePair, RecvQueue, RemoteMemory, SendQueue, SharedBuffer, WcOpcode, Wr,
 };
@@ -165,13 +165,13 @@ impl Window {
 ///
 /// An error completion, a protocol violation or a failed verb is returned
 /// once; the channel moves its queue pair to ERR and every later call
-/// returns [`ibverbs::Error::QueuePairInError`].
+/// returns [`rdma_verbs::Error::QueuePairInError`].
 ///
 /// # Example
 /// ```no_run
 /// use std::time::Duration;
-/// use ibverbs::*;
-/// use ibverbs_runtime::{Result, WriteChannel};
+/// use rdma_verbs::*;
+/// use rdma_verbs_runtime::{Result, WriteChannel};
 /// # fn demo(pd: &ProtectionDomain, local: &LocalPort, port: PortNumber,
 /// #         exchange: impl Fn(Endpoint, RemoteMemory) -> (Endpoint, RemoteMemory),
 /// #         barrier: impl Fn()) -> Result<()> {
@@ -185,7 +185,7 @@ impl Window {
 /// barrier(); // both ends started: writes find their receives
 ///
 /// let data = [1.0f32, 2.0, 3.0];
-/// ch.send(ibverbs::bytemuck::cast_slice(&data), Some(Duration::from_secs(5)))?;
+/// ch.send(rdma_verbs::bytemuck::cast_slice(&data), Some(Duration::from_secs(5)))?;
 /// let mut got = [0f32; 3];
 /// if let Some(slot) = ch.recv(Some(Duration::from_secs(5)))? {
 ///     slot.read_into(0, &mut got)?; // volatile copy out of the inbox
@@ -241,8 +241,8 @@ impl WriteChannel {
     /// [`start`](Self::start) the channel.
     ///
     /// # Errors
-    /// [`ibverbs::Error::OutOfRange`] for `slots` outside `1..=4096` or a zero
-    /// `slot_size` or one above `u32::MAX`; [`ibverbs::Error::Verb`] naming the
+    /// [`rdma_verbs::Error::OutOfRange`] for `slots` outside `1..=4096` or a zero
+    /// `slot_size` or one above `u32::MAX`; [`rdma_verbs::Error::Verb`] naming the
     /// verb that failed (`ibv_create_comp_channel`, `ibv_create_cq`,
     /// `ibv_create_qp`, `ibv_reg_mr`).
     ///
@@ -250,7 +250,7 @@ impl WriteChannel {
     /// `ibv_create_qp(3)`, `ibv_create_cq(3)`, `ibv_reg_mr(3)`
     pub fn create(pd: &ProtectionDomain, slots: u32, slot_size: usize) -> Result<WriteChannel> {
         if !(1..=MAX_SLOTS).contains(&slots) {
-            return Err(ibverbs::Error::OutOfRange {
+            return Err(rdma_verbs::Error::OutOfRange {
                 what: "write channel slots",
                 value: u64::from(slots),
                 max: u64::from(MAX_SLOTS),
@@ -258,7 +258,7 @@ impl WriteChannel {
             .into());
         }
         if slot_size == 0 || u32::try_from(slot_size).is_err() {
-            return Err(ibverbs::Error::OutOfRange {
+            return Err(rdma_verbs::Error::OutOfRange {
                 what: "write channel slot size",
                 value: slot_size as u64,
                 max: u64::from(u32::MAX),
@@ -331,7 +331,7 @@ impl WriteChannel {
         self.inbox.remote().unwrap_or(RemoteMemory {
             addr: self.inbox.addr(),
             len: self.inbox.len() as u64,
-            rkey: ibverbs::memory::RemoteKey(0),
+            rkey: rdma_verbs::memory::RemoteKey(0),
         })
     }
 
@@ -349,13 +349,13 @@ impl WriteChannel {
     /// peer's [`inbox`](Self::inbox). Posts this end's receives; the
     /// peer's first write must not arrive before (start both ends, then
     /// a barrier such as [`Mesh::barrier`](crate::Mesh::barrier); or
-    /// rely on [`ConnectOptions::rnr_retry`](ibverbs::ConnectOptions::rnr_retry)).
+    /// rely on [`ConnectOptions::rnr_retry`](rdma_verbs::ConnectOptions::rnr_retry)).
     ///
     /// # Errors
     /// [`Error::ChannelProtocol`] ([`ChannelProblem::Hello`], field
     /// `"inbox"`) when `peer` is not exactly `slots × slot_size` bytes
-    /// (the ends differ); [`ibverbs::Error::QueueFull`] when started already
-    /// (its receives are posted); [`ibverbs::Error::Verb`] naming `ibv_post_recv`.
+    /// (the ends differ); [`rdma_verbs::Error::QueueFull`] when started already
+    /// (its receives are posted); [`rdma_verbs::Error::Verb`] naming `ibv_post_recv`.
     pub fn start(&mut self, peer: RemoteMemory) -> Result<()> {
         let ours = self.inbox.len() as u64;
         if peer.len != ours {
@@ -368,7 +368,7 @@ impl WriteChannel {
             });
         }
         if self.peer.is_some() {
-            return Err(ibverbs::Error::QueueFull {
+            return Err(rdma_verbs::Error::QueueFull {
                 queue: "write channel receives (started already)",
                 depth: self.rq_depth,
             }
@@ -393,10 +393,10 @@ impl WriteChannel {
     /// * [`Error::MessageTooLarge`] when `data` is longer than a slot,
     ///   [`Error::TimedOut`] when no credit came within `timeout`
     ///   (nothing sent; the channel stays usable);
-    /// * [`ibverbs::Error::NotReadyToSend`] before [`start`](Self::start);
-    /// * [`ibverbs::Error::WorkCompletion`], [`Error::ChannelProtocol`],
-    ///   [`ibverbs::Error::Verb`]: the channel is broken, later calls return
-    ///   [`ibverbs::Error::QueuePairInError`].
+    /// * [`rdma_verbs::Error::NotReadyToSend`] before [`start`](Self::start);
+    /// * [`rdma_verbs::Error::WorkCompletion`], [`Error::ChannelProtocol`],
+    ///   [`rdma_verbs::Error::Verb`]: the channel is broken, later calls return
+    ///   [`rdma_verbs::Error::QueuePairInError`].
     pub fn send(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<()> {
         if data.len() > self.slot_size {
             return Err(Error::MessageTooLarge {
@@ -494,11 +494,11 @@ impl WriteChannel {
             return Err(e);
         }
         if self.failed {
-            return Err(ibverbs::Error::QueuePairInError { verb: op }.into());
+            return Err(rdma_verbs::Error::QueuePairInError { verb: op }.into());
         }
         if self.peer.is_none() {
-            return Err(ibverbs::Error::NotReadyToSend {
-                state: ibverbs::QpState::Reset,
+            return Err(rdma_verbs::Error::NotReadyToSend {
+                state: rdma_verbs::QpState::Reset,
             }
             .into());
         }
@@ -570,7 +570,7 @@ impl WriteChannel {
             Some(left) => self.cq.wait(&mut self.done, left)?,
         };
         self.polled
-            .extend(polled.map(ibverbs::cq::CompletionRef::into_owned));
+            .extend(polled.map(rdma_verbs::cq::CompletionRef::into_owned));
         Ok(self.polled.len() - before)
     }
 
@@ -708,13 +708,13 @@ impl Received<'_> {
     /// reads.
     ///
     /// # Errors
-    /// [`ibverbs::Error::OutOfBounds`] unless `offset + dst.len() <= len()`.
+    /// [`rdma_verbs::Error::OutOfBounds`] unless `offset + dst.len() <= len()`.
     pub fn copy_to_slice(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         match offset.checked_add(dst.len()) {
             Some(end) if end <= self.len => {
                 (self.chan.inbox.copy_to_slice(self.offset + offset, dst)).map_err(Error::from)
             }
-            _ => Err(ibverbs::Error::OutOfBounds {
+            _ => Err(rdma_verbs::Error::OutOfBounds {
                 offset: offset as u64,
                 len: dst.len() as u64,
                 size: self.len as u64,
@@ -729,8 +729,12 @@ impl Received<'_> {
     ///
     /// # Errors
     /// As [`copy_to_slice`](Self::copy_to_slice).
-    pub fn read_into<T: ibverbs::bytemuck::Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
-        self.copy_to_slice(offset, ibverbs::bytemuck::cast_slice_mut(dst))
+    pub fn read_into<T: rdma_verbs::bytemuck::Pod>(
+        &self,
+        offset: usize,
+        dst: &mut [T],
+    ) -> Result<()> {
+        self.copy_to_slice(offset, rdma_verbs::bytemuck::cast_slice_mut(dst))
     }
 }
 

@@ -1,7 +1,7 @@
 //! The runtime blocks' compile-time proofs: each file of `tests/ui/` is
 //! code the compiler must reject, and its `.stderr` the exact diagnostic.
 //! After a toolchain change, `TRYBUILD=overwrite cargo test -p
-//! ibverbs-runtime --test hazards` regenerates them; read each one.
+//! rdma-verbs-runtime --test hazards` regenerates them; read each one.
 
 #[test]
 fn hazards_do_not_compile() {

@@ -6,7 +6,7 @@
 
 macro_rules! linked {
     ($($name:ident),* $(,)?) => {{
-        let addrs: &[*const ()] = &[$(ibverbs_sys::$name as *const ()),*];
+        let addrs: &[*const ()] = &[$(rdma_verbs_sys::$name as *const ()),*];
         addrs.len()
     }};
 }
@@ -122,7 +122,7 @@ fn every_static_inline_verb_is_linked() {
 fn device_list_smoke() {
     let mut num = -1;
     // SAFETY: `num` is a valid out-pointer; the list is freed below.
-    let list = unsafe { ibverbs_sys::ibv_get_device_list(&mut num) };
+    let list = unsafe { rdma_verbs_sys::ibv_get_device_list(&mut num) };
     if list.is_null() {
         // No RDMA subsystem at all: libibverbs reports it through errno.
         let err = std::io::Error::last_os_error();
@@ -135,20 +135,20 @@ fn device_list_smoke() {
         let dev = unsafe { *list.add(i) };
         assert!(!dev.is_null());
         // SAFETY: `dev` is a valid device from the live list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ibverbs_sys::ibv_get_device_name(dev)) };
+        let name = unsafe { std::ffi::CStr::from_ptr(rdma_verbs_sys::ibv_get_device_name(dev)) };
         eprintln!("device {i}: {}", name.to_string_lossy());
     }
     // SAFETY: the list is a live result of `ibv_get_device_list`.
     unsafe { assert!((*list.add(num as usize)).is_null()) };
     // SAFETY: freed exactly once.
-    unsafe { ibverbs_sys::ibv_free_device_list(list) };
+    unsafe { rdma_verbs_sys::ibv_free_device_list(list) };
 }
 
 /// The Rust data-path inlines call the context's op, and return
 /// `EOPNOTSUPP` (negative for `ibv_poll_cq`) instead of calling a NULL one.
 #[test]
 fn data_path_inlines_call_the_op_and_never_a_null_one() {
-    use ibverbs_sys::*;
+    use rdma_verbs_sys::*;
     unsafe extern "C" fn poll(
         _: *mut ibv_cq,
         n: core::ffi::c_int,

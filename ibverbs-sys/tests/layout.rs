@@ -8,16 +8,16 @@ use core::mem::{align_of, offset_of, size_of};
 macro_rules! same_layout {
     ($ty:ident { $($field:ident),* $(,)? }) => {{
         assert_eq!(
-            size_of::<ibverbs_sys::$ty>(), size_of::<rdma_sys::$ty>(),
+            size_of::<rdma_verbs_sys::$ty>(), size_of::<rdma_sys::$ty>(),
             concat!("size of ", stringify!($ty))
         );
         assert_eq!(
-            align_of::<ibverbs_sys::$ty>(), align_of::<rdma_sys::$ty>(),
+            align_of::<rdma_verbs_sys::$ty>(), align_of::<rdma_sys::$ty>(),
             concat!("alignment of ", stringify!($ty))
         );
         $(
             assert_eq!(
-                offset_of!(ibverbs_sys::$ty, $field), offset_of!(rdma_sys::$ty, $field),
+                offset_of!(rdma_verbs_sys::$ty, $field), offset_of!(rdma_sys::$ty, $field),
                 concat!("offset of ", stringify!($ty), ".", stringify!($field))
             );
         )*
@@ -223,7 +223,7 @@ fn core_structs_match_rdma_sys() {
 macro_rules! same_consts {
     ($($module:ident :: $name:ident),* $(,)?) => {$(
         assert_eq!(
-            ibverbs_sys::$name as u64, rdma_sys::$module::$name as u64,
+            rdma_verbs_sys::$name as u64, rdma_sys::$module::$name as u64,
             concat!("value of ", stringify!($name))
         );
     )*};
@@ -232,7 +232,7 @@ macro_rules! same_consts {
 macro_rules! same_flags {
     ($($ty:ident :: $name:ident),* $(,)?) => {$(
         assert_eq!(
-            ibverbs_sys::$ty::$name.0 as u64, rdma_sys::$ty::$name.0 as u64,
+            rdma_verbs_sys::$ty::$name.0 as u64, rdma_sys::$ty::$name.0 as u64,
             concat!("value of ", stringify!($name))
         );
     )*};

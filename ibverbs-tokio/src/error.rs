@@ -15,9 +15,9 @@ pub enum Error {
     /// A verb failed (`ibv_get_cq_event`, `ibv_req_notify_cq`,
     /// `ibv_poll_cq`, `epoll_wait` of the reactor, …), a request completed
     /// with an error status, or the core refused an argument
-    /// ([`ibverbs::Error`]).
+    /// ([`rdma_verbs::Error`]).
     #[error(transparent)]
-    Verbs(#[from] ibverbs::Error),
+    Verbs(#[from] rdma_verbs::Error),
     /// A wrapper created outside a Tokio runtime (or one without IO
     /// enabled).
     #[error("{by} needs a Tokio runtime: create it from within one (with IO enabled)")]
@@ -44,16 +44,16 @@ pub enum Error {
     PolledAfterCompletion,
 }
 
-impl<B> From<ibverbs::qp::Refused<B>> for Error {
+impl<B> From<rdma_verbs::qp::Refused<B>> for Error {
     /// A refused request's error (its buffers are dropped: take them out
-    /// of the [`Refused`](ibverbs::qp::Refused) first to keep them).
-    fn from(r: ibverbs::qp::Refused<B>) -> Error {
+    /// of the [`Refused`](rdma_verbs::qp::Refused) first to keep them).
+    fn from(r: rdma_verbs::qp::Refused<B>) -> Error {
         Error::Verbs(r.error)
     }
 }
 
 impl From<Error> for io::Error {
-    /// The core's errors as [`ibverbs::Error`] converts them; the others
+    /// The core's errors as [`rdma_verbs::Error`] converts them; the others
     /// as the inner error of an `io::Error`: `ResourceBusy` for a
     /// descriptor already driven, `Other` for the rest.
     fn from(e: Error) -> io::Error {
@@ -72,7 +72,7 @@ mod tests {
     #[test]
     fn every_variant_displays_and_converts() {
         let all = [
-            Error::Verbs(ibverbs::Error::QueueFull {
+            Error::Verbs(rdma_verbs::Error::QueueFull {
                 queue: "send queue",
                 depth: 16,
             }),

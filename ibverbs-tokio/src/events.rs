@@ -2,7 +2,7 @@
 
 use std::task::{Context as TaskContext, Poll};
 
-use ibverbs::{device::AsyncEvent, Context};
+use rdma_verbs::{device::AsyncEvent, Context};
 
 use crate::error::{Error, Result};
 use crate::reactor::{register, Registered};
@@ -18,8 +18,8 @@ use crate::reactor::{register, Registered};
 ///
 /// # Example
 /// ```no_run
-/// # async fn demo(ctx: &ibverbs::Context) -> ibverbs_tokio::Result<()> {
-/// let mut events = ibverbs_tokio::EventStream::new(ctx)?;
+/// # async fn demo(ctx: &rdma_verbs::Context) -> rdma_verbs_tokio::Result<()> {
+/// let mut events = rdma_verbs_tokio::EventStream::new(ctx)?;
 /// loop {
 ///     let ev = events.next().await?; // already acknowledged: plain data
 ///     println!("{:?} on port {:?}", ev.event_type(), ev.port());
@@ -40,7 +40,7 @@ impl EventStream {
     /// [`Error::NoRuntime`] outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when the context's async events are already
     /// watched by another `EventStream` (on any runtime, through any handle
-    /// of the same `ibv_context`); [`ibverbs::Error::Verb`] naming `fcntl` or
+    /// of the same `ibv_context`); [`rdma_verbs::Error::Verb`] naming `fcntl` or
     /// `epoll_ctl`.
     ///
     /// # Panics
@@ -64,7 +64,7 @@ impl EventStream {
     /// device only when it is returned.
     ///
     /// # Errors
-    /// [`ibverbs::Error::Verb`] naming `ibv_get_async_event`, or `epoll_wait` when
+    /// [`rdma_verbs::Error::Verb`] naming `ibv_get_async_event`, or `epoll_wait` when
     /// the runtime's reactor fails (e.g. it is shutting down).
     ///
     /// # References
@@ -83,7 +83,7 @@ impl EventStream {
             let mut guard = match self.reg.fd.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(source)) => {
-                    return Poll::Ready(Err(ibverbs::Error::Verb {
+                    return Poll::Ready(Err(rdma_verbs::Error::Verb {
                         verb: "epoll_wait",
                         io: source,
                     }

@@ -1,16 +1,16 @@
-//! [`exchange`]: `ibverbs-runtime`'s endpoint exchange over a Tokio stream.
+//! [`exchange`]: `rdma-verbs-runtime`'s endpoint exchange over a Tokio stream.
 
 use std::io;
 use std::time::Duration;
 
-use ibverbs::Endpoint;
-use ibverbs_runtime::{Error, Incoming, PeerInfo, Result};
+use rdma_verbs::Endpoint;
+use rdma_verbs_runtime::{Error, Incoming, PeerInfo, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// What [`Error::OutOfBand`] names.
 const WHAT: &str = "endpoint exchange";
 
-/// [`ibverbs_runtime::exchange`] over a Tokio stream: the same message,
+/// [`rdma_verbs_runtime::exchange`] over a Tokio stream: the same message,
 /// checks and errors; the whole exchange runs under
 /// `tokio::time::timeout`. Dropping the future drops nothing but the bytes
 /// read so far (the stream is then mid-message: close it).
@@ -20,18 +20,18 @@ const WHAT: &str = "endpoint exchange";
 /// (`enable_time`, or `enable_all`).
 ///
 /// # Errors
-/// As [`ibverbs_runtime::exchange`]: this crate returns the runtime
+/// As [`rdma_verbs_runtime::exchange`]: this crate returns the runtime
 /// crate's [`Error`].
 ///
 /// # Example
 /// ```no_run
-/// # async fn demo(qp: &ibverbs::QueuePair, local: &ibverbs::LocalPort,
-/// #               opts: &ibverbs::ConnectOptions) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn demo(qp: &rdma_verbs::QueuePair, local: &rdma_verbs::LocalPort,
+/// #               opts: &rdma_verbs::ConnectOptions) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use ibverbs::Endpoint;
+/// use rdma_verbs::Endpoint;
 /// let mut tcp = tokio::net::TcpStream::connect("server:18515").await?;
 /// let me = local.endpoint(qp, Endpoint::random_psn())?;
-/// let peer = ibverbs_tokio::exchange(&mut tcp, &me, b"hello", Duration::from_secs(10)).await?;
+/// let peer = rdma_verbs_tokio::exchange(&mut tcp, &me, b"hello", Duration::from_secs(10)).await?;
 /// qp.connect(&me, &peer.endpoint, opts)?;
 /// # Ok(()) }
 /// ```
@@ -47,7 +47,7 @@ pub async fn exchange<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let message = ibverbs_runtime::message(local, private)?;
+    let message = rdma_verbs_runtime::message(local, private)?;
     match tokio::time::timeout(timeout, run(stream, &message)).await {
         Ok(r) => r,
         Err(_) => Err(oob(io::Error::new(

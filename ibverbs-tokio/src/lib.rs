@@ -1,7 +1,7 @@
-//! Tokio integration of the [`ibverbs`] crate, on its public API: work
+//! Tokio integration of the [`rdma_verbs`] crate, on its public API: work
 //! requests as futures ([`AsyncQueuePair`], [`CompletionFuture`]), a
 //! context's asynchronous events as a stream ([`EventStream`]), and the
-//! endpoint exchange of `ibverbs-runtime` over Tokio streams
+//! endpoint exchange of `rdma-verbs-runtime` over Tokio streams
 //! ([`exchange`]).
 //!
 //! The completion channel's descriptor is registered with the runtime's

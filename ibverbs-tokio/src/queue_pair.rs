@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::CompletionChannel,
     memory::SgList,
     qp::{Owner, Refused},
@@ -27,7 +27,7 @@ use requests::{index, Requests, Slot, Wakers};
 static DISPATCHER: OnceLock<Owner> = OnceLock::new();
 
 /// The dispatchers' owner tag, made by the first dispatcher.
-fn dispatcher() -> ibverbs::Result<Owner> {
+fn dispatcher() -> rdma_verbs::Result<Owner> {
     if let Some(&owner) = DISPATCHER.get() {
         return Ok(owner);
     }
@@ -161,7 +161,7 @@ impl Shared {
         let mut cx = TaskContext::from_waker(&self.reactor_waker);
         for Registered { fd, .. } in &self.channels {
             while let Poll::Ready(ready) = fd.poll_read_ready(&mut cx) {
-                let mut guard = ready.map_err(|source| ibverbs::Error::Verb {
+                let mut guard = ready.map_err(|source| rdma_verbs::Error::Verb {
                     verb: "epoll_wait",
                     io: source,
                 })?;
@@ -245,8 +245,8 @@ impl Shared {
 ///
 /// # Example
 /// ```no_run
-/// use ibverbs::*;
-/// use ibverbs_tokio::{AsyncQueuePair, Result};
+/// use rdma_verbs::*;
+/// use rdma_verbs_tokio::{AsyncQueuePair, Result};
 /// async fn demo(pd: &ProtectionDomain, remote: RemoteMemory) -> Result<()> {
 ///     let ctx = pd.context();
 ///     let channel = ctx.create_comp_channel()?;
@@ -283,10 +283,10 @@ impl AsyncQueuePair {
     /// non-blocking and registers them with the current Tokio runtime.
     ///
     /// # Errors
-    /// [`ibverbs::Error::NoCompletionChannel`] when a CQ of `qp` has no completion
+    /// [`rdma_verbs::Error::NoCompletionChannel`] when a CQ of `qp` has no completion
     /// channel, [`Error::NoRuntime`] when called outside a Tokio runtime;
     /// [`Error::AlreadyDriven`] when a channel is already driven by another
-    /// `AsyncQueuePair` (on this runtime or another); [`ibverbs::Error::Verb`]
+    /// `AsyncQueuePair` (on this runtime or another); [`rdma_verbs::Error::Verb`]
     /// naming `fcntl`, or `epoll_ctl` when the channel cannot be registered.
     ///
     /// # Panics
@@ -310,7 +310,7 @@ impl AsyncQueuePair {
         ] {
             let ch = cq
                 .channel()
-                .ok_or(ibverbs::Error::NoCompletionChannel { which })?;
+                .ok_or(rdma_verbs::Error::NoCompletionChannel { which })?;
             if !found.iter().any(|c| c.as_ptr() == ch.as_ptr()) {
                 found.push(ch.clone());
             }
@@ -354,11 +354,11 @@ impl AsyncQueuePair {
         lock(&self.shared.state).requests.len()
     }
 
-    fn track(&self) -> ibverbs::Result<u64> {
+    fn track(&self) -> rdma_verbs::Result<u64> {
         lock(&self.shared.state)
             .requests
             .insert()
-            .ok_or(ibverbs::Error::QueueFull {
+            .ok_or(rdma_verbs::Error::QueueFull {
                 queue: "AsyncQueuePair's requests",
                 depth: u32::MAX - 1,
             })
@@ -384,7 +384,7 @@ impl AsyncQueuePair {
     ///
     /// # Errors
     /// As [`SendQueue::post_chain`]: the request's buffers are handed back
-    /// in the [`Refused`]; [`ibverbs::Error::QueueFull`] when 2^32 - 1
+    /// in the [`Refused`]; [`rdma_verbs::Error::QueueFull`] when 2^32 - 1
     /// requests of the wrapper are uncollected. The future resolves to an
     /// error as described on [`CompletionFuture`].
     ///
@@ -409,7 +409,7 @@ impl AsyncQueuePair {
     ///
     /// # Errors
     /// As [`RecvQueue::post_chain`], with the buffers handed back;
-    /// [`ibverbs::Error::QueueFull`] when 2^32 - 1 requests of the wrapper
+    /// [`rdma_verbs::Error::QueueFull`] when 2^32 - 1 requests of the wrapper
     /// are uncollected.
     ///
     /// # References
@@ -432,7 +432,7 @@ impl AsyncQueuePair {
     fn post_through<H, W>(
         &self,
         handle: &Mutex<Option<H>>,
-        open: impl FnOnce(&QueuePair) -> ibverbs::Result<H>,
+        open: impl FnOnce(&QueuePair) -> rdma_verbs::Result<H>,
         wr: W,
         unpost: impl FnOnce(W) -> SgList,
         post: impl FnOnce(&mut H, W, u64) -> Result<(), Refused<SgList>>,
@@ -489,16 +489,16 @@ impl std::fmt::Debug for AsyncQueuePair {
 ///
 /// # Example
 /// ```no_run
-/// # async fn demo(qp: &ibverbs_tokio::AsyncQueuePair, buf: ibverbs::LocalBuffer) -> ibverbs_tokio::Result<()> {
-/// let pending = qp.post_recv(ibverbs::RecvRequest::new(buf))?; // posted here
+/// # async fn demo(qp: &rdma_verbs_tokio::AsyncQueuePair, buf: rdma_verbs::LocalBuffer) -> rdma_verbs_tokio::Result<()> {
+/// let pending = qp.post_recv(rdma_verbs::RecvRequest::new(buf))?; // posted here
 /// let mut c = pending.await?;    // completed successfully
 /// let buf = c.take_local().expect("the receive buffer");
 /// # drop(buf); Ok(()) }
 /// ```
 ///
 /// # Errors
-/// [`ibverbs::Error::WorkCompletion`] when the request completed with an error
-/// status (its buffers are released); [`ibverbs::Error::Verb`] naming
+/// [`rdma_verbs::Error::WorkCompletion`] when the request completed with an error
+/// status (its buffers are released); [`rdma_verbs::Error::Verb`] naming
 /// `ibv_get_cq_event`, `ibv_req_notify_cq`, `ibv_poll_cq` or `epoll_wait`
 /// when the dispatcher fails (the request is then abandoned);
 /// [`Error::PolledAfterCompletion`] when polled again after it resolved.

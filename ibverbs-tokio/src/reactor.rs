@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::{Mutex, MutexGuard};
 
-use ibverbs::{cq::CompletionChannel, Context};
+use rdma_verbs::{cq::CompletionChannel, Context};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -91,7 +91,7 @@ pub(crate) fn register<T: VerbsFd>(inner: T, by: &'static str) -> Result<Registe
     let fd = unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) };
     let fd = fd.map_err(|e| {
         let (_, source) = e.into_parts();
-        ibverbs::Error::Verb {
+        rdma_verbs::Error::Verb {
             verb: "epoll_ctl",
             io: source,
         }

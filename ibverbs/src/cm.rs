@@ -13,10 +13,10 @@
 //!
 //! # Example
 //! ```no_run
-//! # fn main() -> ibverbs::Result<()> {
+//! # fn main() -> rdma_verbs::Result<()> {
 //! use std::time::Duration;
-//! use ibverbs::cm::{CmEventType, CmId, ConnParam, EventChannel};
-//! use ibverbs::QpType;
+//! use rdma_verbs::cm::{CmEventType, CmId, ConnParam, EventChannel};
+//! use rdma_verbs::QpType;
 //!
 //! let ch = EventChannel::new()?;
 //! let id = CmId::new(&ch)?;

@@ -431,7 +431,7 @@ pub enum Error {
     #[error("this type 1 memory window is not bound: there is nothing to invalidate")]
     WindowNotBound,
     /// A completion queue without a completion channel where one is
-    /// needed: under `ibverbs-tokio`'s `AsyncQueuePair`, or
+    /// needed: under `rdma-verbs-tokio`'s `AsyncQueuePair`, or
     /// waited on with [`CompletionQueue::wait`](crate::CompletionQueue::wait).
     /// Create the CQ with a channel of its own
     /// ([`CompletionQueueBuilder::channel`](crate::cq::CompletionQueueBuilder::channel)).
@@ -673,8 +673,8 @@ pub enum Error {
     },
 }
 
-impl From<ibverbs_sys::LoadError> for Error {
-    fn from(e: ibverbs_sys::LoadError) -> Error {
+impl From<rdma_verbs_sys::LoadError> for Error {
+    fn from(e: rdma_verbs_sys::LoadError) -> Error {
         Error::LibraryNotFound {
             library: e.library,
             package: e.package,
@@ -709,10 +709,10 @@ pub enum TransitionReason {
     /// unknown.
     NoSuchTransition,
     /// Attributes the transition requires are missing from the mask.
-    Missing(ibverbs_sys::ibv_qp_attr_mask),
+    Missing(rdma_verbs_sys::ibv_qp_attr_mask),
     /// Attributes the transition does not take (unknown mask bits
     /// included).
-    NotAllowed(ibverbs_sys::ibv_qp_attr_mask),
+    NotAllowed(rdma_verbs_sys::ibv_qp_attr_mask),
     /// `cur_qp_state` claims this state, but the queue pair is in the
     /// transition's `from` state (the one the device reports).
     ClaimedState(QpState),

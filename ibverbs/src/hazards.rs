@@ -11,7 +11,7 @@
 //! code. The compiling twins are `no_run` doctests. The run-time half of the
 //! story (stale completions, flushes, queue limits, `mem::forget`) is
 //! covered by the device tests; see `DESIGN.md`. The proofs about the
-//! runtime blocks (sections 20–21 and 25–30) are `ibverbs-runtime`'s
+//! runtime blocks (sections 20–21 and 25–30) are `rdma-verbs-runtime`'s
 //! `hazards`.
 //!
 //! # 1. Using a buffer after posting it
@@ -23,7 +23,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut rq = qp.recv_queue()?;
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
@@ -48,7 +48,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! drop(buf); // never posted: frees the registration and the memory
@@ -64,7 +64,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let first = buf[0]; // copy out before posting
@@ -83,7 +83,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let v = vec![0u8; 64];
 //! let mut buf = pd.register(v, AccessFlags::LOCAL_WRITE)?;
@@ -100,7 +100,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let v = vec![0u8; 64];
 //! let len = v.len();
@@ -118,7 +118,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let shared = pd.register_shared(vec![0u8; 64],
 //!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -136,7 +136,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut shared = pd.register_shared(vec![0u8; 64],
 //!     AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC)?;
@@ -155,7 +155,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
 //! let mut sq = qp.send_queue()?;
@@ -173,7 +173,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let mut sq = qp.send_queue()?;
@@ -190,7 +190,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let result = pd.register(vec![0u8; 8], AccessFlags::LOCAL_WRITE)?;
 //! let mut sq = qp.send_queue()?;
@@ -207,7 +207,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let frozen = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?.freeze();
 //! if let Ok(mut buf) = frozen.try_unfreeze() {
@@ -227,7 +227,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut sq = qp.send_queue()?;
 //! let data = vec![1u8; 16];
@@ -248,7 +248,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let (a, mut b) = buf.split_at(32);
@@ -269,7 +269,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut done = Completions::with_capacity(16);
 //! for mut c in cq.poll(&mut done)? { // every completion claimed,
@@ -292,7 +292,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
 //! buf.as_mut_slice_of::<u32>()?[0] = 1; // the view ends here
@@ -313,7 +313,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let mut buf = pd.alloc(64, AccessFlags::LOCAL_WRITE)?;
 //! let w = buf.as_slice_of::<u32>()?[0];
@@ -331,7 +331,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let shared = pd.alloc_shared(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
 //! let mut words = [0u32; 16];
@@ -348,7 +348,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let (mut chunks, _) = pd.alloc(64, AccessFlags::LOCAL_WRITE)?.chunks_exact(16);
 //! let last = chunks.pop().unwrap();
@@ -370,7 +370,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)?;
 //! let first = buf[0];
@@ -393,8 +393,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs::memory::BufferPool;
+//! # use rdma_verbs::*;
+//! # use rdma_verbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let mut rq = qp.recv_queue()?;
@@ -425,8 +425,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs::memory::BufferPool;
+//! # use rdma_verbs::*;
+//! # use rdma_verbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let first = buf[0]; // copy out what is needed
@@ -450,8 +450,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs::memory::BufferPool;
+//! # use rdma_verbs::*;
+//! # use rdma_verbs::memory::BufferPool;
 //! # fn f(pool: &BufferPool, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 //! let buf = pool.get().unwrap();
 //! let first = buf.as_slice_of::<u32>()?[0];
@@ -478,8 +478,8 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs::memory::DmabufRegion;
+//! # use rdma_verbs::*;
+//! # use rdma_verbs::memory::DmabufRegion;
 //! # fn f(r: &DmabufRegion) {
 //! let _for_the_peer = r.remote(); // keys and device addresses only
 //! # }
@@ -498,7 +498,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain) -> Result<()> {
 //! // SAFETY: the lkey goes only into raw posts whose contracts hold for
 //! // every address used; no remote rights, so no peer gets a key.
@@ -519,7 +519,7 @@
 //! ```
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue) -> Result<()> {
 //! let buf = pd.alloc(4096, AccessFlags::LOCAL_WRITE)?;
 //! let mut sq = qp.send_queue()?;
@@ -558,7 +558,7 @@
 //! Readiness needs no I/O: register the raw fd with epoll or Tokio.
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(ctx: &Context) -> Result<()> {
 //! use std::os::fd::AsRawFd;
 //! let fd = ctx.as_raw_fd(); // for epoll / tokio::io::unix::AsyncFd
@@ -588,8 +588,8 @@
 //! [`Completion`](crate::Completion):
 //!
 //! ```no_run
-//! # use ibverbs::*;
-//! # use ibverbs::cq::CompletionRef;
+//! # use rdma_verbs::*;
+//! # use rdma_verbs::cq::CompletionRef;
 //! # fn f(cq: &CompletionQueue) -> Result<()> {
 //! let mut done = Completions::with_capacity(16);
 //! let kept: Vec<Completion> = cq.poll(&mut done)?.map(CompletionRef::into_owned).collect();
@@ -617,7 +617,7 @@
 //! Share it in a `Mutex` (it is `Send + Sync`), or move it to one thread:
 //!
 //! ```no_run
-//! # use ibverbs::*;
+//! # use rdma_verbs::*;
 //! # fn f(qp: &QueuePair) -> Result<()> {
 //! let sq = std::sync::Mutex::new(qp.send_queue()?);
 //! std::thread::scope(|s| {

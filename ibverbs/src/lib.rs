@@ -49,8 +49,8 @@
 //! exchange [`Endpoint`]s out of band):
 //!
 //! ```no_run
-//! use ibverbs::*;
-//! use ibverbs::qp::{AddressVector, UdDest};
+//! use rdma_verbs::*;
+//! use rdma_verbs::qp::{AddressVector, UdDest};
 //! # fn main() -> Result<()> {
 //! let ctx = open_device("rxe0")?;                    // ibv_open_device
 //! let port = ctx.active_port()?;                     // ibv_query_port
@@ -161,8 +161,8 @@
 //! # Built on this crate
 //!
 //! Two crates of the same repository use only this crate's public API:
-//! `ibverbs-runtime` (endpoint exchange, a mesh of ranks, a request table,
-//! message and write channels) and `ibverbs-tokio` (work requests as
+//! `rdma-verbs-runtime` (endpoint exchange, a mesh of ranks, a request table,
+//! message and write channels) and `rdma-verbs-tokio` (work requests as
 //! futures, async events as a stream). An [`Owner`](qp::Owner) tag lets such a
 //! library know its own completions whatever their `wr_id`.
 //!
@@ -170,7 +170,7 @@
 //!
 //! * `rdmacm`: connection management over librdmacm ([`cm`]).
 //! * `dlopen` (off by default): load libibverbs (and librdmacm) at run
-//!   time instead of linking them (`ibverbs-sys/dlopen`). The program then
+//!   time instead of linking them (`rdma-verbs-sys/dlopen`). The program then
 //!   has no `DT_NEEDED` on either library and starts on a machine without
 //!   rdma-core; the first call into the library ([`devices`],
 //!   [`open_device`], [`fork_init`](device::fork_init), `cm::EventChannel::new`) returns
@@ -219,7 +219,7 @@ struct ReadmeDoctests;
 /// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
 /// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
 pub use bytemuck;
-pub use ibverbs_sys as sys;
+pub use rdma_verbs_sys as sys;
 
 // The objects and values a program meets first; each is also in its
 // namespace, where the rest of that namespace is.

@@ -1,4 +1,4 @@
-//! `use ibverbs::prelude::*;` imports the objects a program meets first:
+//! `use rdma_verbs::prelude::*;` imports the objects a program meets first:
 //! the crate root's names except [`Error`](crate::Error) and
 //! [`Result`](crate::Result), which would shadow the standard library's, and
 //! except the namespaces.

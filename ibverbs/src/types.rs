@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 macro_rules! device_enum {
     (

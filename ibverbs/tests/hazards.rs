@@ -3,7 +3,7 @@
 //! (error code and line). A proof that starts failing for another reason (a
 //! typo, a renamed method) no longer matches, and this test fails.
 //!
-//! After a toolchain change, `TRYBUILD=overwrite cargo test -p ibverbs --test
+//! After a toolchain change, `TRYBUILD=overwrite cargo test -p rdma-verbs --test
 //! hazards` regenerates the `.stderr` files; read each one to confirm it is
 //! still the intended error.
 

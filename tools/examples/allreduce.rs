@@ -33,10 +33,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::bytemuck::cast_slice;
-use ibverbs::{device::GidIndex, AccessFlags, ConnectOptions, LocalPort, RemoteMemory};
-use ibverbs_runtime::{Ranks, Received, WriteChannel};
-use ibverbs_tools::perf::{main_with, stats, Result};
+use rdma_verbs::bytemuck::cast_slice;
+use rdma_verbs::{device::GidIndex, AccessFlags, ConnectOptions, LocalPort, RemoteMemory};
+use rdma_verbs_runtime::{Ranks, Received, WriteChannel};
+use rdma_verbs_tools::perf::{main_with, stats, Result};
 
 /// Inbox slots per channel: a writer may be two steps ahead.
 const SLOTS: u32 = 2;
@@ -69,7 +69,7 @@ fn step(
 
 fn run(cli: Cli) -> Result<()> {
     let (addrs, n, r, t) = (cli.addrs()?, cli.ranks, cli.rank, Some(cli.timeout()));
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let dev = cli.device.as_ref().map_or(list.get(0), |d| list.find(d));
     let ctx = dev.ok_or("no such RDMA device")?.open()?;
     let port = ctx.active_port()?;

@@ -1,4 +1,4 @@
-//! An echo over an RC queue pair with `ibverbs`' Tokio futures
+//! An echo over an RC queue pair with `rdma-verbs-tokio`'s futures
 //! (`AsyncQueuePair`): the client sends N messages, the server sends each
 //! one back, the client checks every byte.
 //!
@@ -15,11 +15,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::{
+use rdma_verbs::{
     device::GidIndex, AccessFlags, ConnectOptions, Context, Endpoint, LocalBuffer, LocalPort,
     PortNumber, ProtectionDomain, QpType, RecvRequest, SendRequest,
 };
-use ibverbs_tokio::AsyncQueuePair;
+use rdma_verbs_tokio::AsyncQueuePair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -99,7 +99,7 @@ async fn bounded<T, E: Into<Error>>(
 }
 
 fn open(cli: &Cli) -> Result<(Context, PortNumber, GidIndex)> {
-    let list = ibverbs::devices().map_err(|e| format!("listing RDMA devices: {e}"))?;
+    let list = rdma_verbs::devices().map_err(|e| format!("listing RDMA devices: {e}"))?;
     let dev = match &cli.device {
         Some(name) => list
             .find(name)
@@ -277,7 +277,7 @@ async fn client(
         let (mut s, mut r) = bounded(limit, &format!("message {i}"), async {
             let s = sent.await?;
             let r = echo.await?;
-            Ok::<_, ibverbs_tokio::Error>((s, r))
+            Ok::<_, rdma_verbs_tokio::Error>((s, r))
         })
         .await?;
         out = s

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::{
+use rdma_verbs::{
     device::{AsyncElement, AsyncEvent, AsyncEventType},
     Context,
 };
@@ -81,7 +81,7 @@ fn describe(ev: &AsyncEvent) -> String {
 }
 
 fn open(name: Option<&str>) -> Result<Context> {
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let dev = match name {
         Some(n) => list
             .find(n)
@@ -119,7 +119,7 @@ fn run(cli: Cli) -> Result<()> {
                 left.as_millis().clamp(1, i32::MAX as u128) as i32
             }
         };
-        match ibverbs_tools::wait_readable(ctx.as_raw_fd(), ms) {
+        match rdma_verbs_tools::wait_readable(ctx.as_raw_fd(), ms) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => return Err(format!("poll on the async event fd: {e}").into()),

@@ -17,7 +17,7 @@
 //! operands of operation `i + 1` are set once `i` is posted.
 //!
 //! One operation per slot is prepared once
-//! ([`PreparedSend`](ibverbs::qp::PreparedSend)) and posted again with its new
+//! ([`PreparedSend`](rdma_verbs::qp::PreparedSend)) and posted again with its new
 //! operands, as perftest reuses one `ibv_send_wr`; `--per-request` builds and posts a new
 //! owned-buffer request each time (`SendQueue::compare_and_swap`,
 //! `fetch_and_add`) instead, and `--raw` goes
@@ -28,12 +28,12 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use clap::{Parser, ValueEnum};
-use ibverbs::{
+use rdma_verbs::{
     cq::WorkCompletion, device::AtomicCap, qp::PreparedSend, sys, AccessFlags, LocalBuffer,
     RemoteMemory, SendRequest, Wr,
 };
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};

@@ -58,14 +58,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use ibverbs::{
+use rdma_verbs::{
     device::GidIndex,
     memory::{BufferPool, MwType},
     AccessFlags, Completion, Completions, ConnectOptions, Context, Endpoint, LocalPort, PortNumber,
     ProtectionDomain, QpType, QueuePair, RemoteMemory, SendQueue, SendRequest, SharedBuffer,
 };
-use ibverbs_runtime::{Reaped, RequestTable};
-use ibverbs_tools::perf::{main_with, stats, Result};
+use rdma_verbs_runtime::{Reaped, RequestTable};
+use rdma_verbs_tools::perf::{main_with, stats, Result};
 
 /// Bytes per block.
 const BLOCK: usize = 4096;
@@ -127,7 +127,7 @@ fn check(w: &[u64], index: u64, want: Option<u64>) -> Result<u64> {
 
 /// Device, port, local port and connect options from the common flags.
 fn open(c: &Common) -> Result<(Context, LocalPort, ConnectOptions)> {
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let dev = c.device.as_ref().map_or(list.get(0), |d| list.find(d));
     let ctx = dev.ok_or("no such RDMA device")?.open()?;
     let port = c
@@ -176,7 +176,7 @@ impl Server {
             .build()?;
         self.live.lock().unwrap().push(qp.clone());
         let me = self.local.endpoint(&qp, Endpoint::random_psn())?;
-        let peer = ibverbs_runtime::exchange(&mut tcp, &me, &self.private, self.timeout)?;
+        let peer = rdma_verbs_runtime::exchange(&mut tcp, &me, &self.private, self.timeout)?;
         qp.connect(&me, &peer.endpoint, &self.opts)?;
         let mw = self.pd.alloc_mw(MwType::Type2)?;
         let free = self.free.1.lock().unwrap().recv_timeout(self.timeout);
@@ -218,7 +218,7 @@ fn server(c: Common) -> Result<()> {
     let blocks = |from: usize, count: usize| (from..from + count).flat_map(|b| block(b as u64, 0));
     let bytes: Vec<u64> = blocks(0, first).collect();
     let ro = pd.register(
-        ibverbs::bytemuck::cast_slice(&bytes).to_vec(),
+        rdma_verbs::bytemuck::cast_slice(&bytes).to_vec(),
         AccessFlags::REMOTE_READ,
     )?;
     let key = ro.memory_region().rkey().ok_or("no read key")?;
@@ -437,7 +437,7 @@ fn client(c: Common, host: &str, depth: usize, ops: usize, ratio: f64) -> Result
         }
     };
     let me = local.endpoint(&qp, Endpoint::random_psn())?;
-    let peer = ibverbs_runtime::exchange(&mut tcp, &me, &[], c.timeout())?;
+    let peer = rdma_verbs_runtime::exchange(&mut tcp, &me, &[], c.timeout())?;
     qp.connect(&me, &peer.endpoint, &opts)?;
     let w = RemoteMemory::WIRE_LEN;
     let store = RemoteMemory::from_bytes(peer.private.get(..w).ok_or("short private bytes")?)?;

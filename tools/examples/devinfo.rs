@@ -13,8 +13,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::sys;
-use ibverbs::{
+use rdma_verbs::sys;
+use rdma_verbs::{
     device::{GidType, LinkLayer, Mtu, PortState},
     Device, PortNumber,
 };
@@ -185,11 +185,11 @@ fn phys_state_str(p: u8) -> &'static str {
     }
 }
 
-fn atomic_str(a: ibverbs::device::AtomicCap) -> &'static str {
+fn atomic_str(a: rdma_verbs::device::AtomicCap) -> &'static str {
     match a {
-        ibverbs::device::AtomicCap::None => "ATOMIC_NONE",
-        ibverbs::device::AtomicCap::Hca => "ATOMIC_HCA",
-        ibverbs::device::AtomicCap::Glob => "ATOMIC_GLOB",
+        rdma_verbs::device::AtomicCap::None => "ATOMIC_NONE",
+        rdma_verbs::device::AtomicCap::Hca => "ATOMIC_HCA",
+        rdma_verbs::device::AtomicCap::Glob => "ATOMIC_GLOB",
         _ => "invalid atomic capability",
     }
 }
@@ -230,7 +230,7 @@ fn cap_flags() -> [(u32, &'static str); 24] {
 
 /// A GID as `ibv_devinfo` prints it: RoCE v2 as an IPv6 address, others as
 /// eight groups of hex; on Ethernet with the GID type.
-fn gid_line(out: &mut String, e: &ibverbs::device::GidEntry, ethernet: bool) {
+fn gid_line(out: &mut String, e: &rdma_verbs::device::GidEntry, ethernet: bool) {
     let text = match e.gid_type {
         GidType::RoceV2 => e.gid.to_ipv6().to_string(),
         _ => e
@@ -453,7 +453,7 @@ fn print_device(dev: &Device<'_>, only_port: Option<u8>, verbose: bool) -> Resul
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let list = ibverbs::devices().map_err(|e| format!("failed to get IB devices list: {e}"))?;
+    let list = rdma_verbs::devices().map_err(|e| format!("failed to get IB devices list: {e}"))?;
     if cli.list {
         let n = list.len();
         println!("{n} HCA{} found:", if n == 1 { "" } else { "s" });

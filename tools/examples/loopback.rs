@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     device::GidIndex, AccessFlags, Completions, ConnectOptions, Endpoint, LocalPort, PortNumber,
     QpType, Wr,
 };
@@ -53,12 +53,14 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let dev = match &args.device {
-        Some(name) => list.find(name).ok_or_else(|| ibverbs::Error::NoDevice {
+        Some(name) => list.find(name).ok_or_else(|| rdma_verbs::Error::NoDevice {
             name: Some(name.clone()),
         })?,
-        None => list.get(0).ok_or(ibverbs::Error::NoDevice { name: None })?,
+        None => list
+            .get(0)
+            .ok_or(rdma_verbs::Error::NoDevice { name: None })?,
     };
     let ctx = dev.open()?;
     let port = match args.port {

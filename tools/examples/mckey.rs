@@ -13,7 +13,7 @@
 //!
 //! Differences from the C tool: the sender's payload is a pattern (the C
 //! tool sends an uninitialised buffer): message N of each id is
-//! `ibverbs_tools::integrity`'s pattern for sequence number N (1-based),
+//! `rdma_verbs_tools::integrity`'s pattern for sequence number N (1-based),
 //! with the sequence number and a checksum in its header; its sends are
 //! signaled and waited for before leaving, and `-V` (ours) makes a receiver
 //! check every byte of every message against the pattern for the next
@@ -30,12 +30,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace};
-use ibverbs::{
+use rdma_verbs::cm::{CmEventType, CmId, EventChannel, JoinFlags, PortSpace};
+use rdma_verbs::{
     qp::{AddressHandle, QpNumber, UdDest},
     AccessFlags, CompletionQueue, Completions, ProtectionDomain, QpType, QueuePair, Wr,
 };
-use ibverbs_tools::integrity;
+use rdma_verbs_tools::integrity;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

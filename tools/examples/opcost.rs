@@ -31,7 +31,7 @@
 //! The paths: `request` moves an owned buffer into a typed post on the
 //! queue pair's send queue handle (`sq.write(buf, remote, Wr::id(i))`) and
 //! takes it back from its borrowed completion; `prepared` re-posts a
-//! [`PreparedSend`](ibverbs::qp::PreparedSend) on the handle; `raw` posts a reused
+//! [`PreparedSend`](rdma_verbs::qp::PreparedSend) on the handle; `raw` posts a reused
 //! C work request through the unsafe raw path. `floor-prepared` and
 //! `floor-request` measure what the guarantees of those two paths cost at
 //! least: the same in-flight slot protocol, checks and buffer moves written
@@ -43,7 +43,7 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionChannel, WorkCompletion},
     device::GidIndex,
     qp::PreparedSend,
@@ -51,7 +51,7 @@ use ibverbs::{
     LocalPort, PortNumber, QpType, QueuePair, RemoteMemory, SendQueue, SendRequest, SharedBuffer,
     Wr,
 };
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -350,7 +350,7 @@ path!(
         // the only ones reporting to its CQ.
         let n = unsafe { lane.cq.poll_raw(&mut lane.wcs) }?;
         for wc in &lane.wcs[..n] {
-            if wc.status() != ibverbs::WcStatus::Success {
+            if wc.status() != rdma_verbs::WcStatus::Success {
                 return Err(format!("write failed: {:?}", wc.status()).into());
             }
         }
@@ -802,7 +802,7 @@ fn run_shared<P: Ops>(
 
 fn build_lane(
     ctx: &Context,
-    pd: &ibverbs::ProtectionDomain,
+    pd: &rdma_verbs::ProtectionDomain,
     a: &Args,
     port: PortNumber,
     gid: GidIndex,
@@ -865,7 +865,7 @@ fn build_lane(
 }
 
 /// Registers the lane's request buffers and builds the requests of its path.
-fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Result<()> {
+fn fill_lane(lane: &mut Lane, pd: &rdma_verbs::ProtectionDomain, a: &Args) -> Result<()> {
     let n = lane.qps.len() * a.depth;
     let mut rest = pd.alloc(n * a.size, AccessFlags::LOCAL_WRITE)?;
     let mut bufs = Vec::with_capacity(n);
@@ -933,7 +933,7 @@ fn fill_lane(lane: &mut Lane, pd: &ibverbs::ProtectionDomain, a: &Args) -> Resul
 }
 
 fn run(a: Args) -> Result<()> {
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let dev = match &a.device {
         Some(name) => list.find(name).ok_or(format!("no device {name:?}"))?,
         None => list.get(0).ok_or("no RDMA device")?,

@@ -18,9 +18,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{AccessFlags, Completion, LocalBuffer, RemoteMemory, SendRequest};
+use rdma_verbs::{AccessFlags, Completion, LocalBuffer, RemoteMemory, SendRequest};
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};

@@ -8,7 +8,7 @@
 //! and repeats; latency is the time between consecutive posts (a read is a
 //! full round trip). The server prints the client's results.
 //!
-//! The read is prepared once ([`PreparedSend`](ibverbs::qp::PreparedSend)) and
+//! The read is prepared once ([`PreparedSend`](rdma_verbs::qp::PreparedSend)) and
 //! posted again each iteration, as perftest reuses one `ibv_send_wr`.
 //! `--per-request` builds and posts a new owned-buffer request each time
 //! (`SendQueue::read`, the buffer back through the completion) instead.
@@ -23,12 +23,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{
+use rdma_verbs::{
     cq::WorkCompletion, memory::SgList, sys, AccessFlags, LocalBuffer, RemoteMemory, SendRequest,
     Wr,
 };
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Table, Test};

@@ -22,13 +22,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ibverbs::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
-use ibverbs::{
+use rdma_verbs::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel};
+use rdma_verbs::{
     cq::CompletionChannel, memory::RemoteKey, qp::Posted, AccessFlags, Completion, CompletionQueue,
     LocalBuffer, ProtectionDomain, QpType, QueuePair, RecvQueue, RemoteMemory, SendQueue,
     SharedBuffer, WcOpcode, Wr,
 };
-use ibverbs_tools::{integrity, Done};
+use rdma_verbs_tools::{integrity, Done};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

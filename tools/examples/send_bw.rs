@@ -15,9 +15,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{memory::FrozenBuffer, AccessFlags, Completion, SendRequest};
+use rdma_verbs::{memory::FrozenBuffer, AccessFlags, Completion, SendRequest};
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};

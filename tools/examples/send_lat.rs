@@ -9,7 +9,7 @@
 //! consecutive posts; both sides print their own table.
 //!
 //! Receives use a small pool of registered buffers, each with its
-//! [`PreparedRecv`](ibverbs::qp::PreparedRecv) (perftest re-posts one
+//! [`PreparedRecv`](rdma_verbs::qp::PreparedRecv) (perftest re-posts one
 //! `ibv_recv_wr`), posted before the first message and re-posted from each
 //! receive completion, after the answer is posted (with a pool of one
 //! buffer, at once): claiming a receive costs one reference count, no
@@ -17,7 +17,7 @@
 //! are polled, so the buffers come back. Sends carry a
 //! `FrozenBuffer` (or inline data up to `-I`), so with `-t N` only every
 //! N-th send needs a completion; with `-t 1` (the default) every send is
-//! signaled and one prepared send ([`PreparedSend`](ibverbs::qp::PreparedSend))
+//! signaled and one prepared send ([`PreparedSend`](rdma_verbs::qp::PreparedSend))
 //! is re-posted, as perftest reuses its `ibv_send_wr`.
 //!
 //! `--raw` posts sends and receives and polls through the library's
@@ -28,12 +28,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{
+use rdma_verbs::{
     cq::WorkCompletion, memory::FrozenBuffer, qp::PreparedRecv, sys, AccessFlags, LocalBuffer,
     QueuePair, RecvQueue, RecvRequest, SendRequest, Wr,
 };
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};
@@ -142,7 +142,7 @@ fn post_prepared_recvs(
 /// `timeout` at most. Failures here only leave buffers allocated.
 fn reclaim_recvs(
     qp: &QueuePair,
-    cq: &ibverbs::CompletionQueue,
+    cq: &rdma_verbs::CompletionQueue,
     recvs: &[PreparedRecv],
     cfg: &Config,
 ) {
@@ -167,7 +167,7 @@ fn reclaim_recvs(
 /// region is leaked rather than freed under the device.
 struct RawRecvs<'a> {
     qp: &'a QueuePair,
-    cq: &'a ibverbs::CompletionQueue,
+    cq: &'a rdma_verbs::CompletionQueue,
     region: Option<LocalBuffer>,
     size: u64,
     posted: u32,
@@ -177,7 +177,7 @@ struct RawRecvs<'a> {
 impl<'a> RawRecvs<'a> {
     fn post_all(
         qp: &'a QueuePair,
-        cq: &'a ibverbs::CompletionQueue,
+        cq: &'a rdma_verbs::CompletionQueue,
         region: LocalBuffer,
         count: u32,
         size: u64,

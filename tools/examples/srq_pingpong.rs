@@ -13,7 +13,7 @@
 
 use clap::Parser;
 
-use ibverbs_tools::pingpong;
+use rdma_verbs_tools::pingpong;
 
 /// Ping-pong over RC queue pairs sharing a receive queue: without HOST, start a server and wait
 /// for a connection; with HOST, connect to the server there. Works with rdma-core's

@@ -12,7 +12,7 @@
 
 use clap::Parser;
 
-use ibverbs_tools::pingpong;
+use rdma_verbs_tools::pingpong;
 
 /// Ping-pong over UC: without HOST, start a server and wait for a connection; with HOST,
 /// connect to the server there. Works with rdma-core's ibv_uc_pingpong on either side.

@@ -16,9 +16,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ibverbs::{memory::FrozenBuffer, AccessFlags, Completion, RemoteMemory, SendRequest};
+use rdma_verbs::{memory::FrozenBuffer, AccessFlags, Completion, RemoteMemory, SendRequest};
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, BwArgs, CommonArgs, Config};
 use perf::stream::{self, Params, Source, Timing};

@@ -25,9 +25,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use ibverbs::{cq::WorkCompletion, sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, Wr};
+use rdma_verbs::{
+    cq::WorkCompletion, sys, AccessFlags, LocalBuffer, RemoteMemory, SharedBuffer, Wr,
+};
 
-use ibverbs_tools::{perf, Done};
+use rdma_verbs_tools::{perf, Done};
 
 use perf::args::{self, CommonArgs, Config};
 use perf::{report, stats, QpSpec, Resources, Result, Test};

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use ibverbs::{cq::CompletionRef, Completion, CompletionQueue, Completions};
+use rdma_verbs::{cq::CompletionRef, Completion, CompletionQueue, Completions};
 
 /// Owned completions from polls, oldest first.
 pub struct Done {
@@ -25,7 +25,7 @@ impl Done {
 
     /// Polls `cq` once, keeping what came (none while `capacity` are kept
     /// already): how many.
-    pub fn poll(&mut self, cq: &CompletionQueue) -> ibverbs::Result<usize> {
+    pub fn poll(&mut self, cq: &CompletionQueue) -> rdma_verbs::Result<usize> {
         if self.kept.len() >= self.storage.capacity() {
             return Ok(0);
         }
@@ -40,7 +40,7 @@ impl Done {
         &mut self,
         cq: &CompletionQueue,
         timeout: Option<Duration>,
-    ) -> ibverbs::Result<usize> {
+    ) -> rdma_verbs::Result<usize> {
         if self.kept.len() >= self.storage.capacity() {
             return Ok(0);
         }

@@ -25,7 +25,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use ibverbs::{
+use rdma_verbs::{
     device::{AsyncEventType, GidIndex},
     memory::RemoteKey,
     qp::QpNumber,
@@ -185,7 +185,7 @@ impl Stats {
     }
     /// Records an error completion (the first one's status and how long
     /// after the last good completion it came).
-    fn error(&mut self, status: ibverbs::WcStatus) {
+    fn error(&mut self, status: rdma_verbs::WcStatus) {
         if self.first_error == "-" {
             self.first_error = format!("{status:?}");
             let since = self.last_ok.unwrap_or(self.start);
@@ -224,11 +224,11 @@ pub(crate) fn open(
     ib_port: Option<u8>,
     gid: Option<u8>,
 ) -> Result<Setup, Box<dyn std::error::Error>> {
-    let list = ibverbs::devices()?;
+    let list = rdma_verbs::devices()?;
     let ctx = match device {
         Some(name) => list
             .find(name)
-            .ok_or_else(|| ibverbs::Error::NoDevice {
+            .ok_or_else(|| rdma_verbs::Error::NoDevice {
                 name: Some(name.clone()),
             })?
             .open()?,
@@ -260,7 +260,7 @@ pub(crate) fn open(
 }
 
 /// The endpoint of `qp` on the setup's port and GID, sending from `psn`.
-pub(crate) fn endpoint(s: &Setup, qp: &QueuePair, psn: u32) -> ibverbs::Result<Endpoint> {
+pub(crate) fn endpoint(s: &Setup, qp: &QueuePair, psn: u32) -> rdma_verbs::Result<Endpoint> {
     LocalPort::query(&s.ctx, s.port, Some(s.gid_index))?.endpoint(qp, psn)
 }
 
@@ -335,7 +335,7 @@ fn connect_qp(
     qp: &QueuePair,
     me: &Endpoint,
     remote: &Endpoint,
-) -> ibverbs::Result<()> {
+) -> rdma_verbs::Result<()> {
     let opts = ConnectOptions::new(s.port)
         .gid_index(s.gid_index)
         .timeout(c.timeout)
@@ -370,7 +370,7 @@ pub fn cq_overrun(device: Option<String>) -> Result<Stats, String> {
         .max_inline_data(16)
         .build()
     {
-        Err(ibverbs::Error::CqTooSmall {
+        Err(rdma_verbs::Error::CqTooSmall {
             capacity, needed, ..
         }) => {
             eprintln!("fault_peer: CQ of {capacity} for queues asked {needed} deep: refused");

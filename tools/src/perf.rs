@@ -12,7 +12,7 @@ pub mod stream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionChannel, WorkCompletion},
     device::{DeviceAttr, GidIndex, Mtu, PortAttr},
     memory::SgList,
@@ -234,7 +234,7 @@ fn wait_one(cq: &CompletionQueue, timeout: Duration, what: &str) -> Result<Compl
 fn spin<T>(
     timeout: Duration,
     what: &str,
-    mut poll: impl FnMut() -> ibverbs::Result<Option<T>>,
+    mut poll: impl FnMut() -> rdma_verbs::Result<Option<T>>,
 ) -> Result<T> {
     let mut spins = 0u32;
     let mut start: Option<Instant> = None;
@@ -338,7 +338,7 @@ impl Resources {
     /// `ibv_create_cq_ex` and the QP with `ibv_create_qp_ex` (`post_send`
     /// then goes through `ibv_wr_*`, `poll` through `ibv_start_poll`).
     pub fn open_ex(cfg: &Config, spec: QpSpec, extended: bool) -> Result<Resources> {
-        let list = ibverbs::devices()?;
+        let list = rdma_verbs::devices()?;
         let dev = match &cfg.device {
             Some(name) => list.find(name).ok_or_else(|| {
                 format!(
@@ -384,15 +384,15 @@ impl Resources {
             cqb = cqb.channel(ch);
         }
         if extended {
-            cqb = cqb.wc_fields(ibverbs::cq::CompletionFields::standard());
+            cqb = cqb.wc_fields(rdma_verbs::cq::CompletionFields::standard());
         }
         let cq = cqb
             .build()
             .map_err(|e| format!("creating a CQ of {cqe} entries: {e}"))?;
         let ops = if extended {
-            ibverbs::qp::SendOpFlags::rc_data()
+            rdma_verbs::qp::SendOpFlags::rc_data()
         } else {
-            ibverbs::qp::SendOpFlags::empty()
+            rdma_verbs::qp::SendOpFlags::empty()
         };
         let qp = pd
             .create_qp(QpType::Rc, &cq, &cq)
@@ -453,7 +453,7 @@ impl Resources {
             mem: mem.unwrap_or(RemoteMemory {
                 addr: 0,
                 len: 0,
-                rkey: ibverbs::memory::RemoteKey(0),
+                rkey: rdma_verbs::memory::RemoteKey(0),
             }),
         })
     }
@@ -628,7 +628,7 @@ pub fn wait_local(
     waiter: &mut Waiter,
     done: &mut crate::Done,
     what: &str,
-) -> Result<ibverbs::LocalBuffer> {
+) -> Result<rdma_verbs::LocalBuffer> {
     let mut c = waiter.wait_one(done, what)?;
     c.result()?;
     if !done.is_empty() {
@@ -641,10 +641,10 @@ pub fn wait_local(
 /// Splits `region` into `count` pieces of `size` bytes, the last one
 /// taking the rest (set-up only: allocates the list).
 pub fn split_pool(
-    region: ibverbs::LocalBuffer,
+    region: rdma_verbs::LocalBuffer,
     count: u32,
     size: u64,
-) -> Vec<ibverbs::LocalBuffer> {
+) -> Vec<rdma_verbs::LocalBuffer> {
     let mut pieces = Vec::with_capacity(count as usize);
     let mut rest = region;
     for _ in 1..count {
@@ -660,8 +660,8 @@ pub fn split_pool(
 /// [`split_pool`]) and posts them all with `wr_id`. The QP must be
 /// connected (receives cannot be posted in RESET).
 pub fn post_recv_pool(
-    rq: &mut ibverbs::RecvQueue,
-    region: ibverbs::LocalBuffer,
+    rq: &mut rdma_verbs::RecvQueue,
+    region: rdma_verbs::LocalBuffer,
     count: u32,
     size: u64,
     wr_id: u64,

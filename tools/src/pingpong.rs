@@ -9,7 +9,7 @@
 //! * `-i` defaults to the device's first ACTIVE port (rdma-core: port 1),
 //!   and without `-g` a RoCE port uses its RoCE v2 GID with a non-link-local
 //!   IPv4 address, else its first valid GID
-//!   ([`GidSelector::Automatic`](ibverbs::device::GidSelector::Automatic);
+//!   ([`GidSelector::Automatic`](rdma_verbs::device::GidSelector::Automatic);
 //!   rdma-core sends no GID and fails on RoCE). An explicit `-g N` wins.
 //! * Each posted receive owns its own slice of one registered region (the
 //!   safe API's ownership model; the C tools point every receive at the
@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::{CompletionChannel, WorkCompletion},
     device::{GidIndex, Mtu, PortAttr},
     memory::FrozenBuffer,
@@ -383,7 +383,7 @@ struct Setup {
     port_attr: PortAttr,
     gid_index: Option<GidIndex>,
     channel: Option<CompletionChannel>,
-    pd: ibverbs::ProtectionDomain,
+    pd: rdma_verbs::ProtectionDomain,
     cq: CompletionQueue,
     qps: Vec<QueuePair>,
     /// One prepared receive per buffer, posted (the loop takes them).
@@ -414,7 +414,7 @@ fn open(cfg: &Config) -> Res<Setup> {
         .into());
     }
 
-    let list = ibverbs::devices().ctx("Failed to get IB devices list")?;
+    let list = rdma_verbs::devices().ctx("Failed to get IB devices list")?;
     let dev = match &c.ib_dev {
         Some(name) => list
             .find(name)
@@ -602,7 +602,7 @@ fn open(cfg: &Config) -> Res<Setup> {
             .ctx("Couldn't request CQ notification")?;
     }
 
-    if port_attr.link_layer() != ibverbs::device::LinkLayer::Ethernet && port_attr.lid() == 0 {
+    if port_attr.link_layer() != rdma_verbs::device::LinkLayer::Ethernet && port_attr.lid() == 0 {
         return Err("Couldn't get local LID".into());
     }
     let local_port =

@@ -47,7 +47,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use ibverbs::{
+use rdma_verbs::{
     memory::RemoteKey, qp::QpNumber, AccessFlags, ConnectOptions, Endpoint, Gid, QueuePair,
     RemoteMemory,
 };
@@ -221,7 +221,7 @@ fn connect_qp(
     qp: &QueuePair,
     me: &Endpoint,
     remote: &Endpoint,
-) -> ibverbs::Result<()> {
+) -> rdma_verbs::Result<()> {
     let opts = ConnectOptions::new(s.port)
         .gid_index(s.gid_index)
         .timeout(c.timeout)

@@ -407,7 +407,7 @@ fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// `cargo build --release -p ibverbs-tools --examples`; if that fails (an example being written
+/// `cargo build --release -p rdma-verbs-tools --examples`; if that fails (an example being written
 /// does not compile yet), each wanted example on its own, so the others are still measured.
 /// Returns name → executable, and name → why not.
 fn build_examples(

@@ -1,4 +1,4 @@
-//! Developer tasks for the ibverbs workspace.
+//! Developer tasks for the rdma-verbs workspace.
 //!
 //! `cargo xtask deps`  – install the Debian packages the workspace and the VMs need.
 //! `cargo xtask vm`    – run a command in a throwaway QEMU VM with SoftRoCE (rxe).
@@ -170,7 +170,7 @@ struct TestArgs {
     #[arg(long, default_value_t = 900)]
     exe_timeout: u64,
     /// Features of the suite for every build of the tests and examples
-    /// (`--features dlopen`: ibverbs loads rdma-core at run time).
+    /// (`--features dlopen`: rdma-verbs loads rdma-core at run time).
     #[arg(long, value_name = "FEATURES")]
     features: Option<String>,
     #[command(flatten)]

@@ -22,7 +22,7 @@ use crate::vm::{self, VmConfig};
 use crate::{step, VmOpts};
 
 /// The package of the device tests (every test `#[ignore]`d on the host).
-const DEVICE_TESTS_PACKAGE: &str = "ibverbs-device-tests";
+const DEVICE_TESTS_PACKAGE: &str = "rdma-verbs-device-tests";
 /// Its directory in the repository (the tests are in its `tests/`).
 const DEVICE_TESTS_DIR: &str = "device-tests";
 /// The device the VM provides.
@@ -50,7 +50,7 @@ impl TestOptions {
         }
     }
 
-    /// Whether the suite is built with ibverbs' `dlopen` feature.
+    /// Whether the suite is built with rdma-verbs' `dlopen` feature.
     fn dlopen(&self) -> bool {
         self.features.as_deref().is_some_and(|f| {
             f.split([',', ' '])
@@ -265,7 +265,7 @@ fn device_part(o: &TestOptions) -> Result<DeviceResults> {
 /// The examples `device-tests/tests/dlopen.rs` runs in both builds.
 const DLOPEN_CONTRAST: [&str; 2] = ["devinfo", "rping"];
 
-/// `device-tests/tests/dlopen.rs` runs [`DLOPEN_CONTRAST`] built both with ibverbs'
+/// `device-tests/tests/dlopen.rs` runs [`DLOPEN_CONTRAST`] built both with rdma-verbs'
 /// `dlopen` feature and without: the suite's own copies are one of them,
 /// this builds the other into a target directory of its own (features
 /// differ, so the suite's copies would otherwise be rebuilt over). Returns
@@ -275,7 +275,7 @@ fn build_dlopen_contrast(o: &TestOptions) -> Result<Vec<(String, String)>> {
     let target = util::target_dir()?;
     let contrast_dir = target.join("dlopen-contrast");
     step!(
-        "device: building {} {} ibverbs' dlopen feature into {}",
+        "device: building {} {} rdma-verbs' dlopen feature into {}",
         DLOPEN_CONTRAST.join(", "),
         if o.dlopen() { "without" } else { "with" },
         contrast_dir.display()
@@ -870,7 +870,7 @@ mod tests {
         };
         assert!(!o(None).dlopen());
         assert!(o(Some("dlopen")).dlopen());
-        assert!(o(Some("tokio,ibverbs/dlopen")).dlopen());
+        assert!(o(Some("tokio,rdma-verbs/dlopen")).dlopen());
         assert!(!o(Some("dlopenx")).dlopen());
         assert_eq!(o(Some("dlopen")).feature_args(), ["--features", "dlopen"]);
         assert!(o(None).feature_args().is_empty());

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 /// The package of the example programs, the C-compatible tools and the
 /// harness's data movers (`fault_peer`, `soak_peer`). Its examples and
 /// binaries land in the workspace's target directory.
-pub const TOOLS_PACKAGE: &str = "ibverbs-tools";
+pub const TOOLS_PACKAGE: &str = "rdma-verbs-tools";
 /// Its directory in the repository (`tools/examples/`, `tools/src/`).
 pub const TOOLS_DIR: &str = "tools";
 

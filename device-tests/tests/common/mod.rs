@@ -9,7 +9,7 @@
 pub mod process;
 pub mod traffic;
 
-use ibverbs::{
+use rdma_verbs::{
     device::{GidIndex, PortState},
     Context, PortNumber,
 };
@@ -24,7 +24,7 @@ pub struct TestDevice {
 /// Opens the device named by `IBVERBS_TEST_DEVICE`, or the first device
 /// with an active port. Panics (fails the test) when there is none.
 pub fn device() -> TestDevice {
-    let list = ibverbs::devices().unwrap_or_else(|e| panic!("no RDMA device list: {e}"));
+    let list = rdma_verbs::devices().unwrap_or_else(|e| panic!("no RDMA device list: {e}"));
     let wanted = std::env::var("IBVERBS_TEST_DEVICE").ok();
     for dev in list.iter() {
         if let Some(name) = &wanted {
@@ -58,13 +58,13 @@ pub fn device() -> TestDevice {
 
 /// Reports a capability the device lacks, by name, and says whether to go on.
 /// The message is printed so that a skipped check is visible in the log.
-pub fn unsupported(what: &str, err: &ibverbs::Error) {
+pub fn unsupported(what: &str, err: &rdma_verbs::Error) {
     eprintln!("UNSUPPORTED on this device: {what}: {err}");
 }
 
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     memory::SgList,
     qp::{QueuePairBuilder, Refused, SharedReceiveQueue},
     AccessFlags, Completion, CompletionQueue, Completions, ConnectOptions, Endpoint, LocalPort,
@@ -124,13 +124,13 @@ pub fn pair(
 
 /// An RC pair created through `ibv_create_qp_ex` with `ops` (inline up
 /// to 64 bytes), each on its own extended CQ (`CompletionFields::standard`).
-pub fn ex_pair(ops: ibverbs::qp::SendOpFlags) -> Pair {
+pub fn ex_pair(ops: rdma_verbs::qp::SendOpFlags) -> Pair {
     let dev = device();
     let pd = dev.ctx.alloc_pd().unwrap();
     let cq = || {
         dev.ctx
             .create_cq(256)
-            .wc_fields(ibverbs::cq::CompletionFields::standard())
+            .wc_fields(rdma_verbs::cq::CompletionFields::standard())
             .build()
             .unwrap()
     };
@@ -187,7 +187,7 @@ pub fn plain_qp(dev: &TestDevice, pd: &ProtectionDomain, depth: u32) -> QueuePai
 pub struct SrqWithLimit {
     pub pd: ProtectionDomain,
     pub cq: CompletionQueue,
-    pub srq: ibverbs::qp::SharedReceiveQueue,
+    pub srq: rdma_verbs::qp::SharedReceiveQueue,
     pub sender: QueuePair,
     pub receiver: QueuePair,
 }
@@ -271,7 +271,7 @@ pub fn assert_quiet(cq: &CompletionQueue) {
     let got: Vec<Completion> = cq
         .poll(&mut batch)
         .unwrap()
-        .map(ibverbs::cq::CompletionRef::into_owned)
+        .map(rdma_verbs::cq::CompletionRef::into_owned)
         .collect();
     assert!(got.is_empty(), "unexpected: {got:?}");
 }
@@ -434,7 +434,7 @@ pub fn post_srq(srq: &SharedReceiveQueue, r: RecvRequest) -> Result<(), Refused<
     }
 }
 
-fn post_recv_on(rq: &mut ibverbs::RecvQueue, r: RecvRequest) -> Result<(), Refused<SgList>> {
+fn post_recv_on(rq: &mut rdma_verbs::RecvQueue, r: RecvRequest) -> Result<(), Refused<SgList>> {
     let mut one = vec![r];
     rq.post_chain(&mut one).map_err(|error| Refused {
         error,
@@ -446,6 +446,6 @@ fn post_recv_on(rq: &mut ibverbs::RecvQueue, r: RecvRequest) -> Result<(), Refus
 pub fn poll_owned(cq: &CompletionQueue, batch: &mut Completions) -> Vec<Completion> {
     cq.poll(batch)
         .unwrap()
-        .map(ibverbs::cq::CompletionRef::into_owned)
+        .map(rdma_verbs::cq::CompletionRef::into_owned)
         .collect()
 }

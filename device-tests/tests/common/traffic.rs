@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     cq::CompletionFields,
     qp::{AddressHandle, AddressVector, SendOpFlags},
     AccessFlags, Completion, CompletionQueue, LocalBuffer, ProtectionDomain, QpType, QueuePair,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::{oob, read_some, write_message, Deadline, PeerInfo, WHAT};
 use crate::error::{Error, Result};
-use ibverbs::error::WireProblem;
-use ibverbs::{ConnectOptions, Endpoint, LocalPort, QueuePair};
+use rdma_verbs::error::WireProblem;
+use rdma_verbs::{ConnectOptions, Endpoint, LocalPort, QueuePair};
 
 /// The first four bytes of a hello.
 const HELLO_MAGIC: [u8; 4] = *b"IBVM";
@@ -140,7 +140,7 @@ impl<'a> Ranks<'a> {
     /// new RC queue pair in RESET (on the CQs the caller chooses: one per
     /// peer, or shared) and private bytes for that peer (at most
     /// [`MAX_PRIVATE_LEN`](crate::MAX_PRIVATE_LEN), e.g. a
-    /// [`RemoteMemory`](ibverbs::RemoteMemory)'s wire form). The queue
+    /// [`RemoteMemory`](rdma_verbs::RemoteMemory)'s wire form). The queue
     /// pair's endpoint on `local` (a random PSN) and the bytes are
     /// exchanged with the peer ([`exchange`](crate::exchange)'s message), the
     /// queue pair is connected with `opts` (give it
@@ -156,11 +156,11 @@ impl<'a> Ranks<'a> {
     /// written before any is read and fits in a socket buffer.
     ///
     /// # Errors
-    /// [`ibverbs::Error::OutOfRange`] for a rank not below `addrs.len()` or
+    /// [`rdma_verbs::Error::OutOfRange`] for a rank not below `addrs.len()` or
     /// private bytes longer than [`MAX_PRIVATE_LEN`](crate::MAX_PRIVATE_LEN);
     /// [`Error::OutOfBand`] (`during: "mesh listen"`) when `addrs[rank]`
     /// cannot be bound; whatever `make` returns, unchanged;
-    /// [`ibverbs::Error::ForeignContext`] for a queue pair of another device
+    /// [`rdma_verbs::Error::ForeignContext`] for a queue pair of another device
     /// context than `local`'s ([`LocalPort::endpoint`]). Errors of
     /// one peer are [`Error::Peer`] with its rank around
     /// [`Error::OutOfBand`] (`"mesh connect"`, `"mesh accept"`,
@@ -177,11 +177,11 @@ impl<'a> Ranks<'a> {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context, port: ibverbs::PortNumber, my_rank: usize)
-    /// #         -> ibverbs_runtime::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context, port: rdma_verbs::PortNumber, my_rank: usize)
+    /// #         -> rdma_verbs_runtime::Result<()> {
     /// use std::{net::SocketAddr, time::Duration};
-    /// use ibverbs::{AccessFlags, ConnectOptions, LocalPort, QpType};
-    /// use ibverbs_runtime::Ranks;
+    /// use rdma_verbs::{AccessFlags, ConnectOptions, LocalPort, QpType};
+    /// use rdma_verbs_runtime::Ranks;
     /// let addrs: Vec<SocketAddr> =
     ///     ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"].map(|a| a.parse().unwrap()).into();
     /// let pd = ctx.alloc_pd()?;
@@ -199,7 +199,7 @@ impl<'a> Ranks<'a> {
     ///         Ok((qp, slice.to_bytes().to_vec()))
     ///     })?;
     /// for peer in mesh.peers() {
-    ///     let _theirs = ibverbs::RemoteMemory::from_bytes(peer.private())?;
+    ///     let _theirs = rdma_verbs::RemoteMemory::from_bytes(peer.private())?;
     ///     // peer.qp().post_send(…): RDMA writes into the peer's slice for us
     /// }
     /// mesh.barrier(Duration::from_secs(10))?;
@@ -287,7 +287,7 @@ impl<'a> Ranks<'a> {
     ) -> Result<Vec<(usize, TcpStream)>> {
         let (rank, ranks) = (self.rank, self.addrs.len());
         if rank >= ranks || u32::try_from(ranks).is_err() {
-            return Err(ibverbs::Error::OutOfRange {
+            return Err(rdma_verbs::Error::OutOfRange {
                 what: if ranks == 0 {
                     "rank (of an empty address list)"
                 } else {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::mesh::{barrier_on, neighbours, rounds, Topology};
 use super::*;
-use ibverbs::{qp::QpNumber, Gid};
+use rdma_verbs::{qp::QpNumber, Gid};
 
 /// Bytes to read and what was written, with no-op timeouts.
 struct Script {
@@ -120,7 +120,7 @@ fn oversize_private_bytes_are_refused_before_sending() {
     assert!(
         matches!(
             r,
-            Err(Error::Verbs(ibverbs::Error::OutOfRange {
+            Err(Error::Verbs(rdma_verbs::Error::OutOfRange {
                 value: 4097,
                 max: 4096,
                 ..
@@ -667,7 +667,7 @@ fn rank_out_of_range() {
     assert!(
         matches!(
             r,
-            Err(Error::Verbs(ibverbs::Error::OutOfRange {
+            Err(Error::Verbs(rdma_verbs::Error::OutOfRange {
                 what: "rank",
                 value: 2,
                 max: 1
@@ -677,7 +677,7 @@ fn rank_out_of_range() {
     );
     let r = Ranks::new(&[], 0).streams(Topology::Ring, &Deadline::after(T));
     assert!(
-        matches!(r, Err(Error::Verbs(ibverbs::Error::OutOfRange { .. }))),
+        matches!(r, Err(Error::Verbs(rdma_verbs::Error::OutOfRange { .. }))),
         "{r:?}"
     );
 }

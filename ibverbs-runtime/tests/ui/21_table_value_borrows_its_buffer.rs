@@ -3,8 +3,8 @@
 // the request's buffer.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+use rdma_verbs::*;
+use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 
 fn main() {}
 

@@ -2,8 +2,8 @@
 // `Message` posts its buffer again, and its bytes borrow it.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+use rdma_verbs::*;
+use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 
 fn main() {}
 

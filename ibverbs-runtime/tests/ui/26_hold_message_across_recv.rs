@@ -2,8 +2,8 @@
 // borrows its channel, so the next `recv` waits until it is released.
 // Expected: E0499.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+use rdma_verbs::*;
+use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 
 fn main() {}
 

@@ -2,8 +2,8 @@
 // its channel, so it cannot be the source of the next `send`.
 // Expected: E0499.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+use rdma_verbs::*;
+use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 
 fn main() {}
 

@@ -2,8 +2,8 @@
 // `WriteChannel`'s inbox, so a `Received` has no `Deref` and no index.
 // Expected: E0608.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
+use rdma_verbs::*;
+use rdma_verbs_runtime::{Message, MessageChannel, Reaped, Received, RequestTable, Result, WriteChannel};
 
 fn main() {}
 

@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use ibverbs::{error::WireProblem, qp::QpNumber, Gid};
-use ibverbs_runtime::MAX_PRIVATE_LEN;
+use rdma_verbs::{error::WireProblem, qp::QpNumber, Gid};
+use rdma_verbs_runtime::MAX_PRIVATE_LEN;
 
 use super::*;
 use tokio::io::AsyncWriteExt;
@@ -51,7 +51,7 @@ fn silent_hostile_and_oversize() {
         assert!(start.elapsed() >= timeout);
 
         let (mut a, mut b) = pair().await;
-        let mut m = ibverbs_runtime::message(&ep(2), b"").unwrap();
+        let mut m = rdma_verbs_runtime::message(&ep(2), b"").unwrap();
         m[5..9].copy_from_slice(&u32::MAX.to_be_bytes());
         b.write_all(&m).await.unwrap();
         let r = exchange(&mut a, &ep(1), b"", T).await;
@@ -64,7 +64,7 @@ fn silent_hostile_and_oversize() {
         ));
 
         let (mut a, mut b) = pair().await;
-        b.write_all(&ibverbs_runtime::message(&ep(2), b"abc").unwrap()[..38])
+        b.write_all(&rdma_verbs_runtime::message(&ep(2), b"abc").unwrap()[..38])
             .await
             .unwrap();
         drop(b);
@@ -79,7 +79,7 @@ fn silent_hostile_and_oversize() {
 
         let r = exchange(&mut a, &ep(1), &[0; 4097], T).await;
         assert!(
-            matches!(r, Err(Error::Verbs(ibverbs::Error::OutOfRange { .. }))),
+            matches!(r, Err(Error::Verbs(rdma_verbs::Error::OutOfRange { .. }))),
             "{r:?}"
         );
     })

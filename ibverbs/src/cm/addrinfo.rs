@@ -7,7 +7,7 @@ use std::ffi::{CStr, CString};
 use std::net::SocketAddr;
 use std::ptr::NonNull;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{from_sockaddr, PortSpace};
 use crate::error::{Error, Result};
@@ -114,9 +114,9 @@ impl AddrInfo {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
+    /// # fn main() -> rdma_verbs::Result<()> {
     /// use std::time::Duration;
-    /// use ibverbs::cm::{AddrInfo, AddrInfoHints, CmId, EventChannel};
+    /// use rdma_verbs::cm::{AddrInfo, AddrInfoHints, CmId, EventChannel};
     /// let ai = AddrInfo::lookup(Some("server.example"), Some("7471"), &AddrInfoHints::new())?;
     /// let first = &ai[0];
     /// let ch = EventChannel::new()?;

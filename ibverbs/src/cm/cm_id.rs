@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::event_channel::EventChannel;
 use crate::device::context::Context;

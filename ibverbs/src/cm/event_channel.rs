@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{CmId, IdMode, IdShared};
 use crate::error::{ret_ptr, Error, Result};

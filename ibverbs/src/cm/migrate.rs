@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{neg_errno, CmId};
 use super::EventChannel;

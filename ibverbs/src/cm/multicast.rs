@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{neg_errno, to_sockaddr, CmId, IdShared};
 use crate::address_handle::AddressVector;

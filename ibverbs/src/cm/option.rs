@@ -1,6 +1,6 @@
 //! Options of an rdma_cm id (`rdma_set_option`).
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::CmId;
 use crate::error::Result;
@@ -64,8 +64,8 @@ impl CmId {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ch: &ibverbs::cm::EventChannel) -> ibverbs::Result<()> {
-    /// use ibverbs::cm::{CmId, CmOption};
+    /// # fn demo(ch: &rdma_verbs::cm::EventChannel) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::cm::{CmId, CmOption};
     /// let id = CmId::new(ch)?;
     /// id.set_option(CmOption::ReuseAddr(true))?;
     /// id.set_option(CmOption::AckTimeout(14))?;

@@ -18,7 +18,7 @@ use std::ptr::NonNull;
 use std::sync::MutexGuard;
 use std::time::Duration;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{neg_errno, CmId, IdMode, PortSpace};
 use crate::error::{Error, Result};
@@ -46,9 +46,9 @@ impl CmId {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
+    /// # fn main() -> rdma_verbs::Result<()> {
     /// use std::time::Duration;
-    /// use ibverbs::cm::{CmId, ConnParam, PortSpace};
+    /// use rdma_verbs::cm::{CmId, ConnParam, PortSpace};
     /// let id = CmId::new_sync(PortSpace::Tcp)?;
     /// id.resolve_addr(None, "10.0.2.15:7174".parse().unwrap(), Duration::from_secs(2))?;
     /// id.resolve_route(Duration::from_secs(2))?;

@@ -6,7 +6,7 @@
 //! connection exists afterwards: the queue pairs stay ordinary UD queue
 //! pairs in RTS, and nothing here gives the device memory.
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::cm_id::{move_qp, neg_errno, CmId, ConnParam};
 use crate::error::{Error, Result};

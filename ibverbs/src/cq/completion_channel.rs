@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::cq::completion_queue::{CompletionQueue, CqInner};
 use crate::device::context::set_nonblocking;

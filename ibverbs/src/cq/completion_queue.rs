@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::cq::completion_channel::CompletionChannel;
 use crate::cq::extended_cq::ExCq;
@@ -499,8 +499,8 @@ impl CompletionQueue {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(cq: &ibverbs::CompletionQueue) -> ibverbs::Result<()> {
-    /// let mut done = ibverbs::Completions::with_capacity(16);
+    /// # fn demo(cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
+    /// let mut done = rdma_verbs::Completions::with_capacity(16);
     /// for mut c in cq.poll(&mut done)? {
     ///     c.result()?;
     ///     let _buf = c.take_local();
@@ -555,7 +555,7 @@ impl CompletionQueue {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(cq: &ibverbs::CompletionQueue) -> ibverbs::Result<()> {
+    /// # fn demo(cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
     /// let c = loop {
     ///     if let Some(c) = cq.poll_one()? {
     ///         break c;
@@ -681,7 +681,7 @@ impl CompletionQueue {
     /// non-blocking, so that reading an event cannot block past the
     /// deadline ([`CompletionChannel::get_event`] on it then returns
     /// `EAGAIN` instead of blocking). Its events are the wait's: one read
-    /// elsewhere (`get_event`, `ibverbs-tokio`'s `AsyncQueuePair` on the channel, the C
+    /// elsewhere (`get_event`, `rdma-verbs-tokio`'s `AsyncQueuePair` on the channel, the C
     /// API) may leave a wait asleep until its deadline, never past it. The
     /// CQ is left armed; the next wait reads the event that raises.
     ///
@@ -700,12 +700,12 @@ impl CompletionQueue {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context) -> rdma_verbs::Result<()> {
     /// use std::time::Duration;
     ///
     /// let channel = ctx.create_comp_channel()?;
     /// let cq = ctx.create_cq(64).channel(&channel).build()?;
-    /// let mut completions = ibverbs::Completions::with_capacity(16);
+    /// let mut completions = rdma_verbs::Completions::with_capacity(16);
     /// // ... post work requests on queue pairs reporting to `cq` ...
     /// let done = cq.wait(&mut completions, Some(Duration::from_secs(1)))?;
     /// if done.is_empty() {
@@ -793,7 +793,7 @@ impl Context {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context) -> rdma_verbs::Result<()> {
     /// let channel = ctx.create_comp_channel()?;
     /// let cq = ctx.create_cq(256).channel(&channel).build()?;
     /// # Ok(()) }

@@ -17,7 +17,7 @@
 
 use std::ptr::NonNull;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::cq::completion_queue::{CompletionQueue, Completions};
 use crate::device::context::Context;

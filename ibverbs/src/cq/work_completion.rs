@@ -1,6 +1,6 @@
 //! Work completions: typed status and opcode, byte counts, immediates.
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::Error;
 

@@ -7,7 +7,7 @@
 
 use std::mem::MaybeUninit;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::device::context::{AtomicCap, Context, DeviceAttr};
 use crate::error::{ret_errno, Result};
@@ -154,9 +154,9 @@ impl Context {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
-    /// use ibverbs::device::Feature;
-    /// let ctx = ibverbs::open_device("rxe0")?;
+    /// # fn main() -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::device::Feature;
+    /// let ctx = rdma_verbs::open_device("rxe0")?;
     /// let attr = ctx.query_device_ex()?;
     /// if !attr.supports(Feature::MemoryWindowType2) {
     ///     eprintln!("{} lacks {}", ctx.name(), Feature::MemoryWindowType2);

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::device::event_routing::{route, AsyncEvent};
 use crate::device::gid::GidEntry;
@@ -664,7 +664,7 @@ impl Context {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context, srq: &ibverbs::qp::SharedReceiveQueue) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context, srq: &rdma_verbs::qp::SharedReceiveQueue) -> rdma_verbs::Result<()> {
     /// let low = srq.async_events(); // this SRQ's events only
     /// srq.arm_limit(16)?;
     /// // Wherever the context's events are read: here, a thread of our own.

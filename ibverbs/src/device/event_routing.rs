@@ -16,7 +16,7 @@
 //! and get an [`AsyncEventReceiver`]. Nothing reads events behind the
 //! user's back: whoever reads the context's events routes them with
 //! [`Context::route_async_event`] (or [`AsyncEvent::route`] for an event
-//! read elsewhere, as `ibverbs-tokio`'s stream does), which hands each event to the live subscribers of
+//! read elsewhere, as `rdma-verbs-tokio`'s stream does), which hands each event to the live subscribers of
 //! its object and returns the events nobody took (port and device events,
 //! objects without a subscriber), so no event is lost silently. Events
 //! were acknowledged when read (see [`Context::get_async_event`]): routing
@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::types::{device_enum, PortNumber};
 

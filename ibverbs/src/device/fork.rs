@@ -38,7 +38,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{Error, Result};
 
@@ -157,11 +157,11 @@ pub fn fork_status() -> ForkStatus {
 ///
 /// # Example
 /// ```no_run
-/// fn main() -> ibverbs::Result<()> {
+/// fn main() -> rdma_verbs::Result<()> {
 ///     // First, before any device is listed or opened.
-///     let status = ibverbs::device::fork_init()?;
+///     let status = rdma_verbs::device::fork_init()?;
 ///     assert!(status.is_fork_safe());
-///     let ctx = ibverbs::open_device("rxe0")?;
+///     let ctx = rdma_verbs::open_device("rxe0")?;
 ///     // ... registrations, traffic, and child processes ...
 ///     # drop(ctx);
 ///     Ok(())

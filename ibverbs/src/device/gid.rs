@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use crate::types::{device_enum, Gid, GidIndex, GidSelector, PortNumber};
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 device_enum! {
     /// The kind of a GID table entry.

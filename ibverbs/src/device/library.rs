@@ -13,7 +13,7 @@ use crate::error::Result;
 /// `libibverbs.so.1`.
 #[inline]
 pub(crate) fn ensure_loaded() -> Result<()> {
-    ibverbs_sys::load().map_err(Into::into)
+    rdma_verbs_sys::load().map_err(Into::into)
 }
 
 /// Loads librdmacm (and libibverbs, which it needs) if not yet loaded.
@@ -24,5 +24,5 @@ pub(crate) fn ensure_loaded() -> Result<()> {
 #[cfg(feature = "rdmacm")]
 #[inline]
 pub(crate) fn ensure_rdmacm_loaded() -> Result<()> {
-    ibverbs_sys::load_rdmacm().map_err(Into::into)
+    rdma_verbs_sys::load_rdmacm().map_err(Into::into)
 }

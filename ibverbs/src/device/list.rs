@@ -3,7 +3,7 @@
 use std::ffi::CStr;
 use std::ptr::NonNull;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::device::context::Context;
 use crate::error::{ret_ptr, Error, Result};

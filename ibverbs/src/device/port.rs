@@ -1,7 +1,7 @@
 //! Ports: numbers, attributes, states, MTUs and link layers.
 
 use crate::types::{device_enum, PortNumber};
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 device_enum! {
     /// Logical state of a port.

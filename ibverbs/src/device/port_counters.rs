@@ -82,7 +82,7 @@ impl Context {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context, port: ibverbs::PortNumber) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context, port: rdma_verbs::PortNumber) -> rdma_verbs::Result<()> {
     /// let before = ctx.port_counters(port)?;
     /// // ... traffic ...
     /// let moved = ctx.port_counters(port)?.delta(&before);

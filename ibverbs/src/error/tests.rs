@@ -377,8 +377,9 @@ fn numbers_and_names_are_in_the_display() {
         }),
         "port 1 has no GID with address 10.0.2.99"
     );
-    let missing = TransitionReason::Missing(ibverbs_sys::ibv_qp_attr_mask(
-        ibverbs_sys::ibv_qp_attr_mask::IBV_QP_PORT.0 | ibverbs_sys::ibv_qp_attr_mask::IBV_QP_QKEY.0,
+    let missing = TransitionReason::Missing(rdma_verbs_sys::ibv_qp_attr_mask(
+        rdma_verbs_sys::ibv_qp_attr_mask::IBV_QP_PORT.0
+            | rdma_verbs_sys::ibv_qp_attr_mask::IBV_QP_QKEY.0,
     ));
     assert_eq!(
         show(Error::InvalidTransition {

@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{Error, Result, WireProblem};
 use crate::memory::memory_region::{MemoryRegion, MrInner};

@@ -113,7 +113,7 @@ fn slot_index(base: u64, size: usize, count: usize, addr: u64, len: usize) -> Op
 ///
 /// # Example
 /// ```no_run
-/// # use ibverbs::*;
+/// # use rdma_verbs::*;
 /// # fn f(pd: &ProtectionDomain, qp: &QueuePair, cq: &CompletionQueue, remote: RemoteMemory) -> Result<()> {
 /// let pool = pd.alloc_pool(64, 4096, AccessFlags::LOCAL_WRITE).build()?;
 /// let mut buf = pool.get().expect("64 free buffers");
@@ -473,11 +473,11 @@ impl ProtectionDomain {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
-    /// let ctx = ibverbs::open_device("rxe0")?;
+    /// # fn main() -> rdma_verbs::Result<()> {
+    /// let ctx = rdma_verbs::open_device("rxe0")?;
     /// let pd = ctx.alloc_pd()?;
     /// let pool = pd
-    ///     .alloc_pool(512, 4096, ibverbs::AccessFlags::LOCAL_WRITE)
+    ///     .alloc_pool(512, 4096, rdma_verbs::AccessFlags::LOCAL_WRITE)
     ///     .huge_pages(true) // 2 MiB on one huge page, or an error
     ///     .build()?;
     /// assert!(pool.memory_region().is_huge());

@@ -10,7 +10,7 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory::buffer::{LocalBuffer, Region, RemoteKey, RemoteMemory, SharedBuffer};
@@ -39,9 +39,9 @@ impl AccessFlags {
 ///
 /// # Example
 /// ```no_run
-/// # fn main() -> ibverbs::Result<()> {
-/// use ibverbs::{AccessFlags, memory::RegisterOptions};
-/// let ctx = ibverbs::open_device("rxe0")?;
+/// # fn main() -> rdma_verbs::Result<()> {
+/// use rdma_verbs::{AccessFlags, memory::RegisterOptions};
+/// let ctx = rdma_verbs::open_device("rxe0")?;
 /// let pd = ctx.alloc_pd()?;
 /// let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
 /// // Peers address this memory as 0x1000_0000 .. 0x1000_1000.
@@ -530,10 +530,10 @@ impl ProtectionDomain {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
-    /// let ctx = ibverbs::open_device("rxe0")?;
+    /// # fn main() -> rdma_verbs::Result<()> {
+    /// let ctx = rdma_verbs::open_device("rxe0")?;
     /// let pd = ctx.alloc_pd()?;
-    /// let mut buf = pd.register(vec![0u8; 4096], ibverbs::AccessFlags::LOCAL_WRITE)?;
+    /// let mut buf = pd.register(vec![0u8; 4096], rdma_verbs::AccessFlags::LOCAL_WRITE)?;
     /// buf[..5].copy_from_slice(b"hello");
     /// # Ok(()) }
     /// ```

@@ -28,7 +28,7 @@ mod binding;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 use crate::memory::buffer::{
@@ -191,10 +191,10 @@ impl ProtectionDomain {
     ///
     /// # Example
     /// ```no_run
-    /// # fn main() -> ibverbs::Result<()> {
-    /// let ctx = ibverbs::open_device("rxe0")?;
+    /// # fn main() -> rdma_verbs::Result<()> {
+    /// let ctx = rdma_verbs::open_device("rxe0")?;
     /// let pd = ctx.alloc_pd()?;
-    /// let mw = pd.alloc_mw(ibverbs::memory::MwType::Type2)?;
+    /// let mw = pd.alloc_mw(rdma_verbs::memory::MwType::Type2)?;
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_alloc_mw")]

@@ -11,7 +11,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::device::context::Context;
 use crate::error::{ret_ptr, Result};

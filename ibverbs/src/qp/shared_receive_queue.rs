@@ -4,7 +4,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::cq::completion_queue::CompletionQueue;
 use crate::device::event_routing::{AsyncEventReceiver, Kind, Registration, SrqId};

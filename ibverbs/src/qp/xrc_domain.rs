@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::cq::completion_queue::CompletionQueue;
 use crate::device::capabilities::Feature;

@@ -4,7 +4,7 @@
 // so `cm::EventChannel` lends its descriptor only as a raw fd (no `AsFd`).
 // Expected: E0599.
 #![allow(unused)]
-use ibverbs::cm::EventChannel;
+use rdma_verbs::cm::EventChannel;
 use std::io::Write;
 use std::os::fd::AsFd;
 

@@ -2,7 +2,7 @@
 // the request, so it is unreachable until the completion hands it back.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // and the posted request has it.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // outlive its move into the request.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // the storage; only the returned buffer reaches it.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // storage survives its registration.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

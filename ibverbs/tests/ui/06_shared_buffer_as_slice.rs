@@ -2,7 +2,7 @@
 // `Deref`: a peer could change the bytes behind the reference.
 // Expected: E0308.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

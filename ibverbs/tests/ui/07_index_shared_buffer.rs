@@ -2,7 +2,7 @@
 // `Index`/`IndexMut`, so no `[]` reads or writes.
 // Expected: E0608.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // clones while posted, so it is not `DeviceWritable`.
 // Expected: E0277.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // device write, so it needs a `DeviceWritable` buffer.
 // Expected: E0277.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // lands in the local buffer, a device write.
 // Expected: E0277.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // has no `DerefMut`.
 // Expected: E0594 (assigning through `Deref` without `DerefMut`).
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

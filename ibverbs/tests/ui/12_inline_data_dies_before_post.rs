@@ -3,7 +3,7 @@
 // them.
 // Expected: E0597.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

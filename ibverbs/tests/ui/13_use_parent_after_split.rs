@@ -2,7 +2,7 @@
 // buffer; each half owns a disjoint range.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -3,8 +3,8 @@
 // `unsafe`.
 // Expected: E0133.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs::cq::WorkCompletion;
+use rdma_verbs::*;
+use rdma_verbs::cq::WorkCompletion;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // buffer, so it cannot outlive its move into a request.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -2,7 +2,7 @@
 // follow the buffer's borrow rules: no `&[T]` aliases a `&mut [U]`.
 // Expected: E0502.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

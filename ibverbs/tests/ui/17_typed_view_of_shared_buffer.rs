@@ -2,7 +2,7 @@
 // `SharedBuffer` at any time, so it has no typed view, only typed copies.
 // Expected: E0599.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

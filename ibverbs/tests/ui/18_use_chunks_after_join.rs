@@ -2,7 +2,7 @@
 // only the joined buffer reaches their bytes.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

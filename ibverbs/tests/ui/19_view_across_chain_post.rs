@@ -2,7 +2,7 @@
 // each buffer into its request as a single post does.
 // Expected: E0505.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

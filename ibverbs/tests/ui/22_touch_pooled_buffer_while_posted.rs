@@ -3,8 +3,8 @@
 // back.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs::memory::BufferPool;
+use rdma_verbs::*;
+use rdma_verbs::memory::BufferPool;
 
 fn main() {}
 

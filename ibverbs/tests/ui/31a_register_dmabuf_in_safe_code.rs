@@ -3,7 +3,7 @@
 // `register_dmabuf` is `unsafe`.
 // Expected: E0133.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -3,8 +3,8 @@
 // index.
 // Expected: E0608.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs::memory::DmabufRegion;
+use rdma_verbs::*;
+use rdma_verbs::memory::DmabufRegion;
 
 fn main() {}
 

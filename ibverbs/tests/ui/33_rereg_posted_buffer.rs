@@ -3,7 +3,7 @@
 // request.
 // Expected: E0382.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -4,7 +4,7 @@
 // its descriptor only as a raw fd (no `AsFd`).
 // Expected: E0599.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 use std::io::Read;
 use std::os::fd::AsFd;
 

@@ -4,8 +4,8 @@
 // its descriptor only as a raw fd (no `AsFd`).
 // Expected: E0599.
 #![allow(unused)]
-use ibverbs::*;
-use ibverbs::cq::CompletionChannel;
+use rdma_verbs::*;
+use rdma_verbs::cq::CompletionChannel;
 use std::io::Read;
 use std::os::fd::AsFd;
 

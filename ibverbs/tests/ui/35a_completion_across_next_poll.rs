@@ -4,7 +4,7 @@
 // the completion is dropped (or made owned with `into_owned`).
 // Expected: E0499.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

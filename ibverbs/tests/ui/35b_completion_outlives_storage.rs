@@ -3,7 +3,7 @@
 // its entry was polled into, so neither outlives that storage.
 // Expected: E0597.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -3,7 +3,7 @@
 // threads cannot post through it at once; share it in a `Mutex`.
 // Expected: E0499.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

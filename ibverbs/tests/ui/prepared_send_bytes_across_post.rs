@@ -3,7 +3,7 @@
 // under it.
 // Expected: E0502.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

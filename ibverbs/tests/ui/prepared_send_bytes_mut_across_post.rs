@@ -3,7 +3,7 @@
 // may write what it borrows.
 // Expected: E0499.
 #![allow(unused)]
-use ibverbs::*;
+use rdma_verbs::*;
 
 fn main() {}
 

@@ -1,8 +1,8 @@
 //! `fault_peer`: the peer program of `cargo xtask faults` (see
-//! `ibverbs_tools::fault` for what it does and the line it ends with).
+//! `rdma_verbs_tools::fault` for what it does and the line it ends with).
 
 use clap::{Parser, Subcommand};
-use ibverbs_tools::fault::{client, cq_overrun, server, Common, Op};
+use rdma_verbs_tools::fault::{client, cq_overrun, server, Common, Op};
 
 #[derive(Parser)]
 #[command(about = "Data mover for RDMA fault-injection scenarios")]

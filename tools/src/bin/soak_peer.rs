@@ -1,8 +1,8 @@
 //! `soak_peer`: the peer program of `cargo xtask soak` (see
-//! `ibverbs_tools::soak` for what it does and the lines it prints).
+//! `rdma_verbs_tools::soak` for what it does and the lines it prints).
 
 use clap::{Parser, Subcommand};
-use ibverbs_tools::soak::{client, server, ClientArgs, Common};
+use rdma_verbs_tools::soak::{client, server, ClientArgs, Common};
 
 #[derive(Parser)]
 #[command(about = "Long-running randomized RDMA traffic with every byte checked")]

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ibverbs::{memory::Buf, AccessFlags, Completions, Endpoint, QpType, Wr};
+use rdma_verbs::{memory::Buf, AccessFlags, Completions, Endpoint, QpType, Wr};
 
 use super::message::{check, fill};
 use super::{

@@ -5,7 +5,9 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Completions, Endpoint, LocalBuffer, QpType, RecvQueue, SharedBuffer};
+use rdma_verbs::{
+    AccessFlags, Completions, Endpoint, LocalBuffer, QpType, RecvQueue, SharedBuffer,
+};
 
 use super::message::{check, fill};
 use super::{

@@ -11,7 +11,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use ibverbs::{Endpoint, RemoteMemory};
+use rdma_verbs::{Endpoint, RemoteMemory};
 
 use super::args::Config;
 use super::Result;

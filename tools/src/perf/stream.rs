@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use ibverbs::{Completion, SendQueue, SendRequest};
+use rdma_verbs::{Completion, SendQueue, SendRequest};
 
 use crate::Done;
 

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU8;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Endpoint, QpType};
+use rdma_verbs::{AccessFlags, Endpoint, QpType};
 
 use super::model::{check_qp, end_line, parse_ledger, ClientQp, Counter, Finding};
 use super::pattern::mix;
@@ -224,7 +224,7 @@ fn session(
         Err(e) => return format!("setup:{}", e.replace(' ', "_")),
     };
     let setup = (|| -> Result<_, String> {
-        let e = |e: ibverbs::Error| e.to_string();
+        let e = |e: rdma_verbs::Error| e.to_string();
         let pd = s.ctx.alloc_pd().map_err(e)?;
         let per = a.qps.div_ceil(threads);
         let mut workers = Vec::new();

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ibverbs::{AccessFlags, Completions, Endpoint, QpType, WcOpcode};
+use rdma_verbs::{AccessFlags, Completions, Endpoint, QpType, WcOpcode};
 
 use super::model::{ledger_line, parse_end, ServerQp};
 use super::pattern::{check, fill, mix, seed};
@@ -75,7 +75,7 @@ fn session(
         .map_err(|e| (0, Totals::default(), e))?;
     let (id, n, max, slots) = parse_hello(&hello).map_err(|e| (0, Totals::default(), e))?;
     let fail = |e: String| (id, Totals::default(), e);
-    let err = |e: ibverbs::Error| (id, Totals::default(), e.to_string());
+    let err = |e: rdma_verbs::Error| (id, Totals::default(), e.to_string());
     let pd = s.ctx.alloc_pd().map_err(err)?;
     let cq = s
         .ctx

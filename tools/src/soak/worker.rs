@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
+use rdma_verbs::{
     memory::Buf, qp::Posted, Completions, LocalBuffer, QueuePair, RemoteMemory, SendQueue,
     WcStatus, Wr,
 };
@@ -23,7 +23,11 @@ pub(super) struct WorkerEnd {
     pub(super) first_error: Option<String>,
     pub(super) stuck: bool,
     /// Kept alive until the ledger is settled (and leaked if stuck).
-    pub(super) _keep: Option<(ibverbs::CompletionQueue, Vec<QueuePair>, Vec<LocalBuffer>)>,
+    pub(super) _keep: Option<(
+        rdma_verbs::CompletionQueue,
+        Vec<QueuePair>,
+        Vec<LocalBuffer>,
+    )>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +86,7 @@ impl QpState {
 
 pub(super) struct Worker {
     pub(super) id: u64,
-    pub(super) cq: ibverbs::CompletionQueue,
+    pub(super) cq: rdma_verbs::CompletionQueue,
     pub(super) qps: Vec<QpState>,
     pub(super) pool: Vec<LocalBuffer>,
     pub(super) regions: Regions,

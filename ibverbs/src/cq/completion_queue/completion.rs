@@ -2,7 +2,7 @@
 //! with the buffers its request owned; and the storage a poll writes into
 //! ([`Completions`]).
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::Result;
 use crate::memory::buffer::{Buf, SgList};

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::Ordering;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::CompletionQueue;
 use crate::error::{errno_error, Error, Result};
@@ -49,7 +49,7 @@ impl CompletionQueue {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context) -> ibverbs::Result<()> {
+    /// # fn demo(ctx: &rdma_verbs::Context) -> rdma_verbs::Result<()> {
     /// let cq = ctx.create_cq(16).build()?;
     /// let got = cq.resize(100)?; // at least 100 (127 on rxe)
     /// assert!(got >= 100 && got == cq.capacity());

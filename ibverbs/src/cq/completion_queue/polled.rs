@@ -2,7 +2,7 @@
 //! store as the walk reaches it, and its buffers are taken straight out of
 //! the request's slot (DESIGN.md, "Polling").
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::Result;
 use crate::memory::buffer::{Buf, SgList};

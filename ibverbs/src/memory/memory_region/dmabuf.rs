@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::{Backing, MemoryRegion, RegisterOptions};
 use crate::error::{ret_ptr, Error, Result};

@@ -13,7 +13,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::device::capabilities::DeviceAttrEx;
 use crate::error::{ret_errno, ret_ptr, Error, Result};

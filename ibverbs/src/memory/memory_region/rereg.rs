@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{Error, Result};
 use crate::memory::buffer::Region;

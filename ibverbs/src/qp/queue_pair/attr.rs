@@ -4,7 +4,7 @@
 
 use std::mem::MaybeUninit;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
 use super::transition::*;
@@ -31,8 +31,8 @@ device_enum! {
 ///
 /// # Example
 /// ```no_run
-/// # fn demo(qp: &ibverbs::QueuePair, port: ibverbs::PortNumber) -> ibverbs::Result<()> {
-/// use ibverbs::{AccessFlags, QpState, qp::QpAttr};
+/// # fn demo(qp: &rdma_verbs::QueuePair, port: rdma_verbs::PortNumber) -> rdma_verbs::Result<()> {
+/// use rdma_verbs::{AccessFlags, QpState, qp::QpAttr};
 /// qp.modify(
 ///     &QpAttr::new()
 ///         .qp_state(QpState::Init)

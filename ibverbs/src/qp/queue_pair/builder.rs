@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::{ret_ptr, Error, Result};
 

@@ -422,9 +422,9 @@ impl QueuePair {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(ctx: &ibverbs::Context, qp: &ibverbs::QueuePair, port: ibverbs::PortNumber,
-    /// #         exchange: impl Fn(&[u8]) -> Vec<u8>) -> ibverbs::Result<()> {
-    /// use ibverbs::{AccessFlags, ConnectOptions, Endpoint, LocalPort};
+    /// # fn demo(ctx: &rdma_verbs::Context, qp: &rdma_verbs::QueuePair, port: rdma_verbs::PortNumber,
+    /// #         exchange: impl Fn(&[u8]) -> Vec<u8>) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::{AccessFlags, ConnectOptions, Endpoint, LocalPort};
     /// let local = LocalPort::query(ctx, port, None)?; // once per port
     /// let me = local.endpoint(qp, Endpoint::random_psn())?;
     /// // Out of band: TCP, a file …
@@ -499,7 +499,7 @@ mod tests {
     use super::*;
     use crate::error::WireProblem;
     use crate::types::{Gid, QpNumber};
-    use ibverbs_sys as sys;
+    use rdma_verbs_sys as sys;
     use sys::ibv_qp_attr_mask as M;
     use QpState as S;
     use QpType::{Rc as RC, Ud as UD};

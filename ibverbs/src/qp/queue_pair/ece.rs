@@ -2,7 +2,7 @@
 //! vendor options a queue pair offers and accepts, exchanged out of band
 //! (or by rdma_cm) so that both ends enable only what both support.
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::QueuePair;
 use crate::error::{errno_error, Result};

@@ -21,7 +21,7 @@
 //! write: a multicast datagram lands only in receive buffers posted the
 //! ordinary way (DESIGN.md, "Posting moves the buffer").
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::QueuePair;
 use crate::error::{ret_errno, Error, Result};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::options::{check_options, Asked};
 use super::request::{Dest, Op, SendRequest};

@@ -8,7 +8,7 @@
 //! is set, and refuses the request by name otherwise (the C inline helpers
 //! would jump to NULL).
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::post::fill_sges;
 use super::request::{Op, SendRequest};

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::post::{c_send_wr, fill_sges};
 use super::recv_queue::RecvQueue;

@@ -1,6 +1,6 @@
 //! The raw posting path: C work requests, no checks, no bookkeeping.
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::error::Result;
 use crate::qp::queue_pair::QueuePair;

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::post::{check_bufs, fill_sges, posted_count, RecvScratch};
 use super::request::RecvRequest;

@@ -3,7 +3,7 @@
 //! [`RecvQueue::post_chain`](crate::RecvQueue::post_chain)) and prepared
 //! requests; single requests go through the handles' typed methods.
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use crate::address_handle::AddressHandle;
 use crate::inflight::owner::Owner;

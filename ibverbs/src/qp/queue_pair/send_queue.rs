@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::post::{fill_sges, inline_sge, write_send_wr, SendScratch};
 use super::request::{Dest, Op, SendRequest, UdDest};
@@ -19,7 +19,7 @@ use crate::types::QpType;
 /// the flags and immediate data (or key to invalidate) it carries.
 ///
 /// ```
-/// # use ibverbs::Wr;
+/// # use rdma_verbs::Wr;
 /// let o = Wr::id(7).imm(0x1234).fence();
 /// # let _ = o;
 /// ```
@@ -225,9 +225,9 @@ impl QueuePair {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(qp: &ibverbs::QueuePair, buf: ibverbs::LocalBuffer,
-    /// #         remote: ibverbs::RemoteMemory) -> ibverbs::Result<()> {
-    /// use ibverbs::Wr;
+    /// # fn demo(qp: &rdma_verbs::QueuePair, buf: rdma_verbs::LocalBuffer,
+    /// #         remote: rdma_verbs::RemoteMemory) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::Wr;
     /// let mut sq = qp.send_queue()?;
     /// sq.write(buf, remote, Wr::id(1))?;
     /// # Ok(()) }

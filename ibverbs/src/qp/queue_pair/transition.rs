@@ -2,7 +2,7 @@
 //! requires and allows, checked by [`QpState::check_transition`] before every
 //! [`QueuePair::modify`](crate::QueuePair::modify).
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 use sys::ibv_qp_attr_mask as M;
 
 use crate::error::{Error, Result, TransitionReason};

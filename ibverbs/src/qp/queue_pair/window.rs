@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use rdma_verbs_sys as sys;
 
 use super::post_ex::WindowWr;
 use super::{QueuePair, SendQueue};
@@ -114,8 +114,8 @@ impl SendQueue {
     ///
     /// # Example
     /// ```no_run
-    /// # fn demo(pd: &ibverbs::ProtectionDomain, qp: &ibverbs::QueuePair) -> ibverbs::Result<()> {
-    /// use ibverbs::{AccessFlags, memory::MwType};
+    /// # fn demo(pd: &rdma_verbs::ProtectionDomain, qp: &rdma_verbs::QueuePair) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::{AccessFlags, memory::MwType};
     /// let mem = pd.alloc_shared(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     /// let mw = pd.alloc_mw(MwType::Type2)?;
     /// let mut sq = qp.send_queue()?;
