@@ -4,8 +4,8 @@
 //! what it refuses is refused for a reason these bytes have.
 #![no_main]
 
-use rdma_verbs::{Endpoint, Error, error::WireProblem};
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::{error::WireProblem, Endpoint, Error};
 
 fuzz_target!(|data: &[u8]| {
     match Endpoint::from_bytes(data) {

@@ -8,9 +8,9 @@
 use std::io::{self, Cursor, Read, Write};
 use std::time::Duration;
 
-use rdma_verbs::{Endpoint, Gid, qp::QpNumber};
-use rdma_verbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::{qp::QpNumber, Endpoint, Gid};
+use rdma_verbs_runtime::{exchange, Error, TimedStream, MAX_PRIVATE_LEN};
 
 /// The peer's bytes to read; what this side writes is discarded.
 struct Peer<'a>(Cursor<&'a [u8]>);

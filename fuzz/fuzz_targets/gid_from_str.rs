@@ -7,8 +7,8 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use rdma_verbs::Gid;
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::Gid;
 
 fuzz_target!(|data: &[u8]| {
     if let Some(bytes) = data.get(..16) {

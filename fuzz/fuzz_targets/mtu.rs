@@ -3,8 +3,8 @@
 //! MTUs parse, and they round-trip; unknown raw values are kept, never UB.
 #![no_main]
 
-use rdma_verbs::device::Mtu;
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::device::Mtu;
 
 fuzz_target!(|v: (u32, u32)| {
     let (bytes, raw) = v;

@@ -53,7 +53,10 @@ fn check_value(s: &str) {
         assert!(parsed.is_err(), "{s:?}: {parsed:?}");
     }
     if let Ok(v) = pingpong::parse_mtu(s) {
-        assert!(rdma_verbs::device::Mtu::from_bytes(v).is_some(), "{s:?} -> {v}");
+        assert!(
+            rdma_verbs::device::Mtu::from_bytes(v).is_some(),
+            "{s:?} -> {v}"
+        );
         assert_eq!(parsed, Ok(u64::from(v)));
     }
     if let Ok(v) = pingpong::parse_positive(s) {

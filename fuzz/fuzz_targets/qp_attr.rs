@@ -5,9 +5,13 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use rdma_verbs::sys::ibv_qp_attr_mask as M;
-use rdma_verbs::{AccessFlags, Error, Gid, PortNumber, QpState, QpType, device::{GidIndex, Mtu}, qp::{AddressVector, PathMigState, QpAttr, QpNumber}};
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::sys::ibv_qp_attr_mask as M;
+use rdma_verbs::{
+    device::{GidIndex, Mtu},
+    qp::{AddressVector, PathMigState, QpAttr, QpNumber},
+    AccessFlags, Error, Gid, PortNumber, QpState, QpType,
+};
 
 #[derive(Arbitrary, Debug)]
 struct Av {
@@ -171,7 +175,8 @@ fuzz_target!(|i: Input| {
             assert!(matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud));
             assert!(!matches!(from, QpState::Unknown(_)) && !matches!(to, QpState::Unknown(_)));
             // IBV_QP_STATE is always allowed; an unknown bit never is.
-            from.check_transition(to, qp_type, M(i.mask | M::IBV_QP_STATE.0)).unwrap();
+            from.check_transition(to, qp_type, M(i.mask | M::IBV_QP_STATE.0))
+                .unwrap();
             let unknown = from.check_transition(to, qp_type, M(i.mask | 1 << 31));
             assert!(
                 matches!(unknown, Err(Error::InvalidTransition { .. })),

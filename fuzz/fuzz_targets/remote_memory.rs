@@ -7,8 +7,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use rdma_verbs::{Error, RemoteMemory, error::WireProblem, memory::RemoteKey};
 use libfuzzer_sys::fuzz_target;
+use rdma_verbs::{error::WireProblem, memory::RemoteKey, Error, RemoteMemory};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
