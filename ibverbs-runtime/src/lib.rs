@@ -28,6 +28,11 @@ mod request_table;
 mod write_channel;
 
 pub use error::{Error, Result};
+
+// The README's example compiles (a `no_run` doctest).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub use exchange::{
     exchange, message, Incoming, Mesh, Peer, PeerInfo, Ranks, TimedStream, MAX_PRIVATE_LEN,
 };

@@ -88,6 +88,11 @@ include!(concat!(env!("OUT_DIR"), "/bindings_dlopen.rs"));
 #[cfg(feature = "dlopen")]
 mod dl;
 
+// The README's example compiles (a `no_run` doctest).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// A library of rdma-core could not be loaded (feature `dlopen`): it is
 /// not installed, or not for this architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,6 +30,11 @@ mod queue_pair;
 mod reactor;
 
 pub use error::{Error, Result};
+
+// The README's example compiles (a `no_run` doctest).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 pub use events::EventStream;
 pub use exchange::exchange;
 pub use queue_pair::{AsyncQueuePair, CompletionFuture};

@@ -216,6 +216,11 @@ pub mod prelude;
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+// So does this crate's own README, the one its package ships.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct CrateReadmeDoctests;
+
 /// The plain-old-data traits of the typed buffer views ([`LocalBuffer::as_slice_of`],
 /// [`SharedBuffer::read_into`], …), re-exported so that callers name the same version.
 pub use bytemuck;
