@@ -73,6 +73,7 @@
 //!
 //! [rdma-core]: https://github.com/linux-rdma/rdma-core
 #![no_std]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
 #![allow(rustdoc::all)]

@@ -21,6 +21,7 @@
 //! which is then dropped. Errors are this crate's [`Error`], which carries
 //! the core's ([`Error::Verbs`]).
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod error;

@@ -194,6 +194,7 @@
 //! request's buffers come back in a [`Refused`](qp::Refused), which `?` turns into an
 //! [`Error`], an [`std::io::Error`] or a `Box<dyn std::error::Error>`.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 mod address_handle;
