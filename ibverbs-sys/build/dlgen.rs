@@ -12,7 +12,7 @@
 //!   `extern "C"`: they are linked statically;
 //! * a C header, force-included when the shim is compiled, that renames
 //!   every exported function the shim's inlines might call to the Rust
-//!   forwarder `rdma_verbs_sys_dl_<name>` (each generated function carries
+//!   forwarder `rdmaverbs_sys_dl_<name>` (each generated function carries
 //!   that `export_name`), so the shim names no symbol of libibverbs or
 //!   librdmacm and the binary has no `DT_NEEDED` on them.
 
@@ -22,7 +22,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote};
 
 /// Prefix of the forwarders' symbol names (`export_name`).
-pub const FORWARDER_PREFIX: &str = "rdma_verbs_sys_dl_";
+pub const FORWARDER_PREFIX: &str = "rdmaverbs_sys_dl_";
 
 /// Exported functions that `verbs.h` also defines as function-like macros
 /// of the same name (declared and called before the macro is defined):

@@ -56,7 +56,7 @@
 //! the library on first use (`dlopen("libibverbs.so.1")`) and looks the
 //! symbol up once (`dlsym`, kept in an atomic); the C shim of the static
 //! inlines calls those functions too (its references are renamed to
-//! `rdma_verbs_sys_dl_<name>` by a force-included header), so it needs no
+//! `rdmaverbs_sys_dl_<name>` by a force-included header), so it needs no
 //! symbol of rdma-core either. The five data-path inlines are unchanged:
 //! they call the provider through `ibv_context`, never the library.
 //!

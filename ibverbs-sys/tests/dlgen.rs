@@ -92,7 +92,7 @@ fn exported_functions_get_wrappers_and_shim_functions_stay_extern() {
     // symbol looked up by name in its library.
     let compact: String = g.rust.split_whitespace().collect();
     assert!(compact.contains(
-        "#[export_name=\"rdma_verbs_sys_dl_ibv_get_device_list\"]pubunsafeextern\"C\"fnibv_get_device_list(num_devices:*mut::core::ffi::c_int)->*mut*mutibv_device{"
+        "#[export_name=\"rdmaverbs_sys_dl_ibv_get_device_list\"]pubunsafeextern\"C\"fnibv_get_device_list(num_devices:*mut::core::ffi::c_int)->*mut*mutibv_device{"
     ));
     assert!(compact.contains("SLOT.get(&crate::dl::LIBIBVERBS,c\"ibv_get_device_list\")"));
     assert!(compact.contains("SLOT.get(&crate::dl::LIBRDMACM,c\"rdma_create_id\")"));
@@ -108,7 +108,7 @@ fn exported_functions_get_wrappers_and_shim_functions_stay_extern() {
         .unwrap();
     assert_eq!(port.rust_name, "dl_compat_ibv_query_port");
     assert!(compact.contains(
-        "#[export_name=\"rdma_verbs_sys_dl_ibv_query_port\"]pub(crate)unsafeextern\"C\"fndl_compat_ibv_query_port("
+        "#[export_name=\"rdmaverbs_sys_dl_ibv_query_port\"]pub(crate)unsafeextern\"C\"fndl_compat_ibv_query_port("
     ));
     // The generated code parses as Rust.
     syn::parse_file(&g.rust).expect("generated code parses");
@@ -154,9 +154,9 @@ fn missing_symbols_fail_by_each_verbs_convention() {
 fn the_shim_header_renames_every_exported_function() {
     let g = sample();
     let h = &g.header;
-    assert!(h.contains("#define ibv_set_ece rdma_verbs_sys_dl_ibv_set_ece\n"));
-    assert!(h.contains("#define rdma_create_id rdma_verbs_sys_dl_rdma_create_id\n"));
-    assert!(h.contains("#define _ibv_query_gid_table rdma_verbs_sys_dl__ibv_query_gid_table\n"));
+    assert!(h.contains("#define ibv_set_ece rdmaverbs_sys_dl_ibv_set_ece\n"));
+    assert!(h.contains("#define rdma_create_id rdmaverbs_sys_dl_rdma_create_id\n"));
+    assert!(h.contains("#define _ibv_query_gid_table rdmaverbs_sys_dl__ibv_query_gid_table\n"));
     // verbs.h defines these as function-like macros too: asm labels, never
     // a #define (verbs.h would redefine it).
     for name in [
@@ -168,7 +168,7 @@ fn the_shim_header_renames_every_exported_function() {
         assert!(!h.contains(&format!("#define {name} ")), "{name}");
         assert!(
             h.contains(&format!("{name}("))
-                && h.contains(&format!("__asm__(\"rdma_verbs_sys_dl_{name}\")")),
+                && h.contains(&format!("__asm__(\"rdmaverbs_sys_dl_{name}\")")),
             "{name}"
         );
     }
