@@ -3,7 +3,7 @@
 //! [`Result`](crate::Result), which would shadow the standard library's, and
 //! except the namespaces.
 
-pub use crate::cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
+pub use crate::cq::{Completion, CompletionQueue, Completions, WcOpcode, WcStatus};
 pub use crate::device::{devices, open_device, Context, Device, Gid, PortNumber};
 pub use crate::memory::{
     AccessFlags, LocalBuffer, MemoryRegion, ProtectionDomain, RemoteMemory, SharedBuffer,
