@@ -212,12 +212,8 @@ mod wire;
 pub mod hazards;
 pub mod prelude;
 
-// The README's example compiles (it is a `no_run` doctest here).
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
-
-// So does this crate's own README, the one its package ships.
+// This crate's README (the one its package ships) compiles: its example is a
+// `no_run` doctest here. The repository's front page is the tools crate's.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct CrateReadmeDoctests;

@@ -7,6 +7,12 @@
 //! validation options' checks ([`integrity`]). Each program in this crate's `examples/` is a thin
 //! `main` over it; the device tests and the fuzz targets use it too.
 
+// The repository's front page compiles: its example is a `no_run` doctest
+// here, in the workspace (the published crates' packages do not hold it).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 pub mod done;
 pub mod fault;
 pub mod integrity;
