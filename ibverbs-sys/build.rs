@@ -175,6 +175,9 @@ fn generate(manifest_dir: &Path, out_dir: &Path, found: &Found) -> PathBuf {
         .allowlist_function("_{0,3}ibv_.*")
         .allowlist_type("_{0,3}ibv_.*")
         .allowlist_var("IBV_.*")
+        // The extended context behind `ibv_context` (`verbs_get_ctx`): the
+        // static inline verbs reach its ops through it.
+        .allowlist_type("verbs_context")
         // verbs_api.h defines some IBV_* macros as aliases of these kernel
         // ABI enumerators (bindgen cannot evaluate such macros; lib.rs
         // re-defines them).

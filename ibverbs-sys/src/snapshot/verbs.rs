@@ -6107,6 +6107,333 @@ const _: () = {
     ["Offset of field: ibv_values_ex::raw_clock"]
         [::core::mem::offset_of!(ibv_values_ex, raw_clock) - 8usize];
 };
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct verbs_context {
+    pub query_port: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            port_num: u8,
+            port_attr: *mut ibv_port_attr,
+            port_attr_len: usize,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub advise_mr: ::core::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            advice: ib_uverbs_advise_mr_advice,
+            flags: u32,
+            sg_list: *mut ibv_sge,
+            num_sges: u32,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub alloc_null_mr: ::core::option::Option<unsafe extern "C" fn(pd: *mut ibv_pd) -> *mut ibv_mr>,
+    pub read_counters: ::core::option::Option<
+        unsafe extern "C" fn(
+            counters: *mut ibv_counters,
+            counters_value: *mut u64,
+            ncounters: u32,
+            flags: u32,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub attach_counters_point_flow: ::core::option::Option<
+        unsafe extern "C" fn(
+            counters: *mut ibv_counters,
+            attr: *mut ibv_counter_attach_attr,
+            flow: *mut ibv_flow,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub create_counters: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_counters_init_attr,
+        ) -> *mut ibv_counters,
+    >,
+    pub destroy_counters: ::core::option::Option<
+        unsafe extern "C" fn(counters: *mut ibv_counters) -> ::core::ffi::c_int,
+    >,
+    pub reg_dm_mr: ::core::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            dm: *mut ibv_dm,
+            dm_offset: u64,
+            length: usize,
+            access: ::core::ffi::c_uint,
+        ) -> *mut ibv_mr,
+    >,
+    pub alloc_dm: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_alloc_dm_attr,
+        ) -> *mut ibv_dm,
+    >,
+    pub free_dm:
+        ::core::option::Option<unsafe extern "C" fn(dm: *mut ibv_dm) -> ::core::ffi::c_int>,
+    pub modify_flow_action_esp: ::core::option::Option<
+        unsafe extern "C" fn(
+            action: *mut ibv_flow_action,
+            attr: *mut ibv_flow_action_esp_attr,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub destroy_flow_action: ::core::option::Option<
+        unsafe extern "C" fn(action: *mut ibv_flow_action) -> ::core::ffi::c_int,
+    >,
+    pub create_flow_action_esp: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_flow_action_esp_attr,
+        ) -> *mut ibv_flow_action,
+    >,
+    pub modify_qp_rate_limit: ::core::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp,
+            attr: *mut ibv_qp_rate_limit_attr,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub alloc_parent_domain: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_parent_domain_init_attr,
+        ) -> *mut ibv_pd,
+    >,
+    pub dealloc_td:
+        ::core::option::Option<unsafe extern "C" fn(td: *mut ibv_td) -> ::core::ffi::c_int>,
+    pub alloc_td: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_td_init_attr,
+        ) -> *mut ibv_td,
+    >,
+    pub modify_cq: ::core::option::Option<
+        unsafe extern "C" fn(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> ::core::ffi::c_int,
+    >,
+    pub post_srq_ops: ::core::option::Option<
+        unsafe extern "C" fn(
+            srq: *mut ibv_srq,
+            op: *mut ibv_ops_wr,
+            bad_op: *mut *mut ibv_ops_wr,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub destroy_rwq_ind_table: ::core::option::Option<
+        unsafe extern "C" fn(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::core::ffi::c_int,
+    >,
+    pub create_rwq_ind_table: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_rwq_ind_table_init_attr,
+        ) -> *mut ibv_rwq_ind_table,
+    >,
+    pub destroy_wq:
+        ::core::option::Option<unsafe extern "C" fn(wq: *mut ibv_wq) -> ::core::ffi::c_int>,
+    pub modify_wq: ::core::option::Option<
+        unsafe extern "C" fn(wq: *mut ibv_wq, wq_attr: *mut ibv_wq_attr) -> ::core::ffi::c_int,
+    >,
+    pub create_wq: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            wq_init_attr: *mut ibv_wq_init_attr,
+        ) -> *mut ibv_wq,
+    >,
+    pub query_rt_values: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            values: *mut ibv_values_ex,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub create_cq_ex: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_cq_init_attr_ex,
+        ) -> *mut ibv_cq_ex,
+    >,
+    pub priv_: *mut verbs_ex_private,
+    pub query_device_ex: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            input: *const ibv_query_device_ex_input,
+            attr: *mut ibv_device_attr_ex,
+            attr_size: usize,
+        ) -> ::core::ffi::c_int,
+    >,
+    pub ibv_destroy_flow:
+        ::core::option::Option<unsafe extern "C" fn(flow: *mut ibv_flow) -> ::core::ffi::c_int>,
+    pub ABI_placeholder2: ::core::option::Option<unsafe extern "C" fn()>,
+    pub ibv_create_flow: ::core::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp, flow_attr: *mut ibv_flow_attr) -> *mut ibv_flow,
+    >,
+    pub ABI_placeholder1: ::core::option::Option<unsafe extern "C" fn()>,
+    pub open_qp: ::core::option::Option<
+        unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_qp_open_attr) -> *mut ibv_qp,
+    >,
+    pub create_qp_ex: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            qp_init_attr_ex: *mut ibv_qp_init_attr_ex,
+        ) -> *mut ibv_qp,
+    >,
+    pub get_srq_num: ::core::option::Option<
+        unsafe extern "C" fn(srq: *mut ibv_srq, srq_num: *mut u32) -> ::core::ffi::c_int,
+    >,
+    pub create_srq_ex: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            srq_init_attr_ex: *mut ibv_srq_init_attr_ex,
+        ) -> *mut ibv_srq,
+    >,
+    pub open_xrcd: ::core::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            xrcd_init_attr: *mut ibv_xrcd_init_attr,
+        ) -> *mut ibv_xrcd,
+    >,
+    pub close_xrcd:
+        ::core::option::Option<unsafe extern "C" fn(xrcd: *mut ibv_xrcd) -> ::core::ffi::c_int>,
+    pub _ABI_placeholder3: u64,
+    pub sz: usize,
+    pub context: ibv_context,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of verbs_context"][::core::mem::size_of::<verbs_context>() - 648usize];
+    ["Alignment of verbs_context"][::core::mem::align_of::<verbs_context>() - 8usize];
+    ["Offset of field: verbs_context::query_port"]
+        [::core::mem::offset_of!(verbs_context, query_port) - 0usize];
+    ["Offset of field: verbs_context::advise_mr"]
+        [::core::mem::offset_of!(verbs_context, advise_mr) - 8usize];
+    ["Offset of field: verbs_context::alloc_null_mr"]
+        [::core::mem::offset_of!(verbs_context, alloc_null_mr) - 16usize];
+    ["Offset of field: verbs_context::read_counters"]
+        [::core::mem::offset_of!(verbs_context, read_counters) - 24usize];
+    ["Offset of field: verbs_context::attach_counters_point_flow"]
+        [::core::mem::offset_of!(verbs_context, attach_counters_point_flow) - 32usize];
+    ["Offset of field: verbs_context::create_counters"]
+        [::core::mem::offset_of!(verbs_context, create_counters) - 40usize];
+    ["Offset of field: verbs_context::destroy_counters"]
+        [::core::mem::offset_of!(verbs_context, destroy_counters) - 48usize];
+    ["Offset of field: verbs_context::reg_dm_mr"]
+        [::core::mem::offset_of!(verbs_context, reg_dm_mr) - 56usize];
+    ["Offset of field: verbs_context::alloc_dm"]
+        [::core::mem::offset_of!(verbs_context, alloc_dm) - 64usize];
+    ["Offset of field: verbs_context::free_dm"]
+        [::core::mem::offset_of!(verbs_context, free_dm) - 72usize];
+    ["Offset of field: verbs_context::modify_flow_action_esp"]
+        [::core::mem::offset_of!(verbs_context, modify_flow_action_esp) - 80usize];
+    ["Offset of field: verbs_context::destroy_flow_action"]
+        [::core::mem::offset_of!(verbs_context, destroy_flow_action) - 88usize];
+    ["Offset of field: verbs_context::create_flow_action_esp"]
+        [::core::mem::offset_of!(verbs_context, create_flow_action_esp) - 96usize];
+    ["Offset of field: verbs_context::modify_qp_rate_limit"]
+        [::core::mem::offset_of!(verbs_context, modify_qp_rate_limit) - 104usize];
+    ["Offset of field: verbs_context::alloc_parent_domain"]
+        [::core::mem::offset_of!(verbs_context, alloc_parent_domain) - 112usize];
+    ["Offset of field: verbs_context::dealloc_td"]
+        [::core::mem::offset_of!(verbs_context, dealloc_td) - 120usize];
+    ["Offset of field: verbs_context::alloc_td"]
+        [::core::mem::offset_of!(verbs_context, alloc_td) - 128usize];
+    ["Offset of field: verbs_context::modify_cq"]
+        [::core::mem::offset_of!(verbs_context, modify_cq) - 136usize];
+    ["Offset of field: verbs_context::post_srq_ops"]
+        [::core::mem::offset_of!(verbs_context, post_srq_ops) - 144usize];
+    ["Offset of field: verbs_context::destroy_rwq_ind_table"]
+        [::core::mem::offset_of!(verbs_context, destroy_rwq_ind_table) - 152usize];
+    ["Offset of field: verbs_context::create_rwq_ind_table"]
+        [::core::mem::offset_of!(verbs_context, create_rwq_ind_table) - 160usize];
+    ["Offset of field: verbs_context::destroy_wq"]
+        [::core::mem::offset_of!(verbs_context, destroy_wq) - 168usize];
+    ["Offset of field: verbs_context::modify_wq"]
+        [::core::mem::offset_of!(verbs_context, modify_wq) - 176usize];
+    ["Offset of field: verbs_context::create_wq"]
+        [::core::mem::offset_of!(verbs_context, create_wq) - 184usize];
+    ["Offset of field: verbs_context::query_rt_values"]
+        [::core::mem::offset_of!(verbs_context, query_rt_values) - 192usize];
+    ["Offset of field: verbs_context::create_cq_ex"]
+        [::core::mem::offset_of!(verbs_context, create_cq_ex) - 200usize];
+    ["Offset of field: verbs_context::priv_"]
+        [::core::mem::offset_of!(verbs_context, priv_) - 208usize];
+    ["Offset of field: verbs_context::query_device_ex"]
+        [::core::mem::offset_of!(verbs_context, query_device_ex) - 216usize];
+    ["Offset of field: verbs_context::ibv_destroy_flow"]
+        [::core::mem::offset_of!(verbs_context, ibv_destroy_flow) - 224usize];
+    ["Offset of field: verbs_context::ABI_placeholder2"]
+        [::core::mem::offset_of!(verbs_context, ABI_placeholder2) - 232usize];
+    ["Offset of field: verbs_context::ibv_create_flow"]
+        [::core::mem::offset_of!(verbs_context, ibv_create_flow) - 240usize];
+    ["Offset of field: verbs_context::ABI_placeholder1"]
+        [::core::mem::offset_of!(verbs_context, ABI_placeholder1) - 248usize];
+    ["Offset of field: verbs_context::open_qp"]
+        [::core::mem::offset_of!(verbs_context, open_qp) - 256usize];
+    ["Offset of field: verbs_context::create_qp_ex"]
+        [::core::mem::offset_of!(verbs_context, create_qp_ex) - 264usize];
+    ["Offset of field: verbs_context::get_srq_num"]
+        [::core::mem::offset_of!(verbs_context, get_srq_num) - 272usize];
+    ["Offset of field: verbs_context::create_srq_ex"]
+        [::core::mem::offset_of!(verbs_context, create_srq_ex) - 280usize];
+    ["Offset of field: verbs_context::open_xrcd"]
+        [::core::mem::offset_of!(verbs_context, open_xrcd) - 288usize];
+    ["Offset of field: verbs_context::close_xrcd"]
+        [::core::mem::offset_of!(verbs_context, close_xrcd) - 296usize];
+    ["Offset of field: verbs_context::_ABI_placeholder3"]
+        [::core::mem::offset_of!(verbs_context, _ABI_placeholder3) - 304usize];
+    ["Offset of field: verbs_context::sz"][::core::mem::offset_of!(verbs_context, sz) - 312usize];
+    ["Offset of field: verbs_context::context"]
+        [::core::mem::offset_of!(verbs_context, context) - 320usize];
+};
+impl Default for verbs_context {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for verbs_context {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "verbs_context {{ query_port: {:?}, advise_mr: {:?}, alloc_null_mr: {:?}, read_counters: {:?}, attach_counters_point_flow: {:?}, create_counters: {:?}, destroy_counters: {:?}, reg_dm_mr: {:?}, alloc_dm: {:?}, free_dm: {:?}, modify_flow_action_esp: {:?}, destroy_flow_action: {:?}, create_flow_action_esp: {:?}, modify_qp_rate_limit: {:?}, alloc_parent_domain: {:?}, dealloc_td: {:?}, alloc_td: {:?}, modify_cq: {:?}, post_srq_ops: {:?}, destroy_rwq_ind_table: {:?}, create_rwq_ind_table: {:?}, destroy_wq: {:?}, modify_wq: {:?}, create_wq: {:?}, query_rt_values: {:?}, create_cq_ex: {:?}, priv: {:?}, query_device_ex: {:?}, ibv_destroy_flow: {:?}, ABI_placeholder2: {:?}, ibv_create_flow: {:?}, ABI_placeholder1: {:?}, open_qp: {:?}, create_qp_ex: {:?}, get_srq_num: {:?}, create_srq_ex: {:?}, open_xrcd: {:?}, close_xrcd: {:?}, context: {:?} }}",
+            self.query_port,
+            self.advise_mr,
+            self.alloc_null_mr,
+            self.read_counters,
+            self.attach_counters_point_flow,
+            self.create_counters,
+            self.destroy_counters,
+            self.reg_dm_mr,
+            self.alloc_dm,
+            self.free_dm,
+            self.modify_flow_action_esp,
+            self.destroy_flow_action,
+            self.create_flow_action_esp,
+            self.modify_qp_rate_limit,
+            self.alloc_parent_domain,
+            self.dealloc_td,
+            self.alloc_td,
+            self.modify_cq,
+            self.post_srq_ops,
+            self.destroy_rwq_ind_table,
+            self.create_rwq_ind_table,
+            self.destroy_wq,
+            self.modify_wq,
+            self.create_wq,
+            self.query_rt_values,
+            self.create_cq_ex,
+            self.priv_,
+            self.query_device_ex,
+            self.ibv_destroy_flow,
+            self.ABI_placeholder2,
+            self.ibv_create_flow,
+            self.ABI_placeholder1,
+            self.open_qp,
+            self.create_qp_ex,
+            self.get_srq_num,
+            self.create_srq_ex,
+            self.open_xrcd,
+            self.close_xrcd,
+            self.context
+        )
+    }
+}
 unsafe extern "C" {
     pub fn ibv_get_device_list(num_devices: *mut ::core::ffi::c_int) -> *mut *mut ibv_device;
 }
@@ -6681,4 +7008,9 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> ::core::ffi::c_int;
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct verbs_ex_private {
+    pub _address: u8,
 }
