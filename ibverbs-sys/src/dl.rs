@@ -57,6 +57,18 @@ impl Library {
         self.open()
     }
 
+    /// The address of `name` if the library is already open (never opens
+    /// it).
+    pub(crate) fn loaded_symbol(&'static self, name: &CStr) -> Option<*mut c_void> {
+        let h = self.handle.load(Ordering::Acquire);
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: a live handle (never closed) and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
     #[cold]
     fn open(&'static self) -> Result<*mut c_void, LoadError> {
         if let Some(dep) = self.needs {

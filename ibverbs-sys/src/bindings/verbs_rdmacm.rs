@@ -5,8 +5,23 @@ pub const IB_UVERBS_ACCESS_OPTIONAL_LAST: u32 = 536870912;
 pub const IBV_ACCESS_OPTIONAL_FIRST: u32 = 1048576;
 pub const IBV_DEVICE_RAW_SCATTER_FCS: u64 = 17179869184;
 pub const IBV_DEVICE_PCI_WRITE_END_PADDING: u64 = 68719476736;
+pub const IBV_PATH_RECORD_REVERSIBLE: u32 = 128;
+pub const IBV_PATH_FLAG_GMP: u32 = 1;
+pub const IBV_PATH_FLAG_PRIMARY: u32 = 2;
+pub const IBV_PATH_FLAG_ALTERNATE: u32 = 4;
+pub const IBV_PATH_FLAG_OUTBOUND: u32 = 8;
+pub const IBV_PATH_FLAG_INBOUND: u32 = 16;
+pub const IBV_PATH_FLAG_INBOUND_REVERSE: u32 = 32;
+pub const IBV_PATH_FLAG_BIDIRECTIONAL: u32 = 40;
+pub const RDMA_IB_IP_PS_MASK: i32 = -65536;
+pub const RDMA_IB_IP_PORT_MASK: u32 = 65535;
+pub const RDMA_IB_IP_PS_TCP: u32 = 17170432;
+pub const RDMA_IB_IP_PS_UDP: u32 = 17891328;
+pub const RDMA_IB_PS_IB: u32 = 20905984;
+pub const RDMA_UDP_QKEY: u32 = 19088743;
 pub type __time_t = ::core::ffi::c_long;
 pub type __syscall_slong_t = ::core::ffi::c_long;
+pub type __socklen_t = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct timespec {
@@ -423,6 +438,29 @@ pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: ib_uverbs_advise_mr_advi
 pub type ib_uverbs_advise_mr_advice = ::core::ffi::c_uint;
 pub const IB_UVERBS_ADVISE_MR_FLAG_FLUSH: ib_uverbs_advise_mr_flag = 1;
 pub type ib_uverbs_advise_mr_flag = ::core::ffi::c_uint;
+pub const RDMA_DRIVER_UNKNOWN: rdma_driver_id = 0;
+pub const RDMA_DRIVER_MLX5: rdma_driver_id = 1;
+pub const RDMA_DRIVER_MLX4: rdma_driver_id = 2;
+pub const RDMA_DRIVER_CXGB3: rdma_driver_id = 3;
+pub const RDMA_DRIVER_CXGB4: rdma_driver_id = 4;
+pub const RDMA_DRIVER_MTHCA: rdma_driver_id = 5;
+pub const RDMA_DRIVER_BNXT_RE: rdma_driver_id = 6;
+pub const RDMA_DRIVER_OCRDMA: rdma_driver_id = 7;
+pub const RDMA_DRIVER_NES: rdma_driver_id = 8;
+pub const RDMA_DRIVER_I40IW: rdma_driver_id = 9;
+pub const RDMA_DRIVER_IRDMA: rdma_driver_id = 9;
+pub const RDMA_DRIVER_VMW_PVRDMA: rdma_driver_id = 10;
+pub const RDMA_DRIVER_QEDR: rdma_driver_id = 11;
+pub const RDMA_DRIVER_HNS: rdma_driver_id = 12;
+pub const RDMA_DRIVER_USNIC: rdma_driver_id = 13;
+pub const RDMA_DRIVER_RXE: rdma_driver_id = 14;
+pub const RDMA_DRIVER_HFI1: rdma_driver_id = 15;
+pub const RDMA_DRIVER_QIB: rdma_driver_id = 16;
+pub const RDMA_DRIVER_EFA: rdma_driver_id = 17;
+pub const RDMA_DRIVER_SIW: rdma_driver_id = 18;
+pub const RDMA_DRIVER_ERDMA: rdma_driver_id = 19;
+pub const RDMA_DRIVER_MANA: rdma_driver_id = 20;
+pub type rdma_driver_id = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union ibv_gid {
@@ -4024,124 +4062,6 @@ impl ::core::fmt::Debug for ibv_qp_ex {
 unsafe extern "C" {
     pub fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex;
 }
-unsafe extern "C" {
-    #[link_name = "ibv_wr_atomic_cmp_swp__extern"]
-    pub fn ibv_wr_atomic_cmp_swp(
-        qp: *mut ibv_qp_ex,
-        rkey: u32,
-        remote_addr: u64,
-        compare: u64,
-        swap: u64,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_atomic_fetch_add__extern"]
-    pub fn ibv_wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_bind_mw__extern"]
-    pub fn ibv_wr_bind_mw(
-        qp: *mut ibv_qp_ex,
-        mw: *mut ibv_mw,
-        rkey: u32,
-        bind_info: *const ibv_mw_bind_info,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_local_inv__extern"]
-    pub fn ibv_wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_rdma_read__extern"]
-    pub fn ibv_wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_rdma_write__extern"]
-    pub fn ibv_wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_rdma_write_imm__extern"]
-    pub fn ibv_wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_send__extern"]
-    pub fn ibv_wr_send(qp: *mut ibv_qp_ex);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_send_imm__extern"]
-    pub fn ibv_wr_send_imm(qp: *mut ibv_qp_ex, imm_data: __be32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_send_inv__extern"]
-    pub fn ibv_wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_send_tso__extern"]
-    pub fn ibv_wr_send_tso(
-        qp: *mut ibv_qp_ex,
-        hdr: *mut ::core::ffi::c_void,
-        hdr_sz: u16,
-        mss: u16,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_ud_addr__extern"]
-    pub fn ibv_wr_set_ud_addr(
-        qp: *mut ibv_qp_ex,
-        ah: *mut ibv_ah,
-        remote_qpn: u32,
-        remote_qkey: u32,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_xrc_srqn__extern"]
-    pub fn ibv_wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_inline_data__extern"]
-    pub fn ibv_wr_set_inline_data(
-        qp: *mut ibv_qp_ex,
-        addr: *mut ::core::ffi::c_void,
-        length: usize,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_inline_data_list__extern"]
-    pub fn ibv_wr_set_inline_data_list(
-        qp: *mut ibv_qp_ex,
-        num_buf: usize,
-        buf_list: *const ibv_data_buf,
-    );
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_sge__extern"]
-    pub fn ibv_wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_set_sge_list__extern"]
-    pub fn ibv_wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_start__extern"]
-    pub fn ibv_wr_start(qp: *mut ibv_qp_ex);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_complete__extern"]
-    pub fn ibv_wr_complete(qp: *mut ibv_qp_ex) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_abort__extern"]
-    pub fn ibv_wr_abort(qp: *mut ibv_qp_ex);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wr_atomic_write__extern"]
-    pub fn ibv_wr_atomic_write(
-        qp: *mut ibv_qp_ex,
-        rkey: u32,
-        remote_addr: u64,
-        atomic_wr: *const ::core::ffi::c_void,
-    );
-}
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct ibv_ece {
@@ -4405,10 +4325,6 @@ impl ::core::fmt::Debug for ibv_cq_ex {
         )
     }
 }
-unsafe extern "C" {
-    #[link_name = "ibv_cq_ex_to_cq__extern"]
-    pub fn ibv_cq_ex_to_cq(cq: *mut ibv_cq_ex) -> *mut ibv_cq;
-}
 impl ibv_cq_attr_mask {
     pub const IBV_CQ_ATTR_MODERATE: ibv_cq_attr_mask = ibv_cq_attr_mask(1);
     pub const IBV_CQ_ATTR_RESERVED: ibv_cq_attr_mask = ibv_cq_attr_mask(2);
@@ -4472,90 +4388,6 @@ const _: () = {
     ["Offset of field: ibv_modify_cq_attr::moderate"]
         [::core::mem::offset_of!(ibv_modify_cq_attr, moderate) - 4usize];
 };
-unsafe extern "C" {
-    #[link_name = "ibv_start_poll__extern"]
-    pub fn ibv_start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_next_poll__extern"]
-    pub fn ibv_next_poll(cq: *mut ibv_cq_ex) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_end_poll__extern"]
-    pub fn ibv_end_poll(cq: *mut ibv_cq_ex);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_opcode__extern"]
-    pub fn ibv_wc_read_opcode(cq: *mut ibv_cq_ex) -> ibv_wc_opcode;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_vendor_err__extern"]
-    pub fn ibv_wc_read_vendor_err(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_byte_len__extern"]
-    pub fn ibv_wc_read_byte_len(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_imm_data__extern"]
-    pub fn ibv_wc_read_imm_data(cq: *mut ibv_cq_ex) -> __be32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_invalidated_rkey__extern"]
-    pub fn ibv_wc_read_invalidated_rkey(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_qp_num__extern"]
-    pub fn ibv_wc_read_qp_num(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_src_qp__extern"]
-    pub fn ibv_wc_read_src_qp(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_wc_flags__extern"]
-    pub fn ibv_wc_read_wc_flags(cq: *mut ibv_cq_ex) -> ::core::ffi::c_uint;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_slid__extern"]
-    pub fn ibv_wc_read_slid(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_sl__extern"]
-    pub fn ibv_wc_read_sl(cq: *mut ibv_cq_ex) -> u8;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_dlid_path_bits__extern"]
-    pub fn ibv_wc_read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_completion_ts__extern"]
-    pub fn ibv_wc_read_completion_ts(cq: *mut ibv_cq_ex) -> u64;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_completion_wallclock_ns__extern"]
-    pub fn ibv_wc_read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_cvlan__extern"]
-    pub fn ibv_wc_read_cvlan(cq: *mut ibv_cq_ex) -> u16;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_flow_tag__extern"]
-    pub fn ibv_wc_read_flow_tag(cq: *mut ibv_cq_ex) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_wc_read_tm_info__extern"]
-    pub fn ibv_wc_read_tm_info(cq: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info);
-}
-unsafe extern "C" {
-    #[link_name = "ibv_post_wq_recv__extern"]
-    pub fn ibv_post_wq_recv(
-        wq: *mut ibv_wq,
-        recv_wr: *mut ibv_recv_wr,
-        bad_recv_wr: *mut *mut ibv_recv_wr,
-    ) -> ::core::ffi::c_int;
-}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_ah {
@@ -6492,14 +6324,6 @@ unsafe extern "C" {
     ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "___ibv_query_port__extern"]
-    pub fn ___ibv_query_port(
-        context: *mut ibv_context,
-        port_num: u8,
-        port_attr: *mut ibv_port_attr,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_query_gid(
         context: *mut ibv_context,
         port_num: u8,
@@ -6518,31 +6342,12 @@ unsafe extern "C" {
     ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_query_gid_ex__extern"]
-    pub fn ibv_query_gid_ex(
-        context: *mut ibv_context,
-        port_num: u32,
-        gid_index: u32,
-        entry: *mut ibv_gid_entry,
-        flags: u32,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn _ibv_query_gid_table(
         context: *mut ibv_context,
         entries: *mut ibv_gid_entry,
         max_entries: usize,
         flags: u32,
         entry_size: usize,
-    ) -> isize;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_query_gid_table__extern"]
-    pub fn ibv_query_gid_table(
-        context: *mut ibv_context,
-        entries: *mut ibv_gid_entry,
-        max_entries: usize,
-        flags: u32,
     ) -> isize;
 }
 unsafe extern "C" {
@@ -6567,70 +6372,12 @@ unsafe extern "C" {
     pub fn ibv_dealloc_pd(pd: *mut ibv_pd) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_create_flow__extern"]
-    pub fn ibv_create_flow(qp: *mut ibv_qp, flow: *mut ibv_flow_attr) -> *mut ibv_flow;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_destroy_flow__extern"]
-    pub fn ibv_destroy_flow(flow_id: *mut ibv_flow) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_flow_action_esp__extern"]
-    pub fn ibv_create_flow_action_esp(
-        ctx: *mut ibv_context,
-        esp: *mut ibv_flow_action_esp_attr,
-    ) -> *mut ibv_flow_action;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_modify_flow_action_esp__extern"]
-    pub fn ibv_modify_flow_action_esp(
-        action: *mut ibv_flow_action,
-        esp: *mut ibv_flow_action_esp_attr,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_destroy_flow_action__extern"]
-    pub fn ibv_destroy_flow_action(action: *mut ibv_flow_action) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_open_xrcd__extern"]
-    pub fn ibv_open_xrcd(
-        context: *mut ibv_context,
-        xrcd_init_attr: *mut ibv_xrcd_init_attr,
-    ) -> *mut ibv_xrcd;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_close_xrcd__extern"]
-    pub fn ibv_close_xrcd(xrcd: *mut ibv_xrcd) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_reg_mr_iova2(
         pd: *mut ibv_pd,
         addr: *mut ::core::ffi::c_void,
         length: usize,
         iova: u64,
         access: ::core::ffi::c_uint,
-    ) -> *mut ibv_mr;
-}
-unsafe extern "C" {
-    #[link_name = "__ibv_reg_mr__extern"]
-    pub fn __ibv_reg_mr(
-        pd: *mut ibv_pd,
-        addr: *mut ::core::ffi::c_void,
-        length: usize,
-        access: ::core::ffi::c_uint,
-        is_access_const: ::core::ffi::c_int,
-    ) -> *mut ibv_mr;
-}
-unsafe extern "C" {
-    #[link_name = "__ibv_reg_mr_iova__extern"]
-    pub fn __ibv_reg_mr_iova(
-        pd: *mut ibv_pd,
-        addr: *mut ::core::ffi::c_void,
-        length: usize,
-        iova: u64,
-        access: ::core::ffi::c_uint,
-        is_access_const: ::core::ffi::c_int,
     ) -> *mut ibv_mr;
 }
 unsafe extern "C" {
@@ -6663,80 +6410,10 @@ unsafe extern "C" {
     pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_alloc_mw__extern"]
-    pub fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_dealloc_mw__extern"]
-    pub fn ibv_dealloc_mw(mw: *mut ibv_mw) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_inc_rkey__extern"]
-    pub fn ibv_inc_rkey(rkey: u32) -> u32;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_bind_mw__extern"]
-    pub fn ibv_bind_mw(
-        qp: *mut ibv_qp,
-        mw: *mut ibv_mw,
-        mw_bind: *mut ibv_mw_bind,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel;
 }
 unsafe extern "C" {
     pub fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_advise_mr__extern"]
-    pub fn ibv_advise_mr(
-        pd: *mut ibv_pd,
-        advice: ib_uverbs_advise_mr_advice,
-        flags: u32,
-        sg_list: *mut ibv_sge,
-        num_sge: u32,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_alloc_dm__extern"]
-    pub fn ibv_alloc_dm(context: *mut ibv_context, attr: *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_free_dm__extern"]
-    pub fn ibv_free_dm(dm: *mut ibv_dm) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_memcpy_to_dm__extern"]
-    pub fn ibv_memcpy_to_dm(
-        dm: *mut ibv_dm,
-        dm_offset: u64,
-        host_addr: *const ::core::ffi::c_void,
-        length: usize,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_memcpy_from_dm__extern"]
-    pub fn ibv_memcpy_from_dm(
-        host_addr: *mut ::core::ffi::c_void,
-        dm: *mut ibv_dm,
-        dm_offset: u64,
-        length: usize,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_alloc_null_mr__extern"]
-    pub fn ibv_alloc_null_mr(pd: *mut ibv_pd) -> *mut ibv_mr;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_reg_dm_mr__extern"]
-    pub fn ibv_reg_dm_mr(
-        pd: *mut ibv_pd,
-        dm: *mut ibv_dm,
-        dm_offset: u64,
-        length: usize,
-        access: ::core::ffi::c_uint,
-    ) -> *mut ibv_mr;
 }
 unsafe extern "C" {
     pub fn ibv_create_cq(
@@ -6746,13 +6423,6 @@ unsafe extern "C" {
         channel: *mut ibv_comp_channel,
         comp_vector: ::core::ffi::c_int,
     ) -> *mut ibv_cq;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_cq_ex__extern"]
-    pub fn ibv_create_cq_ex(
-        context: *mut ibv_context,
-        cq_attr: *mut ibv_cq_init_attr_ex,
-    ) -> *mut ibv_cq_ex;
 }
 unsafe extern "C" {
     pub fn ibv_resize_cq(cq: *mut ibv_cq, cqe: ::core::ffi::c_int) -> ::core::ffi::c_int;
@@ -6771,18 +6441,7 @@ unsafe extern "C" {
     pub fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: ::core::ffi::c_uint);
 }
 unsafe extern "C" {
-    #[link_name = "ibv_modify_cq__extern"]
-    pub fn ibv_modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_create_srq(pd: *mut ibv_pd, srq_init_attr: *mut ibv_srq_init_attr) -> *mut ibv_srq;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_srq_ex__extern"]
-    pub fn ibv_create_srq_ex(
-        context: *mut ibv_context,
-        srq_init_attr_ex: *mut ibv_srq_init_attr_ex,
-    ) -> *mut ibv_srq;
 }
 unsafe extern "C" {
     pub fn ibv_modify_srq(
@@ -6795,80 +6454,16 @@ unsafe extern "C" {
     pub fn ibv_query_srq(srq: *mut ibv_srq, srq_attr: *mut ibv_srq_attr) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_get_srq_num__extern"]
-    pub fn ibv_get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_destroy_srq(srq: *mut ibv_srq) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_post_srq_ops__extern"]
-    pub fn ibv_post_srq_ops(
-        srq: *mut ibv_srq,
-        op: *mut ibv_ops_wr,
-        bad_op: *mut *mut ibv_ops_wr,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
     pub fn ibv_create_qp(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_qp_ex__extern"]
-    pub fn ibv_create_qp_ex(
-        context: *mut ibv_context,
-        qp_init_attr_ex: *mut ibv_qp_init_attr_ex,
-    ) -> *mut ibv_qp;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_alloc_td__extern"]
-    pub fn ibv_alloc_td(context: *mut ibv_context, init_attr: *mut ibv_td_init_attr)
-    -> *mut ibv_td;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_dealloc_td__extern"]
-    pub fn ibv_dealloc_td(td: *mut ibv_td) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_alloc_parent_domain__extern"]
-    pub fn ibv_alloc_parent_domain(
-        context: *mut ibv_context,
-        attr: *mut ibv_parent_domain_init_attr,
-    ) -> *mut ibv_pd;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_query_rt_values_ex__extern"]
-    pub fn ibv_query_rt_values_ex(
-        context: *mut ibv_context,
-        values: *mut ibv_values_ex,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_query_device_ex__extern"]
-    pub fn ibv_query_device_ex(
-        context: *mut ibv_context,
-        input: *const ibv_query_device_ex_input,
-        attr: *mut ibv_device_attr_ex,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_open_qp__extern"]
-    pub fn ibv_open_qp(
-        context: *mut ibv_context,
-        qp_open_attr: *mut ibv_qp_open_attr,
-    ) -> *mut ibv_qp;
 }
 unsafe extern "C" {
     pub fn ibv_modify_qp(
         qp: *mut ibv_qp,
         attr: *mut ibv_qp_attr,
         attr_mask: ::core::ffi::c_int,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_modify_qp_rate_limit__extern"]
-    pub fn ibv_modify_qp_rate_limit(
-        qp: *mut ibv_qp,
-        attr: *mut ibv_qp_rate_limit_attr,
     ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
@@ -6888,32 +6483,6 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn ibv_destroy_qp(qp: *mut ibv_qp) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_wq__extern"]
-    pub fn ibv_create_wq(
-        context: *mut ibv_context,
-        wq_init_attr: *mut ibv_wq_init_attr,
-    ) -> *mut ibv_wq;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_modify_wq__extern"]
-    pub fn ibv_modify_wq(wq: *mut ibv_wq, wq_attr: *mut ibv_wq_attr) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_destroy_wq__extern"]
-    pub fn ibv_destroy_wq(wq: *mut ibv_wq) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_rwq_ind_table__extern"]
-    pub fn ibv_create_rwq_ind_table(
-        context: *mut ibv_context,
-        init_attr: *mut ibv_rwq_ind_table_init_attr,
-    ) -> *mut ibv_rwq_ind_table;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_destroy_rwq_ind_table__extern"]
-    pub fn ibv_destroy_rwq_ind_table(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
@@ -6968,46 +6537,1309 @@ unsafe extern "C" {
     ) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
-    #[link_name = "ibv_is_qpt_supported__extern"]
-    pub fn ibv_is_qpt_supported(caps: u32, qpt: ibv_qp_type) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_create_counters__extern"]
-    pub fn ibv_create_counters(
-        context: *mut ibv_context,
-        init_attr: *mut ibv_counters_init_attr,
-    ) -> *mut ibv_counters;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_destroy_counters__extern"]
-    pub fn ibv_destroy_counters(counters: *mut ibv_counters) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_attach_counters_point_flow__extern"]
-    pub fn ibv_attach_counters_point_flow(
-        counters: *mut ibv_counters,
-        attr: *mut ibv_counter_attach_attr,
-        flow: *mut ibv_flow,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_read_counters__extern"]
-    pub fn ibv_read_counters(
-        counters: *mut ibv_counters,
-        counters_value: *mut u64,
-        ncounters: u32,
-        flags: u32,
-    ) -> ::core::ffi::c_int;
-}
-unsafe extern "C" {
-    #[link_name = "ibv_flow_label_to_udp_sport__extern"]
-    pub fn ibv_flow_label_to_udp_sport(fl: u32) -> u16;
-}
-unsafe extern "C" {
     pub fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> ::core::ffi::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> ::core::ffi::c_int;
+}
+pub type socklen_t = __socklen_t;
+pub type sa_family_t = ::core::ffi::c_ushort;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct sockaddr {
+    pub sa_family: sa_family_t,
+    pub sa_data: [::core::ffi::c_char; 14usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of sockaddr"][::core::mem::size_of::<sockaddr>() - 16usize];
+    ["Alignment of sockaddr"][::core::mem::align_of::<sockaddr>() - 2usize];
+    ["Offset of field: sockaddr::sa_family"][::core::mem::offset_of!(sockaddr, sa_family) - 0usize];
+    ["Offset of field: sockaddr::sa_data"][::core::mem::offset_of!(sockaddr, sa_data) - 2usize];
+};
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct sockaddr_storage {
+    pub ss_family: sa_family_t,
+    pub __ss_padding: [::core::ffi::c_char; 118usize],
+    pub __ss_align: ::core::ffi::c_ulong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of sockaddr_storage"][::core::mem::size_of::<sockaddr_storage>() - 128usize];
+    ["Alignment of sockaddr_storage"][::core::mem::align_of::<sockaddr_storage>() - 8usize];
+    ["Offset of field: sockaddr_storage::ss_family"]
+        [::core::mem::offset_of!(sockaddr_storage, ss_family) - 0usize];
+    ["Offset of field: sockaddr_storage::__ss_padding"]
+        [::core::mem::offset_of!(sockaddr_storage, __ss_padding) - 2usize];
+    ["Offset of field: sockaddr_storage::__ss_align"]
+        [::core::mem::offset_of!(sockaddr_storage, __ss_align) - 120usize];
+};
+impl Default for sockaddr_storage {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type in_addr_t = u32;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct in_addr {
+    pub s_addr: in_addr_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of in_addr"][::core::mem::size_of::<in_addr>() - 4usize];
+    ["Alignment of in_addr"][::core::mem::align_of::<in_addr>() - 4usize];
+    ["Offset of field: in_addr::s_addr"][::core::mem::offset_of!(in_addr, s_addr) - 0usize];
+};
+pub type in_port_t = u16;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct in6_addr {
+    pub __in6_u: in6_addr__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union in6_addr__bindgen_ty_1 {
+    pub __u6_addr8: [u8; 16usize],
+    pub __u6_addr16: [u16; 8usize],
+    pub __u6_addr32: [u32; 4usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of in6_addr__bindgen_ty_1"][::core::mem::size_of::<in6_addr__bindgen_ty_1>() - 16usize];
+    ["Alignment of in6_addr__bindgen_ty_1"]
+        [::core::mem::align_of::<in6_addr__bindgen_ty_1>() - 4usize];
+    ["Offset of field: in6_addr__bindgen_ty_1::__u6_addr8"]
+        [::core::mem::offset_of!(in6_addr__bindgen_ty_1, __u6_addr8) - 0usize];
+    ["Offset of field: in6_addr__bindgen_ty_1::__u6_addr16"]
+        [::core::mem::offset_of!(in6_addr__bindgen_ty_1, __u6_addr16) - 0usize];
+    ["Offset of field: in6_addr__bindgen_ty_1::__u6_addr32"]
+        [::core::mem::offset_of!(in6_addr__bindgen_ty_1, __u6_addr32) - 0usize];
+};
+impl Default for in6_addr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for in6_addr__bindgen_ty_1 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "in6_addr__bindgen_ty_1 {{ union }}")
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of in6_addr"][::core::mem::size_of::<in6_addr>() - 16usize];
+    ["Alignment of in6_addr"][::core::mem::align_of::<in6_addr>() - 4usize];
+    ["Offset of field: in6_addr::__in6_u"][::core::mem::offset_of!(in6_addr, __in6_u) - 0usize];
+};
+impl Default for in6_addr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for in6_addr {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "in6_addr {{ __in6_u: {:?} }}", self.__in6_u)
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct sockaddr_in {
+    pub sin_family: sa_family_t,
+    pub sin_port: in_port_t,
+    pub sin_addr: in_addr,
+    pub sin_zero: [::core::ffi::c_uchar; 8usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of sockaddr_in"][::core::mem::size_of::<sockaddr_in>() - 16usize];
+    ["Alignment of sockaddr_in"][::core::mem::align_of::<sockaddr_in>() - 4usize];
+    ["Offset of field: sockaddr_in::sin_family"]
+        [::core::mem::offset_of!(sockaddr_in, sin_family) - 0usize];
+    ["Offset of field: sockaddr_in::sin_port"]
+        [::core::mem::offset_of!(sockaddr_in, sin_port) - 2usize];
+    ["Offset of field: sockaddr_in::sin_addr"]
+        [::core::mem::offset_of!(sockaddr_in, sin_addr) - 4usize];
+    ["Offset of field: sockaddr_in::sin_zero"]
+        [::core::mem::offset_of!(sockaddr_in, sin_zero) - 8usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct sockaddr_in6 {
+    pub sin6_family: sa_family_t,
+    pub sin6_port: in_port_t,
+    pub sin6_flowinfo: u32,
+    pub sin6_addr: in6_addr,
+    pub sin6_scope_id: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of sockaddr_in6"][::core::mem::size_of::<sockaddr_in6>() - 28usize];
+    ["Alignment of sockaddr_in6"][::core::mem::align_of::<sockaddr_in6>() - 4usize];
+    ["Offset of field: sockaddr_in6::sin6_family"]
+        [::core::mem::offset_of!(sockaddr_in6, sin6_family) - 0usize];
+    ["Offset of field: sockaddr_in6::sin6_port"]
+        [::core::mem::offset_of!(sockaddr_in6, sin6_port) - 2usize];
+    ["Offset of field: sockaddr_in6::sin6_flowinfo"]
+        [::core::mem::offset_of!(sockaddr_in6, sin6_flowinfo) - 4usize];
+    ["Offset of field: sockaddr_in6::sin6_addr"]
+        [::core::mem::offset_of!(sockaddr_in6, sin6_addr) - 8usize];
+    ["Offset of field: sockaddr_in6::sin6_scope_id"]
+        [::core::mem::offset_of!(sockaddr_in6, sin6_scope_id) - 24usize];
+};
+impl Default for sockaddr_in6 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for sockaddr_in6 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "sockaddr_in6 {{ sin6_family: {:?}, sin6_addr: {:?} }}",
+            self.sin6_family, self.sin6_addr
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: __be16,
+    pub slid: __be16,
+    pub raw_traffic: ::core::ffi::c_int,
+    pub flow_label: __be32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: ::core::ffi::c_int,
+    pub numb_path: u8,
+    pub pkey: __be16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_sa_path_rec"][::core::mem::size_of::<ibv_sa_path_rec>() - 64usize];
+    ["Alignment of ibv_sa_path_rec"][::core::mem::align_of::<ibv_sa_path_rec>() - 8usize];
+    ["Offset of field: ibv_sa_path_rec::dgid"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, dgid) - 0usize];
+    ["Offset of field: ibv_sa_path_rec::sgid"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, sgid) - 16usize];
+    ["Offset of field: ibv_sa_path_rec::dlid"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, dlid) - 32usize];
+    ["Offset of field: ibv_sa_path_rec::slid"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, slid) - 34usize];
+    ["Offset of field: ibv_sa_path_rec::raw_traffic"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, raw_traffic) - 36usize];
+    ["Offset of field: ibv_sa_path_rec::flow_label"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, flow_label) - 40usize];
+    ["Offset of field: ibv_sa_path_rec::hop_limit"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, hop_limit) - 44usize];
+    ["Offset of field: ibv_sa_path_rec::traffic_class"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, traffic_class) - 45usize];
+    ["Offset of field: ibv_sa_path_rec::reversible"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, reversible) - 48usize];
+    ["Offset of field: ibv_sa_path_rec::numb_path"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, numb_path) - 52usize];
+    ["Offset of field: ibv_sa_path_rec::pkey"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, pkey) - 54usize];
+    ["Offset of field: ibv_sa_path_rec::sl"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, sl) - 56usize];
+    ["Offset of field: ibv_sa_path_rec::mtu_selector"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, mtu_selector) - 57usize];
+    ["Offset of field: ibv_sa_path_rec::mtu"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, mtu) - 58usize];
+    ["Offset of field: ibv_sa_path_rec::rate_selector"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, rate_selector) - 59usize];
+    ["Offset of field: ibv_sa_path_rec::rate"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, rate) - 60usize];
+    ["Offset of field: ibv_sa_path_rec::packet_life_time_selector"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, packet_life_time_selector) - 61usize];
+    ["Offset of field: ibv_sa_path_rec::packet_life_time"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, packet_life_time) - 62usize];
+    ["Offset of field: ibv_sa_path_rec::preference"]
+        [::core::mem::offset_of!(ibv_sa_path_rec, preference) - 63usize];
+};
+impl Default for ibv_sa_path_rec {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for ibv_sa_path_rec {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "ibv_sa_path_rec {{ dgid: {:?}, sgid: {:?}, dlid: {:?}, slid: {:?}, raw_traffic: {:?}, flow_label: {:?}, reversible: {:?}, pkey: {:?} }}",
+            self.dgid,
+            self.sgid,
+            self.dlid,
+            self.slid,
+            self.raw_traffic,
+            self.flow_label,
+            self.reversible,
+            self.pkey
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_sa_mcmember_rec {
+    pub mgid: ibv_gid,
+    pub port_gid: ibv_gid,
+    pub qkey: u32,
+    pub mlid: u16,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub traffic_class: u8,
+    pub pkey: u16,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub sl: u8,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub scope: u8,
+    pub join_state: u8,
+    pub proxy_join: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_sa_mcmember_rec"][::core::mem::size_of::<ibv_sa_mcmember_rec>() - 64usize];
+    ["Alignment of ibv_sa_mcmember_rec"][::core::mem::align_of::<ibv_sa_mcmember_rec>() - 8usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mgid"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, mgid) - 0usize];
+    ["Offset of field: ibv_sa_mcmember_rec::port_gid"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, port_gid) - 16usize];
+    ["Offset of field: ibv_sa_mcmember_rec::qkey"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, qkey) - 32usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mlid"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, mlid) - 36usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mtu_selector"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, mtu_selector) - 38usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mtu"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, mtu) - 39usize];
+    ["Offset of field: ibv_sa_mcmember_rec::traffic_class"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, traffic_class) - 40usize];
+    ["Offset of field: ibv_sa_mcmember_rec::pkey"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, pkey) - 42usize];
+    ["Offset of field: ibv_sa_mcmember_rec::rate_selector"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, rate_selector) - 44usize];
+    ["Offset of field: ibv_sa_mcmember_rec::rate"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, rate) - 45usize];
+    ["Offset of field: ibv_sa_mcmember_rec::packet_life_time_selector"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, packet_life_time_selector) - 46usize];
+    ["Offset of field: ibv_sa_mcmember_rec::packet_life_time"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, packet_life_time) - 47usize];
+    ["Offset of field: ibv_sa_mcmember_rec::sl"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, sl) - 48usize];
+    ["Offset of field: ibv_sa_mcmember_rec::flow_label"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, flow_label) - 52usize];
+    ["Offset of field: ibv_sa_mcmember_rec::hop_limit"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, hop_limit) - 56usize];
+    ["Offset of field: ibv_sa_mcmember_rec::scope"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, scope) - 57usize];
+    ["Offset of field: ibv_sa_mcmember_rec::join_state"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, join_state) - 58usize];
+    ["Offset of field: ibv_sa_mcmember_rec::proxy_join"]
+        [::core::mem::offset_of!(ibv_sa_mcmember_rec, proxy_join) - 60usize];
+};
+impl Default for ibv_sa_mcmember_rec {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for ibv_sa_mcmember_rec {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "ibv_sa_mcmember_rec {{ mgid: {:?}, port_gid: {:?}, proxy_join: {:?} }}",
+            self.mgid, self.port_gid, self.proxy_join
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_sa_service_rec {
+    pub id: u64,
+    pub gid: ibv_gid,
+    pub pkey: u16,
+    pub lease: u32,
+    pub key: [u8; 16usize],
+    pub name: [u8; 64usize],
+    pub data8: [u8; 16usize],
+    pub data16: [u16; 8usize],
+    pub data32: [u32; 4usize],
+    pub data64: [u64; 2usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_sa_service_rec"][::core::mem::size_of::<ibv_sa_service_rec>() - 176usize];
+    ["Alignment of ibv_sa_service_rec"][::core::mem::align_of::<ibv_sa_service_rec>() - 8usize];
+    ["Offset of field: ibv_sa_service_rec::id"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, id) - 0usize];
+    ["Offset of field: ibv_sa_service_rec::gid"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, gid) - 8usize];
+    ["Offset of field: ibv_sa_service_rec::pkey"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, pkey) - 24usize];
+    ["Offset of field: ibv_sa_service_rec::lease"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, lease) - 28usize];
+    ["Offset of field: ibv_sa_service_rec::key"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, key) - 32usize];
+    ["Offset of field: ibv_sa_service_rec::name"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, name) - 48usize];
+    ["Offset of field: ibv_sa_service_rec::data8"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, data8) - 112usize];
+    ["Offset of field: ibv_sa_service_rec::data16"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, data16) - 128usize];
+    ["Offset of field: ibv_sa_service_rec::data32"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, data32) - 144usize];
+    ["Offset of field: ibv_sa_service_rec::data64"]
+        [::core::mem::offset_of!(ibv_sa_service_rec, data64) - 160usize];
+};
+impl Default for ibv_sa_service_rec {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for ibv_sa_service_rec {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "ibv_sa_service_rec {{ gid: {:?}, key: {:?}, name: {:?}, data8: {:?}, data16: {:?}, data32: {:?}, data64: {:?} }}",
+            self.gid, self.key, self.name, self.data8, self.data16, self.data32, self.data64
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_path_record {
+    pub service_id: __be64,
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: __be16,
+    pub slid: __be16,
+    pub flowlabel_hoplimit: __be32,
+    pub tclass: u8,
+    pub reversible_numpath: u8,
+    pub pkey: __be16,
+    pub qosclass_sl: __be16,
+    pub mtu: u8,
+    pub rate: u8,
+    pub packetlifetime: u8,
+    pub preference: u8,
+    pub reserved: [u8; 6usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_path_record"][::core::mem::size_of::<ibv_path_record>() - 64usize];
+    ["Alignment of ibv_path_record"][::core::mem::align_of::<ibv_path_record>() - 8usize];
+    ["Offset of field: ibv_path_record::service_id"]
+        [::core::mem::offset_of!(ibv_path_record, service_id) - 0usize];
+    ["Offset of field: ibv_path_record::dgid"]
+        [::core::mem::offset_of!(ibv_path_record, dgid) - 8usize];
+    ["Offset of field: ibv_path_record::sgid"]
+        [::core::mem::offset_of!(ibv_path_record, sgid) - 24usize];
+    ["Offset of field: ibv_path_record::dlid"]
+        [::core::mem::offset_of!(ibv_path_record, dlid) - 40usize];
+    ["Offset of field: ibv_path_record::slid"]
+        [::core::mem::offset_of!(ibv_path_record, slid) - 42usize];
+    ["Offset of field: ibv_path_record::flowlabel_hoplimit"]
+        [::core::mem::offset_of!(ibv_path_record, flowlabel_hoplimit) - 44usize];
+    ["Offset of field: ibv_path_record::tclass"]
+        [::core::mem::offset_of!(ibv_path_record, tclass) - 48usize];
+    ["Offset of field: ibv_path_record::reversible_numpath"]
+        [::core::mem::offset_of!(ibv_path_record, reversible_numpath) - 49usize];
+    ["Offset of field: ibv_path_record::pkey"]
+        [::core::mem::offset_of!(ibv_path_record, pkey) - 50usize];
+    ["Offset of field: ibv_path_record::qosclass_sl"]
+        [::core::mem::offset_of!(ibv_path_record, qosclass_sl) - 52usize];
+    ["Offset of field: ibv_path_record::mtu"]
+        [::core::mem::offset_of!(ibv_path_record, mtu) - 54usize];
+    ["Offset of field: ibv_path_record::rate"]
+        [::core::mem::offset_of!(ibv_path_record, rate) - 55usize];
+    ["Offset of field: ibv_path_record::packetlifetime"]
+        [::core::mem::offset_of!(ibv_path_record, packetlifetime) - 56usize];
+    ["Offset of field: ibv_path_record::preference"]
+        [::core::mem::offset_of!(ibv_path_record, preference) - 57usize];
+    ["Offset of field: ibv_path_record::reserved"]
+        [::core::mem::offset_of!(ibv_path_record, reserved) - 58usize];
+};
+impl Default for ibv_path_record {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for ibv_path_record {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "ibv_path_record {{ service_id: {:?}, dgid: {:?}, sgid: {:?}, dlid: {:?}, slid: {:?}, flowlabel_hoplimit: {:?}, pkey: {:?}, qosclass_sl: {:?}, reserved: {:?} }}",
+            self.service_id,
+            self.dgid,
+            self.sgid,
+            self.dlid,
+            self.slid,
+            self.flowlabel_hoplimit,
+            self.pkey,
+            self.qosclass_sl,
+            self.reserved
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_path_data {
+    pub flags: u32,
+    pub reserved: u32,
+    pub path: ibv_path_record,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ibv_path_data"][::core::mem::size_of::<ibv_path_data>() - 72usize];
+    ["Alignment of ibv_path_data"][::core::mem::align_of::<ibv_path_data>() - 8usize];
+    ["Offset of field: ibv_path_data::flags"]
+        [::core::mem::offset_of!(ibv_path_data, flags) - 0usize];
+    ["Offset of field: ibv_path_data::reserved"]
+        [::core::mem::offset_of!(ibv_path_data, reserved) - 4usize];
+    ["Offset of field: ibv_path_data::path"][::core::mem::offset_of!(ibv_path_data, path) - 8usize];
+};
+impl Default for ibv_path_data {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for ibv_path_data {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "ibv_path_data {{ path: {:?} }}", self.path)
+    }
+}
+pub const RDMA_CM_EVENT_ADDR_RESOLVED: rdma_cm_event_type = 0;
+pub const RDMA_CM_EVENT_ADDR_ERROR: rdma_cm_event_type = 1;
+pub const RDMA_CM_EVENT_ROUTE_RESOLVED: rdma_cm_event_type = 2;
+pub const RDMA_CM_EVENT_ROUTE_ERROR: rdma_cm_event_type = 3;
+pub const RDMA_CM_EVENT_CONNECT_REQUEST: rdma_cm_event_type = 4;
+pub const RDMA_CM_EVENT_CONNECT_RESPONSE: rdma_cm_event_type = 5;
+pub const RDMA_CM_EVENT_CONNECT_ERROR: rdma_cm_event_type = 6;
+pub const RDMA_CM_EVENT_UNREACHABLE: rdma_cm_event_type = 7;
+pub const RDMA_CM_EVENT_REJECTED: rdma_cm_event_type = 8;
+pub const RDMA_CM_EVENT_ESTABLISHED: rdma_cm_event_type = 9;
+pub const RDMA_CM_EVENT_DISCONNECTED: rdma_cm_event_type = 10;
+pub const RDMA_CM_EVENT_DEVICE_REMOVAL: rdma_cm_event_type = 11;
+pub const RDMA_CM_EVENT_MULTICAST_JOIN: rdma_cm_event_type = 12;
+pub const RDMA_CM_EVENT_MULTICAST_ERROR: rdma_cm_event_type = 13;
+pub const RDMA_CM_EVENT_ADDR_CHANGE: rdma_cm_event_type = 14;
+pub const RDMA_CM_EVENT_TIMEWAIT_EXIT: rdma_cm_event_type = 15;
+pub type rdma_cm_event_type = ::core::ffi::c_uint;
+pub const RDMA_PS_IPOIB: rdma_port_space = 2;
+pub const RDMA_PS_TCP: rdma_port_space = 262;
+pub const RDMA_PS_UDP: rdma_port_space = 273;
+pub const RDMA_PS_IB: rdma_port_space = 319;
+pub type rdma_port_space = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: __be16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_ib_addr"][::core::mem::size_of::<rdma_ib_addr>() - 40usize];
+    ["Alignment of rdma_ib_addr"][::core::mem::align_of::<rdma_ib_addr>() - 8usize];
+    ["Offset of field: rdma_ib_addr::sgid"][::core::mem::offset_of!(rdma_ib_addr, sgid) - 0usize];
+    ["Offset of field: rdma_ib_addr::dgid"][::core::mem::offset_of!(rdma_ib_addr, dgid) - 16usize];
+    ["Offset of field: rdma_ib_addr::pkey"][::core::mem::offset_of!(rdma_ib_addr, pkey) - 32usize];
+};
+impl Default for rdma_ib_addr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_ib_addr {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_ib_addr {{ sgid: {:?}, dgid: {:?}, pkey: {:?} }}",
+            self.sgid, self.dgid, self.pkey
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_addr {
+    pub __bindgen_anon_1: rdma_addr__bindgen_ty_1,
+    pub __bindgen_anon_2: rdma_addr__bindgen_ty_2,
+    pub addr: rdma_addr__bindgen_ty_3,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union rdma_addr__bindgen_ty_1 {
+    pub src_addr: sockaddr,
+    pub src_sin: sockaddr_in,
+    pub src_sin6: sockaddr_in6,
+    pub src_storage: sockaddr_storage,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_addr__bindgen_ty_1"]
+        [::core::mem::size_of::<rdma_addr__bindgen_ty_1>() - 128usize];
+    ["Alignment of rdma_addr__bindgen_ty_1"]
+        [::core::mem::align_of::<rdma_addr__bindgen_ty_1>() - 8usize];
+    ["Offset of field: rdma_addr__bindgen_ty_1::src_addr"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_1, src_addr) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_1::src_sin"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_1, src_sin) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_1::src_sin6"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_1, src_sin6) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_1::src_storage"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_1, src_storage) - 0usize];
+};
+impl Default for rdma_addr__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_addr__bindgen_ty_1 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "rdma_addr__bindgen_ty_1 {{ union }}")
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union rdma_addr__bindgen_ty_2 {
+    pub dst_addr: sockaddr,
+    pub dst_sin: sockaddr_in,
+    pub dst_sin6: sockaddr_in6,
+    pub dst_storage: sockaddr_storage,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_addr__bindgen_ty_2"]
+        [::core::mem::size_of::<rdma_addr__bindgen_ty_2>() - 128usize];
+    ["Alignment of rdma_addr__bindgen_ty_2"]
+        [::core::mem::align_of::<rdma_addr__bindgen_ty_2>() - 8usize];
+    ["Offset of field: rdma_addr__bindgen_ty_2::dst_addr"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_2, dst_addr) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_2::dst_sin"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_2, dst_sin) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_2::dst_sin6"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_2, dst_sin6) - 0usize];
+    ["Offset of field: rdma_addr__bindgen_ty_2::dst_storage"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_2, dst_storage) - 0usize];
+};
+impl Default for rdma_addr__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_addr__bindgen_ty_2 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "rdma_addr__bindgen_ty_2 {{ union }}")
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union rdma_addr__bindgen_ty_3 {
+    pub ibaddr: rdma_ib_addr,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_addr__bindgen_ty_3"]
+        [::core::mem::size_of::<rdma_addr__bindgen_ty_3>() - 40usize];
+    ["Alignment of rdma_addr__bindgen_ty_3"]
+        [::core::mem::align_of::<rdma_addr__bindgen_ty_3>() - 8usize];
+    ["Offset of field: rdma_addr__bindgen_ty_3::ibaddr"]
+        [::core::mem::offset_of!(rdma_addr__bindgen_ty_3, ibaddr) - 0usize];
+};
+impl Default for rdma_addr__bindgen_ty_3 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_addr__bindgen_ty_3 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "rdma_addr__bindgen_ty_3 {{ union }}")
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_addr"][::core::mem::size_of::<rdma_addr>() - 296usize];
+    ["Alignment of rdma_addr"][::core::mem::align_of::<rdma_addr>() - 8usize];
+    ["Offset of field: rdma_addr::addr"][::core::mem::offset_of!(rdma_addr, addr) - 256usize];
+};
+impl Default for rdma_addr {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_addr {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_addr {{ __bindgen_anon_1: {:?}, __bindgen_anon_2: {:?}, addr: {:?} }}",
+            self.__bindgen_anon_1, self.__bindgen_anon_2, self.addr
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut ibv_sa_path_rec,
+    pub num_paths: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_route"][::core::mem::size_of::<rdma_route>() - 312usize];
+    ["Alignment of rdma_route"][::core::mem::align_of::<rdma_route>() - 8usize];
+    ["Offset of field: rdma_route::addr"][::core::mem::offset_of!(rdma_route, addr) - 0usize];
+    ["Offset of field: rdma_route::path_rec"]
+        [::core::mem::offset_of!(rdma_route, path_rec) - 296usize];
+    ["Offset of field: rdma_route::num_paths"]
+        [::core::mem::offset_of!(rdma_route, num_paths) - 304usize];
+};
+impl Default for rdma_route {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_route {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_route {{ addr: {:?}, path_rec: {:?}, num_paths: {:?} }}",
+            self.addr, self.path_rec, self.num_paths
+        )
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct rdma_event_channel {
+    pub fd: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_event_channel"][::core::mem::size_of::<rdma_event_channel>() - 4usize];
+    ["Alignment of rdma_event_channel"][::core::mem::align_of::<rdma_event_channel>() - 4usize];
+    ["Offset of field: rdma_event_channel::fd"]
+        [::core::mem::offset_of!(rdma_event_channel, fd) - 0usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut ::core::ffi::c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: rdma_port_space,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: ibv_qp_type,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_cm_id"][::core::mem::size_of::<rdma_cm_id>() - 416usize];
+    ["Alignment of rdma_cm_id"][::core::mem::align_of::<rdma_cm_id>() - 8usize];
+    ["Offset of field: rdma_cm_id::verbs"][::core::mem::offset_of!(rdma_cm_id, verbs) - 0usize];
+    ["Offset of field: rdma_cm_id::channel"][::core::mem::offset_of!(rdma_cm_id, channel) - 8usize];
+    ["Offset of field: rdma_cm_id::context"]
+        [::core::mem::offset_of!(rdma_cm_id, context) - 16usize];
+    ["Offset of field: rdma_cm_id::qp"][::core::mem::offset_of!(rdma_cm_id, qp) - 24usize];
+    ["Offset of field: rdma_cm_id::route"][::core::mem::offset_of!(rdma_cm_id, route) - 32usize];
+    ["Offset of field: rdma_cm_id::ps"][::core::mem::offset_of!(rdma_cm_id, ps) - 344usize];
+    ["Offset of field: rdma_cm_id::port_num"]
+        [::core::mem::offset_of!(rdma_cm_id, port_num) - 348usize];
+    ["Offset of field: rdma_cm_id::event"][::core::mem::offset_of!(rdma_cm_id, event) - 352usize];
+    ["Offset of field: rdma_cm_id::send_cq_channel"]
+        [::core::mem::offset_of!(rdma_cm_id, send_cq_channel) - 360usize];
+    ["Offset of field: rdma_cm_id::send_cq"]
+        [::core::mem::offset_of!(rdma_cm_id, send_cq) - 368usize];
+    ["Offset of field: rdma_cm_id::recv_cq_channel"]
+        [::core::mem::offset_of!(rdma_cm_id, recv_cq_channel) - 376usize];
+    ["Offset of field: rdma_cm_id::recv_cq"]
+        [::core::mem::offset_of!(rdma_cm_id, recv_cq) - 384usize];
+    ["Offset of field: rdma_cm_id::srq"][::core::mem::offset_of!(rdma_cm_id, srq) - 392usize];
+    ["Offset of field: rdma_cm_id::pd"][::core::mem::offset_of!(rdma_cm_id, pd) - 400usize];
+    ["Offset of field: rdma_cm_id::qp_type"]
+        [::core::mem::offset_of!(rdma_cm_id, qp_type) - 408usize];
+};
+impl Default for rdma_cm_id {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_cm_id {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_cm_id {{ verbs: {:?}, channel: {:?}, context: {:?}, qp: {:?}, route: {:?}, ps: {:?}, event: {:?}, send_cq_channel: {:?}, send_cq: {:?}, recv_cq_channel: {:?}, recv_cq: {:?}, srq: {:?}, pd: {:?}, qp_type: {:?} }}",
+            self.verbs,
+            self.channel,
+            self.context,
+            self.qp,
+            self.route,
+            self.ps,
+            self.event,
+            self.send_cq_channel,
+            self.send_cq,
+            self.recv_cq_channel,
+            self.recv_cq,
+            self.srq,
+            self.pd,
+            self.qp_type
+        )
+    }
+}
+pub const RDMA_MAX_RESP_RES: _bindgen_ty_24 = 255;
+pub const RDMA_MAX_INIT_DEPTH: _bindgen_ty_24 = 255;
+pub type _bindgen_ty_24 = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct rdma_conn_param {
+    pub private_data: *const ::core::ffi::c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_conn_param"][::core::mem::size_of::<rdma_conn_param>() - 24usize];
+    ["Alignment of rdma_conn_param"][::core::mem::align_of::<rdma_conn_param>() - 8usize];
+    ["Offset of field: rdma_conn_param::private_data"]
+        [::core::mem::offset_of!(rdma_conn_param, private_data) - 0usize];
+    ["Offset of field: rdma_conn_param::private_data_len"]
+        [::core::mem::offset_of!(rdma_conn_param, private_data_len) - 8usize];
+    ["Offset of field: rdma_conn_param::responder_resources"]
+        [::core::mem::offset_of!(rdma_conn_param, responder_resources) - 9usize];
+    ["Offset of field: rdma_conn_param::initiator_depth"]
+        [::core::mem::offset_of!(rdma_conn_param, initiator_depth) - 10usize];
+    ["Offset of field: rdma_conn_param::flow_control"]
+        [::core::mem::offset_of!(rdma_conn_param, flow_control) - 11usize];
+    ["Offset of field: rdma_conn_param::retry_count"]
+        [::core::mem::offset_of!(rdma_conn_param, retry_count) - 12usize];
+    ["Offset of field: rdma_conn_param::rnr_retry_count"]
+        [::core::mem::offset_of!(rdma_conn_param, rnr_retry_count) - 13usize];
+    ["Offset of field: rdma_conn_param::srq"]
+        [::core::mem::offset_of!(rdma_conn_param, srq) - 14usize];
+    ["Offset of field: rdma_conn_param::qp_num"]
+        [::core::mem::offset_of!(rdma_conn_param, qp_num) - 16usize];
+};
+impl Default for rdma_conn_param {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_ud_param {
+    pub private_data: *const ::core::ffi::c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_ud_param"][::core::mem::size_of::<rdma_ud_param>() - 56usize];
+    ["Alignment of rdma_ud_param"][::core::mem::align_of::<rdma_ud_param>() - 8usize];
+    ["Offset of field: rdma_ud_param::private_data"]
+        [::core::mem::offset_of!(rdma_ud_param, private_data) - 0usize];
+    ["Offset of field: rdma_ud_param::private_data_len"]
+        [::core::mem::offset_of!(rdma_ud_param, private_data_len) - 8usize];
+    ["Offset of field: rdma_ud_param::ah_attr"]
+        [::core::mem::offset_of!(rdma_ud_param, ah_attr) - 16usize];
+    ["Offset of field: rdma_ud_param::qp_num"]
+        [::core::mem::offset_of!(rdma_ud_param, qp_num) - 48usize];
+    ["Offset of field: rdma_ud_param::qkey"]
+        [::core::mem::offset_of!(rdma_ud_param, qkey) - 52usize];
+};
+impl Default for rdma_ud_param {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_ud_param {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_ud_param {{ private_data: {:?}, ah_attr: {:?} }}",
+            self.private_data, self.ah_attr
+        )
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: rdma_cm_event_type,
+    pub status: ::core::ffi::c_int,
+    pub param: rdma_cm_event__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union rdma_cm_event__bindgen_ty_1 {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_cm_event__bindgen_ty_1"]
+        [::core::mem::size_of::<rdma_cm_event__bindgen_ty_1>() - 56usize];
+    ["Alignment of rdma_cm_event__bindgen_ty_1"]
+        [::core::mem::align_of::<rdma_cm_event__bindgen_ty_1>() - 8usize];
+    ["Offset of field: rdma_cm_event__bindgen_ty_1::conn"]
+        [::core::mem::offset_of!(rdma_cm_event__bindgen_ty_1, conn) - 0usize];
+    ["Offset of field: rdma_cm_event__bindgen_ty_1::ud"]
+        [::core::mem::offset_of!(rdma_cm_event__bindgen_ty_1, ud) - 0usize];
+};
+impl Default for rdma_cm_event__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_cm_event__bindgen_ty_1 {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(f, "rdma_cm_event__bindgen_ty_1 {{ union }}")
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_cm_event"][::core::mem::size_of::<rdma_cm_event>() - 80usize];
+    ["Alignment of rdma_cm_event"][::core::mem::align_of::<rdma_cm_event>() - 8usize];
+    ["Offset of field: rdma_cm_event::id"][::core::mem::offset_of!(rdma_cm_event, id) - 0usize];
+    ["Offset of field: rdma_cm_event::listen_id"]
+        [::core::mem::offset_of!(rdma_cm_event, listen_id) - 8usize];
+    ["Offset of field: rdma_cm_event::event"]
+        [::core::mem::offset_of!(rdma_cm_event, event) - 16usize];
+    ["Offset of field: rdma_cm_event::status"]
+        [::core::mem::offset_of!(rdma_cm_event, status) - 20usize];
+    ["Offset of field: rdma_cm_event::param"]
+        [::core::mem::offset_of!(rdma_cm_event, param) - 24usize];
+};
+impl Default for rdma_cm_event {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl ::core::fmt::Debug for rdma_cm_event {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        write!(
+            f,
+            "rdma_cm_event {{ id: {:?}, listen_id: {:?}, event: {:?}, status: {:?}, param: {:?} }}",
+            self.id, self.listen_id, self.event, self.status, self.param
+        )
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct rdma_addrinfo {
+    pub ai_flags: ::core::ffi::c_int,
+    pub ai_family: ::core::ffi::c_int,
+    pub ai_qp_type: ::core::ffi::c_int,
+    pub ai_port_space: ::core::ffi::c_int,
+    pub ai_src_len: socklen_t,
+    pub ai_dst_len: socklen_t,
+    pub ai_src_addr: *mut sockaddr,
+    pub ai_dst_addr: *mut sockaddr,
+    pub ai_src_canonname: *mut ::core::ffi::c_char,
+    pub ai_dst_canonname: *mut ::core::ffi::c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut ::core::ffi::c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut ::core::ffi::c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_addrinfo"][::core::mem::size_of::<rdma_addrinfo>() - 96usize];
+    ["Alignment of rdma_addrinfo"][::core::mem::align_of::<rdma_addrinfo>() - 8usize];
+    ["Offset of field: rdma_addrinfo::ai_flags"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_flags) - 0usize];
+    ["Offset of field: rdma_addrinfo::ai_family"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_family) - 4usize];
+    ["Offset of field: rdma_addrinfo::ai_qp_type"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_qp_type) - 8usize];
+    ["Offset of field: rdma_addrinfo::ai_port_space"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_port_space) - 12usize];
+    ["Offset of field: rdma_addrinfo::ai_src_len"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_src_len) - 16usize];
+    ["Offset of field: rdma_addrinfo::ai_dst_len"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_dst_len) - 20usize];
+    ["Offset of field: rdma_addrinfo::ai_src_addr"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_src_addr) - 24usize];
+    ["Offset of field: rdma_addrinfo::ai_dst_addr"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_dst_addr) - 32usize];
+    ["Offset of field: rdma_addrinfo::ai_src_canonname"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_src_canonname) - 40usize];
+    ["Offset of field: rdma_addrinfo::ai_dst_canonname"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_dst_canonname) - 48usize];
+    ["Offset of field: rdma_addrinfo::ai_route_len"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_route_len) - 56usize];
+    ["Offset of field: rdma_addrinfo::ai_route"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_route) - 64usize];
+    ["Offset of field: rdma_addrinfo::ai_connect_len"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_connect_len) - 72usize];
+    ["Offset of field: rdma_addrinfo::ai_connect"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_connect) - 80usize];
+    ["Offset of field: rdma_addrinfo::ai_next"]
+        [::core::mem::offset_of!(rdma_addrinfo, ai_next) - 88usize];
+};
+impl Default for rdma_addrinfo {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: rdma_cm_join_mc_attr_mask = 1;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: rdma_cm_join_mc_attr_mask = 2;
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: rdma_cm_join_mc_attr_mask = 4;
+pub type rdma_cm_join_mc_attr_mask = ::core::ffi::c_uint;
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: rdma_cm_mc_join_flags = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: rdma_cm_mc_join_flags = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: rdma_cm_mc_join_flags = 2;
+pub type rdma_cm_mc_join_flags = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut sockaddr,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of rdma_cm_join_mc_attr_ex"]
+        [::core::mem::size_of::<rdma_cm_join_mc_attr_ex>() - 16usize];
+    ["Alignment of rdma_cm_join_mc_attr_ex"]
+        [::core::mem::align_of::<rdma_cm_join_mc_attr_ex>() - 8usize];
+    ["Offset of field: rdma_cm_join_mc_attr_ex::comp_mask"]
+        [::core::mem::offset_of!(rdma_cm_join_mc_attr_ex, comp_mask) - 0usize];
+    ["Offset of field: rdma_cm_join_mc_attr_ex::join_flags"]
+        [::core::mem::offset_of!(rdma_cm_join_mc_attr_ex, join_flags) - 4usize];
+    ["Offset of field: rdma_cm_join_mc_attr_ex::addr"]
+        [::core::mem::offset_of!(rdma_cm_join_mc_attr_ex, addr) - 8usize];
+};
+impl Default for rdma_cm_join_mc_attr_ex {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn rdma_create_event_channel() -> *mut rdma_event_channel;
+}
+unsafe extern "C" {
+    pub fn rdma_destroy_event_channel(channel: *mut rdma_event_channel);
+}
+unsafe extern "C" {
+    pub fn rdma_create_id(
+        channel: *mut rdma_event_channel,
+        id: *mut *mut rdma_cm_id,
+        context: *mut ::core::ffi::c_void,
+        ps: rdma_port_space,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_create_ep(
+        id: *mut *mut rdma_cm_id,
+        res: *mut rdma_addrinfo,
+        pd: *mut ibv_pd,
+        qp_init_attr: *mut ibv_qp_init_attr,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_destroy_ep(id: *mut rdma_cm_id);
+}
+unsafe extern "C" {
+    pub fn rdma_destroy_id(id: *mut rdma_cm_id) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_resolve_addr(
+        id: *mut rdma_cm_id,
+        src_addr: *mut sockaddr,
+        dst_addr: *mut sockaddr,
+        timeout_ms: ::core::ffi::c_int,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_resolve_route(
+        id: *mut rdma_cm_id,
+        timeout_ms: ::core::ffi::c_int,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_create_qp(
+        id: *mut rdma_cm_id,
+        pd: *mut ibv_pd,
+        qp_init_attr: *mut ibv_qp_init_attr,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_create_qp_ex(
+        id: *mut rdma_cm_id,
+        qp_init_attr: *mut ibv_qp_init_attr_ex,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_destroy_qp(id: *mut rdma_cm_id);
+}
+unsafe extern "C" {
+    pub fn rdma_connect(
+        id: *mut rdma_cm_id,
+        conn_param: *mut rdma_conn_param,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_establish(id: *mut rdma_cm_id) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_listen(id: *mut rdma_cm_id, backlog: ::core::ffi::c_int) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_get_request(
+        listen: *mut rdma_cm_id,
+        id: *mut *mut rdma_cm_id,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param)
+    -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_reject(
+        id: *mut rdma_cm_id,
+        private_data: *const ::core::ffi::c_void,
+        private_data_len: u8,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_reject_ece(
+        id: *mut rdma_cm_id,
+        private_data: *const ::core::ffi::c_void,
+        private_data_len: u8,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_disconnect(id: *mut rdma_cm_id) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_join_multicast(
+        id: *mut rdma_cm_id,
+        addr: *mut sockaddr,
+        context: *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_join_multicast_ex(
+        id: *mut rdma_cm_id,
+        mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
+        context: *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_get_cm_event(
+        channel: *mut rdma_event_channel,
+        event: *mut *mut rdma_cm_event,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_get_src_port(id: *mut rdma_cm_id) -> __be16;
+}
+unsafe extern "C" {
+    pub fn rdma_get_dst_port(id: *mut rdma_cm_id) -> __be16;
+}
+unsafe extern "C" {
+    pub fn rdma_get_devices(num_devices: *mut ::core::ffi::c_int) -> *mut *mut ibv_context;
+}
+unsafe extern "C" {
+    pub fn rdma_free_devices(list: *mut *mut ibv_context);
+}
+unsafe extern "C" {
+    pub fn rdma_event_str(event: rdma_cm_event_type) -> *const ::core::ffi::c_char;
+}
+pub const RDMA_OPTION_ID: _bindgen_ty_25 = 0;
+pub const RDMA_OPTION_IB: _bindgen_ty_25 = 1;
+pub type _bindgen_ty_25 = ::core::ffi::c_uint;
+pub const RDMA_OPTION_ID_TOS: _bindgen_ty_26 = 0;
+pub const RDMA_OPTION_ID_REUSEADDR: _bindgen_ty_26 = 1;
+pub const RDMA_OPTION_ID_AFONLY: _bindgen_ty_26 = 2;
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: _bindgen_ty_26 = 3;
+pub type _bindgen_ty_26 = ::core::ffi::c_uint;
+pub const RDMA_OPTION_IB_PATH: _bindgen_ty_27 = 1;
+pub type _bindgen_ty_27 = ::core::ffi::c_uint;
+unsafe extern "C" {
+    pub fn rdma_set_option(
+        id: *mut rdma_cm_id,
+        level: ::core::ffi::c_int,
+        optname: ::core::ffi::c_int,
+        optval: *mut ::core::ffi::c_void,
+        optlen: usize,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_migrate_id(
+        id: *mut rdma_cm_id,
+        channel: *mut rdma_event_channel,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_getaddrinfo(
+        node: *const ::core::ffi::c_char,
+        service: *const ::core::ffi::c_char,
+        hints: *const rdma_addrinfo,
+        res: *mut *mut rdma_addrinfo,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_freeaddrinfo(res: *mut rdma_addrinfo);
+}
+unsafe extern "C" {
+    pub fn rdma_init_qp_attr(
+        id: *mut rdma_cm_id,
+        qp_attr: *mut ibv_qp_attr,
+        qp_attr_mask: *mut ::core::ffi::c_int,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_create_srq(
+        id: *mut rdma_cm_id,
+        pd: *mut ibv_pd,
+        attr: *mut ibv_srq_init_attr,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_create_srq_ex(
+        id: *mut rdma_cm_id,
+        attr: *mut ibv_srq_init_attr_ex,
+    ) -> ::core::ffi::c_int;
+}
+unsafe extern "C" {
+    pub fn rdma_destroy_srq(id: *mut rdma_cm_id);
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]

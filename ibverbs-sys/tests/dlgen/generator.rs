@@ -1,83 +1,15 @@
-//! The `dlopen` feature's code generator, shared by `build.rs` and the
-//! crate's tests (`tests/dlgen.rs`).
+//! The `dlopen` feature's code generator, run by `tests/dlgen.rs`: it
+//! writes (with `IBVERBS_SYS_UPDATE_BINDINGS` set) or checks the committed
+//! `src/bindings/*_dlopen.rs`.
 //!
-//! Input: the bindings bindgen generated (unchanged, so the committed
-//! snapshot is the same with and without the feature). Output:
-//! * the same bindings where each declaration of an *exported* function
-//!   (an `extern "C"` item without a `link_name`, or with a `link_name`
-//!   that does not end in `__extern`) becomes a Rust function of the same
-//!   name and signature that calls the symbol through `dlsym` (resolved
-//!   once, see `src/dl.rs`); the declarations of the C shim's wrappers
-//!   (`link_name = "…__extern"`, bindgen's `wrap_static_fns`) stay
-//!   `extern "C"`: they are linked statically;
-//! * a C header, force-included when the shim is compiled, that renames
-//!   every exported function the shim's inlines might call to the Rust
-//!   forwarder `rdmaverbs_sys_dl_<name>` (each generated function carries
-//!   that `export_name`), so the shim names no symbol of libibverbs or
-//!   librdmacm and the binary has no `DT_NEEDED` on them.
-
-use std::fmt::Write as _;
+//! Input: the committed bindings and `src/bindings/extra.rs`. Output: the
+//! same bindings where each declaration of an exported function becomes a
+//! Rust function of the same name and signature that calls the symbol
+//! through `dlsym` (resolved once, see `src/dl.rs`), and the list of the
+//! wrapped symbols.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote};
-
-/// Prefix of the forwarders' symbol names (`export_name`).
-pub const FORWARDER_PREFIX: &str = "rdmaverbs_sys_dl_";
-
-/// Exported functions that `verbs.h` also defines as function-like macros
-/// of the same name (declared and called before the macro is defined):
-/// an object-like `#define` would be redefined by `verbs.h`, so the
-/// header renames these with asm labels on a prior declaration instead.
-pub const MACRO_NAMED: &[(&str, &str)] = &[
-    (
-        "ibv_get_device_list",
-        "struct ibv_device **ibv_get_device_list(int *num_devices)",
-    ),
-    (
-        "ibv_query_port",
-        "int ibv_query_port(struct ibv_context *context, uint8_t port_num, \
-         struct _compat_ibv_port_attr *port_attr)",
-    ),
-    (
-        "ibv_reg_mr",
-        "struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)",
-    ),
-    (
-        "ibv_reg_mr_iova",
-        "struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, \
-         uint64_t iova, int access)",
-    ),
-];
-
-/// Exported functions the bindings do not declare (they are blocklisted:
-/// `lib.rs` defines Rust functions of these names over the inlines), but
-/// which the inlines call: declared here under a private Rust name with
-/// the symbol in `link_name`, so that they get forwarders too.
-pub const EXTRA_DECLS: &str = r#"
-unsafe extern "C" {
-    #[link_name = "ibv_query_port"]
-    pub(crate) fn dl_compat_ibv_query_port(
-        context: *mut ibv_context,
-        port_num: u8,
-        port_attr: *mut ::core::ffi::c_void,
-    ) -> ::core::ffi::c_int;
-    #[link_name = "ibv_reg_mr"]
-    pub(crate) fn dl_exported_ibv_reg_mr(
-        pd: *mut ibv_pd,
-        addr: *mut ::core::ffi::c_void,
-        length: usize,
-        access: ::core::ffi::c_int,
-    ) -> *mut ibv_mr;
-    #[link_name = "ibv_reg_mr_iova"]
-    pub(crate) fn dl_exported_ibv_reg_mr_iova(
-        pd: *mut ibv_pd,
-        addr: *mut ::core::ffi::c_void,
-        length: usize,
-        iova: u64,
-        access: ::core::ffi::c_int,
-    ) -> *mut ibv_mr;
-}
-"#;
 
 /// `int` verbs of libibverbs that report failure as `-1` with `errno`
 /// (the others return an errno value); every `rdma_*` verb of librdmacm
@@ -120,7 +52,7 @@ impl Lib {
 pub struct Symbol {
     /// The C symbol (`dlsym` name).
     pub symbol: String,
-    /// The Rust function's name (the symbol's, except for [`EXTRA_DECLS`]).
+    /// The Rust function's name (the symbol's, except for `extra.rs`).
     pub rust_name: String,
     pub lib: Lib,
     /// What the wrapper returns when the symbol is missing (Rust source).
@@ -131,8 +63,6 @@ pub struct Symbol {
 pub struct Generated {
     /// Bindings with the exported functions replaced by wrappers.
     pub rust: String,
-    /// The header force-included before `verbs.h` when the shim is compiled.
-    pub header: String,
     pub symbols: Vec<Symbol>,
 }
 
@@ -220,7 +150,6 @@ fn wrapper(f: &syn::ForeignItemFn, symbol: &str, missing: &str) -> Result<TokenS
         types.push(quote!(#ty));
     }
     let output = &sig.output;
-    let export = format!("{FORWARDER_PREFIX}{symbol}");
     let lib = match Lib::of(symbol) {
         Lib::Ibverbs => quote!(LIBIBVERBS),
         Lib::Rdmacm => quote!(LIBRDMACM),
@@ -236,7 +165,6 @@ fn wrapper(f: &syn::ForeignItemFn, symbol: &str, missing: &str) -> Result<TokenS
         /// Resolved at run time with `dlsym` (feature `dlopen`); when the
         /// library or the symbol is missing it sets `errno` to
         /// `EOPNOTSUPP` and returns the verb's failure value.
-        #[export_name = #export]
         #vis unsafe extern "C" fn #name(#(#params),*) #output {
             static SLOT: crate::dl::Slot = crate::dl::Slot::new();
             match SLOT.get(&crate::dl::#lib, #cname) {
@@ -258,7 +186,7 @@ fn wrapper(f: &syn::ForeignItemFn, symbol: &str, missing: &str) -> Result<TokenS
 }
 
 /// Rewrites `bindings` (bindgen's output) for the `dlopen` feature; see
-/// the module docs. `extra` is parsed the same way ([`EXTRA_DECLS`]).
+/// the module docs. `extra` (`extra.rs`) is parsed the same way.
 pub fn transform(bindings: &str, extra: &str) -> Result<Generated, String> {
     let mut file: syn::File = syn::parse_str(bindings).map_err(|e| format!("bindings: {e}"))?;
     let extra: syn::File = syn::parse_str(extra).map_err(|e| format!("extra: {e}"))?;
@@ -277,10 +205,6 @@ pub fn transform(bindings: &str, extra: &str) -> Result<Generated, String> {
                 continue;
             };
             let link = link_name(&f.attrs);
-            if link.as_deref().is_some_and(|l| l.ends_with("__extern")) {
-                kept.push(fi.clone());
-                continue;
-            }
             let rust_name = f.sig.ident.to_string();
             let symbol = link.unwrap_or_else(|| rust_name.clone());
             let missing = missing_value(&symbol, &f.sig.output);
@@ -299,32 +223,8 @@ pub fn transform(bindings: &str, extra: &str) -> Result<Generated, String> {
             out.extend(quote!(#(#attrs)* #unsafety #abi { #(#kept)* }));
         }
     }
-    let header = header(&symbols);
     Ok(Generated {
         rust: out.to_string(),
-        header,
         symbols,
     })
-}
-
-/// The header force-included (`-include`) when the C shim is compiled.
-pub fn header(symbols: &[Symbol]) -> String {
-    let mut h = String::from(
-        "/* Generated by ibverbs-sys/build/dlgen.rs (feature `dlopen`): every\n \
-         * exported function an inline of verbs.h may call is renamed to its\n \
-         * Rust forwarder, so the shim names no libibverbs/librdmacm symbol. */\n\
-         #include <stddef.h>\n#include <stdint.h>\n\
-         struct ibv_context; struct ibv_device; struct ibv_pd; struct ibv_mr;\n\
-         struct _compat_ibv_port_attr;\n",
-    );
-    for (name, proto) in MACRO_NAMED {
-        let _ = writeln!(h, "{proto} __asm__(\"{FORWARDER_PREFIX}{name}\");");
-    }
-    for s in symbols {
-        if MACRO_NAMED.iter().any(|(n, _)| *n == s.symbol) {
-            continue;
-        }
-        let _ = writeln!(h, "#define {0} {FORWARDER_PREFIX}{0}", s.symbol);
-    }
-    h
 }
