@@ -604,6 +604,21 @@ pub enum Error {
         /// What the device lacks, and the attribute that says so.
         capability: &'static str,
     },
+    /// A verb newer than the loaded rdma-core, refused before any call: the
+    /// library this process runs on is older than `needs`
+    /// (`rdma_verbs_sys::rdma_core_release`), or its release is unknown.
+    #[error(
+        "{verb} needs rdma-core {needs} or newer; the loaded libibverbs is {}",
+        release_found(*.found)
+    )]
+    LibraryTooOld {
+        /// The verb or flag not used (`ibv_wr_flush`, `IBV_ACCESS_FLUSH_GLOBAL`).
+        verb: &'static str,
+        /// The rdma-core release that added it.
+        needs: u32,
+        /// The loaded release; `None` when it cannot be told.
+        found: Option<u32>,
+    },
     /// Reading the kernel's sysfs failed: a port's directory is missing
     /// ([`Context::port_counters`](crate::Context::port_counters) for a
     /// port the device does not have, or no sysfs mounted) or a counters
@@ -930,6 +945,26 @@ impl From<Error> for io::Error {
     }
 }
 
+fn release_found(found: Option<u32>) -> String {
+    match found {
+        Some(r) => format!("rdma-core {r}"),
+        None => "of an unknown release".into(),
+    }
+}
+
+/// `Ok` when the loaded rdma-core is at least `needs` for `verb`.
+pub(crate) fn require_release(verb: &'static str, needs: u32) -> Result<()> {
+    check_release(verb, needs, rdma_verbs_sys::rdma_core_release())
+}
+
+/// [`require_release`] for a given loaded release (a pure function).
+pub(crate) fn check_release(verb: &'static str, needs: u32, found: Option<u32>) -> Result<()> {
+    match found {
+        Some(r) if r >= needs => Ok(()),
+        _ => Err(Error::LibraryTooOld { verb, needs, found }),
+    }
+}
+
 impl Error {
     /// The kind of the [`io::Error`] this error converts to (see the
     /// `From` conversion), without converting it.
@@ -940,7 +975,8 @@ impl Error {
             Error::Unsupported(_)
             | Error::OpNotAvailable { .. }
             | Error::SendOpFlagsRequired { .. }
-            | Error::DeviceLacks { .. } => K::Unsupported,
+            | Error::DeviceLacks { .. }
+            | Error::LibraryTooOld { .. } => K::Unsupported,
             Error::NoDevice { .. }
             | Error::NoActivePort { .. }
             | Error::NoMatchingGid { .. }

@@ -13,7 +13,6 @@ pub use queue_pair::{
     QpAttrView, QpCaps, QueuePair, QueuePairBuilder, RecvQueue, RecvRequest, Refused, SendQueue,
     SendRequest, UdDest, Wr,
 };
-#[cfg(ibverbs_flush)]
 pub use queue_pair::{FlushLevel, FlushType};
 pub use shared_receive_queue::{SharedReceiveQueue, SharedReceiveQueueBuilder};
 pub use xrc_domain::{XrcDomain, XrcRecvQueuePair, XrcdOpenFlags, XrcdOptions};

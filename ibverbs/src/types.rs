@@ -211,9 +211,9 @@ bitflags::bitflags! {
         /// Atomic write (`ibv_wr_atomic_write`; rdma-core 44 and later).
         const ATOMIC_WRITE =
             sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_WRITE.0 as u64;
-        /// Flush (`ibv_wr_flush`; only when built against rdma-core 45 or
-        /// later, the `ibverbs_flush` cfg).
-        #[cfg(ibverbs_flush)]
+        /// Flush (`ibv_wr_flush`). Needs rdma-core 45 or newer at run time:
+        /// on an older library creating the queue pair fails with
+        /// [`Error::LibraryTooOld`](crate::Error::LibraryTooOld).
         const FLUSH = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_FLUSH.0 as u64;
     }
 }
@@ -332,12 +332,12 @@ bitflags::bitflags! {
         /// registration still succeeds (as on rxe). Completion semantics
         /// are unchanged: a completion still follows the data it reports.
         const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        /// Peers may flush for global visibility (rdma-core 45+, the
-        /// `ibverbs_flush` cfg).
-        #[cfg(ibverbs_flush)]
+        /// Peers may flush for global visibility. Needs rdma-core 45 or newer
+        /// at run time: on an older library registering fails with
+        /// [`Error::LibraryTooOld`](crate::Error::LibraryTooOld).
         const FLUSH_GLOBAL = sys::ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
-        /// Peers may flush for persistence (rdma-core 45+).
-        #[cfg(ibverbs_flush)]
+        /// Peers may flush for persistence (rdma-core 45 or newer, as
+        /// `FLUSH_GLOBAL`).
         const FLUSH_PERSISTENT = sys::ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
     }
 }

@@ -18,6 +18,7 @@ mod fuzz;
 mod guest;
 mod instr;
 mod kernel;
+mod package;
 mod soak;
 mod test;
 mod util;
@@ -88,6 +89,11 @@ enum Cmd {
     /// when missing; `RUSTC_BOOTSTRAP=1` lets the stable toolchain build them). Fails if a
     /// target crashes (its input is saved under fuzz/artifacts/) or does not build.
     Fuzz(FuzzArgs),
+    /// Package the published crates (`cargo package`), check each holds its README and
+    /// both licenses, unpack them into a workspace of their own and run their host tests
+    /// there with rdma-core's headers and libclang hidden (needs root: a mount
+    /// namespace), then `cargo check` them with the minimum supported Rust version.
+    Package(PackageArgs),
     /// Internal: run the device test executables of a plan (used inside the VM).
     #[command(hide = true)]
     DeviceRun {
@@ -178,6 +184,16 @@ struct TestArgs {
     /// Extra arguments for every libtest executable (after `--`).
     #[arg(last = true, value_name = "LIBTEST-ARGS")]
     extra: Vec<String>,
+}
+
+#[derive(Args)]
+struct PackageArgs {
+    /// Package uncommitted changes too (`cargo package --allow-dirty`).
+    #[arg(long)]
+    allow_dirty: bool,
+    /// Skip the minimum-supported-Rust-version check.
+    #[arg(long)]
+    no_msrv: bool,
 }
 
 #[derive(Args)]
@@ -480,6 +496,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Fuzz(args) => {
             let ok = fuzz::cmd_fuzz(args.seconds, &args.targets)?;
+            Ok(status(ok))
+        }
+        Cmd::Package(args) => {
+            let ok = package::cmd_package(&package::PackageOptions {
+                allow_dirty: args.allow_dirty,
+                no_msrv: args.no_msrv,
+            })?;
             Ok(status(ok))
         }
         Cmd::DeviceRun { plan } => {

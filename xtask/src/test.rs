@@ -25,6 +25,11 @@ use crate::{step, VmOpts};
 const DEVICE_TESTS_PACKAGE: &str = "rdma-verbs-device-tests";
 /// Its directory in the repository (the tests are in its `tests/`).
 const DEVICE_TESTS_DIR: &str = "device-tests";
+/// The bindings' package, tested with feature `bindgen` against the headers.
+const SYS_PACKAGE: &str = "rdma-verbs-sys";
+/// Its directory.
+#[cfg(test)]
+const SYS_DIR: &str = "ibverbs-sys";
 /// The device the VM provides.
 const VM_DEVICE: &str = "rxe0";
 /// GID index 1 of rxe0 in the VM: eth0 is 10.0.2.15 (QEMU user networking).
@@ -118,18 +123,29 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
     let mut problems: Vec<String> = Vec::new();
     let mut host = Counts::default();
     if !o.device_only {
+        let workspace: Vec<String> = ["--workspace".to_string()]
+            .into_iter()
+            .chain(o.feature_args())
+            .collect();
+        let sys = |features: &str| -> Vec<String> {
+            ["-p", SYS_PACKAGE, "--features", features, "--all-targets"]
+                .map(String::from)
+                .to_vec()
+        };
         for (what, args) in [
             (
                 "unit, integration and example tests",
-                &["--all-targets"][..],
+                [&workspace[..], &["--all-targets".to_string()]].concat(),
             ),
-            ("doc tests", &["--doc"][..]),
+            ("doc tests", [&workspace[..], &["--doc".to_string()]].concat()),
+            // The committed bindings and the Rust inline verbs against the
+            // installed headers (rdma-core 44 on CI: the bindings' own).
+            ("bindings against the headers", sys("bindgen")),
+            ("bindings against the headers (rdmacm)", sys("bindgen,rdmacm")),
         ] {
             step!("host: {what}");
             let mut cmd = util::cargo();
-            cmd.args(["test", "--workspace", "--no-fail-fast"])
-                .args(o.feature_args())
-                .args(args);
+            cmd.args(["test", "--no-fail-fast"]).args(&args);
             if !o.extra.is_empty() {
                 cmd.arg("--").args(&o.extra);
             }
@@ -885,6 +901,7 @@ mod tests {
         for (dir, package) in [
             (util::TOOLS_DIR, util::TOOLS_PACKAGE),
             (DEVICE_TESTS_DIR, DEVICE_TESTS_PACKAGE),
+            (SYS_DIR, SYS_PACKAGE),
         ] {
             let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
             let want = format!("name = \"{package}\"");

@@ -26,6 +26,8 @@ device_enum! {
         LocalInv = sys::IBV_WC_LOCAL_INV,
         /// TCP segmentation offload send.
         Tso = sys::IBV_WC_TSO,
+        /// Flush (rdma-core 45 or newer).
+        Flush = sys::IBV_WC_FLUSH,
         /// Atomic write.
         AtomicWrite = sys::IBV_WC_ATOMIC_WRITE,
         /// Receive.

@@ -201,6 +201,11 @@ fn every_variant() -> Vec<Error> {
             verb: "ibv_modify_cq",
             capability: "CQ moderation (cq_mod_caps.max_cq_count is 0)",
         },
+        Error::LibraryTooOld {
+            verb: "ibv_wr_flush",
+            needs: 45,
+            found: Some(44),
+        },
         Error::Sysfs {
             path: "/sys/class/infiniband/rxe0/ports/2".into(),
             io: io::Error::from_raw_os_error(libc::ENOENT),
@@ -280,6 +285,7 @@ fn every_variant() -> Vec<Error> {
             | Error::ForkInitTooLate { .. }
             | Error::CqResizeTooSmall { .. }
             | Error::DeviceLacks { .. }
+            | Error::LibraryTooOld { .. }
             | Error::Sysfs { .. }
             | Error::GrhRequired { .. }
             | Error::MulticastMembership { .. }
@@ -464,4 +470,25 @@ fn refused_converts_with_question_mark() {
     assert_eq!(io.kind(), io::ErrorKind::InvalidInput);
     let io: io::Error = Error::from_errno("ibv_reg_mr", libc::ENOMEM).into();
     assert_eq!(io.raw_os_error(), Some(libc::ENOMEM));
+}
+
+#[test]
+fn a_verb_newer_than_the_library_is_refused_by_release() {
+    assert!(check_release("ibv_wr_flush", 45, Some(45)).is_ok());
+    assert!(check_release("ibv_wr_flush", 45, Some(60)).is_ok());
+    let e = check_release("ibv_wr_flush", 45, Some(44)).unwrap_err();
+    assert!(
+        matches!(e, Error::LibraryTooOld { verb: "ibv_wr_flush", needs: 45, found: Some(44) }),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "ibv_wr_flush needs rdma-core 45 or newer; the loaded libibverbs is rdma-core 44"
+    );
+    assert_eq!(e.io_kind(), io::ErrorKind::Unsupported);
+    let e = check_release("ibv_wr_flush", 45, None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ibv_wr_flush needs rdma-core 45 or newer; the loaded libibverbs is of an unknown release"
+    );
 }

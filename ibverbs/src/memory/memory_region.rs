@@ -405,6 +405,14 @@ impl ProtectionDomain {
         if len == 0 {
             return Err(Error::EmptyRegistration);
         }
+        for (flag, name) in [
+            (AccessFlags::FLUSH_GLOBAL, "IBV_ACCESS_FLUSH_GLOBAL"),
+            (AccessFlags::FLUSH_PERSISTENT, "IBV_ACCESS_FLUSH_PERSISTENT"),
+        ] {
+            if access.contains(flag) {
+                crate::error::require_release(name, sys::FLUSH_RELEASE)?;
+            }
+        }
         if let Some(iova) = iova {
             // `iova + len` must be a u64: the region's end is computed
             // (`RemoteMemory::from_bytes` checks it, joining pieces adds

@@ -42,7 +42,6 @@ pub use connect::ConnectOptions;
 pub use ece::Ece;
 pub use local_port::LocalPort;
 
-#[cfg(ibverbs_flush)]
 pub use post_ex::{FlushLevel, FlushType};
 pub use prepared::{PreparedRecv, PreparedSend};
 pub use recv_queue::RecvQueue;

@@ -115,6 +115,9 @@ impl<'a> QueuePairBuilder<'a> {
                  queue pair is XrcDomain::create_recv_qp)",
             ));
         }
+        if self.send_ops.contains(SendOpFlags::FLUSH) {
+            crate::error::require_release("ibv_wr_flush", sys::FLUSH_RELEASE)?;
+        }
         let xrc_send = self.qp_type == QpType::XrcSend;
         if xrc_send
             && !self

@@ -265,7 +265,6 @@ impl QueuePair {
             },
         )?;
         let what = r.op.name();
-        #[cfg(ibverbs_flush)]
         if let Op::Flush { .. } = &r.op {
             if !extended {
                 return Err(Error::SendOpFlagsRequired {
@@ -398,7 +397,6 @@ pub(super) unsafe fn write_send_wr(
         // Refused by check_send(.., false): the value has no field in
         // `ibv_send_wr`.
         (Op::AtomicWrite { .. }, _) => sys::IBV_WR_ATOMIC_WRITE,
-        #[cfg(ibverbs_flush)]
         (Op::Flush { .. }, _) => sys::IBV_WR_FLUSH,
     };
     // SAFETY: for every write below, `wr` is valid for writes (the caller's
@@ -417,7 +415,6 @@ pub(super) unsafe fn write_send_wr(
         }
         match r.op {
             Op::Send | Op::AtomicWrite { .. } => {}
-            #[cfg(ibverbs_flush)]
             Op::Flush { .. } => {}
             Op::Write(m) | Op::Read(m) => {
                 addr_of_mut!((*wr).wr.rdma).write(sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {

@@ -17,7 +17,6 @@ use crate::inflight::Reserved;
 use crate::qp::queue_pair::QueuePair;
 use crate::types::SendOpFlags;
 
-#[cfg(ibverbs_flush)]
 bitflags::bitflags! {
     /// What a flush guarantees (`IBV_FLUSH_GLOBAL`, `IBV_FLUSH_PERSISTENT`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,7 +29,6 @@ bitflags::bitflags! {
 }
 
 /// How much a flush covers.
-#[cfg(ibverbs_flush)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FlushLevel {
@@ -66,7 +64,6 @@ fn needed(r: &SendRequest<'_>) -> SendOpFlags {
         (Op::CompareSwap { .. }, ..) => SendOpFlags::ATOMIC_CMP_AND_SWP,
         (Op::FetchAdd { .. }, ..) => SendOpFlags::ATOMIC_FETCH_AND_ADD,
         (Op::AtomicWrite { .. }, ..) => SendOpFlags::ATOMIC_WRITE,
-        #[cfg(ibverbs_flush)]
         (Op::Flush { .. }, ..) => SendOpFlags::FLUSH,
     }
 }
@@ -236,7 +233,6 @@ impl QueuePair {
                     // SAFETY: live QP inside the open region; `f` was checked non-NULL.
                     unsafe { f(qpx, remote.rkey.0, remote.addr, add) }
                 }
-                #[cfg(ibverbs_flush)]
                 (
                     Op::Flush {
                         remote,
@@ -245,7 +241,11 @@ impl QueuePair {
                     },
                     ..,
                 ) => {
-                    let f = op!(qpx, wr_flush, "flush");
+                    // The QP has SendOpFlags::FLUSH (checked above), which
+                    // QueuePairBuilder grants only on rdma-core 45 or newer,
+                    // whose `ibv_qp_ex` ends with `wr_flush`.
+                    let qpx45 = qpx.cast::<sys::ibv_qp_ex_45>();
+                    let f = op!(qpx45, wr_flush, "flush");
                     // SAFETY: live QP inside the open region; `f` was checked non-NULL.
                     unsafe {
                         f(

@@ -29,7 +29,6 @@ pub(super) enum Op {
         remote: RemoteMemory,
         value: [u8; 8],
     },
-    #[cfg(ibverbs_flush)]
     Flush {
         remote: RemoteMemory,
         kind: u8,
@@ -47,7 +46,6 @@ impl Op {
             Op::CompareSwap { .. } => SendOp::CompareAndSwap,
             Op::FetchAdd { .. } => SendOp::FetchAndAdd,
             Op::AtomicWrite { .. } => SendOp::AtomicWrite,
-            #[cfg(ibverbs_flush)]
             Op::Flush { .. } => SendOp::Flush,
         }
     }
@@ -243,9 +241,9 @@ impl<'a> SendRequest<'a> {
     /// whole memory region) globally visible or persistent. Posted to
     /// a queue pair created with
     /// `SendOpFlags::FLUSH`; the peer's region needs the matching
-    /// `AccessFlags::FLUSH_*` right. Compiled in when the installed
-    /// rdma-core is 45 or newer (`ibverbs_flush` cfg).
-    #[cfg(ibverbs_flush)]
+    /// `AccessFlags::FLUSH_*` right. Both need rdma-core 45 or newer at run
+    /// time (an older library refuses the queue pair and the registration
+    /// with [`Error::LibraryTooOld`](crate::Error::LibraryTooOld)).
     #[doc(alias = "ibv_wr_flush")]
     pub fn flush(
         remote: RemoteMemory,

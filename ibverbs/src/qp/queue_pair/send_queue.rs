@@ -434,7 +434,6 @@ impl SendQueue {
     ///
     /// # Errors
     /// As [`atomic_write`](Self::atomic_write).
-    #[cfg(ibverbs_flush)]
     #[doc(alias = "ibv_wr_flush")]
     pub fn flush(
         &mut self,
