@@ -89,6 +89,11 @@ include!(concat!(env!("OUT_DIR"), "/bindings_dlopen.rs"));
 #[cfg(feature = "dlopen")]
 mod dl;
 
+// Rust ports of the static inline verbs (not yet re-exported: the crate
+// root still binds the C shim's functions of the same names).
+#[doc(hidden)]
+pub mod inline;
+
 // The README's example compiles (a `no_run` doctest).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
