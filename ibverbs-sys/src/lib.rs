@@ -93,6 +93,9 @@ mod dl;
 // root still binds the C shim's functions of the same names).
 #[doc(hidden)]
 pub mod inline;
+#[cfg(feature = "rdmacm")]
+#[doc(hidden)]
+pub mod inline_cm;
 
 // The README's example compiles (a `no_run` doctest).
 #[cfg(doctest)]
