@@ -53,7 +53,17 @@ fn link(name: &str, debian: &str, rpm: &str) {
     let so1 = format!("lib{name}.so.1");
     let cross = std::env::var("TARGET").ok() != std::env::var("HOST").ok();
     let found = match env("IBVERBS_LIB_DIR") {
-        Some(dir) => Some((PathBuf::from(dir), true)),
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if !dir.join(&so).exists() && !dir.join(&so1).exists() {
+                println!(
+                    "cargo::error=rdma-verbs-sys: IBVERBS_LIB_DIR={} holds neither {so} nor {so1}",
+                    dir.display()
+                );
+                return;
+            }
+            Some((dir, true))
+        }
         None => pkg_config_dir(name)
             .map(|d| (d, true))
             .or_else(|| system_dir(&so1).map(|d| (d, false))),
@@ -113,8 +123,9 @@ fn system_dir(file: &str) -> Option<PathBuf> {
     let out = std::process::Command::new("ldconfig").arg("-p").output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
         let (lhs, path) = l.split_once(" => ")?;
-        (lhs.trim().split_whitespace().next()? == file)
-            .then(|| Path::new(path.trim()).parent().map(Path::to_path_buf))?
+        let path = Path::new(path.trim());
+        (lhs.trim().split_whitespace().next()? == file && path.exists())
+            .then(|| path.parent().map(Path::to_path_buf))?
     })
 }
 

@@ -20,9 +20,10 @@
 //! test checks that), a non-extended context in `ibv_close_xrcd`, and a
 //! failing `assert` of `rdma_verbs.h` (the port panics: checked too).
 //!
-//! With the `dlopen` feature both sides reach libibverbs through `dlsym`,
-//! which these fakes cannot interpose: the test is compiled out.
-#![cfg(not(feature = "dlopen"))]
+//! Needs the headers' C (feature `bindgen`). With the `dlopen` feature both
+//! sides reach libibverbs through `dlsym`, which these fakes cannot
+//! interpose: the test is compiled out.
+#![cfg(all(feature = "bindgen", not(feature = "dlopen")))]
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -34,47 +35,18 @@ use std::ptr;
 
 use rdma_verbs_sys::*;
 
-/// The C side: the functions that the headers compile (today the crate
-/// root's bindings of the C shim).
+/// The C side: the headers' own inline functions, compiled by the build
+/// script (feature `bindgen`) under `<name>__c` and declared here under
+/// their C names.
 mod c {
-    pub use rdma_verbs_sys::{
-        ___ibv_query_port, __ibv_reg_mr, __ibv_reg_mr_iova, ibv_advise_mr, ibv_alloc_dm,
-        ibv_alloc_mw, ibv_alloc_null_mr, ibv_alloc_parent_domain, ibv_alloc_td,
-        ibv_attach_counters_point_flow, ibv_bind_mw, ibv_close_xrcd, ibv_cq_ex_to_cq,
-        ibv_create_counters, ibv_create_cq_ex, ibv_create_flow, ibv_create_flow_action_esp,
-        ibv_create_qp_ex, ibv_create_rwq_ind_table, ibv_create_srq_ex, ibv_create_wq,
-        ibv_dealloc_mw, ibv_dealloc_td, ibv_destroy_counters, ibv_destroy_flow,
-        ibv_destroy_flow_action, ibv_destroy_rwq_ind_table, ibv_destroy_wq, ibv_end_poll,
-        ibv_flow_label_to_udp_sport, ibv_free_dm, ibv_get_srq_num, ibv_inc_rkey,
-        ibv_is_qpt_supported, ibv_memcpy_from_dm, ibv_memcpy_to_dm, ibv_modify_cq,
-        ibv_modify_flow_action_esp, ibv_modify_qp_rate_limit, ibv_modify_wq, ibv_next_poll,
-        ibv_open_qp, ibv_open_xrcd, ibv_post_srq_ops, ibv_post_wq_recv, ibv_query_device_ex,
-        ibv_query_gid_ex, ibv_query_gid_table, ibv_query_rt_values_ex, ibv_read_counters,
-        ibv_reg_dm_mr, ibv_start_poll, ibv_wc_read_byte_len, ibv_wc_read_completion_ts,
-        ibv_wc_read_completion_wallclock_ns, ibv_wc_read_cvlan, ibv_wc_read_dlid_path_bits,
-        ibv_wc_read_flow_tag, ibv_wc_read_imm_data, ibv_wc_read_invalidated_rkey,
-        ibv_wc_read_opcode, ibv_wc_read_qp_num, ibv_wc_read_sl, ibv_wc_read_slid,
-        ibv_wc_read_src_qp, ibv_wc_read_tm_info, ibv_wc_read_vendor_err, ibv_wc_read_wc_flags,
-        ibv_wr_abort, ibv_wr_atomic_cmp_swp, ibv_wr_atomic_fetch_add, ibv_wr_atomic_write,
-        ibv_wr_bind_mw, ibv_wr_complete, ibv_wr_local_inv, ibv_wr_rdma_read, ibv_wr_rdma_write,
-        ibv_wr_rdma_write_imm, ibv_wr_send, ibv_wr_send_imm, ibv_wr_send_inv, ibv_wr_send_tso,
-        ibv_wr_set_inline_data, ibv_wr_set_inline_data_list, ibv_wr_set_sge, ibv_wr_set_sge_list,
-        ibv_wr_set_ud_addr, ibv_wr_set_xrc_srqn, ibv_wr_start,
-    };
-    #[cfg(feature = "rdmacm")]
-    pub use rdma_verbs_sys::{
-        rdma_dereg_mr, rdma_get_local_addr, rdma_get_peer_addr, rdma_get_recv_comp,
-        rdma_get_send_comp, rdma_post_read, rdma_post_readv, rdma_post_recv, rdma_post_recvv,
-        rdma_post_send, rdma_post_sendv, rdma_post_ud_send, rdma_post_write, rdma_post_writev,
-        rdma_reg_msgs, rdma_reg_read, rdma_reg_write, rdma_seterrno,
-    };
+    #![allow(dead_code, non_camel_case_types, clippy::all)]
+    use rdma_verbs_sys::*;
+    include!(concat!(env!("OUT_DIR"), "/c_inlines.rs"));
 }
 
-/// The Rust side.
+/// The Rust side: the crate's ports.
 mod rs {
-    pub use rdma_verbs_sys::inline::*;
-    #[cfg(feature = "rdmacm")]
-    pub use rdma_verbs_sys::inline_cm::*;
+    pub use rdma_verbs_sys::*;
 }
 
 // ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-//! Every `static inline` verb of `verbs.h` is callable: each name below must
-//! resolve to a linked symbol (the C shim built by bindgen's
-//! `wrap_static_fns`) or to one of the Rust inlines of `lib.rs` (the
-//! data-path verbs, and the three verbs that `verbs.h` defines as macros).
-//! A missing wrapper is a link error, so building this test is the check.
+//! Every `static inline` verb of `verbs.h` is bound: each name below must
+//! resolve to a Rust function of the crate (src/inline.rs, and lib.rs for
+//! the data-path verbs and the three verbs that `verbs.h` defines as
+//! macros). A missing one does not compile, so building this test is the
+//! check; tests/inline_diff.rs compares each with the headers' C.
 
 macro_rules! linked {
     ($($name:ident),* $(,)?) => {{
