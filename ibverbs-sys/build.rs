@@ -57,7 +57,7 @@ fn link(name: &str, debian: &str, rpm: &str) {
             let dir = PathBuf::from(dir);
             if !dir.join(&so).exists() && !dir.join(&so1).exists() {
                 println!(
-                    "cargo::error=rdma-verbs-sys: IBVERBS_LIB_DIR={} holds neither {so} nor {so1}",
+                    "cargo::error=IBVERBS_LIB_DIR={} holds neither {so} nor {so1}",
                     dir.display()
                 );
                 return;
@@ -76,7 +76,7 @@ fn link(name: &str, debian: &str, rpm: &str) {
             return;
         }
         println!(
-            "cargo::error=rdma-verbs-sys: {so1} (rdma-core) was not found: install it \
+            "cargo::error={so1} (rdma-core) was not found: install it \
              (Debian/Ubuntu: apt-get install {debian}; Fedora/RHEL: dnf install {rpm}), \
              set IBVERBS_LIB_DIR to its directory, or enable the `dlopen` feature"
         );
