@@ -99,7 +99,10 @@ fn pkg_config_dir(name: &str) -> Option<PathBuf> {
         .print_system_libs(false)
         .probe(&format!("lib{name}"))
         .ok()?;
-    lib.link_paths.into_iter().next().or_else(|| system_dir(&format!("lib{name}.so.1")))
+    lib.link_paths
+        .into_iter()
+        .next()
+        .or_else(|| system_dir(&format!("lib{name}.so.1")))
 }
 
 /// A directory the linker searches by default that holds `file`, or one the
@@ -120,11 +123,14 @@ fn system_dir(file: &str) -> Option<PathBuf> {
     if let Some(d) = dirs.iter().map(Path::new).find(|d| d.join(file).exists()) {
         return Some(d.to_path_buf());
     }
-    let out = std::process::Command::new("ldconfig").arg("-p").output().ok()?;
+    let out = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
         let (lhs, path) = l.split_once(" => ")?;
         let path = Path::new(path.trim());
-        (lhs.trim().split_whitespace().next()? == file && path.exists())
+        (lhs.split_whitespace().next()? == file && path.exists())
             .then(|| path.parent().map(Path::to_path_buf))?
     })
 }
@@ -231,7 +237,10 @@ mod maintainer {
         let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
         println!("cargo:rerun-if-changed=wrapper.h");
         let (includes, release) = headers();
-        println!("cargo:rustc-env=RDMA_VERBS_SYS_BINDINGS={}", bindings_name());
+        println!(
+            "cargo:rustc-env=RDMA_VERBS_SYS_BINDINGS={}",
+            bindings_name()
+        );
         println!(
             "cargo:rustc-env=RDMA_VERBS_SYS_HEADERS_RELEASE={}",
             release.as_deref().unwrap_or("unknown")
@@ -261,7 +270,11 @@ mod maintainer {
             .wrap_static_fns_path(out_dir.join("c_inlines"))
             .generate()
             .unwrap_or_else(|e| panic!("bindgen (inline verbs): {e}"));
-        fs::write(out_dir.join("c_inlines.rs"), extern_blocks_with(&shim.to_string(), "__c\"")).unwrap();
+        fs::write(
+            out_dir.join("c_inlines.rs"),
+            extern_blocks_with(&shim.to_string(), "__c\""),
+        )
+        .unwrap();
         let mut cc = cc::Build::new();
         cc.file(out_dir.join("c_inlines.c"))
             .include(&manifest_dir)

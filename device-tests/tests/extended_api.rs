@@ -390,7 +390,14 @@ fn flush_follows_the_loaded_rdma_core_release() {
             assert!(e.to_string().contains("rdma-core 45"), "{e}");
             let e = mr.map(|_| ()).unwrap_err();
             assert!(
-                matches!(e, Error::LibraryTooOld { verb: "IBV_ACCESS_FLUSH_GLOBAL", needs: 45, .. }),
+                matches!(
+                    e,
+                    Error::LibraryTooOld {
+                        verb: "IBV_ACCESS_FLUSH_GLOBAL",
+                        needs: 45,
+                        ..
+                    }
+                ),
                 "{e:?}"
             );
         }

@@ -7,7 +7,9 @@
 //! rdma-core's (`verbs.h`); `tests/bindings.rs` (feature `bindgen`) checks
 //! them against newer headers.
 
-use crate::{ibv_access_flags, ibv_qp_create_send_ops_flags, ibv_qp_ex, ibv_wc_opcode, ibv_wr_opcode};
+use crate::{
+    ibv_access_flags, ibv_qp_create_send_ops_flags, ibv_qp_ex, ibv_wc_opcode, ibv_wr_opcode,
+};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The rdma-core release that added flush (`ibv_wr_flush`, its opcodes and
@@ -193,7 +195,10 @@ mod tests {
             Some(44)
         );
         assert_eq!(release_of_file(b"libibverbs.so.1.14.45.0"), Some(45));
-        assert_eq!(release_of_file(b"/opt/rc/lib/libibverbs.so.1.15.60.1"), Some(60));
+        assert_eq!(
+            release_of_file(b"/opt/rc/lib/libibverbs.so.1.15.60.1"),
+            Some(60)
+        );
         // Not rdma-core's naming, or not the library at all.
         assert_eq!(release_of_file(b"/usr/lib/libibverbs.so.1"), None);
         assert_eq!(release_of_file(b"/usr/lib/libibverbs.so"), None);

@@ -60,7 +60,10 @@ fn items(src: &str) -> BTreeMap<String, String> {
             syn::Item::Impl(i) if i.trait_.is_none() => {
                 for ii in &i.items {
                     if let syn::ImplItem::Const(c) = ii {
-                        out.insert(format!("const {}::{}", text(&i.self_ty), c.ident), text(&c.expr));
+                        out.insert(
+                            format!("const {}::{}", text(&i.self_ty), c.ident),
+                            text(&c.expr),
+                        );
                     }
                 }
             }
@@ -81,7 +84,11 @@ fn items(src: &str) -> BTreeMap<String, String> {
             syn::Item::Struct(s) => {
                 let n = s.fields.len();
                 for (i, f) in s.fields.iter().enumerate() {
-                    let name = f.ident.as_ref().map(|i| i.to_string()).unwrap_or(i.to_string());
+                    let name = f
+                        .ident
+                        .as_ref()
+                        .map(|i| i.to_string())
+                        .unwrap_or(i.to_string());
                     // `struct verbs_context` grows at its start: the
                     // `ibv_context` it embeds stays last, and the inline
                     // verbs reach the ops back from it. Compared from the end.
@@ -96,7 +103,10 @@ fn items(src: &str) -> BTreeMap<String, String> {
             syn::Item::Union(u) => {
                 for (i, f) in u.fields.named.iter().enumerate() {
                     let name = f.ident.as_ref().unwrap();
-                    out.insert(format!("union {}[{i:03}]", u.ident), format!("{name}: {}", text(&f.ty)));
+                    out.insert(
+                        format!("union {}[{i:03}]", u.ident),
+                        format!("{name}: {}", text(&f.ty)),
+                    );
                 }
             }
             _ => {}
@@ -151,7 +161,10 @@ fn newer_items_match_the_headers_that_have_them() {
         ("const IBV_WC_FLUSH", sys::IBV_WC_FLUSH as u64),
         ("const IBV_WR_FLUSH", sys::IBV_WR_FLUSH as u64),
         ("const IBV_FLUSH_GLOBAL", sys::IBV_FLUSH_GLOBAL as u64),
-        ("const IBV_FLUSH_PERSISTENT", sys::IBV_FLUSH_PERSISTENT as u64),
+        (
+            "const IBV_FLUSH_PERSISTENT",
+            sys::IBV_FLUSH_PERSISTENT as u64,
+        ),
         ("const IBV_FLUSH_RANGE", sys::IBV_FLUSH_RANGE as u64),
         ("const IBV_FLUSH_MR", sys::IBV_FLUSH_MR as u64),
         (
@@ -168,14 +181,18 @@ fn newer_items_match_the_headers_that_have_them() {
         ),
     ];
     for (key, ours) in expect {
-        let theirs = newer.get(key).unwrap_or_else(|| panic!("{key} not in the headers"));
+        let theirs = newer
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} not in the headers"));
         let digits: String = theirs
             .trim_start_matches("ibv_access_flags")
             .trim_start_matches("ibv_qp_create_send_ops_flags")
             .chars()
             .filter(|c| c.is_ascii_digit())
             .collect();
-        let value: u64 = digits.parse().unwrap_or_else(|_| panic!("{key} = {theirs}"));
+        let value: u64 = digits
+            .parse()
+            .unwrap_or_else(|_| panic!("{key} = {theirs}"));
         assert_eq!(value, ours, "{key}");
     }
     // wr_flush directly follows rdma-core 44's last field.

@@ -76,7 +76,9 @@ fn nothing_of_rdma_core_is_linked() {
     assert!(text.contains("(NEEDED)"), "{text}");
     let needed: Vec<&str> = text.lines().filter(|l| l.contains("(NEEDED)")).collect();
     assert!(
-        !needed.iter().any(|l| l.contains("libibverbs") || l.contains("librdmacm")),
+        !needed
+            .iter()
+            .any(|l| l.contains("libibverbs") || l.contains("librdmacm")),
         "{needed:?}"
     );
 }

@@ -75,7 +75,9 @@ fn hidden_cargo(dir: &Path, toolchain: Option<&str>, args: &str) -> Result<bool>
     for d in HIDDEN {
         mounts.push_str(&format!("[ -d {d} ] && mount -t tmpfs none {d}; "));
     }
-    mounts.push_str("for d in /usr/lib/llvm-*; do [ -d \"$d\" ] && mount -t tmpfs none \"$d\"; done; ");
+    mounts.push_str(
+        "for d in /usr/lib/llvm-*; do [ -d \"$d\" ] && mount -t tmpfs none \"$d\"; done; ",
+    );
     let cargo = match toolchain {
         Some(t) => format!("cargo +{t}"),
         None => "cargo".into(),
@@ -91,7 +93,10 @@ fn hidden_cargo(dir: &Path, toolchain: Option<&str>, args: &str) -> Result<bool>
         .env_remove("CARGO")
         .env_remove("RUSTUP_TOOLCHAIN")
         .env("CARGO_TARGET_DIR", dir.join("target"));
-    println!("$ (in {}, headers and libclang hidden) {cargo} {args}", dir.display());
+    println!(
+        "$ (in {}, headers and libclang hidden) {cargo} {args}",
+        dir.display()
+    );
     Ok(util::run_streaming(&mut cmd, |l| println!("{l}"))?.success())
 }
 
@@ -123,7 +128,10 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
         let listing = util::capture(&mut cmd)?;
         let missing = missing_files(&listing);
         if missing.is_empty() {
-            println!("{p}: {} files, README and both licenses", listing.lines().count());
+            println!(
+                "{p}: {} files, README and both licenses",
+                listing.lines().count()
+            );
         } else {
             problems.push(format!("{p}: the package lacks {missing:?}"));
         }
@@ -134,7 +142,11 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
         let manifest = fs::read_to_string(root.join(crate_dir(p)?).join("Cargo.toml"))?;
         manifest
             .lines()
-            .find_map(|l| l.strip_prefix("version = \"")?.strip_suffix('"').map(str::to_string))
+            .find_map(|l| {
+                l.strip_prefix("version = \"")?
+                    .strip_suffix('"')
+                    .map(str::to_string)
+            })
             .with_context(|| format!("{p} has no version"))
     };
     let out = target.join("package-test");
@@ -142,7 +154,9 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
     fs::create_dir_all(out.join("crates"))?;
     let mut dirs = Vec::new();
     for p in PUBLISHED {
-        let file = target.join("package").join(format!("{p}-{}.crate", version(p)?));
+        let file = target
+            .join("package")
+            .join(format!("{p}-{}.crate", version(p)?));
         let mut tar = Command::new("tar");
         tar.arg("-xzf").arg(&file).arg("-C").arg(out.join("crates"));
         if !tar.status().context("tar")?.success() {
@@ -178,7 +192,11 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
                 bail!("cannot install Rust {MSRV} (`--no-msrv` skips this check)");
             }
         }
-        if !hidden_cargo(&out, Some(MSRV), "check --workspace --features rdma-verbs/rdmacm")? {
+        if !hidden_cargo(
+            &out,
+            Some(MSRV),
+            "check --workspace --features rdma-verbs/rdmacm",
+        )? {
             problems.push(format!("the packaged crates do not build with Rust {MSRV}"));
         }
     }
@@ -196,7 +214,8 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
 
 /// The repository directory of a published crate (`cargo metadata`).
 fn crate_dir(name: &str) -> Result<PathBuf> {
-    let out = util::capture(util::cargo().args(["metadata", "--format-version", "1", "--no-deps"]))?;
+    let out =
+        util::capture(util::cargo().args(["metadata", "--format-version", "1", "--no-deps"]))?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
     let pkg = v["packages"]
         .as_array()
@@ -214,7 +233,10 @@ mod tests {
     fn a_listing_without_a_license_is_refused() {
         let full = "Cargo.toml\nLICENSE-APACHE\nLICENSE-MIT\nREADME.md\nsrc/lib.rs\n";
         assert!(missing_files(full).is_empty());
-        assert_eq!(missing_files("Cargo.toml\nREADME.md\nLICENSE-MIT\n"), ["LICENSE-APACHE"]);
+        assert_eq!(
+            missing_files("Cargo.toml\nREADME.md\nLICENSE-MIT\n"),
+            ["LICENSE-APACHE"]
+        );
     }
 
     #[test]
@@ -222,10 +244,12 @@ mod tests {
         let root = crate::repo_root().unwrap();
         let ws = fs::read_to_string(root.join("Cargo.toml")).unwrap();
         let mut publishable = Vec::new();
-        for member in ws
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix('"')?.strip_suffix("\",").map(str::to_string))
-        {
+        for member in ws.lines().filter_map(|l| {
+            l.trim()
+                .strip_prefix('"')?
+                .strip_suffix("\",")
+                .map(str::to_string)
+        }) {
             let Ok(m) = fs::read_to_string(root.join(&member).join("Cargo.toml")) else {
                 continue;
             };
@@ -249,6 +273,9 @@ mod tests {
     fn dependencies_are_patched_to_the_unpacked_crates() {
         let m = workspace_manifest(&[("a".into(), "crates/a-0.1.0".into())]);
         assert!(m.contains("members = [\n    \"crates/a-0.1.0\",\n]"), "{m}");
-        assert!(m.contains("[patch.crates-io]\na = { path = \"crates/a-0.1.0\" }"), "{m}");
+        assert!(
+            m.contains("[patch.crates-io]\na = { path = \"crates/a-0.1.0\" }"),
+            "{m}"
+        );
     }
 }

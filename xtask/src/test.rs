@@ -137,11 +137,17 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
                 "unit, integration and example tests",
                 [&workspace[..], &["--all-targets".to_string()]].concat(),
             ),
-            ("doc tests", [&workspace[..], &["--doc".to_string()]].concat()),
+            (
+                "doc tests",
+                [&workspace[..], &["--doc".to_string()]].concat(),
+            ),
             // The committed bindings and the Rust inline verbs against the
             // installed headers (rdma-core 44 on CI: the bindings' own).
             ("bindings against the headers", sys("bindgen")),
-            ("bindings against the headers (rdmacm)", sys("bindgen,rdmacm")),
+            (
+                "bindings against the headers (rdmacm)",
+                sys("bindgen,rdmacm"),
+            ),
         ] {
             step!("host: {what}");
             let mut cmd = util::cargo();

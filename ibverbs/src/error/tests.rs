@@ -478,7 +478,14 @@ fn a_verb_newer_than_the_library_is_refused_by_release() {
     assert!(check_release("ibv_wr_flush", 45, Some(60)).is_ok());
     let e = check_release("ibv_wr_flush", 45, Some(44)).unwrap_err();
     assert!(
-        matches!(e, Error::LibraryTooOld { verb: "ibv_wr_flush", needs: 45, found: Some(44) }),
+        matches!(
+            e,
+            Error::LibraryTooOld {
+                verb: "ibv_wr_flush",
+                needs: 45,
+                found: Some(44)
+            }
+        ),
         "{e:?}"
     );
     assert_eq!(
