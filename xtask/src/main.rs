@@ -16,6 +16,7 @@ mod deps;
 mod faults;
 mod fuzz;
 mod guest;
+mod headers;
 mod instr;
 mod kernel;
 mod package;

@@ -132,6 +132,12 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
                 .map(String::from)
                 .to_vec()
         };
+        const NEWER: &str = "bindings against rdma-core 56's headers";
+        let sys_newer = |features: &str| -> Vec<String> {
+            ["-p", SYS_PACKAGE, "--features", features, "--test", "bindings"]
+                .map(String::from)
+                .to_vec()
+        };
         for (what, args) in [
             (
                 "unit, integration and example tests",
@@ -148,9 +154,26 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
                 "bindings against the headers (rdmacm)",
                 sys("bindgen,rdmacm"),
             ),
+            // ... and against a newer release's (a compatible subset; the
+            // items of src/newer.rs as that release defines them).
+            (NEWER, sys_newer("bindgen")),
+            (NEWER, sys_newer("bindgen,rdmacm")),
         ] {
             step!("host: {what}");
             let mut cmd = util::cargo();
+            if what == NEWER {
+                match crate::headers::newer_include_dir() {
+                    Ok(dir) => {
+                        cmd.env("IBVERBS_INCLUDE_DIR", dir)
+                            .env("IBVERBS_RELEASE", crate::headers::NEWER_RELEASE);
+                    }
+                    Err(e) => {
+                        problems.push(format!("host: {what}: {e:#}"));
+                        host.failed += 1;
+                        continue;
+                    }
+                }
+            }
             cmd.args(["test", "--no-fail-fast"]).args(&args);
             if !o.extra.is_empty() {
                 cmd.arg("--").args(&o.extra);
