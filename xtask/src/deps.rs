@@ -34,6 +34,9 @@ pub const PACKAGES: &[&str] = &[
     "gcc",
     // `cargo xtask faults --capture`: packet traces of failing rows
     "tcpdump",
+    // `cargo xtask test`: a newer rdma-core's headers for the bindings check
+    "curl",
+    "ca-certificates",
 ];
 
 /// Which of `packages` are not installed, per `dpkg-query`.
