@@ -179,8 +179,8 @@
 //!   is reached through a [`Context`] (so the library is loaded); a verb
 //!   that only a newer rdma-core exports fails alone, with `EOPNOTSUPP`.
 //!   Posting and polling are the same code as without the feature (they
-//!   call the provider through the context, never the library), so the
-//!   data path costs nothing more. [`fork_status`](device::fork_status) reports
+//!   call the provider through the context, never the library).
+//!   [`fork_status`](device::fork_status) reports
 //!   [`ForkStatus::Disabled`](device::ForkStatus::Disabled) while the library is missing.
 //!
 //! # Errors
