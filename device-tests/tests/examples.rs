@@ -45,6 +45,7 @@ fn runs_and_checks(name: &str) {
     let _dev = common::device(); // fails the test without a device
     let args: Vec<String> = std::env::var("IBVERBS_TEST_DEVICE").into_iter().collect();
     let out = run(name, &args);
+    eprintln!("{}", out.describe()); // shown with --nocapture
     out.assert_success();
     assert!(
         out.stdout.contains(line),
