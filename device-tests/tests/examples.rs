@@ -29,7 +29,7 @@ const EXAMPLES: [(&str, &str); 7] = [
         "RDMA read: 4096 bytes read back, every byte checked",
     ),
     ("atomics", "counter is 100: every atomic checked"),
-    ("event_loop", "A: 8 send completions collected"),
+    ("event_loop", "B: 8 messages received and checked"),
     (
         "tokio",
         "sent and received 4 messages of 4096 bytes with async/await, every byte checked",
