@@ -158,6 +158,12 @@
 //! # drop((qp2, ah)); Ok(()) }
 //! ```
 //!
+//! # Examples
+//!
+//! The package's `examples/` holds short complete programs, one topic
+//! each: `open_device`, `connect`, `send_recv`, `write_read`, `atomics`
+//! and `event_loop` (`cargo run -p rdma-verbs --example send_recv [device]`).
+//!
 //! # Built on this crate
 //!
 //! Two crates of the same repository use only this crate's public API:

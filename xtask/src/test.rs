@@ -30,6 +30,15 @@ const SYS_PACKAGE: &str = "rdma-verbs-sys";
 /// Its directory.
 #[cfg(test)]
 const SYS_DIR: &str = "ibverbs-sys";
+/// The packages whose examples the device tests run as child processes
+/// (from `target/<profile>/examples/`, one folder for all), each with its
+/// directory: the tools (ping-pongs, perftest-style tools, …) and the
+/// teaching examples of the published crates (`device-tests/tests/examples.rs`).
+const EXAMPLE_PACKAGES: [(&str, &str); 3] = [
+    (util::TOOLS_DIR, util::TOOLS_PACKAGE),
+    ("ibverbs", "rdma-verbs"),
+    ("ibverbs-tokio", "rdma-verbs-tokio"),
+];
 /// The device the VM provides.
 const VM_DEVICE: &str = "rxe0";
 /// GID index 1 of rxe0 in the VM: eth0 is 10.0.2.15 (QEMU user networking).
@@ -380,11 +389,16 @@ fn build_device_tests(only_suite: bool, features: &[String]) -> Result<Vec<PathB
     ])
     .args(features);
     // The device tests run the example programs (ping-pongs, perftest-style
-    // tools) as child processes: build them first, same profile.
-    step!("device: building the examples of {}", util::TOOLS_PACKAGE);
+    // tools, the teaching examples) as child processes: build them first,
+    // same profile. A feature (`dlopen`) goes to the packages that have it.
+    let packages: Vec<&str> = EXAMPLE_PACKAGES.iter().map(|(_, p)| *p).collect();
+    step!("device: building the examples of {}", packages.join(", "));
     let mut ex = util::cargo();
-    ex.args(["build", "-p", util::TOOLS_PACKAGE, "--examples"])
-        .args(features);
+    ex.arg("build");
+    for p in &packages {
+        ex.args(["-p", p]);
+    }
+    ex.arg("--examples").args(features);
     let st = ex
         .status()
         .with_context(|| "cannot run cargo build --examples".to_string())?;
@@ -927,11 +941,10 @@ mod tests {
     #[test]
     fn the_packages_built_are_the_ones_in_their_directories() {
         let root = crate::repo_root().unwrap();
-        for (dir, package) in [
-            (util::TOOLS_DIR, util::TOOLS_PACKAGE),
-            (DEVICE_TESTS_DIR, DEVICE_TESTS_PACKAGE),
-            (SYS_DIR, SYS_PACKAGE),
-        ] {
+        let mut packages = EXAMPLE_PACKAGES.to_vec();
+        packages.push((DEVICE_TESTS_DIR, DEVICE_TESTS_PACKAGE));
+        packages.push((SYS_DIR, SYS_PACKAGE));
+        for (dir, package) in packages {
             let manifest = fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
             let want = format!("name = \"{package}\"");
             assert!(
@@ -942,6 +955,22 @@ mod tests {
         let tests = root.join(DEVICE_TESTS_DIR).join("tests");
         assert!(tests.join("dlopen.rs").is_file());
         assert!(tests.join("pingpong_interop.rs").is_file());
+        assert!(tests.join("examples.rs").is_file());
+        // The examples of all these packages land in one folder: no two may
+        // share a name (cargo would build one over the other).
+        let mut seen = BTreeMap::new();
+        for (dir, _) in EXAMPLE_PACKAGES {
+            let examples = fs::read_dir(root.join(dir).join("examples"))
+                .unwrap_or_else(|e| panic!("{dir}/examples: {e}"));
+            for e in examples.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(name) = name.strip_suffix(".rs") {
+                    if let Some(other) = seen.insert(name.to_string(), dir) {
+                        panic!("example {name} is in {other}/examples and {dir}/examples");
+                    }
+                }
+            }
+        }
         for ex in DLOPEN_CONTRAST {
             let src = root.join(util::TOOLS_DIR).join("examples");
             assert!(src.join(format!("{ex}.rs")).is_file(), "no example {ex}");
