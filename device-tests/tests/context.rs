@@ -18,6 +18,25 @@ fn device_list_works_with_or_without_devices() {
     }
 }
 
+/// `open_active`: by name, the device and its first active port; without
+/// one, a device that has an active port; an unknown name is refused by name.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn open_active_finds_a_device_with_an_active_port() {
+    use rdma_verbs::device::open_active;
+    let t = common::device();
+    let (ctx, port) = open_active(Some(t.ctx.name())).unwrap();
+    assert_eq!(ctx.name(), t.ctx.name());
+    assert_eq!(port, t.ctx.active_port().unwrap());
+    let (any, port) = open_active(None).unwrap();
+    assert_eq!(any.query_port(port).unwrap().state(), PortState::Active);
+    let e = open_active(Some("no_such_rdma_device")).unwrap_err();
+    assert!(
+        matches!(&e, rdma_verbs::Error::NoDevice { name: Some(n) } if n == "no_such_rdma_device"),
+        "{e:?}"
+    );
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn open_and_query_device() {

@@ -9,16 +9,16 @@
 //! back. No task is spawned and nothing spins: the CQs' completion channels
 //! are registered with Tokio's reactor (one channel per queue pair here).
 //! Dropping a future cancels nothing on the device. The device is the one
-//! named on the command line, else `IBVERBS_TEST_DEVICE`, else the first
-//! device with an active port.
+//! named on the command line, else the first with an active port
+//! (`device::open_active`).
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use rdma_verbs::device::open_active;
 use rdma_verbs::{
-    devices, AccessFlags, ConnectOptions, Context, Endpoint, Error, LocalPort, PortNumber, QpType,
-    RecvRequest, SendRequest,
+    AccessFlags, ConnectOptions, Endpoint, LocalPort, QpType, RecvRequest, SendRequest,
 };
 use rdma_verbs_tokio::AsyncQueuePair;
 
@@ -40,29 +40,8 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> rdma_verbs::Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 async fn run() -> Result<(), Box<dyn StdError>> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = open_active(std::env::args().nth(1).as_deref())?;
     let pd = ctx.alloc_pd()?;
     let (channel_a, channel_b) = (ctx.create_comp_channel()?, ctx.create_comp_channel()?);
     let cq_a = ctx.create_cq(32).channel(&channel_a).build()?;

@@ -4,12 +4,11 @@
 //! ```text
 //! cargo run -p rdma-verbs --example atomics [device]
 //! ```
-//! B shares an 8-byte aligned word with `REMOTE_ATOMIC` rights (its
-//! memory region and its queue pair both grant them); A changes it
-//! atomically, and each operation writes the word's previous value into a
-//! local 8-byte result buffer. The device is the one named on the command
-//! line, else `IBVERBS_TEST_DEVICE`, else the first device with an active
-//! port.
+//! B shares an 8-byte aligned word with `REMOTE_ATOMIC` rights (its memory
+//! region and its queue pair both grant them); A changes it atomically, and
+//! each operation writes the word's previous value into a local 8-byte
+//! result buffer. The device is the one named on the command line, else the
+//! first with an active port (`device::open_active`).
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -29,27 +28,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 /// Waits (busy polling, at most 10 s) for the atomic just posted and
 /// returns the value it found: the result buffer, in host byte order.
 fn old_value(cq: &CompletionQueue) -> std::result::Result<(u64, LocalBuffer), Box<dyn StdError>> {
@@ -65,7 +43,7 @@ fn old_value(cq: &CompletionQueue) -> std::result::Result<(u64, LocalBuffer), Bo
 }
 
 fn run() -> std::result::Result<(), Box<dyn StdError>> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = device::open_active(std::env::args().nth(1).as_deref())?;
     if ctx.query_device()?.atomic_cap() == AtomicCap::None {
         return Err(format!("{} does not support atomics", ctx.name()).into());
     }

@@ -7,15 +7,13 @@
 //! PSN, LID, GID), sends its bytes to the peer out of band (TCP, a file, …;
 //! here the bytes just change hands), and connects to the peer's endpoint:
 //! RESET → INIT → RTR → RTS. Both queue pairs are on one device, so the
-//! traffic loops back through it. The device is the one named on the
-//! command line, else `IBVERBS_TEST_DEVICE`, else the first device with an
-//! active port.
+//! traffic loops back through it. The device is the one named on the command
+//! line, else the first with an active port (`device::open_active`).
 
 use std::process::ExitCode;
 
-use rdma_verbs::{
-    devices, ConnectOptions, Context, Endpoint, Error, LocalPort, PortNumber, QpType, Result,
-};
+use rdma_verbs::device::open_active;
+use rdma_verbs::{ConnectOptions, Endpoint, LocalPort, QpType, Result};
 
 fn main() -> ExitCode {
     match run() {
@@ -27,29 +25,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 fn run() -> Result<()> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = open_active(std::env::args().nth(1).as_deref())?;
     let pd = ctx.alloc_pd()?;
     // One CQ for both: it must hold what all four queues may complete.
     let cq = ctx.create_cq(16).build()?;

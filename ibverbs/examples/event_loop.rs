@@ -4,14 +4,14 @@
 //! ```text
 //! cargo run -p rdma-verbs --example event_loop [device]
 //! ```
-//! A sends a message every 20 ms from a thread of its own. B's receive
-//! loop is written out as in C: arm the CQ (`ibv_req_notify_cq`), poll it,
-//! and when it is empty sleep on the channel (`ibv_get_cq_event`, no
-//! timeout); re-arm after every event, before polling again, or a
-//! completion landing in between raises no event. A collects its send
-//! completions with `CompletionQueue::wait`: that loop in one call, with a
-//! timeout. Each CQ has a channel of its own. The device: argv\[1\], else
-//! `IBVERBS_TEST_DEVICE`, else the first device with an active port.
+//! A sends a message every 20 ms from a thread of its own. B's receive loop
+//! is written out as in C: arm the CQ (`ibv_req_notify_cq`), poll it, and
+//! when it is empty sleep on the channel (`ibv_get_cq_event`, no timeout);
+//! re-arm after every event, before polling again, or a completion landing
+//! in between raises no event. A collects its send completions with
+//! `CompletionQueue::wait`: that loop in one call, with a timeout. Each CQ
+//! has a channel of its own. The device is the one named on the command line, else the first with an
+//! active port (`device::open_active`).
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -31,29 +31,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 fn run() -> std::result::Result<(), Box<dyn StdError>> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = device::open_active(std::env::args().nth(1).as_deref())?;
     let pd = ctx.alloc_pd()?;
     let (channel_a, channel_b) = (ctx.create_comp_channel()?, ctx.create_comp_channel()?);
     let cq_a = ctx.create_cq(128).channel(&channel_a).build()?;

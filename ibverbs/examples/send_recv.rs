@@ -3,13 +3,13 @@
 //! ```text
 //! cargo run -p rdma-verbs --example send_recv [device]
 //! ```
-//! Shows the ownership model: registering memory gives back the only
-//! handle to it, posting a request moves the buffer into the queue pair,
-//! and the completion hands it back. B posts its receive buffers first (a
-//! send finds no buffer otherwise), A sends, and both completion queues
-//! are polled until every buffer is back; then the received bytes are
-//! checked. The device is the one named on the command line, else
-//! `IBVERBS_TEST_DEVICE`, else the first device with an active port.
+//! Shows the ownership model: registering memory gives back the only handle
+//! to it, posting a request moves the buffer into the queue pair, and the
+//! completion hands it back. B posts its receive buffers first (a send finds
+//! no buffer otherwise), A sends, and both completion queues are polled
+//! until every buffer is back; then the received bytes are checked. The
+//! device is the one named on the command line, else the first with an
+//! active port (`device::open_active`).
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -30,27 +30,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 /// Message `i`: its number, then a pattern.
 fn message(i: u64) -> Vec<u8> {
     let mut m: Vec<u8> = (0..SIZE).map(|j| (j as u64 * 7 + i) as u8).collect();
@@ -59,7 +38,7 @@ fn message(i: u64) -> Vec<u8> {
 }
 
 fn run() -> std::result::Result<(), Box<dyn StdError>> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = device::open_active(std::env::args().nth(1).as_deref())?;
     let pd = ctx.alloc_pd()?;
     // A CQ must hold every completion its queues may owe: by default a
     // queue pair has 64 sends and 64 receives outstanding at most.

@@ -4,12 +4,12 @@
 //! ```text
 //! cargo run -p rdma-verbs --example write_read [device]
 //! ```
-//! B registers memory that peers may write and read (a `SharedBuffer`,
-//! which never lends out `&[u8]`: a peer may change the bytes at any time)
-//! and sends A its address, length and rkey (`RemoteMemory`) out of band.
-//! B's queue pair must allow the same rights: the device checks both. The
-//! device is the one named on the command line, else `IBVERBS_TEST_DEVICE`,
-//! else the first device with an active port.
+//! B registers memory that peers may write and read (a `SharedBuffer`, which
+//! never lends out `&[u8]`: a peer may change the bytes at any time) and
+//! sends A its address, length and rkey (`RemoteMemory`) out of band. B's
+//! queue pair must allow the same rights: the device checks both. The device
+//! is the one named on the command line, else the first with an active port
+//! (`device::open_active`).
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -29,27 +29,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device named by argv\[1\] or `IBVERBS_TEST_DEVICE`, else the first
-/// device with an active port; and that port.
-fn open() -> Result<(Context, PortNumber)> {
-    let wanted = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("IBVERBS_TEST_DEVICE").ok());
-    let list = devices()?;
-    for dev in list.iter() {
-        if wanted.as_deref().is_some_and(|w| w != dev.name()) {
-            continue;
-        }
-        let ctx = dev.open()?;
-        match ctx.active_port() {
-            Ok(port) => return Ok((ctx, port)),
-            Err(e) if wanted.is_some() => return Err(e),
-            Err(_) => {}
-        }
-    }
-    Err(Error::NoDevice { name: wanted })
-}
-
 /// Busy-polls `cq` for the next completion (at most 10 s), checks its
 /// status and takes the request's buffer back.
 fn buffer_back(cq: &CompletionQueue) -> std::result::Result<LocalBuffer, Box<dyn StdError>> {
@@ -64,7 +43,7 @@ fn buffer_back(cq: &CompletionQueue) -> std::result::Result<LocalBuffer, Box<dyn
 }
 
 fn run() -> std::result::Result<(), Box<dyn StdError>> {
-    let (ctx, port) = open()?;
+    let (ctx, port) = device::open_active(std::env::args().nth(1).as_deref())?;
     let pd = ctx.alloc_pd()?;
     let (cq_a, cq_b) = (ctx.create_cq(128).build()?, ctx.create_cq(128).build()?);
     let a = pd.create_qp(QpType::Rc, &cq_a, &cq_a).build()?;

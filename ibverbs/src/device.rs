@@ -22,6 +22,6 @@ pub use event_routing::{
 pub use flow_counters::{CounterDescription, FlowCounters};
 pub use fork::{fork_init, fork_status, ForkStatus};
 pub use gid::{GidEntry, GidType};
-pub use list::{devices, open_device, Device, DeviceList};
+pub use list::{devices, open_active, open_device, Device, DeviceList};
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use port_counters::{CounterSource, PortCounters};

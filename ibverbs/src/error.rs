@@ -70,7 +70,8 @@ pub enum Error {
     /// No RDMA device matched.
     #[error("no RDMA device {}", device_named(.name))]
     NoDevice {
-        /// The name looked for; `None` when any device would have done.
+        /// The name looked for; `None` when any device with an active port
+        /// would have done ([`open_active`](crate::device::open_active)).
         name: Option<String>,
     },
     /// The operation is not available on this queue pair type (a read or
@@ -828,7 +829,7 @@ fn owed_text(owed: u64) -> String {
 fn device_named(name: &Option<String>) -> String {
     match name {
         Some(n) => format!("named {n:?}"),
-        None => "found".to_string(),
+        None => "with an active port".to_string(),
     }
 }
 

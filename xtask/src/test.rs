@@ -143,9 +143,16 @@ pub fn cmd_test(o: &TestOptions) -> Result<bool> {
         };
         const NEWER: &str = "bindings against rdma-core 56's headers";
         let sys_newer = |features: &str| -> Vec<String> {
-            ["-p", SYS_PACKAGE, "--features", features, "--test", "bindings"]
-                .map(String::from)
-                .to_vec()
+            [
+                "-p",
+                SYS_PACKAGE,
+                "--features",
+                features,
+                "--test",
+                "bindings",
+            ]
+            .map(String::from)
+            .to_vec()
         };
         for (what, args) in [
             (

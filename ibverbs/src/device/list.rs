@@ -7,6 +7,7 @@ use rdma_verbs_sys as sys;
 
 use crate::device::context::Context;
 use crate::error::{ret_ptr, Error, Result};
+use crate::types::PortNumber;
 
 /// The list of RDMA devices of this host.
 ///
@@ -162,4 +163,29 @@ pub fn open_device(name: &str) -> Result<Context> {
         name: Some(name.to_string()),
     })?;
     dev.open()
+}
+
+/// Opens the device called `name` and finds its first active port; without
+/// a name, the first device that has an active port (in `devices()`'s
+/// order). What `ibv_rc_pingpong` and perftest do with `-d`, and without it.
+///
+/// # Errors
+/// [`Error::NoDevice`] when no device is called `name`, or without a name
+/// when no device has an active port; [`Error::NoActivePort`] when the named
+/// device has none; else as [`devices`], [`Device::open`] and
+/// [`Context::active_port`].
+pub fn open_active(name: Option<&str>) -> Result<(Context, PortNumber)> {
+    if let Some(name) = name {
+        let ctx = open_device(name)?;
+        let port = ctx.active_port()?;
+        return Ok((ctx, port));
+    }
+    let list = devices()?;
+    for dev in list.iter() {
+        let ctx = dev.open()?;
+        if let Ok(port) = ctx.active_port() {
+            return Ok((ctx, port));
+        }
+    }
+    Err(Error::NoDevice { name: None })
 }

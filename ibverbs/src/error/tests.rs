@@ -362,7 +362,10 @@ fn numbers_and_names_are_in_the_display() {
         }),
         "atomic write needs a queue pair created with send_ops including ATOMIC_WRITE"
     );
-    assert_eq!(show(Error::NoDevice { name: None }), "no RDMA device found");
+    assert_eq!(
+        show(Error::NoDevice { name: None }),
+        "no RDMA device with an active port"
+    );
     assert_eq!(
         show(Error::NoDevice {
             name: Some("x".into())
