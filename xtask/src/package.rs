@@ -7,7 +7,7 @@
 //! the minimum supported Rust version.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -138,17 +138,9 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
     }
 
     step!("unpacking outside the workspace");
-    let version = |p: &str| -> Result<String> {
-        let manifest = fs::read_to_string(root.join(crate_dir(p)?).join("Cargo.toml"))?;
-        manifest
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("version = \"")?
-                    .strip_suffix('"')
-                    .map(str::to_string)
-            })
-            .with_context(|| format!("{p} has no version"))
-    };
+    let versions = versions()?;
+    let version =
+        |p: &str| -> Result<&String> { versions.get(p).with_context(|| format!("no package {p}")) };
     let out = target.join("package-test");
     let _ = fs::remove_dir_all(out.join("crates"));
     fs::create_dir_all(out.join("crates"))?;
@@ -212,17 +204,23 @@ pub fn cmd_package(o: &PackageOptions) -> Result<bool> {
     Ok(problems.is_empty())
 }
 
-/// The repository directory of a published crate (`cargo metadata`).
-fn crate_dir(name: &str) -> Result<PathBuf> {
+/// Each workspace package's version, by name (one `cargo metadata`).
+fn versions() -> Result<std::collections::HashMap<String, String>> {
     let out =
         util::capture(util::cargo().args(["metadata", "--format-version", "1", "--no-deps"]))?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
-    let pkg = v["packages"]
+    let packages = v["packages"]
         .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
-        .with_context(|| format!("no package {name}"))?;
-    let manifest = PathBuf::from(pkg["manifest_path"].as_str().context("manifest_path")?);
-    Ok(manifest.parent().context("manifest dir")?.to_path_buf())
+        .context("cargo metadata: no packages")?;
+    Ok(packages
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["name"].as_str()?.to_string(),
+                p["version"].as_str()?.to_string(),
+            ))
+        })
+        .collect())
 }
 
 #[cfg(test)]
