@@ -92,17 +92,15 @@ fn link(name: &str, debian: &str, rpm: &str) {
     }
 }
 
-/// The library directory pkg-config reports (`lib<name>.pc`), if any.
+/// The library directory pkg-config names (`lib<name>.pc`), if it names
+/// one: for a system directory it names none, and [`system_dir`] finds it.
 fn pkg_config_dir(name: &str) -> Option<PathBuf> {
     let lib = pkg_config::Config::new()
         .cargo_metadata(false)
         .print_system_libs(false)
         .probe(&format!("lib{name}"))
         .ok()?;
-    lib.link_paths
-        .into_iter()
-        .next()
-        .or_else(|| system_dir(&format!("lib{name}.so.1")))
+    lib.link_paths.into_iter().next()
 }
 
 /// A directory the linker searches by default that holds `file`, or one the
